@@ -1,0 +1,126 @@
+//! The one small trait every device backend implements: create and destroy segments, say how blocks must be
+//! aligned, report capacity, and move bytes. Everything else (caching, splitting, limits, statistics) lives in
+//! [`crate::Pool`], shared by every backend.
+
+use crate::Result;
+
+/// What kind of memory a backend manages. Used in names, statistics and errors.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, strum::Display, strum::EnumString,
+)]
+#[strum(serialize_all = "lowercase", ascii_case_insensitive)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// Plain (pageable) or pinned host memory.
+    Host,
+    /// A simulated device: address ranges only, no bytes.
+    Sim,
+    /// CUDA device or page-locked host memory through the driver API.
+    Cuda,
+    /// OpenCL buffers.
+    OpenCl,
+    /// wgpu buffers.
+    Wgpu,
+}
+
+/// A backend that can reserve address space and map physical pages into it on demand (CUDA's
+/// cuMemAddressReserve + cuMemCreate/cuMemMap, or the simulated device). A pool over such a backend places large
+/// blocks in one growing virtual segment and unmaps the pages of free blocks under pressure, which removes
+/// fragmentation between segments (PyTorch calls this "expandable segments").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VirtualMemory {
+    /// Mapping granularity in bytes (a power of two; 2 MiB on CUDA).
+    pub page_size: u64,
+    /// How many bytes of address space one reservation may span.
+    pub max_reservation: u64,
+}
+
+/// A device backend. Implementations live in one folder each (`host/`, `sim/`, `cuda/`, ...); their raw layers
+/// hold any `unsafe`. All methods are called with the pool's lock held unless noted, so they must not call back
+/// into the pool.
+pub trait Backend: Send + Sync + 'static {
+    /// The backend's handle for one segment: a device pointer, a `cl_mem`, a `wgpu::Buffer`, a host allocation.
+    /// Cloning must be cheap (a copy, or a reference count).
+    type Segment: Clone + Send + Sync + 'static;
+
+    /// Human-readable device name, used in errors and statistics.
+    fn name(&self) -> &str;
+
+    /// What kind of memory this is.
+    fn kind(&self) -> BackendKind;
+
+    /// Alignment (bytes, a power of two) every block start must honour: CUDA 256, OpenCL the device's base address
+    /// alignment, wgpu the storage-buffer offset alignment, host 64 or more.
+    fn alignment(&self) -> u64;
+
+    /// Granularity (bytes, a power of two, a multiple of [`Backend::alignment`]) that segment sizes are rounded
+    /// up to.
+    fn segment_granularity(&self) -> u64 {
+        self.alignment()
+    }
+
+    /// The largest segment this backend can create (max allocation size).
+    fn max_segment_size(&self) -> u64;
+
+    /// Total memory of the device in bytes.
+    fn capacity(&self) -> u64;
+
+    /// Free memory the device reports now, in bytes.
+    fn free_memory(&self) -> u64;
+
+    /// Creates a segment of exactly `size` bytes (already rounded to the granularity).
+    fn create_segment(&self, size: u64) -> Result<Self::Segment>;
+
+    /// Destroys a segment created by [`Backend::create_segment`] or [`Backend::reserve_virtual`].
+    /// Never panics; a failure is logged.
+    fn destroy_segment(&self, segment: Self::Segment);
+
+    /// Whether (and how) this backend supports virtual reservations with on-demand page mapping.
+    fn virtual_memory(&self) -> Option<VirtualMemory> {
+        None
+    }
+
+    /// Reserves `size` bytes of address space without physical memory behind it.
+    fn reserve_virtual(&self, size: u64) -> Result<Self::Segment> {
+        let _ = size;
+        Err(crate::Error::Unsupported { backend: self.name().to_string(), what: "virtual reservations".into() })
+    }
+
+    /// Backs `[offset, offset + len)` of a virtual segment with physical memory (page-aligned range).
+    fn map_pages(&self, segment: &Self::Segment, offset: u64, len: u64) -> Result<()> {
+        let _ = (segment, offset, len);
+        Err(crate::Error::Unsupported { backend: self.name().to_string(), what: "page mapping".into() })
+    }
+
+    /// Releases the physical memory behind `[offset, offset + len)` of a virtual segment (page-aligned range).
+    fn unmap_pages(&self, segment: &Self::Segment, offset: u64, len: u64) {
+        let _ = (segment, offset, len);
+    }
+
+    /// Copies `src` into the segment at `offset`. Called without the pool lock.
+    fn write(&self, segment: &Self::Segment, offset: u64, src: &[u8]) -> Result<()>;
+
+    /// Copies bytes at `offset` of the segment into `dst`. Called without the pool lock.
+    fn read(&self, segment: &Self::Segment, offset: u64, dst: &mut [u8]) -> Result<()>;
+
+    /// Sets `len` bytes at `offset` to `value`. Called without the pool lock. The default writes in chunks.
+    fn fill(&self, segment: &Self::Segment, offset: u64, len: u64, value: u8) -> Result<()> {
+        const CHUNK: u64 = 1 << 20;
+        let chunk = vec![value; CHUNK.min(len) as usize];
+        let mut done = 0;
+        while done < len {
+            let n = CHUNK.min(len - done);
+            self.write(segment, offset + done, &chunk[..n as usize])?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// The host address of `offset` in the segment when its memory is directly addressable from the host
+    /// (host memory, pinned or mapped memory); `None` otherwise. The pointer stays valid until the segment is
+    /// destroyed.
+    fn host_ptr(&self, segment: &Self::Segment, offset: u64) -> Option<std::ptr::NonNull<u8>> {
+        let _ = (segment, offset);
+        None
+    }
+}

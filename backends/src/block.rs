@@ -1,0 +1,236 @@
+//! Blocks as callers see them: a plain [`BlockHandle`], the object-safe [`MemoryPool`] that every `Pool<B>` is,
+//! and [`OwnedBlock`], which frees its block when dropped.
+
+use crate::engine::{BlockId, SegmentId};
+use crate::{Backend, BackendKind, Limit, Pool, PoolStats, Result, StreamId, TrimReport};
+use std::any::Any;
+use std::sync::Arc;
+
+/// A live block of a pool: where it is and how large. Plain data; freeing is explicit ([`MemoryPool::free`]) or
+/// done by [`OwnedBlock`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockHandle {
+    pub(crate) arena: u32,
+    pub(crate) segment: SegmentId,
+    pub(crate) block: BlockId,
+    pub(crate) offset: u64,
+    pub(crate) size: u64,
+    pub(crate) requested: u64,
+}
+
+impl BlockHandle {
+    /// Offset of the block inside its segment (a multiple of the backend's alignment).
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Size of the block in bytes (the request rounded up to the alignment).
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Bytes the caller asked for.
+    pub fn requested(&self) -> u64 {
+        self.requested
+    }
+
+    /// A number unique among the pool's live blocks (reused after free), for side tables and snapshots.
+    pub fn key(&self) -> u64 {
+        (u64::from(self.arena) << 32) | u64::from(self.block.index())
+    }
+
+    /// Segment index inside its arena (for snapshots).
+    pub fn segment_index(&self) -> u32 {
+        self.segment.0
+    }
+}
+
+/// What every pool offers, whatever its backend: the facade holds pools as `Arc<dyn MemoryPool>`.
+pub trait MemoryPool: Send + Sync + 'static {
+    /// Pool name (device and placement).
+    fn name(&self) -> &str;
+    /// Kind of memory.
+    fn kind(&self) -> BackendKind;
+    /// Block alignment in bytes.
+    fn alignment(&self) -> u64;
+    /// Device capacity in bytes.
+    fn capacity(&self) -> u64;
+    /// Device free memory in bytes, as the device reports it.
+    fn free_memory(&self) -> u64;
+    /// See [`Pool::allocate`].
+    fn allocate(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle>;
+    /// See [`Pool::allocate_zeroed`].
+    fn allocate_zeroed(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle>;
+    /// See [`Pool::free`].
+    fn free(&self, block: &BlockHandle) -> Result<()>;
+    /// See [`Pool::write`].
+    fn write(&self, block: &BlockHandle, offset: u64, src: &[u8]) -> Result<()>;
+    /// See [`Pool::read`].
+    fn read(&self, block: &BlockHandle, offset: u64, dst: &mut [u8]) -> Result<()>;
+    /// See [`Pool::fill`].
+    fn fill(&self, block: &BlockHandle, offset: u64, len: u64, value: u8) -> Result<()>;
+    /// See [`Pool::host_ptr`].
+    fn host_ptr(&self, block: &BlockHandle) -> Option<std::ptr::NonNull<u8>>;
+    /// See [`Pool::stats`].
+    fn stats(&self) -> PoolStats;
+    /// See [`Pool::reset_peaks`].
+    fn reset_peaks(&self);
+    /// See [`Pool::release_cached`].
+    fn release_cached(&self) -> TrimReport;
+    /// See [`Pool::cleanup`].
+    fn cleanup(&self, idle_rounds: u64) -> TrimReport;
+    /// See [`Pool::set_limit`].
+    fn set_limit(&self, limit: Option<Limit>) -> Result<()>;
+    /// The concrete pool, for backend-specific interop (`downcast_ref::<Pool<CudaBackend>>()`).
+    fn as_any(&self) -> &dyn Any;
+}
+
+impl<B: Backend> MemoryPool for Pool<B> {
+    fn name(&self) -> &str {
+        self.backend().name()
+    }
+    fn kind(&self) -> BackendKind {
+        self.backend().kind()
+    }
+    fn alignment(&self) -> u64 {
+        self.backend().alignment()
+    }
+    fn capacity(&self) -> u64 {
+        self.backend().capacity()
+    }
+    fn free_memory(&self) -> u64 {
+        self.backend().free_memory()
+    }
+    fn allocate(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
+        Pool::allocate(self, bytes, stream)
+    }
+    fn allocate_zeroed(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
+        Pool::allocate_zeroed(self, bytes, stream)
+    }
+    fn free(&self, block: &BlockHandle) -> Result<()> {
+        Pool::free(self, block)
+    }
+    fn write(&self, block: &BlockHandle, offset: u64, src: &[u8]) -> Result<()> {
+        Pool::write(self, block, offset, src)
+    }
+    fn read(&self, block: &BlockHandle, offset: u64, dst: &mut [u8]) -> Result<()> {
+        Pool::read(self, block, offset, dst)
+    }
+    fn fill(&self, block: &BlockHandle, offset: u64, len: u64, value: u8) -> Result<()> {
+        Pool::fill(self, block, offset, len, value)
+    }
+    fn host_ptr(&self, block: &BlockHandle) -> Option<std::ptr::NonNull<u8>> {
+        Pool::host_ptr(self, block)
+    }
+    fn stats(&self) -> PoolStats {
+        Pool::stats(self)
+    }
+    fn reset_peaks(&self) {
+        Pool::reset_peaks(self)
+    }
+    fn release_cached(&self) -> TrimReport {
+        Pool::release_cached(self)
+    }
+    fn cleanup(&self, idle_rounds: u64) -> TrimReport {
+        Pool::cleanup(self, idle_rounds)
+    }
+    fn set_limit(&self, limit: Option<Limit>) -> Result<()> {
+        Pool::set_limit(self, limit)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A block that returns itself to its pool when dropped.
+pub struct OwnedBlock {
+    pool: Arc<dyn MemoryPool>,
+    handle: BlockHandle,
+    /// Host address of the first byte when host-addressable (kept as an integer so the type stays `Send + Sync`).
+    host_addr: Option<usize>,
+}
+
+impl OwnedBlock {
+    /// Allocates `bytes` on `stream` from `pool` (zeroed if asked).
+    pub fn allocate(pool: Arc<dyn MemoryPool>, bytes: u64, stream: StreamId, zeroed: bool) -> Result<Self> {
+        let handle = if zeroed { pool.allocate_zeroed(bytes, stream)? } else { pool.allocate(bytes, stream)? };
+        let host_addr = pool.host_ptr(&handle).map(|p| p.as_ptr() as usize);
+        Ok(Self { pool, handle, host_addr })
+    }
+
+    /// The block.
+    pub fn handle(&self) -> &BlockHandle {
+        &self.handle
+    }
+
+    /// The pool it came from.
+    pub fn pool(&self) -> &Arc<dyn MemoryPool> {
+        &self.pool
+    }
+
+    /// Bytes asked for.
+    pub fn len(&self) -> u64 {
+        self.handle.requested
+    }
+
+    /// Always false: pools refuse zero-byte blocks.
+    pub fn is_empty(&self) -> bool {
+        self.handle.requested == 0
+    }
+
+    /// Copies `src` into the block at `offset`.
+    pub fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
+        self.check_range(offset, src.len() as u64)?;
+        self.pool.write(&self.handle, offset, src)
+    }
+
+    /// Copies bytes at `offset` into `dst`.
+    pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        self.check_range(offset, dst.len() as u64)?;
+        self.pool.read(&self.handle, offset, dst)
+    }
+
+    /// Sets `len` bytes at `offset` to `value`.
+    pub fn fill(&self, offset: u64, len: u64, value: u8) -> Result<()> {
+        self.check_range(offset, len)?;
+        self.pool.fill(&self.handle, offset, len, value)
+    }
+
+    /// The requested bytes as a host slice, when the memory is host-addressable.
+    pub fn host_bytes(&self) -> Option<&[u8]> {
+        let addr = self.host_addr?;
+        // The block is live for as long as `self`, so the range stays valid for the borrow.
+        Some(crate::raw::bytes(self, addr, self.handle.requested as usize))
+    }
+
+    /// The requested bytes as a mutable host slice, when the memory is host-addressable.
+    pub fn host_bytes_mut(&mut self) -> Option<&mut [u8]> {
+        let addr = self.host_addr?;
+        let len = self.handle.requested as usize;
+        Some(crate::raw::bytes_mut(self, addr, len))
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.handle.requested => Ok(()),
+            _ => Err(crate::Error::OutOfBounds(format!(
+                "{len} bytes at offset {offset} in a buffer of {} bytes",
+                self.handle.requested
+            ))),
+        }
+    }
+}
+
+impl Drop for OwnedBlock {
+    fn drop(&mut self) {
+        if let Err(e) = self.pool.free(&self.handle) {
+            log::error!("freeing a block of {} failed: {e}", self.pool.name());
+        }
+    }
+}
+
+impl std::fmt::Debug for OwnedBlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedBlock").field("pool", &self.pool.name()).field("handle", &self.handle).finish()
+    }
+}

@@ -1,0 +1,107 @@
+//! TLSF-style two-level size-class index: a first-level bitmap over powers of two and a second-level bitmap of
+//! 32 linear sub-classes per power of two, so the smallest non-empty class at or above a size is found with two
+//! `trailing_zeros` instructions. Classes hold intrusive doubly linked lists of free blocks (links live in the
+//! engine's block slab).
+
+/// log2 of the number of sub-classes per power of two.
+const SL_BITS: u32 = 5;
+/// Sub-classes per power of two.
+pub(super) const SL_COUNT: usize = 1 << SL_BITS;
+/// First-level classes: sizes below 32 share class 0 (linear), then one class per power of two up to 2^63.
+const FL_COUNT: usize = 64 - SL_BITS as usize + 1;
+/// Total number of size classes.
+pub(super) const BIN_COUNT: usize = FL_COUNT * SL_COUNT;
+
+/// The size class of `size`: sizes in one class differ by less than 1/32 of the class's lower bound. O(1).
+#[inline]
+pub(super) fn bin_of(size: u64) -> usize {
+    if size < SL_COUNT as u64 {
+        return size as usize;
+    }
+    let msb = 63 - size.leading_zeros();
+    let fl = (msb - SL_BITS + 1) as usize;
+    let sl = (size >> (msb - SL_BITS)) as usize & (SL_COUNT - 1);
+    fl * SL_COUNT + sl
+}
+
+/// Occupancy bitmaps of the size classes.
+#[derive(Debug, Clone)]
+pub(super) struct BinMaps {
+    first: u64,
+    second: [u32; FL_COUNT],
+}
+
+impl BinMaps {
+    pub(super) fn new() -> Self {
+        Self { first: 0, second: [0; FL_COUNT] }
+    }
+
+    /// Marks class `bin` as holding at least one free block. O(1).
+    #[inline]
+    pub(super) fn set(&mut self, bin: usize) {
+        let (fl, sl) = (bin / SL_COUNT, bin % SL_COUNT);
+        self.second[fl] |= 1 << sl;
+        self.first |= 1 << fl;
+    }
+
+    /// Marks class `bin` as empty. O(1).
+    #[inline]
+    pub(super) fn clear(&mut self, bin: usize) {
+        let (fl, sl) = (bin / SL_COUNT, bin % SL_COUNT);
+        self.second[fl] &= !(1 << sl);
+        if self.second[fl] == 0 {
+            self.first &= !(1 << fl);
+        }
+    }
+
+    /// The smallest non-empty class `>= bin`, if any. O(1).
+    #[inline]
+    pub(super) fn first_at_or_after(&self, bin: usize) -> Option<usize> {
+        if bin >= BIN_COUNT {
+            return None;
+        }
+        let (fl, sl) = (bin / SL_COUNT, bin % SL_COUNT);
+        let same_level = self.second[fl] & (u32::MAX << sl);
+        if same_level != 0 {
+            return Some(fl * SL_COUNT + same_level.trailing_zeros() as usize);
+        }
+        let higher = if fl + 1 >= 64 { 0 } else { self.first & (u64::MAX << (fl + 1)) };
+        if higher == 0 {
+            return None;
+        }
+        let fl = higher.trailing_zeros() as usize;
+        Some(fl * SL_COUNT + self.second[fl].trailing_zeros() as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_are_monotone_and_tight() {
+        let mut last = 0;
+        for size in (1u64..200_000).step_by(7).chain((18..64).map(|s| (1u64 << s) - 1)) {
+            let bin = bin_of(size);
+            assert!(bin >= last, "bins must not decrease with size ({size})");
+            assert!(bin < BIN_COUNT);
+            last = bin;
+        }
+        // sizes in one class are within 1/32 of each other
+        assert_eq!(bin_of(1024), bin_of(1024 + 31));
+        assert_ne!(bin_of(1024), bin_of(1024 + 32));
+    }
+
+    #[test]
+    fn finds_next_occupied_class() {
+        let mut maps = BinMaps::new();
+        assert_eq!(maps.first_at_or_after(0), None);
+        maps.set(bin_of(4096));
+        maps.set(bin_of(1 << 30));
+        assert_eq!(maps.first_at_or_after(bin_of(100)), Some(bin_of(4096)));
+        assert_eq!(maps.first_at_or_after(bin_of(4096) + 1), Some(bin_of(1 << 30)));
+        maps.clear(bin_of(1 << 30));
+        assert_eq!(maps.first_at_or_after(bin_of(4096) + 1), None);
+        assert_eq!(maps.first_at_or_after(BIN_COUNT), None);
+    }
+}

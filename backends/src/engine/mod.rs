@@ -1,0 +1,431 @@
+//! The segment-block engine: places blocks inside segments by offset and size only. It knows nothing of devices
+//! or pointers; a [`crate::Pool`] maps its segments to backend memory.
+//!
+//! Free blocks are indexed by size class in a TLSF-style two-level bitmap ([`bins`]), so finding a fit is O(1):
+//! the engine looks for the best fit among a bounded number of blocks in the request's own class, then takes the
+//! best of a bounded scan of the next non-empty class (every block there fits). Allocation splits the chosen
+//! block; freeing coalesces it with its free address neighbours, so a segment whose blocks are all free is again
+//! one block and can be released whole.
+
+#![deny(unsafe_code)]
+
+mod bins;
+mod slab;
+
+use bins::{bin_of, BinMaps, BIN_COUNT};
+use slab::{Node, NodeState, NIL};
+
+/// How many blocks of one size class are examined for the best fit before settling for the best seen.
+/// Bounds allocation to O(1) even when many equal-class blocks are free.
+const FIT_SCAN_LIMIT: usize = 16;
+
+/// Identifies a segment inside one engine. Ids of removed segments are reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SegmentId(pub u32);
+
+/// Identifies a live block. The generation makes a stale id (a block freed and its slot reused) detectable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BlockId {
+    index: u32,
+    generation: u32,
+}
+
+impl BlockId {
+    /// The slot index, dense from zero: usable to key side tables.
+    pub fn index(self) -> u32 {
+        self.index
+    }
+}
+
+/// A block handed out by [`Engine::allocate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allocation {
+    /// The block, for [`Engine::free`].
+    pub block: BlockId,
+    /// The segment it lies in.
+    pub segment: SegmentId,
+    /// Offset of the block's first byte inside the segment (a multiple of the engine's alignment).
+    pub offset: u64,
+    /// Size of the block in bytes (the request rounded up to the alignment).
+    pub size: u64,
+    /// Whether the block came out of a segment that was entirely free before.
+    pub segment_was_empty: bool,
+}
+
+/// What [`Engine::free`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Freed {
+    /// The segment the block was in.
+    pub segment: SegmentId,
+    /// Offset of the freed block.
+    pub offset: u64,
+    /// Size of the freed block.
+    pub size: u64,
+    /// Whether the segment is now entirely free (one block spanning it).
+    pub segment_now_empty: bool,
+}
+
+/// A block inside a segment, as reported by [`Engine::blocks_in`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockInfo {
+    /// Offset inside the segment.
+    pub offset: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Whether the block is free.
+    pub free: bool,
+    /// The block id when live.
+    pub block: Option<BlockId>,
+}
+
+/// Byte and block counts the engine keeps current in O(1) per operation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EngineStats {
+    /// Sum of segment sizes.
+    pub reserved_bytes: u64,
+    /// Sum of live block sizes.
+    pub allocated_bytes: u64,
+    /// Sum of the sizes of segments that are entirely free.
+    pub empty_segment_bytes: u64,
+    /// Live blocks.
+    pub live_blocks: u64,
+    /// Free blocks (after coalescing).
+    pub free_blocks: u64,
+    /// Segments.
+    pub segments: u64,
+}
+
+impl EngineStats {
+    /// Free bytes inside segments that also hold live blocks: memory lost to splitting (PyTorch's
+    /// `inactive_split_bytes`).
+    pub fn inactive_split_bytes(&self) -> u64 {
+        self.reserved_bytes - self.allocated_bytes - self.empty_segment_bytes
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    size: u64,
+    first_block: u32,
+    live_blocks: u32,
+}
+
+/// The engine. Not thread-safe by itself: a pool wraps it in a lock.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    alignment: u64,
+    nodes: slab::Slab,
+    segments: Vec<Option<Segment>>,
+    vacant_segments: Vec<u32>,
+    bin_heads: Box<[u32; BIN_COUNT]>,
+    bins: BinMaps,
+    stats: EngineStats,
+}
+
+impl Engine {
+    /// An engine whose block offsets and sizes are multiples of `alignment` (a power of two). O(1).
+    ///
+    /// Returns `None` when `alignment` is zero or not a power of two.
+    pub fn new(alignment: u64) -> Option<Self> {
+        if !alignment.is_power_of_two() {
+            return None;
+        }
+        Some(Self {
+            alignment,
+            nodes: slab::Slab::default(),
+            segments: Vec::new(),
+            vacant_segments: Vec::new(),
+            bin_heads: Box::new([NIL; BIN_COUNT]),
+            bins: BinMaps::new(),
+            stats: EngineStats::default(),
+        })
+    }
+
+    /// The alignment every block honours.
+    pub fn alignment(&self) -> u64 {
+        self.alignment
+    }
+
+    /// `size` rounded up to the alignment; `None` on overflow. Zero stays zero. O(1).
+    pub fn round_size(&self, size: u64) -> Option<u64> {
+        size.checked_add(self.alignment - 1).map(|s| s & !(self.alignment - 1))
+    }
+
+    /// Current counts. O(1).
+    pub fn stats(&self) -> EngineStats {
+        self.stats
+    }
+
+    /// Adds a free segment of `size` bytes (rounded up to the alignment). O(1) amortised.
+    ///
+    /// Returns `None` for a zero size or one that overflows when rounded.
+    pub fn add_segment(&mut self, size: u64) -> Option<SegmentId> {
+        let size = self.round_size(size).filter(|&s| s > 0)?;
+        let id = match self.vacant_segments.pop() {
+            Some(id) => id,
+            None => {
+                self.segments.push(None);
+                (self.segments.len() - 1) as u32
+            }
+        };
+        let node = self.nodes.insert(Node::free(id, 0, size));
+        self.segments[id as usize] = Some(Segment { size, first_block: node, live_blocks: 0 });
+        self.push_free(node);
+        self.stats.reserved_bytes += size;
+        self.stats.empty_segment_bytes += size;
+        self.stats.segments += 1;
+        Some(SegmentId(id))
+    }
+
+    /// Removes an entirely free segment and returns its size. O(1).
+    ///
+    /// Returns `None` if the segment does not exist or still holds live blocks.
+    pub fn remove_segment(&mut self, id: SegmentId) -> Option<u64> {
+        let seg = self.segment(id)?;
+        if seg.live_blocks != 0 {
+            return None;
+        }
+        let node = seg.first_block;
+        debug_assert_eq!(self.nodes[node].size, seg.size);
+        self.unlink_free(node);
+        self.nodes.remove(node);
+        self.segments[id.0 as usize] = None;
+        self.vacant_segments.push(id.0);
+        self.stats.reserved_bytes -= seg.size;
+        self.stats.empty_segment_bytes -= seg.size;
+        self.stats.segments -= 1;
+        Some(seg.size)
+    }
+
+    /// Size of a segment, if it exists. O(1).
+    pub fn segment_size(&self, id: SegmentId) -> Option<u64> {
+        self.segment(id).map(|s| s.size)
+    }
+
+    /// Whether the segment exists and holds no live block. O(1).
+    pub fn is_segment_empty(&self, id: SegmentId) -> bool {
+        self.segment(id).is_some_and(|s| s.live_blocks == 0)
+    }
+
+    /// Ids of all segments. O(segments).
+    pub fn segment_ids(&self) -> impl Iterator<Item = SegmentId> + '_ {
+        self.segments.iter().enumerate().filter(|(_, s)| s.is_some()).map(|(i, _)| SegmentId(i as u32))
+    }
+
+    /// Ids of the entirely free segments. O(segments).
+    pub fn empty_segments(&self) -> impl Iterator<Item = SegmentId> + '_ {
+        self.segments
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_some_and(|s| s.live_blocks == 0))
+            .map(|(i, _)| SegmentId(i as u32))
+    }
+
+    /// The blocks of a segment in address order. O(blocks in the segment).
+    pub fn blocks_in(&self, id: SegmentId) -> impl Iterator<Item = BlockInfo> + '_ {
+        let mut next = self.segment(id).map_or(NIL, |s| s.first_block);
+        std::iter::from_fn(move || {
+            if next == NIL {
+                return None;
+            }
+            let node = &self.nodes[next];
+            let info = BlockInfo {
+                offset: node.offset,
+                size: node.size,
+                free: node.state == NodeState::Free,
+                block: (node.state == NodeState::Live)
+                    .then_some(BlockId { index: next, generation: node.generation }),
+            };
+            next = node.next_phys;
+            Some(info)
+        })
+    }
+
+    /// The live block `id`, if it is live. O(1).
+    pub fn block(&self, id: BlockId) -> Option<Allocation> {
+        let node = self.nodes.get(id.index)?;
+        (node.state == NodeState::Live && node.generation == id.generation).then_some(Allocation {
+            block: id,
+            segment: SegmentId(node.segment),
+            offset: node.offset,
+            size: node.size,
+            segment_was_empty: false,
+        })
+    }
+
+    /// Allocates a block of at least `size` bytes (rounded up to the alignment) from the free blocks: best fit
+    /// among a bounded scan of the request's size class, else the best of a bounded scan of the next non-empty
+    /// class; the chosen block is split and the remainder stays free. O(1).
+    ///
+    /// Returns `None` when `size` is zero or no free block fits (the caller adds a segment and retries).
+    pub fn allocate(&mut self, size: u64) -> Option<Allocation> {
+        let size = self.round_size(size).filter(|&s| s > 0)?;
+        let node = self.find_fit(size)?;
+        Some(self.take(node, size))
+    }
+
+    /// Allocates `size` bytes from the start of an entirely free segment, bypassing the size-class search
+    /// (used right after [`Engine::add_segment`]). O(1).
+    pub fn allocate_in(&mut self, segment: SegmentId, size: u64) -> Option<Allocation> {
+        let size = self.round_size(size).filter(|&s| s > 0)?;
+        let seg = self.segment(segment)?;
+        if seg.live_blocks != 0 || seg.size < size {
+            return None;
+        }
+        Some(self.take(seg.first_block, size))
+    }
+
+    /// Frees a live block and coalesces it with free address neighbours. O(1).
+    ///
+    /// Returns `None` (and changes nothing) for a block that is not live: never handed out, already freed, or
+    /// a stale id whose slot now holds another block.
+    pub fn free(&mut self, id: BlockId) -> Option<Freed> {
+        let node = self.nodes.get(id.index)?;
+        if node.state != NodeState::Live || node.generation != id.generation {
+            return None;
+        }
+        let (segment, offset, size) = (node.segment, node.offset, node.size);
+        let mut merged = id.index;
+        self.nodes[merged].state = NodeState::Free;
+        self.nodes[merged].generation = self.nodes[merged].generation.wrapping_add(1);
+
+        let prev = self.nodes[merged].prev_phys;
+        if prev != NIL && self.nodes[prev].state == NodeState::Free {
+            self.unlink_free(prev);
+            self.absorb_next(prev);
+            merged = prev;
+        }
+        let next = self.nodes[merged].next_phys;
+        if next != NIL && self.nodes[next].state == NodeState::Free {
+            self.unlink_free(next);
+            self.absorb_next(merged);
+        }
+        self.push_free(merged);
+
+        let seg = self.segments[segment as usize].as_mut().expect("live block in a missing segment");
+        seg.live_blocks -= 1;
+        let now_empty = seg.live_blocks == 0;
+        if now_empty {
+            self.stats.empty_segment_bytes += seg.size;
+        }
+        self.stats.allocated_bytes -= size;
+        self.stats.live_blocks -= 1;
+        Some(Freed { segment: SegmentId(segment), offset, size, segment_now_empty: now_empty })
+    }
+
+    fn segment(&self, id: SegmentId) -> Option<Segment> {
+        self.segments.get(id.0 as usize).copied().flatten()
+    }
+
+    /// Finds a free block of at least `size` bytes. O(1): two bounded scans and two bitmap searches.
+    fn find_fit(&self, size: u64) -> Option<u32> {
+        let bin = bin_of(size);
+        // The request's own class holds blocks both smaller and larger than `size`.
+        if let Some(node) = self.best_in_bin(bin, size) {
+            return Some(node);
+        }
+        // Every block of a higher class is larger than `size`.
+        let higher = self.bins.first_at_or_after(bin + 1)?;
+        self.best_in_bin(higher, size)
+    }
+
+    fn best_in_bin(&self, bin: usize, size: u64) -> Option<u32> {
+        let mut cursor = self.bin_heads[bin];
+        let mut best: Option<(u32, u64)> = None;
+        for _ in 0..FIT_SCAN_LIMIT {
+            if cursor == NIL {
+                break;
+            }
+            let node = &self.nodes[cursor];
+            if node.size >= size && best.is_none_or(|(_, s)| node.size < s) {
+                best = Some((cursor, node.size));
+                if node.size == size {
+                    break;
+                }
+            }
+            cursor = node.next_free;
+        }
+        best.map(|(n, _)| n)
+    }
+
+    /// Takes free block `index` for a request of `size` bytes, splitting off the remainder.
+    fn take(&mut self, index: u32, size: u64) -> Allocation {
+        self.unlink_free(index);
+        let node = self.nodes[index];
+        debug_assert!(node.size >= size);
+        if node.size > size {
+            let rest = self.nodes.insert(Node::free(node.segment, node.offset + size, node.size - size));
+            self.nodes[rest].prev_phys = index;
+            self.nodes[rest].next_phys = node.next_phys;
+            if node.next_phys != NIL {
+                self.nodes[node.next_phys].prev_phys = rest;
+            }
+            self.nodes[index].next_phys = rest;
+            self.nodes[index].size = size;
+            self.push_free(rest);
+        }
+        self.nodes[index].state = NodeState::Live;
+        let seg = self.segments[node.segment as usize].as_mut().expect("free block in a missing segment");
+        let was_empty = seg.live_blocks == 0;
+        if was_empty {
+            self.stats.empty_segment_bytes -= seg.size;
+        }
+        seg.live_blocks += 1;
+        self.stats.allocated_bytes += size;
+        self.stats.live_blocks += 1;
+        Allocation {
+            block: BlockId { index, generation: self.nodes[index].generation },
+            segment: SegmentId(node.segment),
+            offset: node.offset,
+            size,
+            segment_was_empty: was_empty,
+        }
+    }
+
+    /// Merges the physical successor of `index` (already unlinked from its class) into it.
+    fn absorb_next(&mut self, index: u32) {
+        let next = self.nodes[index].next_phys;
+        let (next_size, after) = (self.nodes[next].size, self.nodes[next].next_phys);
+        self.nodes[index].size += next_size;
+        self.nodes[index].next_phys = after;
+        if after != NIL {
+            self.nodes[after].prev_phys = index;
+        }
+        self.nodes.remove(next);
+    }
+
+    fn push_free(&mut self, index: u32) {
+        let bin = bin_of(self.nodes[index].size);
+        let head = self.bin_heads[bin];
+        let node = &mut self.nodes[index];
+        node.state = NodeState::Free;
+        node.prev_free = NIL;
+        node.next_free = head;
+        if head != NIL {
+            self.nodes[head].prev_free = index;
+        }
+        self.bin_heads[bin] = index;
+        self.bins.set(bin);
+        self.stats.free_blocks += 1;
+    }
+
+    fn unlink_free(&mut self, index: u32) {
+        let Node { prev_free, next_free, size, .. } = self.nodes[index];
+        if prev_free != NIL {
+            self.nodes[prev_free].next_free = next_free;
+        } else {
+            let bin = bin_of(size);
+            self.bin_heads[bin] = next_free;
+            if next_free == NIL {
+                self.bins.clear(bin);
+            }
+        }
+        if next_free != NIL {
+            self.nodes[next_free].prev_free = prev_free;
+        }
+        self.stats.free_blocks -= 1;
+    }
+}
+
+#[cfg(test)]
+mod tests;

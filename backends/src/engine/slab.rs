@@ -1,0 +1,94 @@
+//! Block nodes in one dense vector, addressed by `u32` index, with vacant slots reused. Each node carries its
+//! address-order neighbours (for coalescing) and its size-class list links (for the free index), so the engine
+//! never allocates on the hot path once the slab has grown to the working set.
+
+use std::ops::{Index, IndexMut};
+
+/// "No node": the end of a list.
+pub(super) const NIL: u32 = u32::MAX;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum NodeState {
+    Free,
+    Live,
+    Vacant,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Node {
+    pub offset: u64,
+    pub size: u64,
+    pub segment: u32,
+    /// Bumped whenever the block stops being live, so stale [`super::BlockId`]s are refused.
+    pub generation: u32,
+    pub prev_phys: u32,
+    pub next_phys: u32,
+    pub prev_free: u32,
+    pub next_free: u32,
+    pub state: NodeState,
+}
+
+impl Node {
+    pub(super) fn free(segment: u32, offset: u64, size: u64) -> Self {
+        Self {
+            offset,
+            size,
+            segment,
+            generation: 0,
+            prev_phys: NIL,
+            next_phys: NIL,
+            prev_free: NIL,
+            next_free: NIL,
+            state: NodeState::Free,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub(super) struct Slab {
+    nodes: Vec<Node>,
+    vacant: Vec<u32>,
+}
+
+impl Slab {
+    /// Stores `node` in a vacant slot (keeping that slot's generation moving forward) or a new one. O(1) amortised.
+    pub(super) fn insert(&mut self, mut node: Node) -> u32 {
+        match self.vacant.pop() {
+            Some(index) => {
+                node.generation = self.nodes[index as usize].generation.wrapping_add(1);
+                self.nodes[index as usize] = node;
+                index
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Marks slot `index` vacant. O(1).
+    pub(super) fn remove(&mut self, index: u32) {
+        self.nodes[index as usize].state = NodeState::Vacant;
+        self.vacant.push(index);
+    }
+
+    /// The node at `index` unless the slot is out of range or vacant. O(1).
+    pub(super) fn get(&self, index: u32) -> Option<&Node> {
+        self.nodes.get(index as usize).filter(|n| n.state != NodeState::Vacant)
+    }
+}
+
+impl Index<u32> for Slab {
+    type Output = Node;
+    #[inline]
+    fn index(&self, index: u32) -> &Node {
+        &self.nodes[index as usize]
+    }
+}
+
+impl IndexMut<u32> for Slab {
+    #[inline]
+    fn index_mut(&mut self, index: u32) -> &mut Node {
+        &mut self.nodes[index as usize]
+    }
+}

@@ -1,0 +1,90 @@
+//! The one error type of `umm-backends`.
+
+use thiserror::Error;
+
+/// Result with [`Error`] as the default error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in the engine, a pool or a backend. Messages name what was asked and what exists.
+#[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Error {
+    /// The pool could not satisfy a request even after releasing its cached segments and retrying.
+    #[error(
+        "out of memory on {device}: asked for {requested} bytes; device free {free} bytes, \
+         cached in pool {cached} bytes, reserved {reserved} bytes, limit {}",
+        limit.map_or_else(|| "none".to_string(), |l| format!("{l} bytes"))
+    )]
+    OutOfMemory {
+        /// Device (pool) name.
+        device: String,
+        /// Bytes asked for (after rounding).
+        requested: u64,
+        /// Free memory the device reports.
+        free: u64,
+        /// Bytes reserved by the pool but not allocated (cached).
+        cached: u64,
+        /// Bytes the pool had reserved when it gave up.
+        reserved: u64,
+        /// The pool's limit, if any.
+        limit: Option<u64>,
+    },
+    /// A zero-byte request where the caller needs a real block.
+    #[error("zero-byte allocation requested on {device}")]
+    ZeroSize {
+        /// Device (pool) name.
+        device: String,
+    },
+    /// A size computation overflowed (`n * size_of::<T>()`, rounding, or an offset past the end).
+    #[error("size overflow: {what}")]
+    SizeOverflow {
+        /// What was being computed.
+        what: String,
+    },
+    /// A request larger than the device can ever hold in one allocation.
+    #[error("request of {requested} bytes exceeds the largest single allocation of {device} ({max} bytes)")]
+    TooLarge {
+        /// Device (pool) name.
+        device: String,
+        /// Bytes asked for.
+        requested: u64,
+        /// Largest segment the backend can create.
+        max: u64,
+    },
+    /// An invalid configuration value.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// A block handle that this pool did not hand out, or that was already freed.
+    #[error("unknown or already freed block {0}")]
+    UnknownBlock(String),
+    /// A read or write outside the block, or with mismatched lengths.
+    #[error("out of bounds: {0}")]
+    OutOfBounds(String),
+    /// The operation is not available on this backend or placement (for example writing a ReadOnly block,
+    /// or reading bytes from the simulated device, which has none).
+    #[error("unsupported on {backend}: {what}")]
+    Unsupported {
+        /// Backend name.
+        backend: String,
+        /// What was asked.
+        what: String,
+    },
+    /// A driver call failed.
+    #[error("{backend} driver error in {call}: {message}")]
+    Driver {
+        /// Backend name.
+        backend: String,
+        /// The call that failed.
+        call: String,
+        /// The driver's message.
+        message: String,
+    },
+    /// The backend's runtime is not installed or no device exists.
+    #[error("{backend} is not available: {reason}")]
+    Unavailable {
+        /// Backend name.
+        backend: String,
+        /// Why.
+        reason: String,
+    },
+}

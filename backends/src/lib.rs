@@ -1,0 +1,30 @@
+//! umm's backends: the segment-block [`engine`], the generic [`Pool`] built on it, and the device backends that
+//! create segments and move bytes (host and sim always; CUDA, OpenCL and wgpu behind cargo features).
+//!
+//! Data flows one way: a pool asks the engine where a block goes (offsets only) and asks its [`Backend`] for
+//! segments. Backends never see the engine; the engine never sees a device.
+
+#![deny(unsafe_code)]
+
+pub mod backend;
+pub mod block;
+pub mod engine;
+pub mod error;
+pub mod host;
+pub mod pool;
+mod raw;
+pub mod sim;
+pub mod stats;
+
+pub use backend::{Backend, BackendKind, VirtualMemory};
+pub use block::{BlockHandle, MemoryPool, OwnedBlock};
+pub use error::{Error, Result};
+pub use host::HostBackend;
+pub use pool::{Limit, Pool, PoolConfig, SegmentMode, Strategy, TrimReport};
+pub use sim::SimBackend;
+pub use stats::{PoolStats, Stat};
+
+/// Identifies a stream (CUDA stream, OpenCL queue, wgpu queue) that blocks are allocated and freed on.
+/// `StreamId(0)` is the default stream. Blocks freed on a stream are reused at once on that stream only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, serde::Serialize, serde::Deserialize)]
+pub struct StreamId(pub u64);

@@ -1,0 +1,686 @@
+//! `Pool<B>`: the segment-block engine plus segments from a backend, caching, limits and statistics. Every
+//! backend's pools are this type; a backend only creates and destroys segments and moves bytes.
+//!
+//! Segment policy (PyTorch's, which its users know): requests up to 1 MiB share 2 MiB small segments; larger
+//! requests share 20 MiB segments when under 10 MiB and get a segment of their own (rounded to the backend's
+//! granularity) above that. Where the backend supports virtual memory, large blocks instead go into one big
+//! address reservation whose pages are mapped on first use and unmapped under pressure, so free holes between
+//! live blocks cost no physical memory once trimmed.
+//!
+//! Blocks freed on a stream go back to that stream's free index and are reused at once on it; each stream has
+//! its own arenas, so a block is never handed to another stream while work queued before its free may still
+//! touch it.
+
+mod config;
+mod pages;
+
+pub use config::{Limit, PoolConfig, SegmentMode, Strategy};
+
+use crate::engine::{Allocation, Engine, SegmentId};
+use crate::{Backend, BlockHandle, Error, PoolStats, Result, StreamId};
+use pages::PageMap;
+use parking_lot::Mutex;
+use serde::Serialize;
+use std::time::{Duration, Instant};
+
+/// Byte written over freed blocks when `poison_on_free` is on: all ones is NaN in f32/f64 and -1 in integers.
+pub const POISON_BYTE: u8 = 0xFF;
+
+/// What a release of cached memory gave back to the device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct TrimReport {
+    /// Bytes of physical memory given back.
+    pub bytes_released: u64,
+    /// Plain segments destroyed (and empty virtual reservations released).
+    pub segments_released: u64,
+    /// Pages unmapped inside virtual reservations.
+    pub pages_unmapped: u64,
+    /// Time the release took.
+    #[serde(with = "duration_us")]
+    pub elapsed: Duration,
+}
+
+mod duration_us {
+    pub fn serialize<S: serde::Serializer>(d: &std::time::Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_micros() as u64)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ArenaClass {
+    Small,
+    Large,
+}
+
+struct SegmentEntry<S> {
+    handle: S,
+    /// `Some` for a virtual reservation: which pages are backed.
+    pages: Option<PageMap>,
+    /// Cleanup round in which a block was last taken from this segment.
+    last_used_round: u64,
+}
+
+/// One free index: the blocks of one stream and one size class.
+struct Arena<S> {
+    engine: Engine,
+    class: ArenaClass,
+    virtual_segments: bool,
+    segments: Vec<Option<SegmentEntry<S>>>,
+}
+
+impl<S> Arena<S> {
+    fn entry(&self, id: SegmentId) -> Option<&SegmentEntry<S>> {
+        self.segments.get(id.0 as usize).and_then(Option::as_ref)
+    }
+}
+
+struct State<S> {
+    arenas: Vec<Arena<S>>,
+    /// Stream → arena indices `[small, large]`. Linear search: programs use a handful of streams.
+    streams: Vec<(StreamId, [u32; 2])>,
+    stats: PoolStats,
+    plain_bytes: u64,
+    mapped_bytes: u64,
+    /// Bytes of entirely free plain segments (cached, not split).
+    empty_plain_bytes: u64,
+    cleanup_round: u64,
+}
+
+/// Why an attempt to allocate needs more memory than the pool may take.
+enum Shortfall {
+    Limit,
+    Device(Error),
+}
+
+/// A pool of blocks of one backend. `Send + Sync`: one lock guards the engine; backend copies run outside it.
+pub struct Pool<B: Backend> {
+    backend: B,
+    config: PoolConfig,
+    page_size: Option<u64>,
+    max_reservation: u64,
+    limit: Mutex<Option<u64>>,
+    state: Mutex<State<B::Segment>>,
+}
+
+impl<B: Backend> Pool<B> {
+    /// A pool over `backend`. O(1).
+    ///
+    /// Errors on an invalid configuration, or `SegmentMode::Virtual` on a backend without virtual memory.
+    pub fn new(backend: B, config: PoolConfig) -> Result<Self> {
+        config.validate()?;
+        let align = backend.alignment();
+        let granularity = backend.segment_granularity();
+        if !align.is_power_of_two() || !granularity.is_power_of_two() || granularity < align {
+            return Err(Error::InvalidConfig(format!(
+                "backend {} reports alignment {align} and granularity {granularity}: both must be powers of two \
+                 and granularity at least the alignment",
+                backend.name()
+            )));
+        }
+        let vm = backend.virtual_memory();
+        let use_virtual = match config.segment_mode {
+            SegmentMode::Plain => false,
+            SegmentMode::Auto => vm.is_some(),
+            SegmentMode::Virtual if vm.is_none() => {
+                return Err(Error::InvalidConfig(format!(
+                    "segment_mode virtual asked for, but {} has no virtual memory support",
+                    backend.name()
+                )))
+            }
+            SegmentMode::Virtual => true,
+        } && config.strategy == Strategy::Pooled;
+        let (page_size, max_reservation) = match vm {
+            Some(vm) if use_virtual => (Some(vm.page_size), vm.max_reservation),
+            _ => (None, 0),
+        };
+        let limit = config.limit.map(|l| l.resolve(backend.capacity())).transpose()?;
+        let stats = PoolStats { name: backend.name().to_string(), limit_bytes: limit, ..PoolStats::default() };
+        Ok(Self {
+            backend,
+            config,
+            page_size,
+            max_reservation,
+            limit: Mutex::new(limit),
+            state: Mutex::new(State {
+                arenas: Vec::new(),
+                streams: Vec::new(),
+                stats,
+                plain_bytes: 0,
+                mapped_bytes: 0,
+                empty_plain_bytes: 0,
+                cleanup_round: 0,
+            }),
+        })
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PoolConfig {
+        &self.config
+    }
+
+    /// Whether large blocks live in virtual reservations.
+    pub fn uses_virtual_memory(&self) -> bool {
+        self.page_size.is_some()
+    }
+
+    /// Sets or clears the cap on reserved bytes. Takes effect at the next allocation that needs memory.
+    pub fn set_limit(&self, limit: Option<Limit>) -> Result<()> {
+        let bytes = limit.map(|l| l.resolve(self.backend.capacity())).transpose()?;
+        *self.limit.lock() = bytes;
+        self.state.lock().stats.limit_bytes = bytes;
+        Ok(())
+    }
+
+    /// Allocates a block of at least `bytes` bytes on `stream`, reusing cached memory first. O(1) when served
+    /// from cache; otherwise one backend call (plus a release of cached memory and a retry when the limit or the
+    /// device is exhausted).
+    pub fn allocate(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
+        self.allocate_inner(bytes, stream, self.config.zero_on_alloc)
+    }
+
+    /// Like [`Pool::allocate`], with every byte of the block set to zero before it is returned.
+    pub fn allocate_zeroed(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
+        self.allocate_inner(bytes, stream, true)
+    }
+
+    fn allocate_inner(&self, bytes: u64, stream: StreamId, zeroed: bool) -> Result<BlockHandle> {
+        if bytes == 0 {
+            return Err(Error::ZeroSize { device: self.backend.name().to_string() });
+        }
+        let align = self.backend.alignment();
+        let size = bytes.checked_add(align - 1).map(|s| s & !(align - 1)).ok_or_else(|| Error::SizeOverflow {
+            what: format!("{bytes} bytes rounded up to {align}"),
+        })?;
+        let max = if self.page_size.is_some() { u64::MAX } else { self.backend.max_segment_size() };
+        if size > max {
+            return Err(Error::TooLarge { device: self.backend.name().to_string(), requested: size, max });
+        }
+        let handle = {
+            let mut state = self.state.lock();
+            let class = if size <= self.config.small_request_max && self.config.strategy == Strategy::Pooled {
+                ArenaClass::Small
+            } else {
+                ArenaClass::Large
+            };
+            let arena = self.arena_for(&mut state, stream, class);
+            let mut result = self.try_allocate(&mut state, arena, size);
+            if matches!(result, Err(Shortfall::Limit | Shortfall::Device(_))) {
+                state.stats.num_alloc_retries += 1;
+                self.release_cached_locked(&mut state, 0);
+                result = self.try_allocate(&mut state, arena, size);
+            }
+            match result {
+                Ok((alloc, hit)) => state.record_alloc(arena, &alloc, bytes, hit),
+                Err(shortfall) => return Err(self.out_of_memory(&mut state, size, shortfall)),
+            }
+        };
+        if zeroed {
+            if let Err(e) = self.fill(&handle, 0, handle.size, 0) {
+                let _ = self.free(&handle);
+                return Err(e);
+            }
+        }
+        Ok(handle)
+    }
+
+    /// The arena of `stream` for `class`, created on the stream's first use. O(streams), a handful.
+    fn arena_for(&self, state: &mut State<B::Segment>, stream: StreamId, class: ArenaClass) -> usize {
+        let slot = usize::from(class == ArenaClass::Large);
+        if let Some((_, arenas)) = state.streams.iter().find(|(s, _)| *s == stream) {
+            return arenas[slot] as usize;
+        }
+        let first = state.arenas.len() as u32;
+        for class in [ArenaClass::Small, ArenaClass::Large] {
+            state.arenas.push(Arena {
+                engine: Engine::new(self.backend.alignment()).expect("alignment checked in Pool::new"),
+                class,
+                virtual_segments: class == ArenaClass::Large && self.page_size.is_some(),
+                segments: Vec::new(),
+            });
+        }
+        state.streams.push((stream, [first, first + 1]));
+        first as usize + slot
+    }
+
+    /// One attempt: a cached block, else new memory within the limit. Returns the block and whether it was a
+    /// cache hit.
+    fn try_allocate(
+        &self,
+        state: &mut State<B::Segment>,
+        arena: usize,
+        size: u64,
+    ) -> std::result::Result<(Allocation, bool), Shortfall> {
+        if self.config.strategy == Strategy::Pooled {
+            if let Some(alloc) = state.arenas[arena].engine.allocate(size) {
+                let mapped_new = self.ensure_mapped(state, arena, &alloc)?;
+                return Ok((alloc, !mapped_new));
+            }
+        }
+        let alloc = self.grow(state, arena, size)?;
+        Ok((alloc, false))
+    }
+
+    /// Adds a segment (or a virtual reservation) that fits `size` and allocates from it.
+    fn grow(
+        &self,
+        state: &mut State<B::Segment>,
+        arena: usize,
+        size: u64,
+    ) -> std::result::Result<Allocation, Shortfall> {
+        let granularity = self.backend.segment_granularity();
+        let round = |s: u64| s.div_ceil(granularity) * granularity;
+        if state.arenas[arena].virtual_segments {
+            let page = self.page_size.unwrap_or(granularity);
+            let reservation = self.max_reservation.max(size.div_ceil(page) * page);
+            let handle = self.backend.reserve_virtual(reservation).map_err(Shortfall::Device)?;
+            let entry = SegmentEntry {
+                handle,
+                pages: Some(PageMap::new(reservation, page)),
+                last_used_round: state.cleanup_round,
+            };
+            let seg = state.add_segment(arena, reservation, entry);
+            state.stats.segments.add(1);
+            let alloc = state.arenas[arena].engine.allocate_in(seg, size).expect("fresh reservation fits");
+            if let Err(e) = self.ensure_mapped(state, arena, &alloc) {
+                state.arenas[arena].engine.free(alloc.block);
+                return Err(e);
+            }
+            return Ok(alloc);
+        }
+        let preferred = match state.arenas[arena].class {
+            _ if self.config.strategy == Strategy::Direct => round(size),
+            ArenaClass::Small => round(self.config.small_segment_size.max(size)),
+            ArenaClass::Large if size < self.config.large_segment_size / 2 => round(self.config.large_segment_size),
+            ArenaClass::Large => round(size),
+        }
+        .min(self.backend.max_segment_size())
+        .max(size);
+        // Under a limit, fall back to a segment of just the request's size rather than fail.
+        let limit = *self.limit.lock();
+        let fits = |s: u64| limit.is_none_or(|l| state.reserved() + s <= l);
+        let seg_size = if fits(preferred) {
+            preferred
+        } else if fits(round(size)) {
+            round(size)
+        } else {
+            return Err(Shortfall::Limit);
+        };
+        let handle = self.backend.create_segment(seg_size).map_err(Shortfall::Device)?;
+        state.stats.num_device_alloc += 1;
+        let entry = SegmentEntry { handle, pages: None, last_used_round: state.cleanup_round };
+        let seg = state.add_segment(arena, seg_size, entry);
+        state.plain_bytes += seg_size;
+        state.empty_plain_bytes += seg_size;
+        state.stats.segments.add(1);
+        state.update_reserved();
+        Ok(state.arenas[arena].engine.allocate_in(seg, size).expect("fresh segment fits"))
+    }
+
+    /// Maps the unmapped pages under `alloc` if it lies in a virtual reservation. Returns whether it mapped any.
+    fn ensure_mapped(
+        &self,
+        state: &mut State<B::Segment>,
+        arena: usize,
+        alloc: &Allocation,
+    ) -> std::result::Result<bool, Shortfall> {
+        let Some(pages) = state.arenas[arena].entry(alloc.segment).and_then(|e| e.pages.as_ref()) else {
+            return Ok(false);
+        };
+        let (first, end) = pages.covering(alloc.offset, alloc.size);
+        let missing = pages.unmapped_bytes_in(first, end);
+        if missing == 0 {
+            return Ok(false);
+        }
+        let limit = *self.limit.lock();
+        let over_limit = limit.is_some_and(|l| state.reserved() + missing > l);
+        let result = if over_limit {
+            Err(Shortfall::Limit)
+        } else {
+            let runs = pages.runs(first, end, false);
+            let entry = state.arenas[arena].segments[alloc.segment.0 as usize].as_mut().expect("segment exists");
+            let pages = entry.pages.as_mut().expect("virtual segment");
+            let mut result = Ok(true);
+            for (a, b) in runs {
+                let (offset, len) = (pages.offset_of(a), pages.offset_of(b) - pages.offset_of(a));
+                if let Err(e) = self.backend.map_pages(&entry.handle, offset, len) {
+                    result = Err(Shortfall::Device(e));
+                    break;
+                }
+                pages.set(a, b, true);
+                state.stats.num_device_alloc += 1;
+            }
+            state.mapped_bytes = state.arenas.iter().map(Arena::mapped_bytes).sum();
+            state.update_reserved();
+            result
+        };
+        if result.is_err() {
+            state.arenas[arena].engine.free(alloc.block);
+        }
+        result
+    }
+
+    fn out_of_memory(&self, state: &mut State<B::Segment>, size: u64, shortfall: Shortfall) -> Error {
+        state.stats.num_ooms += 1;
+        if let Shortfall::Device(e @ (Error::TooLarge { .. } | Error::InvalidConfig(_))) = shortfall {
+            return e;
+        }
+        let reserved = state.reserved();
+        let allocated = state.stats.allocated_bytes.current;
+        Error::OutOfMemory {
+            device: self.backend.name().to_string(),
+            requested: size,
+            free: self.backend.free_memory(),
+            cached: reserved - allocated,
+            reserved,
+            limit: *self.limit.lock(),
+        }
+    }
+
+    /// Returns a block to the pool. O(1) (plus a backend call in `Direct` mode, and a device write when
+    /// `poison_on_free` is on).
+    ///
+    /// Errors with [`Error::UnknownBlock`] for a block that this pool did not hand out or that was already freed;
+    /// nothing changes then.
+    pub fn free(&self, block: &BlockHandle) -> Result<()> {
+        if self.config.poison_on_free {
+            self.fill(block, 0, block.size, POISON_BYTE)?;
+        }
+        let mut state = self.state.lock();
+        let arena = block.arena as usize;
+        let freed = state
+            .arenas
+            .get_mut(arena)
+            .and_then(|a| a.engine.free(block.block))
+            .ok_or_else(|| Error::UnknownBlock(format!("{block:?} in pool {}", self.backend.name())))?;
+        state.record_free(arena, block, freed.segment_now_empty);
+        if self.config.strategy == Strategy::Direct && freed.segment_now_empty {
+            self.destroy_segment(&mut state, arena, freed.segment);
+        }
+        Ok(())
+    }
+
+    /// Gives every cached byte back to the device: destroys empty plain segments and unmaps the free pages of
+    /// virtual reservations. O(segments + free blocks in virtual reservations).
+    pub fn release_cached(&self) -> TrimReport {
+        let mut state = self.state.lock();
+        self.release_cached_locked(&mut state, 0)
+    }
+
+    /// A periodic cleanup round: releases cached memory that has not been used for at least `idle_rounds`
+    /// rounds (0 releases everything cached, like [`Pool::release_cached`]). O(segments + free blocks in
+    /// virtual reservations).
+    pub fn cleanup(&self, idle_rounds: u64) -> TrimReport {
+        let mut state = self.state.lock();
+        state.cleanup_round += 1;
+        self.release_cached_locked(&mut state, idle_rounds)
+    }
+
+    fn release_cached_locked(&self, state: &mut State<B::Segment>, idle_rounds: u64) -> TrimReport {
+        let start = Instant::now();
+        let mut report = TrimReport::default();
+        let round = state.cleanup_round;
+        for arena in 0..state.arenas.len() {
+            let idle: Vec<SegmentId> = state.arenas[arena]
+                .engine
+                .empty_segments()
+                .filter(|&id| {
+                    let entry = state.arenas[arena].entry(id).expect("segment exists");
+                    round.saturating_sub(entry.last_used_round) >= idle_rounds
+                })
+                .collect();
+            for id in idle {
+                report.bytes_released += self.destroy_segment(state, arena, id);
+                report.segments_released += 1;
+            }
+            if state.arenas[arena].virtual_segments {
+                let (pages, bytes) = self.unmap_free_pages(state, arena, round, idle_rounds);
+                report.pages_unmapped += pages;
+                report.bytes_released += bytes;
+            }
+        }
+        state.mapped_bytes = state.arenas.iter().map(Arena::mapped_bytes).sum();
+        state.update_reserved();
+        report.elapsed = start.elapsed();
+        report
+    }
+
+    /// Unmaps every page lying wholly inside a free block of the arena's reservations. Returns (pages, bytes).
+    fn unmap_free_pages(
+        &self,
+        state: &mut State<B::Segment>,
+        arena: usize,
+        round: u64,
+        idle_rounds: u64,
+    ) -> (u64, u64) {
+        let arena = &mut state.arenas[arena];
+        let (mut pages_released, mut bytes) = (0, 0);
+        let ids: Vec<SegmentId> = arena.engine.segment_ids().collect();
+        for id in ids {
+            let free_ranges: Vec<(u64, u64)> =
+                arena.engine.blocks_in(id).filter(|b| b.free).map(|b| (b.offset, b.size)).collect();
+            let entry = arena.segments[id.0 as usize].as_mut().expect("segment exists");
+            if round.saturating_sub(entry.last_used_round) < idle_rounds {
+                continue;
+            }
+            let Some(pages) = entry.pages.as_mut() else { continue };
+            for (offset, size) in free_ranges {
+                let (first, end) = pages.inside(offset, size);
+                for (a, b) in pages.runs(first, end, true) {
+                    let (off, len) = (pages.offset_of(a), pages.offset_of(b) - pages.offset_of(a));
+                    self.backend.unmap_pages(&entry.handle, off, len);
+                    pages.set(a, b, false);
+                    pages_released += b - a;
+                    bytes += len;
+                    state.stats.num_device_free += 1;
+                }
+            }
+        }
+        (pages_released, bytes)
+    }
+
+    /// Destroys an empty segment; returns the physical bytes it held.
+    fn destroy_segment(&self, state: &mut State<B::Segment>, arena: usize, id: SegmentId) -> u64 {
+        let size = state.arenas[arena].engine.remove_segment(id).expect("segment is empty");
+        let entry = state.arenas[arena].segments[id.0 as usize].take().expect("segment exists");
+        let released = match &entry.pages {
+            Some(pages) => pages.mapped_bytes(),
+            None => {
+                state.plain_bytes -= size;
+                state.empty_plain_bytes -= size;
+                size
+            }
+        };
+        if let Some(pages) = &entry.pages {
+            for (a, b) in pages.runs(0, pages.covering(0, size).1, true) {
+                self.backend.unmap_pages(&entry.handle, pages.offset_of(a), pages.offset_of(b) - pages.offset_of(a));
+            }
+        }
+        self.backend.destroy_segment(entry.handle);
+        state.stats.num_device_free += 1;
+        state.stats.segments.sub(1);
+        state.mapped_bytes = state.arenas.iter().map(Arena::mapped_bytes).sum();
+        state.update_reserved();
+        released
+    }
+
+    /// Statistics now. O(1).
+    pub fn stats(&self) -> PoolStats {
+        self.state.lock().stats.clone()
+    }
+
+    /// Sets every peak to its current value (PyTorch's `reset_peak_memory_stats`).
+    pub fn reset_peaks(&self) {
+        let mut state = self.state.lock();
+        let s = &mut state.stats;
+        for stat in [
+            &mut s.allocated_bytes,
+            &mut s.requested_bytes,
+            &mut s.reserved_bytes,
+            &mut s.active_bytes,
+            &mut s.inactive_split_bytes,
+            &mut s.active_blocks,
+            &mut s.segments,
+        ] {
+            stat.reset_peak();
+        }
+    }
+
+    /// The backend segment holding `block`, and the block's offset in it; `None` if the block is not live.
+    pub fn segment_of(&self, block: &BlockHandle) -> Option<(B::Segment, u64)> {
+        let state = self.state.lock();
+        let arena = state.arenas.get(block.arena as usize)?;
+        arena.engine.block(block.block)?;
+        Some((arena.entry(block.segment)?.handle.clone(), block.offset))
+    }
+
+    fn live_segment(&self, block: &BlockHandle, offset: u64, len: u64) -> Result<B::Segment> {
+        let end = offset.checked_add(len).ok_or_else(|| Error::SizeOverflow { what: "offset + length".into() })?;
+        if end > block.size {
+            return Err(Error::OutOfBounds(format!(
+                "range {offset}..{end} outside a block of {} bytes",
+                block.size
+            )));
+        }
+        self.segment_of(block)
+            .map(|(s, _)| s)
+            .ok_or_else(|| Error::UnknownBlock(format!("{block:?} in pool {}", self.backend.name())))
+    }
+
+    /// Copies `src` into the block at `offset`. Errors if the range leaves the block.
+    pub fn write(&self, block: &BlockHandle, offset: u64, src: &[u8]) -> Result<()> {
+        let segment = self.live_segment(block, offset, src.len() as u64)?;
+        self.backend.write(&segment, block.offset + offset, src)
+    }
+
+    /// Copies the block's bytes at `offset` into `dst`. Errors if the range leaves the block.
+    pub fn read(&self, block: &BlockHandle, offset: u64, dst: &mut [u8]) -> Result<()> {
+        let segment = self.live_segment(block, offset, dst.len() as u64)?;
+        self.backend.read(&segment, block.offset + offset, dst)
+    }
+
+    /// Sets `len` bytes at `offset` to `value`. Errors if the range leaves the block.
+    pub fn fill(&self, block: &BlockHandle, offset: u64, len: u64, value: u8) -> Result<()> {
+        let segment = self.live_segment(block, offset, len)?;
+        self.backend.fill(&segment, block.offset + offset, len, value)
+    }
+
+    /// Host address of the block's first byte when its memory is host-addressable.
+    pub fn host_ptr(&self, block: &BlockHandle) -> Option<std::ptr::NonNull<u8>> {
+        let (segment, offset) = self.segment_of(block)?;
+        self.backend.host_ptr(&segment, offset)
+    }
+}
+
+impl<B: Backend> Drop for Pool<B> {
+    fn drop(&mut self) {
+        let state = self.state.get_mut();
+        let live = state.stats.active_blocks.current;
+        if live > 0 {
+            log::warn!(
+                "pool {} dropped with {live} live blocks ({} bytes): their memory is released now",
+                self.backend.name(),
+                state.stats.allocated_bytes.current
+            );
+        }
+        for arena in &mut state.arenas {
+            for entry in arena.segments.iter_mut().filter_map(Option::take) {
+                if let Some(pages) = &entry.pages {
+                    for (a, b) in pages.runs(0, pages.page_count(), true) {
+                        self.backend.unmap_pages(
+                            &entry.handle,
+                            pages.offset_of(a),
+                            pages.offset_of(b) - pages.offset_of(a),
+                        );
+                    }
+                }
+                self.backend.destroy_segment(entry.handle);
+            }
+        }
+    }
+}
+
+impl<S> Arena<S> {
+    fn mapped_bytes(&self) -> u64 {
+        self.segments.iter().flatten().filter_map(|e| e.pages.as_ref()).map(PageMap::mapped_bytes).sum()
+    }
+}
+
+impl<S> State<S> {
+    fn reserved(&self) -> u64 {
+        self.plain_bytes + self.mapped_bytes
+    }
+
+    fn update_reserved(&mut self) {
+        let reserved = self.reserved();
+        self.stats.reserved_bytes.set(reserved);
+        self.update_split();
+    }
+
+    fn update_split(&mut self) {
+        let split = self.reserved() - self.stats.allocated_bytes.current - self.empty_plain_bytes;
+        self.stats.inactive_split_bytes.set(split);
+    }
+
+    fn add_segment(&mut self, arena: usize, size: u64, entry: SegmentEntry<S>) -> SegmentId {
+        let arena = &mut self.arenas[arena];
+        let id = arena.engine.add_segment(size).expect("segment size is non-zero and rounded");
+        let slot = id.0 as usize;
+        if arena.segments.len() <= slot {
+            arena.segments.resize_with(slot + 1, || None);
+        }
+        arena.segments[slot] = Some(entry);
+        id
+    }
+
+    fn record_alloc(&mut self, arena: usize, alloc: &Allocation, requested: u64, hit: bool) -> BlockHandle {
+        let round = self.cleanup_round;
+        let a = &mut self.arenas[arena];
+        let entry = a.segments[alloc.segment.0 as usize].as_mut().expect("segment exists");
+        entry.last_used_round = round;
+        if alloc.segment_was_empty && entry.pages.is_none() {
+            self.empty_plain_bytes -= a.engine.segment_size(alloc.segment).expect("segment exists");
+        }
+        let s = &mut self.stats;
+        s.num_allocs += 1;
+        if hit {
+            s.cache_hits += 1;
+        } else {
+            s.cache_misses += 1;
+        }
+        s.allocated_bytes.add(alloc.size);
+        s.requested_bytes.add(requested);
+        s.active_bytes.add(alloc.size);
+        s.active_blocks.add(1);
+        self.update_split();
+        BlockHandle {
+            arena: arena as u32,
+            segment: alloc.segment,
+            block: alloc.block,
+            offset: alloc.offset,
+            size: alloc.size,
+            requested,
+        }
+    }
+
+    fn record_free(&mut self, arena: usize, block: &BlockHandle, segment_now_empty: bool) {
+        let a = &self.arenas[arena];
+        if segment_now_empty && a.entry(block.segment).is_some_and(|e| e.pages.is_none()) {
+            self.empty_plain_bytes += a.engine.segment_size(block.segment).expect("segment exists");
+        }
+        let s = &mut self.stats;
+        s.num_frees += 1;
+        s.allocated_bytes.sub(block.size);
+        s.requested_bytes.sub(block.requested);
+        s.active_bytes.sub(block.size);
+        s.active_blocks.sub(1);
+        self.update_split();
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,196 @@
+//! Pool tests: limits, retry, trim, statistics, strategies and concurrency, on the sim and host backends.
+
+use super::*;
+use crate::{HostBackend, SimBackend};
+use std::sync::Arc;
+
+const MIB: u64 = 1 << 20;
+const S0: StreamId = StreamId(0);
+
+fn sim_pool(mode: SegmentMode, limit: Option<Limit>) -> Pool<SimBackend> {
+    let config = PoolConfig { segment_mode: mode, limit, ..PoolConfig::default() };
+    Pool::new(SimBackend::new("sim0", 8 << 30), config).unwrap()
+}
+
+#[test]
+fn zero_and_overflowing_sizes_are_errors() {
+    let pool = sim_pool(SegmentMode::Auto, None);
+    assert!(matches!(pool.allocate(0, S0), Err(Error::ZeroSize { .. })));
+    assert!(matches!(pool.allocate(u64::MAX, S0), Err(Error::SizeOverflow { .. })));
+    let plain = sim_pool(SegmentMode::Plain, None);
+    let err = plain.allocate(16 << 30, S0).unwrap_err();
+    assert!(matches!(err, Error::TooLarge { .. }), "{err}");
+}
+
+#[test]
+fn small_requests_share_small_segments_and_are_cache_hits_after_warmup() {
+    for mode in [SegmentMode::Plain, SegmentMode::Virtual] {
+        let pool = sim_pool(mode, None);
+        let a = pool.allocate(4096, S0).unwrap();
+        let b = pool.allocate(4096, S0).unwrap();
+        let s = pool.stats();
+        assert_eq!(s.reserved_bytes.current, 2 * MIB, "one 2 MiB small segment");
+        assert_eq!((s.cache_misses, s.cache_hits), (1, 1));
+        pool.free(&a).unwrap();
+        pool.free(&b).unwrap();
+        assert!(pool.free(&a).is_err(), "double free is an error");
+        let s = pool.stats();
+        assert_eq!(s.allocated_bytes.current, 0);
+        assert_eq!(s.allocated_bytes.peak, 8192);
+        assert_eq!(s.inactive_split_bytes.current, 0, "an empty segment is cached, not split");
+    }
+}
+
+#[test]
+fn limit_releases_cache_then_retries_then_reports_numbers() {
+    let pool = sim_pool(SegmentMode::Plain, Some(Limit::Bytes(64 * MIB)));
+    // Fill the cache with a 40 MiB segment, free it, then ask for 50 MiB: only fits after the cache is released.
+    let a = pool.allocate(40 * MIB, S0).unwrap();
+    pool.free(&a).unwrap();
+    let b = pool.allocate(50 * MIB, S0).unwrap();
+    let s = pool.stats();
+    assert_eq!(s.num_alloc_retries, 1);
+    assert_eq!(s.reserved_bytes.current, 50 * MIB);
+    let err = pool.allocate(20 * MIB, S0).unwrap_err();
+    match err {
+        Error::OutOfMemory { requested, cached, limit, reserved, .. } => {
+            assert_eq!(requested, 20 * MIB);
+            assert_eq!(cached, 0);
+            assert_eq!(reserved, 50 * MIB);
+            assert_eq!(limit, Some(64 * MIB));
+        }
+        other => panic!("expected OutOfMemory, got {other}"),
+    }
+    assert_eq!(pool.stats().num_ooms, 1);
+    pool.free(&b).unwrap();
+}
+
+#[test]
+fn virtual_segments_unmap_free_holes_under_pressure() {
+    let pool = sim_pool(SegmentMode::Virtual, Some(Limit::Bytes(100 * MIB)));
+    let blocks: Vec<_> = (0..9).map(|_| pool.allocate(10 * MIB, S0).unwrap()).collect();
+    // Free every other block: holes of 10 MiB between live blocks.
+    for b in blocks.iter().step_by(2) {
+        pool.free(b).unwrap();
+    }
+    // 40 MiB live; a 50 MiB request fits only if the holes' pages are unmapped.
+    let big = pool.allocate(50 * MIB, S0).unwrap();
+    let s = pool.stats();
+    assert!(s.reserved_bytes.current <= 100 * MIB, "{s:?}");
+    assert_eq!(s.num_alloc_retries, 1);
+    pool.free(&big).unwrap();
+    for b in blocks.iter().skip(1).step_by(2) {
+        pool.free(b).unwrap();
+    }
+    let report = pool.release_cached();
+    assert_eq!(report.bytes_released, 90 * MIB, "every mapped page goes back, with the empty reservation");
+    assert_eq!(pool.stats().reserved_bytes.current, 0);
+    assert_eq!(pool.backend().physical_in_use(), 0);
+}
+
+#[test]
+fn cleanup_releases_only_idle_segments() {
+    let pool = sim_pool(SegmentMode::Plain, None);
+    let a = pool.allocate(30 * MIB, S0).unwrap();
+    pool.free(&a).unwrap();
+    assert_eq!(pool.cleanup(2).segments_released, 0, "used this round");
+    assert_eq!(pool.cleanup(2).segments_released, 1, "idle for two rounds");
+    assert_eq!(pool.stats().reserved_bytes.current, 0);
+}
+
+#[test]
+fn direct_strategy_gives_memory_back_on_free() {
+    let config = PoolConfig { strategy: Strategy::Direct, ..PoolConfig::default() };
+    let pool = Pool::new(SimBackend::new("sim", 1 << 30), config).unwrap();
+    let a = pool.allocate(1000, S0).unwrap();
+    assert_eq!(pool.stats().reserved_bytes.current, 2 * MIB);
+    pool.free(&a).unwrap();
+    let s = pool.stats();
+    assert_eq!((s.reserved_bytes.current, s.num_device_alloc, s.num_device_free), (0, 1, 1));
+}
+
+#[test]
+fn streams_do_not_share_free_blocks() {
+    let pool = sim_pool(SegmentMode::Plain, None);
+    let a = pool.allocate(4096, StreamId(1)).unwrap();
+    pool.free(&a).unwrap();
+    let b = pool.allocate(4096, StreamId(2)).unwrap();
+    assert_eq!(pool.stats().segments.current, 2, "stream 2 does not take stream 1's freed block");
+    let c = pool.allocate(4096, StreamId(1)).unwrap();
+    assert_eq!((c.segment, c.offset, c.arena), (a.segment, a.offset, a.arena), "same stream reuses at once");
+    pool.free(&b).unwrap();
+    pool.free(&c).unwrap();
+}
+
+#[test]
+fn host_pool_moves_bytes_zeroes_and_poisons() {
+    let config = PoolConfig { poison_on_free: true, ..PoolConfig::default() };
+    let pool = Pool::new(HostBackend::new("host", 1 << 30), config).unwrap();
+    let a = pool.allocate(1000, S0).unwrap();
+    assert_eq!(a.offset % 64, 0);
+    pool.write(&a, 10, &[1, 2, 3]).unwrap();
+    let mut out = [0u8; 3];
+    pool.read(&a, 10, &mut out).unwrap();
+    assert_eq!(out, [1, 2, 3]);
+    assert!(matches!(pool.write(&a, a.size - 1, &[1, 2]), Err(Error::OutOfBounds(_))));
+    pool.free(&a).unwrap();
+    // The same block comes back (best fit, same stream): poisoned by the free, zeroed on request.
+    let b = pool.allocate(1000, S0).unwrap();
+    assert_eq!(b.offset, a.offset);
+    let mut dirty = [0u8; 16];
+    pool.read(&b, 0, &mut dirty).unwrap();
+    assert_eq!(dirty, [POISON_BYTE; 16]);
+    pool.free(&b).unwrap();
+    let c = pool.allocate_zeroed(1000, S0).unwrap();
+    let mut clean = vec![1u8; 1000];
+    pool.read(&c, 0, &mut clean).unwrap();
+    assert!(clean.iter().all(|&x| x == 0));
+    pool.free(&c).unwrap();
+}
+
+#[test]
+fn concurrent_allocate_and_free_keep_blocks_disjoint() {
+    let pool = Arc::new(Pool::new(HostBackend::new("host", 4 << 30), PoolConfig::default()).unwrap());
+    let threads: Vec<_> = (0..4u8)
+        .map(|t| {
+            let pool = Arc::clone(&pool);
+            std::thread::spawn(move || {
+                let mut live = Vec::new();
+                for i in 0..4000u64 {
+                    let size = 64 + (i * 7919 + u64::from(t) * 104729) % (3 * MIB);
+                    let b = pool.allocate(size, S0).unwrap();
+                    pool.fill(&b, 0, b.size, t + 1).unwrap();
+                    live.push(b);
+                    if i % 3 == 0 {
+                        let b = live.swap_remove((i as usize * 31) % live.len());
+                        // Our bytes are intact: nobody else was handed an overlapping block.
+                        let mut bytes = vec![0; b.size as usize];
+                        pool.read(&b, 0, &mut bytes).unwrap();
+                        assert!(bytes.iter().all(|&x| x == t + 1));
+                        pool.free(&b).unwrap();
+                    }
+                }
+                for b in live {
+                    pool.free(&b).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let s = pool.stats();
+    assert_eq!((s.allocated_bytes.current, s.num_allocs, s.num_frees), (0, 16000, 16000));
+    pool.release_cached();
+    assert_eq!(pool.stats().reserved_bytes.current, 0);
+}
+
+#[test]
+fn invalid_configs_are_refused() {
+    let bad = PoolConfig { small_segment_size: 1024, ..PoolConfig::default() };
+    assert!(matches!(Pool::new(SimBackend::new("s", 1 << 30), bad), Err(Error::InvalidConfig(_))));
+    let virt = PoolConfig { segment_mode: SegmentMode::Virtual, ..PoolConfig::default() };
+    assert!(Pool::new(HostBackend::new("h", 1 << 30), virt).is_err(), "host has no virtual memory");
+    let frac = PoolConfig { limit: Some(Limit::Fraction(1.5)), ..PoolConfig::default() };
+    assert!(Pool::new(SimBackend::new("s", 1 << 30), frac).is_err());
+}

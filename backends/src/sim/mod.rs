@@ -1,0 +1,142 @@
+//! A simulated device: hands out address ranges up to a capacity and touches no memory, so an 8 GB trace
+//! replays on a small machine. It models a CUDA device with virtual memory management (2 MiB pages, 256-byte
+//! alignment) unless built with [`SimBackend::plain`].
+
+use crate::{Backend, BackendKind, Error, Result, VirtualMemory};
+use parking_lot::Mutex;
+
+/// A simulated segment: a range of addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimSegment {
+    /// First address.
+    pub base: u64,
+    /// Length in bytes.
+    pub size: u64,
+    /// Whether this is a virtual reservation (its physical memory is its mapped pages) rather than a segment.
+    pub reservation: bool,
+}
+
+#[derive(Debug, Default)]
+struct Usage {
+    next_address: u64,
+    physical: u64,
+}
+
+/// The simulated device.
+#[derive(Debug)]
+pub struct SimBackend {
+    name: String,
+    capacity: u64,
+    virtual_memory: bool,
+    usage: Mutex<Usage>,
+}
+
+impl SimBackend {
+    /// Block alignment, as CUDA's.
+    pub const ALIGNMENT: u64 = 256;
+    /// Page and segment granularity, as CUDA's.
+    pub const PAGE: u64 = 2 << 20;
+
+    /// A simulated device of `capacity` bytes with virtual memory support.
+    pub fn new(name: impl Into<String>, capacity: u64) -> Self {
+        Self { name: name.into(), capacity, virtual_memory: true, usage: Mutex::new(Usage::default()) }
+    }
+
+    /// A simulated device without virtual memory: segments only, as OpenCL and wgpu devices are.
+    pub fn plain(name: impl Into<String>, capacity: u64) -> Self {
+        Self { virtual_memory: false, ..Self::new(name, capacity) }
+    }
+
+    /// Physical bytes in use (segments plus mapped pages).
+    pub fn physical_in_use(&self) -> u64 {
+        self.usage.lock().physical
+    }
+
+    fn take(&self, bytes: u64, call: &str) -> Result<()> {
+        let mut usage = self.usage.lock();
+        if usage.physical + bytes > self.capacity {
+            return Err(Error::Driver {
+                backend: self.name.clone(),
+                call: call.into(),
+                message: format!(
+                    "out of device memory: {bytes} bytes asked, {} of {} free",
+                    self.capacity - usage.physical,
+                    self.capacity
+                ),
+            });
+        }
+        usage.physical += bytes;
+        Ok(())
+    }
+
+    fn addresses(&self, size: u64, reservation: bool) -> SimSegment {
+        let mut usage = self.usage.lock();
+        let base = usage.next_address.div_ceil(Self::PAGE) * Self::PAGE;
+        usage.next_address = base + size;
+        SimSegment { base, size, reservation }
+    }
+
+    fn no_bytes(&self, what: &str) -> Error {
+        Error::Unsupported { backend: self.name.clone(), what: format!("{what}: the simulated device holds no bytes") }
+    }
+}
+
+impl Backend for SimBackend {
+    type Segment = SimSegment;
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn kind(&self) -> BackendKind {
+        BackendKind::Sim
+    }
+    fn alignment(&self) -> u64 {
+        Self::ALIGNMENT
+    }
+    fn segment_granularity(&self) -> u64 {
+        Self::PAGE
+    }
+    fn max_segment_size(&self) -> u64 {
+        self.capacity
+    }
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+    fn free_memory(&self) -> u64 {
+        self.capacity - self.usage.lock().physical
+    }
+    fn create_segment(&self, size: u64) -> Result<SimSegment> {
+        self.take(size, "create_segment")?;
+        Ok(self.addresses(size, false))
+    }
+    fn destroy_segment(&self, segment: SimSegment) {
+        // A reservation's pages were unmapped (and counted back) before it is destroyed.
+        if !segment.reservation {
+            self.usage.lock().physical -= segment.size;
+        }
+    }
+    fn virtual_memory(&self) -> Option<VirtualMemory> {
+        self.virtual_memory.then_some(VirtualMemory {
+            page_size: Self::PAGE,
+            max_reservation: self.capacity.div_ceil(Self::PAGE) * Self::PAGE * 2,
+        })
+    }
+    fn reserve_virtual(&self, size: u64) -> Result<SimSegment> {
+        Ok(self.addresses(size, true))
+    }
+    fn map_pages(&self, _segment: &SimSegment, _offset: u64, len: u64) -> Result<()> {
+        self.take(len, "map_pages")
+    }
+    fn unmap_pages(&self, _segment: &SimSegment, _offset: u64, len: u64) {
+        self.usage.lock().physical -= len;
+    }
+    fn write(&self, _segment: &SimSegment, _offset: u64, _src: &[u8]) -> Result<()> {
+        Err(self.no_bytes("write"))
+    }
+    fn read(&self, _segment: &SimSegment, _offset: u64, _dst: &mut [u8]) -> Result<()> {
+        Err(self.no_bytes("read"))
+    }
+    fn fill(&self, _segment: &SimSegment, _offset: u64, _len: u64, _value: u8) -> Result<()> {
+        Err(self.no_bytes("fill"))
+    }
+}

@@ -1,0 +1,123 @@
+//! Pool statistics, named like PyTorch's `torch.cuda.memory_stats()` so its users recognise them.
+
+use serde::Serialize;
+
+/// A gauge with its high-water mark.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Stat {
+    /// Value now.
+    pub current: u64,
+    /// Highest value seen since creation or the last [`crate::Pool::reset_peaks`].
+    pub peak: u64,
+}
+
+impl Stat {
+    #[inline]
+    pub(crate) fn add(&mut self, n: u64) {
+        self.current += n;
+        self.peak = self.peak.max(self.current);
+    }
+
+    #[inline]
+    pub(crate) fn sub(&mut self, n: u64) {
+        self.current -= n;
+    }
+
+    #[inline]
+    pub(crate) fn set(&mut self, n: u64) {
+        self.current = n;
+        self.peak = self.peak.max(n);
+    }
+
+    pub(crate) fn reset_peak(&mut self) {
+        self.peak = self.current;
+    }
+}
+
+/// One pool's statistics. Byte counts are of rounded block sizes unless named `requested`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PoolStats {
+    /// Pool (device and placement) name.
+    pub name: String,
+    /// Bytes in live blocks.
+    pub allocated_bytes: Stat,
+    /// Bytes the callers asked for (before rounding) in live blocks.
+    pub requested_bytes: Stat,
+    /// Bytes held from the device: plain segments plus mapped pages of virtual segments.
+    pub reserved_bytes: Stat,
+    /// Bytes in live blocks plus freed blocks still waiting for their streams (not yet reusable).
+    pub active_bytes: Stat,
+    /// Free bytes inside segments that also hold live blocks (lost to splitting until those blocks are freed).
+    pub inactive_split_bytes: Stat,
+    /// Live blocks.
+    pub active_blocks: Stat,
+    /// Segments held (plain segments and virtual reservations).
+    pub segments: Stat,
+    /// Allocations served.
+    pub num_allocs: u64,
+    /// Frees.
+    pub num_frees: u64,
+    /// Allocations served from memory the pool already held.
+    pub cache_hits: u64,
+    /// Allocations that had to get memory from the device (a new segment or newly mapped pages).
+    pub cache_misses: u64,
+    /// Segments created (or page ranges mapped) through the backend.
+    pub num_device_alloc: u64,
+    /// Segments destroyed (or page ranges unmapped) through the backend.
+    pub num_device_free: u64,
+    /// Allocations that failed first, released cached memory and were retried.
+    pub num_alloc_retries: u64,
+    /// Allocations that failed for good with out of memory.
+    pub num_ooms: u64,
+    /// The pool's limit in bytes, if any.
+    pub limit_bytes: Option<u64>,
+}
+
+impl PoolStats {
+    /// Share of allocations served from cache, in `[0, 1]` (0 when nothing was allocated).
+    pub fn hit_rate(&self) -> f64 {
+        let total = self.cache_hits + self.cache_misses;
+        if total == 0 {
+            0.0
+        } else {
+            self.cache_hits as f64 / total as f64
+        }
+    }
+
+    /// Share of reserved bytes not allocated right now, in `[0, 1]`: `1 - allocated / reserved`.
+    pub fn fragmentation_ratio(&self) -> f64 {
+        if self.reserved_bytes.current == 0 {
+            0.0
+        } else {
+            1.0 - self.allocated_bytes.current as f64 / self.reserved_bytes.current as f64
+        }
+    }
+
+    /// Adds another pool's counts to these (peaks add too, so a sum's peak is an upper bound).
+    pub fn accumulate(&mut self, other: &PoolStats) {
+        for (a, b) in [
+            (&mut self.allocated_bytes, &other.allocated_bytes),
+            (&mut self.requested_bytes, &other.requested_bytes),
+            (&mut self.reserved_bytes, &other.reserved_bytes),
+            (&mut self.active_bytes, &other.active_bytes),
+            (&mut self.inactive_split_bytes, &other.inactive_split_bytes),
+            (&mut self.active_blocks, &other.active_blocks),
+            (&mut self.segments, &other.segments),
+        ] {
+            a.current += b.current;
+            a.peak += b.peak;
+        }
+        self.num_allocs += other.num_allocs;
+        self.num_frees += other.num_frees;
+        self.cache_hits += other.cache_hits;
+        self.cache_misses += other.cache_misses;
+        self.num_device_alloc += other.num_device_alloc;
+        self.num_device_free += other.num_device_free;
+        self.num_alloc_retries += other.num_alloc_retries;
+        self.num_ooms += other.num_ooms;
+        self.limit_bytes = match (self.limit_bytes, other.limit_bytes) {
+            (Some(a), Some(b)) => Some(a.saturating_add(b)),
+            _ => None,
+        };
+    }
+}

@@ -1,0 +1,311 @@
+//! [`UsageTracker`]: learns how buffers are really used, per (size class, access pattern).
+//!
+//! # Cost
+//! The tracker holds 21 cells (3 size classes × 7 access patterns), each a small `parking_lot::Mutex` around a
+//! fixed-size tally. Every recording operation locks one cell, adds a few numbers and unlocks: O(1), no allocation,
+//! and threads recording buffers of different cells never contend. A [`TrackId`] carries its cell and
+//! registration time, so the tracker keeps no per-buffer table.
+//!
+//! # Decay
+//! Old evidence fades in two ways:
+//! - **Automatically, per cell**: when a cell's (decayed) registered-buffer count exceeds
+//!   [`TrackerConfig::buffer_cap`], its buffer-side sums (buffers, bytes, pool counts, lifetimes) are halved; when
+//!   its access count (host reads + host writes + device uses) exceeds [`TrackerConfig::access_cap`], its
+//!   access-side sums are halved. Ratios (host share of accesses, mean lifetime) survive halving; the newest
+//!   behaviour weighs as much as all older behaviour after each halving.
+//! - **On demand**: [`UsageTracker::decay`]`(factor)` multiplies every sum by `factor`; the manager's periodic
+//!   cleanup calls it (for example `decay(0.5)` every 30 s gives evidence a 30 s half-life).
+//!
+//! The number of live buffers per cell is exact and never decays, so long-lived buffers keep counting as evidence.
+
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use strum::IntoEnumIterator;
+
+use crate::error::{Error, Result};
+use crate::placement::{AccessPattern, Placement, PoolKind, SizeClass, Thresholds};
+use crate::recommend::{pool_slot, Evidence, RecommendConfig, Recommendations, Subject, Tally};
+
+const ACCESS_PATTERNS: usize = 7;
+const CELLS: usize = 3 * ACCESS_PATTERNS;
+
+/// Settings of a [`UsageTracker`].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TrackerConfig {
+    /// How buffers are sorted into size classes at registration.
+    pub thresholds: Thresholds,
+    /// A cell's buffer-side sums are halved when its registered-buffer count exceeds this (default 1024; >= 1).
+    pub buffer_cap: u64,
+    /// A cell's access-side sums are halved when its access count exceeds this (default 65536; >= 1).
+    pub access_cap: u64,
+    /// The recommendation rule's settings.
+    pub recommend: RecommendConfig,
+}
+
+impl Default for TrackerConfig {
+    fn default() -> Self {
+        TrackerConfig {
+            thresholds: Thresholds::default(),
+            buffer_cap: 1024,
+            access_cap: 1 << 16,
+            recommend: RecommendConfig::default(),
+        }
+    }
+}
+
+impl TrackerConfig {
+    /// Checks the thresholds, both caps (>= 1) and the recommendation settings.
+    ///
+    /// # Errors
+    /// [`Error::InvalidThresholds`] or [`Error::InvalidConfig`] naming the bad value.
+    pub fn validate(&self) -> Result<()> {
+        self.thresholds.validate()?;
+        for (field, value) in [("buffer_cap", self.buffer_cap), ("access_cap", self.access_cap)] {
+            if value == 0 {
+                return Err(Error::InvalidConfig {
+                    field,
+                    value: "0".to_owned(),
+                    expected: "at least 1",
+                });
+            }
+        }
+        self.recommend.validate()
+    }
+}
+
+/// The handle of one tracked buffer, returned by [`UsageTracker::register`] and consumed by
+/// [`UsageTracker::retire`] (so a buffer cannot be retired twice). It is only meaningful to the tracker that
+/// issued it; given to another tracker it is counted in the same cell there.
+#[derive(Debug)]
+#[must_use = "a TrackId should be retired when its buffer is freed"]
+pub struct TrackId {
+    size_class: SizeClass,
+    access: AccessPattern,
+    registered: Instant,
+}
+
+impl TrackId {
+    /// The buffer's size class.
+    pub fn size_class(&self) -> SizeClass {
+        self.size_class
+    }
+
+    /// The buffer's declared access pattern.
+    pub fn access(&self) -> AccessPattern {
+        self.access
+    }
+
+    /// When the buffer was registered.
+    pub fn registered_at(&self) -> Instant {
+        self.registered
+    }
+
+    fn cell(&self) -> usize {
+        cell_index(self.size_class, self.access)
+    }
+}
+
+fn cell_index(size_class: SizeClass, access: AccessPattern) -> usize {
+    size_class.index() * ACCESS_PATTERNS + access as usize
+}
+
+/// Learns from how buffers are really used and turns that into [`Recommendations`]. `Send + Sync`; share it by
+/// reference or `Arc`. See the [module docs](self) for cost and decay.
+#[derive(Debug)]
+pub struct UsageTracker {
+    config: TrackerConfig,
+    cells: [Mutex<Tally>; CELLS],
+}
+
+impl Default for UsageTracker {
+    fn default() -> Self {
+        Self::with_valid_config(TrackerConfig::default())
+    }
+}
+
+impl UsageTracker {
+    /// A tracker with default caps that classifies sizes by `thresholds`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidThresholds`] unless `small_max < medium_max`.
+    pub fn new(thresholds: Thresholds) -> Result<Self> {
+        Self::with_config(TrackerConfig {
+            thresholds,
+            ..TrackerConfig::default()
+        })
+    }
+
+    /// A tracker with the given settings.
+    ///
+    /// # Errors
+    /// As [`TrackerConfig::validate`].
+    pub fn with_config(config: TrackerConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(Self::with_valid_config(config))
+    }
+
+    fn with_valid_config(config: TrackerConfig) -> Self {
+        UsageTracker {
+            config,
+            cells: std::array::from_fn(|_| Mutex::new(Tally::default())),
+        }
+    }
+
+    /// The tracker's settings.
+    pub fn config(&self) -> &TrackerConfig {
+        &self.config
+    }
+
+    /// Starts tracking a buffer of `bytes` bytes that was requested with `placement` and `access` and landed in a
+    /// pool of kind `pool`. O(1), allocation-free.
+    pub fn register(&self, bytes: u64, placement: Placement, access: AccessPattern, pool: PoolKind) -> TrackId {
+        let size_class = SizeClass::of(bytes, &self.config.thresholds);
+        let id = TrackId {
+            size_class,
+            access,
+            registered: Instant::now(),
+        };
+        let mut t = self.cells[id.cell()].lock();
+        t.buffers += 1.0;
+        t.live += 1;
+        t.bytes += bytes as f64;
+        if placement == Placement::Auto {
+            t.auto_buffers += 1.0;
+        }
+        t.in_pool[pool_slot(pool)] += 1.0;
+        if t.buffers > self.config.buffer_cap as f64 {
+            t.scale_buffers(0.5);
+        }
+        id
+    }
+
+    /// Records that the host wrote `bytes` bytes into the buffer. O(1), allocation-free.
+    pub fn record_host_write(&self, id: &TrackId, bytes: u64) {
+        self.record_access(id, |t| {
+            t.host_writes += 1.0;
+            t.host_write_bytes += bytes as f64;
+        });
+    }
+
+    /// Records that the host read `bytes` bytes from the buffer. O(1), allocation-free.
+    pub fn record_host_read(&self, id: &TrackId, bytes: u64) {
+        self.record_access(id, |t| {
+            t.host_reads += 1.0;
+            t.host_read_bytes += bytes as f64;
+        });
+    }
+
+    /// Records that a device used the buffer (a kernel launch, a copy on the device side). O(1),
+    /// allocation-free.
+    pub fn record_device_use(&self, id: &TrackId) {
+        self.record_access(id, |t| t.device_uses += 1.0);
+    }
+
+    fn record_access(&self, id: &TrackId, add: impl FnOnce(&mut Tally)) {
+        let mut t = self.cells[id.cell()].lock();
+        add(&mut t);
+        if t.accesses() > self.config.access_cap as f64 {
+            t.scale_accesses(0.5);
+        }
+    }
+
+    /// Ends the buffer's lifetime; its evidence stays in the aggregate. O(1), allocation-free.
+    pub fn retire(&self, id: TrackId) {
+        let lifetime_ms = id.registered.elapsed().as_secs_f64() * 1e3;
+        let mut t = self.cells[id.cell()].lock();
+        t.live = t.live.saturating_sub(1);
+        t.retired += 1.0;
+        t.lifetime_ms_sum += lifetime_ms;
+    }
+
+    /// Multiplies every decayable sum in every cell by `factor` (1 keeps everything, 0 forgets everything but
+    /// the live-buffer counts). O(cells) = O(1).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] unless `0 <= factor <= 1`.
+    pub fn decay(&self, factor: f64) -> Result<()> {
+        if !(0.0..=1.0).contains(&factor) {
+            return Err(Error::InvalidConfig {
+                field: "decay factor",
+                value: factor.to_string(),
+                expected: "a fraction in [0, 1]",
+            });
+        }
+        for cell in &self.cells {
+            let mut t = cell.lock();
+            t.scale_buffers(factor);
+            t.scale_accesses(factor);
+        }
+        Ok(())
+    }
+
+    /// The evidence for buffers of one size class and declared access pattern. O(1).
+    pub fn evidence(&self, size_class: SizeClass, access: AccessPattern) -> Evidence {
+        self.cells[cell_index(size_class, access)].lock().evidence()
+    }
+
+    /// One recommendation per [`Subject`] under the tracker's own rule settings. O(cells) = O(1) (allocates the
+    /// result).
+    pub fn recommendations(&self) -> Recommendations {
+        self.recommendations_with(&self.config.recommend)
+    }
+
+    /// As [`recommendations`](Self::recommendations) with other rule settings (not validated here: see
+    /// [`RecommendConfig::validate`]).
+    pub fn recommendations_with(&self, config: &RecommendConfig) -> Recommendations {
+        let mut tallies = [Tally::default(); 5];
+        for size_class in SizeClass::iter() {
+            for access in AccessPattern::iter() {
+                let subject = Subject::of(size_class, access);
+                let cell = *self.cells[cell_index(size_class, access)].lock();
+                tallies[subject as usize].add(&cell);
+            }
+        }
+        Recommendations::from_tallies(self.config.thresholds, *config, &tallies)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn tracker_is_send_sync() {
+        assert_send_sync::<UsageTracker>();
+        assert_send_sync::<TrackId>();
+    }
+
+    #[test]
+    fn cells_are_distinct() {
+        let mut seen = std::collections::HashSet::new();
+        for s in SizeClass::iter() {
+            for a in AccessPattern::iter() {
+                let i = cell_index(s, a);
+                assert!(i < CELLS);
+                assert!(seen.insert(i));
+            }
+        }
+    }
+
+    #[test]
+    fn bad_config_is_rejected() {
+        let cfg = TrackerConfig {
+            buffer_cap: 0,
+            ..TrackerConfig::default()
+        };
+        let msg = UsageTracker::with_config(cfg).unwrap_err().to_string();
+        assert!(msg.contains("buffer_cap"), "{msg}");
+        assert!(UsageTracker::new(Thresholds {
+            small_max: 10,
+            medium_max: 10
+        })
+        .is_err());
+        let t = UsageTracker::default();
+        assert!(t.decay(1.5).is_err());
+        assert!(t.decay(f64::NAN).is_err());
+    }
+}
