@@ -8,6 +8,7 @@
 
 pub mod backend;
 pub mod block;
+pub mod device;
 pub mod engine;
 pub mod error;
 pub mod host;
@@ -18,6 +19,7 @@ pub mod stats;
 
 pub use backend::{Backend, BackendKind, VirtualMemory};
 pub use block::{BlockHandle, MemoryPool, OwnedBlock};
+pub use device::{DeviceInfo, DeviceType, Discovery, PoolPlacement};
 pub use error::{Error, Result};
 pub use host::HostBackend;
 pub use pool::{Limit, Pool, PoolConfig, SegmentMode, Strategy, TrimReport};
