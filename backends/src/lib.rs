@@ -30,3 +30,19 @@ pub use stats::{PoolStats, Stat};
 /// `StreamId(0)` is the default stream. Blocks freed on a stream are reused at once on that stream only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, serde::Serialize, serde::Deserialize)]
 pub struct StreamId(pub u64);
+
+/// Whether the environment variable `UMM_REQUIRE_BACKENDS` (a comma-separated list such as `opencl,wgpu`, or
+/// `all`) names `backend`. Tests of a backend whose runtime is absent skip with a printed reason, unless the
+/// backend is required, in which case the absence is a failure.
+pub fn backend_required(backend: &str) -> bool {
+    std::env::var("UMM_REQUIRE_BACKENDS").is_ok_and(|list| {
+        list.split(',').map(str::trim).any(|b| b.eq_ignore_ascii_case(backend) || b.eq_ignore_ascii_case("all"))
+    })
+}
+
+/// For tests: prints why `backend` is skipped, or panics with that reason if [`backend_required`] says it must
+/// be present.
+pub fn skip_or_fail(backend: &str, reason: &str) {
+    assert!(!backend_required(backend), "{backend} is required by UMM_REQUIRE_BACKENDS but unavailable: {reason}");
+    eprintln!("skipping {backend} test: {reason}");
+}
