@@ -1,1 +1,52 @@
+//! # umm — a universal memory manager
+//!
+//! One caching, stream-safe segment-block allocator for every accelerator in a machine: CUDA devices, OpenCL
+//! devices, wgpu adapters and host memory. A [`UniversalMemoryManager`] discovers the devices, decides where each
+//! buffer lives (a size/access decision table plus a usage tracker that learns), and hands out
+//! [`UniversalBuffer`]s from per-device pools that all share one segment-block engine.
+//!
+//! ```
+//! use umm::{Placement, UniversalMemoryManager};
+//!
+//! let mm = UniversalMemoryManager::new()?;
+//! let mut x = mm.allocate_universal::<f32>(1 << 16, Placement::Auto)?;
+//! x.write(&vec![1.5; 1 << 16])?;
+//! assert_eq!(x.to_vec()?[42], 1.5);
+//! println!("{} lives in {} on {}: {}", x.len(), x.placement(), x.device().name(), x.decision().reason);
+//! # Ok::<(), umm::Error>(())
+//! ```
 
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod discovery;
+mod buffer;
+mod cleanup;
+pub mod config;
+mod error;
+mod host_info;
+mod manager;
+mod registry;
+mod stats;
+pub mod trace;
+pub mod replay;
+
+pub use buffer::UniversalBuffer;
+pub use cleanup::{CleanupGuard, CleanupReport, DeviceCleanup};
+pub use config::UmmConfig;
+pub use error::{Error, Result};
+pub use host_info::HostInfo;
+pub use manager::{AllocOptions, Builder, UniversalMemoryManager};
+pub use registry::{Device, DeviceSummary};
+pub use stats::{DeviceStats, GlobalMemoryStats, PoolStatsEntry};
+
+pub use umm_backends::{Limit, PoolStats, SegmentMode, StreamId, Strategy};
+pub use umm_placement::{
+    AccessPattern, Api, Decision, DeviceKind, DeviceSelector, Evidence, Placement, PoolKind, Recommendation,
+    Recommendations, SizeClass, Subject,
+};
+
+/// The engine, pools and backends, for users who drive pools directly.
+pub use umm_backends as backends;
+/// The placement logic.
+pub use umm_placement as placement;

@@ -8,14 +8,21 @@
 
 pub mod backend;
 pub mod block;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod device;
 pub mod engine;
 pub mod error;
 pub mod host;
+#[cfg(feature = "opencl")]
+pub mod opencl;
 pub mod pool;
 mod raw;
 pub mod sim;
 pub mod stats;
+#[cfg(feature = "wgpu")]
+#[path = "wgpu/mod.rs"]
+pub mod wgpu_backend;
 
 pub use backend::{Backend, BackendKind, VirtualMemory};
 pub use block::{BlockHandle, MemoryPool, OwnedBlock};

@@ -1,33 +1,5 @@
 //! The decision table: [`Decider::decide`] turns a [`Request`] and the [`DeviceView`]s of a machine into a
 //! [`Decision`] (device, pool kind, size class, and the reason in a sentence).
-//!
-//! # The table
-//! Explicit placements are honoured on the chosen device; where no selected device offers the pool the chain
-//! falls back `ReadOnly → DeviceLocal → pinned host memory → pageable host memory`, and the reason says so.
-//!
-//! [`Placement::Auto`] first picks a placement:
-//!
-//! | access \ size               | small        | medium      | large                                   |
-//! |-----------------------------|--------------|-------------|-----------------------------------------|
-//! | `ReadOnly`                  | ReadOnly     | ReadOnly    | ReadOnly                                |
-//! | `HostFrequent`              | HostPinned   | HostPinned  | HostPinned (DeviceLocal if `large_host_frequent_to_pinned` is off) |
-//! | `Sequential`, `WriteOnly`   | HostPinned   | DeviceLocal | DeviceLocal (HostPinned if `large_streams_to_pinned` is on) |
-//! | anything else               | HostPinned   | DeviceLocal | DeviceLocal                             |
-//!
-//! then lets usage evidence override it: when the [`Recommendation`](crate::Recommendation) for the buffer's
-//! [`Subject`](crate::Subject) is backed by evidence and differs from the subject's table default, Auto follows
-//! it. Then it picks a device:
-//! - **Host memory only** (no accelerator among the views): everything goes to the host, pageable unless pinned
-//!   was asked for explicitly.
-//! - **Pressure**: among the selected accelerators offering the pool, those whose used fraction
-//!   `(total - free) / total` is above `pressure_threshold`, or whose free memory is less than the request, are
-//!   skipped; the one with the most free memory wins (ties: the lower index). If all are skipped, Auto falls back
-//!   to pinned host memory. Explicit placements are honoured even under pressure.
-//! - **Shared memory**: if the chosen device shares memory with the host and offers a pinned pool, Auto turns
-//!   `DeviceLocal` into `HostPinned` (zero-copy). `ReadOnly` stays.
-//! - **Pinned memory** goes through the selected accelerator with the most free memory that offers a pinned pool
-//!   (so the device can DMA from it), else the host's pinned pool, else pageable host memory. Device memory
-//!   pressure does not matter for pinned memory.
 
 use std::fmt;
 
@@ -156,7 +128,35 @@ impl fmt::Display for Decision {
     }
 }
 
-/// Applies the decision table (see the [module docs](self)). Cheap to clone; holds only its settings.
+/// Applies the decision table. Cheap to clone; holds only its settings.
+///
+/// # The table
+/// Explicit placements are honoured on the chosen device; where no selected device offers the pool the chain
+/// falls back `ReadOnly → DeviceLocal → pinned host memory → pageable host memory`, and the reason says so.
+///
+/// [`Placement::Auto`] first picks a placement:
+///
+/// | access \ size               | small        | medium      | large                                   |
+/// |-----------------------------|--------------|-------------|-----------------------------------------|
+/// | `ReadOnly`                  | ReadOnly     | ReadOnly    | ReadOnly                                |
+/// | `HostFrequent`              | HostPinned   | HostPinned  | HostPinned (DeviceLocal if `large_host_frequent_to_pinned` is off) |
+/// | `Sequential`, `WriteOnly`   | HostPinned   | DeviceLocal | DeviceLocal (HostPinned if `large_streams_to_pinned` is on) |
+/// | anything else               | HostPinned   | DeviceLocal | DeviceLocal                             |
+///
+/// then lets usage evidence override it: when the [`Recommendation`](crate::Recommendation) for the buffer's
+/// [`Subject`](crate::Subject) is backed by evidence and differs from the subject's table default, Auto follows
+/// it. Then it picks a device:
+/// - **Host memory only** (no accelerator among the views): everything goes to the host, pageable unless pinned
+///   was asked for explicitly.
+/// - **Pressure**: among the selected accelerators offering the pool, those whose used fraction
+///   `(total - free) / total` is above `pressure_threshold`, or whose free memory is less than the request, are
+///   skipped; the one with the most free memory wins (ties: the lower index). If all are skipped, Auto falls back
+///   to pinned host memory. Explicit placements are honoured even under pressure.
+/// - **Shared memory**: if the chosen device shares memory with the host and offers a pinned pool, Auto turns
+///   `DeviceLocal` into `HostPinned` (zero-copy). `ReadOnly` stays.
+/// - **Pinned memory** goes through the selected accelerator with the most free memory that offers a pinned pool
+///   (so the device can DMA from it), else the host's pinned pool, else pageable host memory. Device memory
+///   pressure does not matter for pinned memory.
 #[derive(Debug, Clone, Default)]
 pub struct Decider {
     config: DecisionConfig,
@@ -220,7 +220,8 @@ impl Decider {
         }
         let thresholds = &self.config.thresholds;
         let size_class = SizeClass::of(req.bytes, thresholds);
-        let candidates: Vec<&DeviceView> = devices.iter().filter(|d| req.selector.matches(d)).collect();
+        let candidates: Vec<&DeviceView> =
+            devices.iter().filter(|d| req.selector.matches(d)).collect();
         if candidates.is_empty() {
             return Err(Error::NoDevice {
                 asked: req.selector.describe(),
@@ -228,11 +229,11 @@ impl Decider {
             });
         }
         let mut why = Reason(vec![format!(
-            "{} request for a {} buffer of {} ({})",
-            req.placement,
+            "{} buffer of {} ({}), access {}",
             size_class,
             text::bytes(req.bytes),
-            thresholds.describe()
+            thresholds.describe(),
+            req.access
         )]);
         let impossible = || Error::ImpossiblePlacement {
             asked: req.describe(),
@@ -271,9 +272,16 @@ impl Decider {
             why.push(format!("{} was asked for explicitly", req.placement));
             req.placement
         };
-        let accels: Vec<&DeviceView> = candidates.iter().copied().filter(|d| d.is_accelerator()).collect();
+        let accels: Vec<&DeviceView> = candidates
+            .iter()
+            .copied()
+            .filter(|d| d.is_accelerator())
+            .collect();
         if accels.is_empty() {
-            why.push(format!("{} selects no accelerator", req.selector.describe()));
+            why.push(format!(
+                "{} selects no accelerator",
+                req.selector.describe()
+            ));
         }
 
         let chain: &[PoolKind] = match want {
@@ -282,25 +290,37 @@ impl Decider {
             Placement::HostPinned | Placement::Auto => &[],
         };
         for &kind in chain {
-            let offering: Vec<&DeviceView> = accels.iter().copied().filter(|d| d.offers(kind)).collect();
+            let offering: Vec<&DeviceView> =
+                accels.iter().copied().filter(|d| d.offers(kind)).collect();
             if offering.is_empty() {
                 if !accels.is_empty() {
-                    why.push(format!("no selected accelerator offers {}", kind.describe()));
+                    why.push(format!(
+                        "no selected accelerator offers {}",
+                        kind.describe()
+                    ));
                 }
                 continue;
             }
-            let (cool, hot): (Vec<&DeviceView>, Vec<&DeviceView>) =
-                offering.iter().partition(|d| !self.under_pressure(d, req.bytes));
+            let (cool, hot): (Vec<&DeviceView>, Vec<&DeviceView>) = offering
+                .iter()
+                .partition(|d| !self.under_pressure(d, req.bytes));
             if auto {
                 for d in &hot {
-                    why.push(format!("skipped {}: {}", d.label(), self.pressure_fact(d, req.bytes)));
+                    why.push(format!(
+                        "skipped {}: {}",
+                        d.label(),
+                        self.pressure_fact(d, req.bytes)
+                    ));
                 }
                 let Some(device) = most_free(cool.iter().copied()) else {
                     why.push("every candidate device is under pressure, so it falls back to pinned host memory");
-                    return self.pinned(&accels, devices, why).map(|(d, p, w)| decision(d, p, w)).ok_or_else(impossible);
+                    return self
+                        .pinned(&accels, devices, why)
+                        .map(|(d, p, w)| decision(d, p, w))
+                        .ok_or_else(impossible);
                 };
                 why.push(format!(
-                    "chose {} for {}: it has the most free memory ({})",
+                    "chose {} for {}, the most free memory among candidates: {}",
                     device.label(),
                     kind.describe(),
                     device.describe_memory()
@@ -331,12 +351,16 @@ impl Decider {
                     self.pressure_fact(device, req.bytes)
                 ));
             } else {
-                why.push(format!("chose {} ({})", device.label(), device.describe_memory()));
+                why.push(format!(
+                    "chose {}: {}",
+                    device.label(),
+                    device.describe_memory()
+                ));
             }
             return Ok(decision(device, kind, why));
         }
         if !chain.is_empty() {
-            why.push("so it falls back to host memory");
+            why.push("it falls back to host memory");
         }
         self.pinned(&accels, devices, why)
             .map(|(d, p, w)| decision(d, p, w))
@@ -370,7 +394,7 @@ impl Decider {
             ),
             (_, S::Large) => (P::DeviceLocal, "large buffers go to device-local memory"),
         };
-        why.push(format!("the table says {rule}"));
+        why.push(format!("placement auto: the table says {rule}"));
         let rec = evidence.and_then(|e| e.for_buffer(size_class, req.access));
         if let Some(rec) = rec {
             let decisive = rec.from_evidence
@@ -378,7 +402,10 @@ impl Decider {
                 && rec.placement != rec.subject.table_default()
                 && rec.placement != table;
             if decisive {
-                why.push(format!("but usage evidence says {}: {}", rec.placement, rec.reason));
+                why.push(format!(
+                    "but usage evidence says {}: {}",
+                    rec.placement, rec.reason
+                ));
                 return rec.placement;
             }
         }
@@ -393,13 +420,21 @@ impl Decider {
         devices: &'a [DeviceView],
         mut why: Reason,
     ) -> Option<(&'a DeviceView, PoolKind, Reason)> {
-        if let Some(device) = most_free(accels.iter().copied().filter(|d| d.offers(PoolKind::HostPinned))) {
+        if let Some(device) = most_free(
+            accels
+                .iter()
+                .copied()
+                .filter(|d| d.offers(PoolKind::HostPinned)),
+        ) {
             let zero_copy = if device.shares_memory_with_host {
                 ", zero-copy since it shares memory with the host"
             } else {
                 ""
             };
-            why.push(format!("pinned host memory through {}{zero_copy}", device.label()));
+            why.push(format!(
+                "pinned host memory through {}{zero_copy}",
+                device.label()
+            ));
             return Some((device, PoolKind::HostPinned, why));
         }
         let hosts = || devices.iter().filter(|d| d.kind == DeviceKind::Host);
@@ -408,7 +443,10 @@ impl Decider {
             return Some((host, PoolKind::HostPinned, why));
         }
         let host = hosts().find(|d| d.offers(PoolKind::Host))?;
-        why.push(format!("no pinned pool is offered, so pageable host memory on {}", host.label()));
+        why.push(format!(
+            "no pinned pool is offered, so pageable host memory on {}",
+            host.label()
+        ));
         Some((host, PoolKind::Host, why))
     }
 
@@ -416,7 +454,8 @@ impl Decider {
     /// free memory. Devices of unknown size are never under pressure.
     fn under_pressure(&self, device: &DeviceView, bytes: u64) -> bool {
         device.total_bytes > 0
-            && (device.used_fraction() > self.config.pressure_threshold || device.free_bytes < bytes)
+            && (device.used_fraction() > self.config.pressure_threshold
+                || device.free_bytes < bytes)
     }
 
     /// Why `device` is under pressure, in words.

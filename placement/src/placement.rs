@@ -13,7 +13,18 @@ use crate::text;
 
 /// Where the caller wants a buffer to live.
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, Display, EnumString, EnumIter,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Default,
+    Serialize,
+    Deserialize,
+    Display,
+    EnumString,
+    EnumIter,
 )]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case", ascii_case_insensitive)]
@@ -22,19 +33,42 @@ pub enum Placement {
     #[default]
     Auto,
     /// Page-locked host memory that devices reach by DMA (zero-copy on devices that share memory with the host).
-    #[strum(to_string = "host_pinned", serialize = "host-pinned", serialize = "hostpinned")]
+    #[strum(
+        to_string = "host_pinned",
+        serialize = "host-pinned",
+        serialize = "hostpinned"
+    )]
     HostPinned,
     /// Memory on the device itself (VRAM on a discrete GPU).
-    #[strum(to_string = "device_local", serialize = "device-local", serialize = "devicelocal")]
+    #[strum(
+        to_string = "device_local",
+        serialize = "device-local",
+        serialize = "devicelocal"
+    )]
     DeviceLocal,
     /// Device memory that is filled once and only read afterwards (may use a read-only or constant pool).
-    #[strum(to_string = "read_only", serialize = "read-only", serialize = "readonly")]
+    #[strum(
+        to_string = "read_only",
+        serialize = "read-only",
+        serialize = "readonly"
+    )]
     ReadOnly,
 }
 
 /// How a buffer is expected to be used; a hint that steers [`Placement::Auto`].
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, Display, EnumString, EnumIter,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Default,
+    Serialize,
+    Deserialize,
+    Display,
+    EnumString,
+    EnumIter,
 )]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case", ascii_case_insensitive)]
@@ -43,38 +77,68 @@ pub enum AccessPattern {
     #[default]
     Unknown,
     /// Written once, then only read (weights, lookup tables).
-    #[strum(to_string = "read_only", serialize = "read-only", serialize = "readonly")]
+    #[strum(
+        to_string = "read_only",
+        serialize = "read-only",
+        serialize = "readonly"
+    )]
     ReadOnly,
     /// Written and not read back by the producer (an upload stream or an output that is consumed once).
-    #[strum(to_string = "write_only", serialize = "write-only", serialize = "writeonly")]
+    #[strum(
+        to_string = "write_only",
+        serialize = "write-only",
+        serialize = "writeonly"
+    )]
     WriteOnly,
     /// Read and written.
-    #[strum(to_string = "read_write", serialize = "read-write", serialize = "readwrite")]
+    #[strum(
+        to_string = "read_write",
+        serialize = "read-write",
+        serialize = "readwrite"
+    )]
     ReadWrite,
     /// Streamed front to back, typically once.
     Sequential,
     /// Accessed at scattered offsets.
     Random,
     /// Read or written by the host often (staging buffers, results read back every step).
-    #[strum(to_string = "host_frequent", serialize = "host-frequent", serialize = "hostfrequent")]
+    #[strum(
+        to_string = "host_frequent",
+        serialize = "host-frequent",
+        serialize = "hostfrequent"
+    )]
     HostFrequent,
 }
 
 /// The kind of pool a decision resolves to. A pool is per (device, API, kind); this crate only names the kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Display, EnumString, EnumIter)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Display, EnumString, EnumIter,
+)]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case", ascii_case_insensitive)]
 pub enum PoolKind {
     /// Plain pageable host memory.
     Host,
     /// Page-locked host memory, reachable by DMA (on a host-only machine, still host memory).
-    #[strum(to_string = "host_pinned", serialize = "host-pinned", serialize = "hostpinned")]
+    #[strum(
+        to_string = "host_pinned",
+        serialize = "host-pinned",
+        serialize = "hostpinned"
+    )]
     HostPinned,
     /// Memory on the device itself.
-    #[strum(to_string = "device_local", serialize = "device-local", serialize = "devicelocal")]
+    #[strum(
+        to_string = "device_local",
+        serialize = "device-local",
+        serialize = "devicelocal"
+    )]
     DeviceLocal,
     /// Read-only device memory.
-    #[strum(to_string = "read_only", serialize = "read-only", serialize = "readonly")]
+    #[strum(
+        to_string = "read_only",
+        serialize = "read-only",
+        serialize = "readonly"
+    )]
     ReadOnly,
 }
 
@@ -221,10 +285,20 @@ mod tests {
     #[test]
     fn enums_parse_case_insensitively_in_three_spellings() {
         for text in ["host_pinned", "Host-Pinned", "HOSTPINNED"] {
-            assert_eq!(Placement::from_str(text), Ok(Placement::HostPinned), "{text}");
+            assert_eq!(
+                Placement::from_str(text),
+                Ok(Placement::HostPinned),
+                "{text}"
+            );
         }
-        assert_eq!(AccessPattern::from_str("Host-Frequent"), Ok(AccessPattern::HostFrequent));
-        assert_eq!(PoolKind::from_str("device_local"), Ok(PoolKind::DeviceLocal));
+        assert_eq!(
+            AccessPattern::from_str("Host-Frequent"),
+            Ok(AccessPattern::HostFrequent)
+        );
+        assert_eq!(
+            PoolKind::from_str("device_local"),
+            Ok(PoolKind::DeviceLocal)
+        );
         assert_eq!(SizeClass::from_str("LARGE"), Ok(SizeClass::Large));
         assert!(Placement::from_str("vram").is_err());
     }
@@ -268,14 +342,20 @@ mod tests {
             }
         );
         let msg = err.to_string();
-        assert!(msg.contains("small_max (16777216 B) must be less than medium_max (65536 B)"), "{msg}");
+        assert!(
+            msg.contains("small_max (16777216 B) must be less than medium_max (65536 B)"),
+            "{msg}"
+        );
         assert!(Thresholds::new(5, 5).is_err());
     }
 
     #[test]
     fn describe_names_bounds() {
         let t = Thresholds::default();
-        assert_eq!(SizeClass::Medium.describe(&t), "medium (64 KiB < size <= 16 MiB)");
+        assert_eq!(
+            SizeClass::Medium.describe(&t),
+            "medium (64 KiB < size <= 16 MiB)"
+        );
         assert_eq!(t.describe(), "small <= 64 KiB < medium <= 16 MiB < large");
     }
 }

@@ -1,19 +1,4 @@
 //! Recommendations: what the usage evidence says each kind of buffer should use.
-//!
-//! # The rule
-//! For each [`Subject`], let `accesses = host_reads + host_writes + device_uses` and
-//! `host_access_share = (host_reads + host_writes) / accesses`.
-//! 1. Too little evidence (fewer than [`RecommendConfig::min_buffers`] buffers, counting both the decayed number
-//!    registered and the number live now, or no accesses at all): the table's default, and the reason says
-//!    "no evidence yet; table default" or how much evidence there is.
-//! 2. `host_access_share >= pinned_share` (0.5: the host touches these buffers at least as often as devices
-//!    do): [`Placement::HostPinned`].
-//! 3. `host_access_share <= device_share` (0.1) for a subject whose default is pinned (small buffers, data
-//!    declared host-frequent): [`Placement::DeviceLocal`].
-//! 4. Otherwise the table's default, backed by the evidence.
-//!
-//! Table defaults: small buffers and host-frequent data → `HostPinned`; medium and large buffers →
-//! `DeviceLocal`; read-only data → `ReadOnly`.
 
 use std::fmt;
 
@@ -249,7 +234,7 @@ pub(crate) fn pool_slot(kind: PoolKind) -> usize {
     }
 }
 
-/// The knobs of the recommendation rule (see the [module docs](self)).
+/// The knobs of the recommendation rule (see [`Recommendations`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct RecommendConfig {
     /// Buffers of evidence needed before the evidence counts (default 8).
@@ -317,8 +302,13 @@ pub struct Recommendation {
 }
 
 impl Recommendation {
-    /// Applies the rule in the [module docs](self) to `tally`. O(1).
-    pub(crate) fn from_tally(subject: Subject, tally: &Tally, thresholds: &Thresholds, cfg: &RecommendConfig) -> Self {
+    /// Applies the rule (see [`Recommendations`]) to `tally`. O(1).
+    pub(crate) fn from_tally(
+        subject: Subject,
+        tally: &Tally,
+        thresholds: &Thresholds,
+        cfg: &RecommendConfig,
+    ) -> Self {
         let default = subject.table_default();
         let what = subject.describe(thresholds);
         let evidence = tally.evidence();
@@ -327,7 +317,11 @@ impl Recommendation {
         let host = tally.host_reads + tally.host_writes;
         let share = tally.host_access_share();
         let (placement, from_evidence, reason) = if weight <= 0.0 && accesses <= 0.0 {
-            (default, false, format!("{what}: no evidence yet; table default {default}"))
+            (
+                default,
+                false,
+                format!("{what}: no evidence yet; table default {default}"),
+            )
         } else if weight < cfg.min_buffers || accesses <= 0.0 {
             let reason = format!(
                 "{what}: too little evidence yet ({weight:.0} buffers, {} needed, {accesses:.0} accesses); table default {default}",
@@ -341,7 +335,11 @@ impl Recommendation {
                 tally.device_uses
             );
             if share >= cfg.pinned_share {
-                let verdict = if default == Placement::HostPinned { "as the table says" } else { "against the table's default" };
+                let verdict = if default == Placement::HostPinned {
+                    "as the table says"
+                } else {
+                    "against the table's default"
+                };
                 let reason = format!(
                     "{what}: {facts}, at least {}, so pinned host memory ({verdict} {default})",
                     text::percent(cfg.pinned_share)
@@ -354,7 +352,9 @@ impl Recommendation {
                 );
                 (Placement::DeviceLocal, true, reason)
             } else {
-                let reason = format!("{what}: {facts}; the evidence agrees with the table default {default}");
+                let reason = format!(
+                    "{what}: {facts}; the evidence agrees with the table default {default}"
+                );
                 (default, true, reason)
             }
         };
@@ -375,6 +375,21 @@ impl fmt::Display for Recommendation {
 }
 
 /// One [`Recommendation`] per [`Subject`], in [`Subject::iter`](strum::IntoEnumIterator::iter) order.
+///
+/// # The rule
+/// For each [`Subject`], let `accesses = host_reads + host_writes + device_uses` and
+/// `host_access_share = (host_reads + host_writes) / accesses`.
+/// 1. Too little evidence (fewer than [`RecommendConfig::min_buffers`] buffers, counting both the decayed number
+///    registered and the number live now, or no accesses at all): the table's default, and the reason says
+///    "no evidence yet; table default" or how much evidence there is.
+/// 2. `host_access_share >= pinned_share` (0.5: the host touches these buffers at least as often as devices
+///    do): [`Placement::HostPinned`].
+/// 3. `host_access_share <= device_share` (0.1) for a subject whose default is pinned (small buffers, data
+///    declared host-frequent): [`Placement::DeviceLocal`].
+/// 4. Otherwise the table's default, backed by the evidence.
+///
+/// Table defaults: small buffers and host-frequent data → `HostPinned`; medium and large buffers →
+/// `DeviceLocal`; read-only data → `ReadOnly`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Recommendations {
     /// The size-class thresholds the evidence was classified with.
@@ -392,10 +407,16 @@ impl Recommendations {
         Self::from_tallies(thresholds, cfg, &[Tally::default(); 5])
     }
 
-    pub(crate) fn from_tallies(thresholds: Thresholds, config: RecommendConfig, tallies: &[Tally; 5]) -> Self {
+    pub(crate) fn from_tallies(
+        thresholds: Thresholds,
+        config: RecommendConfig,
+        tallies: &[Tally; 5],
+    ) -> Self {
         let items = Subject::iter()
             .zip(tallies)
-            .map(|(subject, tally)| Recommendation::from_tally(subject, tally, &thresholds, &config))
+            .map(|(subject, tally)| {
+                Recommendation::from_tally(subject, tally, &thresholds, &config)
+            })
             .collect();
         Recommendations {
             thresholds,
@@ -410,7 +431,11 @@ impl Recommendations {
     }
 
     /// The recommendation that applies to a buffer of this size class and declared access. O(subjects).
-    pub fn for_buffer(&self, size_class: SizeClass, access: AccessPattern) -> Option<&Recommendation> {
+    pub fn for_buffer(
+        &self,
+        size_class: SizeClass,
+        access: AccessPattern,
+    ) -> Option<&Recommendation> {
         self.get(Subject::of(size_class, access))
     }
 }
@@ -436,7 +461,11 @@ mod tests {
         for r in &recs.items {
             assert_eq!(r.placement, r.subject.table_default());
             assert!(!r.from_evidence);
-            assert!(r.reason.contains("no evidence yet; table default"), "{}", r.reason);
+            assert!(
+                r.reason.contains("no evidence yet; table default"),
+                "{}",
+                r.reason
+            );
             assert_ne!(r.placement, Placement::Auto);
         }
         assert!(recs.to_string().lines().count() == 5);
@@ -455,18 +484,27 @@ mod tests {
         let rec = |s, t_: Tally| Recommendation::from_tally(s, &t_, &t, &cfg);
         // Too few buffers.
         let r = rec(Subject::MediumBuffers, tally(7.0, 100.0, 0.0));
-        assert_eq!((r.placement, r.from_evidence), (Placement::DeviceLocal, false));
+        assert_eq!(
+            (r.placement, r.from_evidence),
+            (Placement::DeviceLocal, false)
+        );
         assert!(r.reason.contains("too little evidence"), "{}", r.reason);
         // Exactly half host: pinned.
         let r = rec(Subject::MediumBuffers, tally(8.0, 50.0, 50.0));
-        assert_eq!((r.placement, r.from_evidence), (Placement::HostPinned, true));
+        assert_eq!(
+            (r.placement, r.from_evidence),
+            (Placement::HostPinned, true)
+        );
         assert!(r.reason.contains("50% of 100 accesses"), "{}", r.reason);
         // Small buffers the host never touches: device-local.
         let r = rec(Subject::SmallBuffers, tally(8.0, 1.0, 99.0));
         assert_eq!(r.placement, Placement::DeviceLocal);
         // In between: default, backed by evidence.
         let r = rec(Subject::SmallBuffers, tally(8.0, 30.0, 70.0));
-        assert_eq!((r.placement, r.from_evidence), (Placement::HostPinned, true));
+        assert_eq!(
+            (r.placement, r.from_evidence),
+            (Placement::HostPinned, true)
+        );
         let r = rec(Subject::LargeBuffers, tally(8.0, 1.0, 99.0));
         assert_eq!(r.placement, Placement::DeviceLocal);
     }

@@ -1,22 +1,4 @@
 //! [`UsageTracker`]: learns how buffers are really used, per (size class, access pattern).
-//!
-//! # Cost
-//! The tracker holds 21 cells (3 size classes × 7 access patterns), each a small `parking_lot::Mutex` around a
-//! fixed-size tally. Every recording operation locks one cell, adds a few numbers and unlocks: O(1), no allocation,
-//! and threads recording buffers of different cells never contend. A [`TrackId`] carries its cell and
-//! registration time, so the tracker keeps no per-buffer table.
-//!
-//! # Decay
-//! Old evidence fades in two ways:
-//! - **Automatically, per cell**: when a cell's (decayed) registered-buffer count exceeds
-//!   [`TrackerConfig::buffer_cap`], its buffer-side sums (buffers, bytes, pool counts, lifetimes) are halved; when
-//!   its access count (host reads + host writes + device uses) exceeds [`TrackerConfig::access_cap`], its
-//!   access-side sums are halved. Ratios (host share of accesses, mean lifetime) survive halving; the newest
-//!   behaviour weighs as much as all older behaviour after each halving.
-//! - **On demand**: [`UsageTracker::decay`]`(factor)` multiplies every sum by `factor`; the manager's periodic
-//!   cleanup calls it (for example `decay(0.5)` every 30 s gives evidence a 30 s half-life).
-//!
-//! The number of live buffers per cell is exact and never decays, so long-lived buffers keep counting as evidence.
 
 use std::time::Instant;
 
@@ -62,7 +44,10 @@ impl TrackerConfig {
     /// [`Error::InvalidThresholds`] or [`Error::InvalidConfig`] naming the bad value.
     pub fn validate(&self) -> Result<()> {
         self.thresholds.validate()?;
-        for (field, value) in [("buffer_cap", self.buffer_cap), ("access_cap", self.access_cap)] {
+        for (field, value) in [
+            ("buffer_cap", self.buffer_cap),
+            ("access_cap", self.access_cap),
+        ] {
             if value == 0 {
                 return Err(Error::InvalidConfig {
                     field,
@@ -112,7 +97,25 @@ fn cell_index(size_class: SizeClass, access: AccessPattern) -> usize {
 }
 
 /// Learns from how buffers are really used and turns that into [`Recommendations`]. `Send + Sync`; share it by
-/// reference or `Arc`. See the [module docs](self) for cost and decay.
+/// reference or `Arc`.
+///
+/// # Cost
+/// The tracker holds 21 cells (3 size classes × 7 access patterns), each a small `parking_lot::Mutex` around a
+/// fixed-size tally. Every recording operation locks one cell, adds a few numbers and unlocks: O(1), no allocation,
+/// and threads recording buffers of different cells never contend. A [`TrackId`] carries its cell and
+/// registration time, so the tracker keeps no per-buffer table.
+///
+/// # Decay
+/// Old evidence fades in two ways:
+/// - **Automatically, per cell**: when a cell's (decayed) registered-buffer count exceeds
+///   [`TrackerConfig::buffer_cap`], its buffer-side sums (buffers, bytes, pool counts, lifetimes) are halved; when
+///   its access count (host reads + host writes + device uses) exceeds [`TrackerConfig::access_cap`], its
+///   access-side sums are halved. Ratios (host share of accesses, mean lifetime) survive halving; the newest
+///   behaviour weighs as much as all older behaviour after each halving.
+/// - **On demand**: [`UsageTracker::decay`]`(factor)` multiplies every sum by `factor`; the manager's periodic
+///   cleanup calls it (for example `decay(0.5)` every 30 s gives evidence a 30 s half-life).
+///
+/// The number of live buffers per cell is exact and never decays, so long-lived buffers keep counting as evidence.
 #[derive(Debug)]
 pub struct UsageTracker {
     config: TrackerConfig,
@@ -160,7 +163,13 @@ impl UsageTracker {
 
     /// Starts tracking a buffer of `bytes` bytes that was requested with `placement` and `access` and landed in a
     /// pool of kind `pool`. O(1), allocation-free.
-    pub fn register(&self, bytes: u64, placement: Placement, access: AccessPattern, pool: PoolKind) -> TrackId {
+    pub fn register(
+        &self,
+        bytes: u64,
+        placement: Placement,
+        access: AccessPattern,
+        pool: PoolKind,
+    ) -> TrackId {
         let size_class = SizeClass::of(bytes, &self.config.thresholds);
         let id = TrackId {
             size_class,

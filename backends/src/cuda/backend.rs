@@ -1,0 +1,379 @@
+//! `CudaBackend`: segments of device memory (cuMemAlloc, or address reservations mapped page by page with
+//! cuMemCreate/cuMemMap), of pinned host memory (cuMemHostAlloc), or of read-only device memory.
+//!
+//! Synchronisation rules (why the calls below synchronize where they do):
+//! - Memory is given back to the driver (segment destroyed, pages unmapped) only after `cuCtxSynchronize`: a
+//!   block freed on a stream may still be used by work queued on it before the free.
+//! - The blocking byte moves of [`Backend::write`], [`Backend::read`] and [`Backend::fill`] on device memory
+//!   wait for all work queued in the context first and for their own copy afterwards, so they are ordered with
+//!   every stream (the streams the pool hands out blocks on are usually non-blocking ones). Stream-ordered copies
+//!   are in [`super::CudaPool`] and [`super::CudaBuffer`].
+//! - Pinned memory is host memory: reads and writes are plain host copies and do not wait for the device.
+
+use super::raw::{self, Failure};
+use crate::{Backend, BackendKind, Error, PoolPlacement, Result, VirtualMemory};
+use cudarc::driver::CudaContext;
+use parking_lot::Mutex;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// One segment: a device range (plain or a virtual reservation) or a pinned host allocation.
+#[derive(Debug, Clone)]
+pub struct CudaSegment {
+    /// Device address of the first byte (for pinned memory, the device-mapped address).
+    pub(super) device_ptr: u64,
+    /// Length in bytes.
+    pub(super) size: u64,
+    /// Host address of the first byte for pinned memory.
+    pub(super) host_addr: Option<usize>,
+    /// For a virtual reservation: the allocation handle mapped at each page (0 where none).
+    pub(super) pages: Option<Arc<Mutex<Vec<u64>>>>,
+}
+
+impl CudaSegment {
+    /// Device address of the first byte.
+    pub fn device_ptr(&self) -> u64 {
+        self.device_ptr
+    }
+
+    /// Length in bytes (for a reservation, its address span).
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether this is a virtual reservation mapped page by page.
+    pub fn is_virtual(&self) -> bool {
+        self.pages.is_some()
+    }
+}
+
+/// The backend of one pool of one CUDA device. Holds the device's shared context.
+#[derive(Debug)]
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    ordinal: i32,
+    name: String,
+    placement: PoolPlacement,
+    capacity: u64,
+    /// Page size of virtual memory management, when the device supports it and the placement uses device memory.
+    vmm: Option<VirtualMemory>,
+}
+
+impl CudaBackend {
+    /// Block alignment: what cuMemAlloc guarantees at least, and what PyTorch's allocator rounds to.
+    pub const ALIGNMENT: u64 = 256;
+    /// Segment granularity of device memory when the driver does not report one (2 MiB, the GPU's large page).
+    pub const DEVICE_GRANULARITY: u64 = 2 << 20;
+    /// Segment granularity of pinned host memory (a host page).
+    pub const HOST_GRANULARITY: u64 = 4096;
+
+    pub(super) fn new(
+        ctx: Arc<CudaContext>,
+        device_name: &str,
+        placement: PoolPlacement,
+        device_memory: u64,
+        vmm_page: Option<u64>,
+    ) -> Self {
+        let ordinal = ctx.ordinal() as i32;
+        let capacity = match placement {
+            PoolPlacement::HostPinned => host_memory().map_or(device_memory, |(total, _)| total),
+            _ => device_memory,
+        };
+        let vmm = match (placement, vmm_page) {
+            (PoolPlacement::HostPinned, _) | (_, None) => None,
+            (_, Some(page)) => {
+                Some(VirtualMemory { page_size: page, max_reservation: device_memory.div_ceil(page) * page })
+            }
+        };
+        Self { ctx, ordinal, name: format!("cuda:{ordinal} {placement} ({device_name})"), placement, capacity, vmm }
+    }
+
+    /// The device's context (shared by all pools of the device).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Which placement this backend's pool serves.
+    pub fn placement(&self) -> PoolPlacement {
+        self.placement
+    }
+
+    pub(super) fn error(&self, failure: Failure) -> Error {
+        Error::Driver { backend: self.name.clone(), call: failure.call.into(), message: failure.message() }
+    }
+
+    /// Makes the context current on this thread.
+    pub(super) fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(|e| Error::Driver {
+            backend: self.name.clone(),
+            call: "cuCtxSetCurrent".into(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Binds the context and waits for all its work.
+    pub(super) fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        raw::ctx_synchronize().map_err(|f| self.error(f))
+    }
+
+    fn check(&self, segment: &CudaSegment, offset: u64, len: u64) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= segment.size => Ok(()),
+            _ => Err(Error::OutOfBounds(format!(
+                "{len} bytes at offset {offset} in a segment of {} bytes of {}",
+                segment.size, self.name
+            ))),
+        }
+    }
+
+    fn refuse_read_only(&self, what: &str) -> Result<()> {
+        if self.placement == PoolPlacement::ReadOnly {
+            return Err(Error::Unsupported {
+                backend: self.name.clone(),
+                what: format!("{what}: read-only memory is filled once, when it is allocated"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Blocking copy of `src` into a device segment, ignoring the read-only rule (used to fill read-only blocks
+    /// at allocation). Ordered with every stream.
+    pub(super) fn write_device(&self, segment: &CudaSegment, offset: u64, src: &[u8]) -> Result<()> {
+        self.check(segment, offset, src.len() as u64)?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        if let Some(host) = segment.host_addr {
+            raw::host_copy_in(host + offset as usize, src);
+            return Ok(());
+        }
+        self.synchronize()?;
+        raw::copy_htod(segment.device_ptr + offset, src).map_err(|f| self.error(f))?;
+        // A copy from pageable memory may return before its DMA lands; other streams must see the bytes.
+        raw::ctx_synchronize().map_err(|f| self.error(f))
+    }
+
+    /// Unmaps and releases every page of a reservation that is still mapped (used before freeing it).
+    fn unmap_all(&self, segment: &CudaSegment, page: u64) {
+        if let Some(pages) = &segment.pages {
+            let mapped: Vec<u64> =
+                pages.lock().iter().enumerate().filter(|(_, &h)| h != 0).map(|(i, _)| i as u64).collect();
+            for index in mapped {
+                self.unmap_pages(segment, index * page, page);
+            }
+        }
+    }
+}
+
+/// Host memory (total, available) from /proc/meminfo, for the pinned pool's capacity.
+fn host_memory() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kib| kib.parse::<u64>().ok())
+            .map(|kib| kib * 1024)
+    };
+    Some((field("MemTotal:")?, field("MemAvailable:").unwrap_or(0)))
+}
+
+impl Backend for CudaBackend {
+    type Segment = CudaSegment;
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+
+    fn alignment(&self) -> u64 {
+        Self::ALIGNMENT
+    }
+
+    fn segment_granularity(&self) -> u64 {
+        match (self.placement, self.vmm) {
+            (PoolPlacement::HostPinned, _) => Self::HOST_GRANULARITY,
+            (_, Some(vm)) => vm.page_size,
+            _ => Self::DEVICE_GRANULARITY,
+        }
+    }
+
+    fn max_segment_size(&self) -> u64 {
+        self.capacity
+    }
+
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Free device memory (cuMemGetInfo), or available host memory for the pinned pool. 0 when it cannot be read.
+    fn free_memory(&self) -> u64 {
+        if self.placement == PoolPlacement::HostPinned {
+            return host_memory().map_or(0, |(_, available)| available);
+        }
+        if self.bind().is_err() {
+            return 0;
+        }
+        raw::mem_info().map_or(0, |(free, _)| free)
+    }
+
+    fn create_segment(&self, size: u64) -> Result<CudaSegment> {
+        self.bind()?;
+        if self.placement == PoolPlacement::HostPinned {
+            let (host, device) = raw::host_alloc(size).map_err(|f| self.error(f))?;
+            return Ok(CudaSegment { device_ptr: device, size, host_addr: Some(host), pages: None });
+        }
+        let ptr = raw::mem_alloc(size).map_err(|f| self.error(f))?;
+        Ok(CudaSegment { device_ptr: ptr, size, host_addr: None, pages: None })
+    }
+
+    fn destroy_segment(&self, segment: CudaSegment) {
+        // Work queued before the blocks of this segment were freed may still run: wait for it.
+        if let Err(e) = self.synchronize() {
+            log::error!("{}: synchronizing before freeing a segment failed: {e}", self.name);
+        }
+        let result = if let Some(host) = segment.host_addr {
+            raw::host_free(host)
+        } else if let Some(vm) = self.vmm.filter(|_| segment.pages.is_some()) {
+            self.unmap_all(&segment, vm.page_size);
+            raw::address_free(segment.device_ptr, segment.size)
+        } else {
+            raw::mem_free(segment.device_ptr)
+        };
+        if let Err(f) = result {
+            log::error!("{}: {}", self.name, self.error(f));
+        }
+    }
+
+    fn virtual_memory(&self) -> Option<VirtualMemory> {
+        self.vmm
+    }
+
+    fn reserve_virtual(&self, size: u64) -> Result<CudaSegment> {
+        let Some(vm) = self.vmm else {
+            return Err(Error::Unsupported { backend: self.name.clone(), what: "virtual reservations".into() });
+        };
+        self.bind()?;
+        let size = size.div_ceil(vm.page_size) * vm.page_size;
+        let ptr = raw::address_reserve(size, vm.page_size).map_err(|f| self.error(f))?;
+        let pages = vec![0u64; (size / vm.page_size) as usize];
+        Ok(CudaSegment { device_ptr: ptr, size, host_addr: None, pages: Some(Arc::new(Mutex::new(pages))) })
+    }
+
+    /// Creates one physical allocation per page (so that any page can be unmapped on its own later), maps each,
+    /// then grants read-write access to the whole range in one call. On failure nothing stays mapped.
+    fn map_pages(&self, segment: &CudaSegment, offset: u64, len: u64) -> Result<()> {
+        let (Some(vm), Some(pages)) = (self.vmm, segment.pages.as_ref()) else {
+            return Err(Error::Unsupported { backend: self.name.clone(), what: "page mapping".into() });
+        };
+        let page = vm.page_size;
+        if offset % page != 0 || len % page != 0 {
+            return Err(Error::OutOfBounds(format!("page mapping of {len} bytes at {offset}: not {page}-aligned")));
+        }
+        self.check(segment, offset, len)?;
+        self.bind()?;
+        let mut table = pages.lock();
+        let first = (offset / page) as usize;
+        let count = (len / page) as usize;
+        if let Some(i) = (first..first + count).find(|&i| table[i] != 0) {
+            return Err(Error::InvalidConfig(format!("page {i} of a reservation of {} is mapped twice", self.name)));
+        }
+        let mut done = 0;
+        let mut failure = None;
+        for i in first..first + count {
+            let at = segment.device_ptr + i as u64 * page;
+            let handle = match raw::mem_create(page, self.ordinal) {
+                Ok(h) => h,
+                Err(f) => {
+                    failure = Some(f);
+                    break;
+                }
+            };
+            if let Err(f) = raw::mem_map(at, page, handle) {
+                let _ = raw::mem_release(handle);
+                failure = Some(f);
+                break;
+            }
+            table[i] = handle;
+            done += 1;
+        }
+        if failure.is_none() {
+            match raw::set_access(segment.device_ptr + offset, len, self.ordinal) {
+                Ok(()) => return Ok(()),
+                Err(f) => failure = Some(f),
+            }
+        }
+        // Undo this call's mappings: nothing of them is in use yet.
+        for i in first..first + done {
+            let _ = raw::mem_unmap(segment.device_ptr + i as u64 * page, page);
+            let _ = raw::mem_release(table[i]);
+            table[i] = 0;
+        }
+        Err(self.error(failure.expect("a failure ended the loop")))
+    }
+
+    fn unmap_pages(&self, segment: &CudaSegment, offset: u64, len: u64) {
+        let (Some(vm), Some(pages)) = (self.vmm, segment.pages.as_ref()) else { return };
+        let page = vm.page_size;
+        // Blocks over these pages were freed on their streams; work queued before that may still run.
+        if let Err(e) = self.synchronize() {
+            log::error!("{}: synchronizing before unmapping pages failed: {e}", self.name);
+        }
+        let mut table = pages.lock();
+        let first = (offset / page) as usize;
+        let end = (offset + len).div_ceil(page).min(table.len() as u64) as usize;
+        for i in first..end {
+            let handle = std::mem::take(&mut table[i]);
+            if handle == 0 {
+                continue;
+            }
+            if let Err(f) = raw::mem_unmap(segment.device_ptr + i as u64 * page, page) {
+                log::error!("{}: {}", self.name, self.error(f));
+            }
+            if let Err(f) = raw::mem_release(handle) {
+                log::error!("{}: {}", self.name, self.error(f));
+            }
+        }
+    }
+
+    fn write(&self, segment: &CudaSegment, offset: u64, src: &[u8]) -> Result<()> {
+        self.refuse_read_only("write")?;
+        self.write_device(segment, offset, src)
+    }
+
+    fn read(&self, segment: &CudaSegment, offset: u64, dst: &mut [u8]) -> Result<()> {
+        self.check(segment, offset, dst.len() as u64)?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        if let Some(host) = segment.host_addr {
+            raw::host_copy_out(host + offset as usize, dst);
+            return Ok(());
+        }
+        self.synchronize()?;
+        raw::copy_dtoh(dst, segment.device_ptr + offset).map_err(|f| self.error(f))
+    }
+
+    fn fill(&self, segment: &CudaSegment, offset: u64, len: u64, value: u8) -> Result<()> {
+        self.refuse_read_only("fill")?;
+        self.check(segment, offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        if let Some(host) = segment.host_addr {
+            raw::host_fill(host + offset as usize, len as usize, value);
+            return Ok(());
+        }
+        self.synchronize()?;
+        raw::memset(segment.device_ptr + offset, value, len).map_err(|f| self.error(f))?;
+        raw::ctx_synchronize().map_err(|f| self.error(f))
+    }
+
+    fn host_ptr(&self, segment: &CudaSegment, offset: u64) -> Option<NonNull<u8>> {
+        segment.host_addr.and_then(|h| NonNull::new((h + offset as usize) as *mut u8))
+    }
+}

@@ -1,0 +1,215 @@
+//! `CudaBuffer`: an owned block of a [`CudaPool`], freed (stream-safely) when dropped, with blocking and
+//! stream-ordered copies and cudarc views that mark the stream they are used on.
+
+use super::interop::{self, BlockView, BlockViewMut, CudaPoolExt};
+use super::{raw, stream_id, CudaPool};
+use crate::{Backend, BlockHandle, Error, PoolPlacement, Result, StreamId};
+use cudarc::driver::CudaStream;
+use std::sync::Arc;
+
+/// A block of a [`CudaPool`] that returns itself to the pool when dropped. The block belongs to the stream it
+/// was allocated on; using it on another stream (a view or an async copy on that stream) marks that stream with
+/// [`CudaPool::record_stream`], so the block is not reused before that stream's work is done.
+pub struct CudaBuffer {
+    pool: Arc<CudaPool>,
+    handle: BlockHandle,
+    ptr: u64,
+    host: Option<usize>,
+    stream: StreamId,
+}
+
+impl CudaBuffer {
+    fn wrap(pool: &Arc<CudaPool>, handle: BlockHandle, stream: StreamId) -> Result<Self> {
+        match interop::range(pool.pool(), &handle, 0, 0) {
+            Ok((ptr, host)) => Ok(Self { pool: pool.clone(), handle, ptr, host, stream }),
+            Err(e) => {
+                let _ = pool.free(&handle);
+                Err(e)
+            }
+        }
+    }
+
+    /// `bytes` bytes on `stream`; the contents are whatever the memory held.
+    pub fn allocate(pool: &Arc<CudaPool>, bytes: u64, stream: StreamId) -> Result<Self> {
+        let handle = pool.allocate(bytes, stream)?;
+        Self::wrap(pool, handle, stream)
+    }
+
+    /// `bytes` zero bytes on `stream`.
+    pub fn zeroed(pool: &Arc<CudaPool>, bytes: u64, stream: StreamId) -> Result<Self> {
+        let handle = pool.allocate_zeroed(bytes, stream)?;
+        Self::wrap(pool, handle, stream)
+    }
+
+    /// A buffer on `stream` holding `data` (copied on `stream`, synchronized before return). The only way to
+    /// fill a read-only buffer.
+    pub fn from_bytes(pool: &Arc<CudaPool>, data: &[u8], stream: StreamId) -> Result<Self> {
+        let handle = pool.allocate(data.len() as u64, stream)?;
+        let buffer = Self::wrap(pool, handle, stream)?;
+        interop::upload(pool.pool(), &buffer.handle, 0, data, stream)?;
+        Ok(buffer)
+    }
+
+    /// The pool's block.
+    pub fn handle(&self) -> &BlockHandle {
+        &self.handle
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Arc<CudaPool> {
+        &self.pool
+    }
+
+    /// Bytes asked for.
+    pub fn len(&self) -> u64 {
+        self.handle.requested()
+    }
+
+    /// Always false: pools refuse zero-byte blocks.
+    pub fn is_empty(&self) -> bool {
+        self.handle.requested() == 0
+    }
+
+    /// The stream the block was allocated on.
+    pub fn stream(&self) -> StreamId {
+        self.stream
+    }
+
+    /// Device address of the first byte (for pinned memory, the device-mapped address).
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Whether this is read-only memory.
+    pub fn is_read_only(&self) -> bool {
+        self.pool.backend().placement() == PoolPlacement::ReadOnly
+    }
+
+    /// Marks the buffer as used on `stream` (see [`CudaPool::record_stream`]); nothing for its own stream.
+    pub fn record_stream(&self, stream: StreamId) -> Result<()> {
+        if stream == self.stream {
+            return Ok(());
+        }
+        self.pool.record_stream(&self.handle, stream)
+    }
+
+    fn check(&self, offset: u64, len: u64) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() => Ok(()),
+            _ => Err(Error::OutOfBounds(format!("{len} bytes at offset {offset} in a buffer of {} bytes", self.len()))),
+        }
+    }
+
+    fn refuse_read_only(&self) -> Result<()> {
+        if self.is_read_only() {
+            return Err(Error::Unsupported {
+                backend: self.pool.backend().name().to_string(),
+                what: "write: read-only memory is filled once, when it is allocated".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Blocking copy from the host (ordered after all queued work of the context).
+    pub fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
+        self.check(offset, src.len() as u64)?;
+        self.pool.pool().write(&self.handle, offset, src)
+    }
+
+    /// Blocking copy to the host (ordered after all queued work of the context).
+    pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        self.check(offset, dst.len() as u64)?;
+        self.pool.pool().read(&self.handle, offset, dst)
+    }
+
+    /// The whole buffer, read back to the host.
+    pub fn to_vec(&self) -> Result<Vec<u8>> {
+        let mut out = vec![0; self.len() as usize];
+        self.read(0, &mut out)?;
+        Ok(out)
+    }
+
+    /// Copy from the host queued on the buffer's stream, which is then synchronized.
+    pub fn write_on_stream(&self, offset: u64, src: &[u8]) -> Result<()> {
+        self.check(offset, src.len() as u64)?;
+        self.refuse_read_only()?;
+        interop::upload(self.pool.pool(), &self.handle, offset, src, self.stream)
+    }
+
+    /// Blocking copy of `len` bytes from `src` at `src_offset` to this buffer at `dst_offset` (device↔device,
+    /// pinned↔device, across pools of the same device), ordered after all queued work of the context.
+    pub fn copy_from(&self, dst_offset: u64, src: &CudaBuffer, src_offset: u64, len: u64) -> Result<()> {
+        self.check(dst_offset, len)?;
+        src.check(src_offset, len)?;
+        self.refuse_read_only()?;
+        let backend = self.pool.backend();
+        backend.synchronize()?;
+        raw::copy(self.ptr + dst_offset, src.ptr + src_offset, len).map_err(|f| backend.error(f))?;
+        raw::ctx_synchronize().map_err(|f| backend.error(f))
+    }
+
+    /// Copy of `len` bytes from `src` queued on `stream` (asynchronous; both are device or pinned memory).
+    /// Marks both buffers as used on `stream` when it is not their own.
+    pub fn copy_from_async(
+        &self,
+        dst_offset: u64,
+        src: &CudaBuffer,
+        src_offset: u64,
+        len: u64,
+        stream: StreamId,
+    ) -> Result<()> {
+        self.check(dst_offset, len)?;
+        src.check(src_offset, len)?;
+        self.refuse_read_only()?;
+        self.record_stream(stream)?;
+        src.record_stream(stream)?;
+        let backend = self.pool.backend();
+        backend.bind()?;
+        raw::copy_async(self.ptr + dst_offset, src.ptr + src_offset, len, stream).map_err(|f| backend.error(f))
+    }
+
+    /// A view of the buffer as `T`s for kernels on `stream`; marks `stream` as a user of the buffer.
+    pub fn view<'a, T>(&'a self, stream: &'a Arc<CudaStream>) -> Result<BlockView<'a, T>> {
+        self.record_stream(stream_id(stream))?;
+        self.pool.pool().view(&self.handle, stream)
+    }
+
+    /// A writable view for kernels on `stream`; marks `stream` as a user. Refused for read-only buffers.
+    pub fn view_mut<'a, T>(&'a mut self, stream: &'a Arc<CudaStream>) -> Result<BlockViewMut<'a, T>> {
+        self.record_stream(stream_id(stream))?;
+        self.pool.pool().view_mut(&self.handle, stream)
+    }
+
+    /// The bytes as a host slice, for pinned memory. Pinned memory is not synchronized with the device:
+    /// synchronize the streams that write it first.
+    pub fn host_bytes(&self) -> Option<&[u8]> {
+        let host = self.host?;
+        Some(raw::host_slice(self, host, self.len() as usize))
+    }
+
+    /// The bytes as a mutable host slice, for pinned memory (not for read-only pools, which are device memory).
+    pub fn host_bytes_mut(&mut self) -> Option<&mut [u8]> {
+        let host = self.host?;
+        let len = self.len() as usize;
+        Some(raw::host_slice_mut(self, host, len))
+    }
+}
+
+impl Drop for CudaBuffer {
+    fn drop(&mut self) {
+        if let Err(e) = self.pool.free(&self.handle) {
+            log::error!("freeing a block of {} failed: {e}", self.pool.backend().name());
+        }
+    }
+}
+
+impl std::fmt::Debug for CudaBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBuffer")
+            .field("pool", &self.pool.backend().name())
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("len", &self.len())
+            .field("stream", &self.stream)
+            .finish()
+    }
+}

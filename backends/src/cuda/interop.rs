@@ -1,0 +1,175 @@
+//! Interop with kernels launched through cudarc: raw device pointers of blocks, and views that implement
+//! cudarc's `DeviceSlice`/`DevicePtr`/`DevicePtrMut`, so a pooled block is passed where a `CudaSlice` would be
+//! (`stream.memcpy_htod(&data, &mut view)`, or `let (ptr, _g) = view.device_ptr(&stream); builder.arg(&ptr)`).
+//!
+//! Views carry no events: ordering between streams is the pool's stream rule (a block is used on the stream it
+//! was allocated on) plus `record_stream` for extra streams, which [`super::CudaBuffer`]'s views do by
+//! themselves.
+
+use super::backend::CudaBackend;
+use super::raw;
+use crate::{Backend, BlockHandle, Error, Pool, PoolPlacement, Result, StreamId};
+use cudarc::driver::{sys, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+/// A typed, read-only view of a pooled block for cudarc.
+#[derive(Debug)]
+pub struct BlockView<'a, T> {
+    ptr: u64,
+    len: usize,
+    stream: &'a Arc<CudaStream>,
+    _elements: PhantomData<&'a [T]>,
+}
+
+/// A typed, writable view of a pooled block for cudarc.
+#[derive(Debug)]
+pub struct BlockViewMut<'a, T> {
+    ptr: u64,
+    len: usize,
+    stream: &'a Arc<CudaStream>,
+    _elements: PhantomData<&'a mut [T]>,
+}
+
+impl<T> BlockView<'_, T> {
+    /// Device address of the first element.
+    pub fn device_address(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl<T> BlockViewMut<'_, T> {
+    /// Device address of the first element.
+    pub fn device_address(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl<T> DeviceSlice<T> for BlockView<'_, T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.stream
+    }
+}
+
+impl<T> DeviceSlice<T> for BlockViewMut<'_, T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.stream
+    }
+}
+
+impl<T> DevicePtr<T> for BlockView<'_, T> {
+    fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Record(None))
+    }
+}
+
+impl<T> DevicePtr<T> for BlockViewMut<'_, T> {
+    fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Record(None))
+    }
+}
+
+impl<T> DevicePtrMut<T> for BlockViewMut<'_, T> {
+    fn device_ptr_mut<'a>(&'a mut self, _stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Record(None))
+    }
+}
+
+/// CUDA-specific operations on a `Pool<CudaBackend>`.
+pub trait CudaPoolExt {
+    /// Device address of a live block's first byte (for pinned memory, its device-mapped address).
+    fn device_ptr(&self, block: &BlockHandle) -> Result<u64>;
+
+    /// A view of the block's requested bytes as `T`s for kernels on `stream`. Errors if the block is not live or
+    /// `T` is zero-sized.
+    fn view<'a, T>(&self, block: &BlockHandle, stream: &'a Arc<CudaStream>) -> Result<BlockView<'a, T>>;
+
+    /// A writable view; refused for read-only pools.
+    fn view_mut<'a, T>(&self, block: &BlockHandle, stream: &'a Arc<CudaStream>) -> Result<BlockViewMut<'a, T>>;
+
+    /// Allocates a block on `stream` holding `data` (copied on `stream`, which is synchronized before return).
+    /// The way to create blocks of a read-only pool; works on every pool.
+    fn upload_read_only(&self, data: &[u8], stream: StreamId) -> Result<BlockHandle>;
+}
+
+impl CudaPoolExt for Pool<CudaBackend> {
+    fn device_ptr(&self, block: &BlockHandle) -> Result<u64> {
+        range(self, block, 0, 0).map(|(ptr, _)| ptr)
+    }
+
+    fn view<'a, T>(&self, block: &BlockHandle, stream: &'a Arc<CudaStream>) -> Result<BlockView<'a, T>> {
+        let (ptr, len) = typed(self, block, std::mem::size_of::<T>())?;
+        Ok(BlockView { ptr, len, stream, _elements: PhantomData })
+    }
+
+    fn view_mut<'a, T>(&self, block: &BlockHandle, stream: &'a Arc<CudaStream>) -> Result<BlockViewMut<'a, T>> {
+        if self.backend().placement() == PoolPlacement::ReadOnly {
+            return Err(Error::Unsupported {
+                backend: self.backend().name().to_string(),
+                what: "a writable view of read-only memory".into(),
+            });
+        }
+        let (ptr, len) = typed(self, block, std::mem::size_of::<T>())?;
+        Ok(BlockViewMut { ptr, len, stream, _elements: PhantomData })
+    }
+
+    fn upload_read_only(&self, data: &[u8], stream: StreamId) -> Result<BlockHandle> {
+        let block = self.allocate(data.len() as u64, stream)?;
+        if let Err(e) = upload(self, &block, 0, data, stream) {
+            let _ = self.free(&block);
+            return Err(e);
+        }
+        Ok(block)
+    }
+}
+
+/// (device address, element count) of the block's requested bytes as elements of `size` bytes.
+fn typed(pool: &Pool<CudaBackend>, block: &BlockHandle, size: usize) -> Result<(u64, usize)> {
+    if size == 0 {
+        return Err(Error::InvalidConfig("a view of zero-sized elements".into()));
+    }
+    let (ptr, _) = range(pool, block, 0, 0)?;
+    Ok((ptr, (block.requested() / size as u64) as usize))
+}
+
+/// Device address (and host address for pinned memory) of `[offset, offset + len)` of a live block.
+pub(super) fn range(pool: &Pool<CudaBackend>, block: &BlockHandle, offset: u64, len: u64) -> Result<(u64, Option<usize>)> {
+    let (segment, base) = pool
+        .segment_of(block)
+        .ok_or_else(|| Error::UnknownBlock(format!("{block:?} in pool {}", pool.backend().name())))?;
+    match offset.checked_add(len) {
+        Some(end) if end <= block.size() => {}
+        _ => {
+            return Err(Error::OutOfBounds(format!(
+                "{len} bytes at offset {offset} in a block of {} bytes",
+                block.size()
+            )))
+        }
+    }
+    let at = base + offset;
+    Ok((segment.device_ptr + at, segment.host_addr.map(|h| h + at as usize)))
+}
+
+/// Copies `src` into the block at `offset` on `stream` and waits for the stream (pinned memory: a host copy
+/// after waiting for the stream).
+pub(super) fn upload(pool: &Pool<CudaBackend>, block: &BlockHandle, offset: u64, src: &[u8], stream: StreamId) -> Result<()> {
+    let (ptr, host) = range(pool, block, offset, src.len() as u64)?;
+    let backend = pool.backend();
+    backend.bind()?;
+    if let Some(host) = host {
+        raw::stream_synchronize(stream).map_err(|f| backend.error(f))?;
+        raw::host_copy_in(host, src);
+        return Ok(());
+    }
+    if src.is_empty() {
+        return Ok(());
+    }
+    raw::copy_htod_async(ptr, src, stream).map_err(|f| backend.error(f))?;
+    raw::stream_synchronize(stream).map_err(|f| backend.error(f))
+}

@@ -1,0 +1,332 @@
+//! Raw CUDA driver calls through cudarc's `sys` layer: the only `unsafe` of the CUDA backend. Every function here
+//! returns a `Result` and never panics. Callers bind the device's context to the calling thread first
+//! (`CudaContext::bind_to_thread`) and check every byte range against its segment; the `SAFETY` lines say what
+//! else each call relies on.
+//!
+//! cudarc loads `libcuda` lazily and panics if it is missing, so nothing here may run before
+//! [`driver_library_present`] said yes (discovery checks it once; every other path starts from a discovered
+//! device).
+
+#![allow(unsafe_code)]
+
+use crate::StreamId;
+use cudarc::driver::{sys, CudaEvent, DriverError};
+use std::ffi::{c_char, c_void, CStr};
+
+/// A failed driver call: which call and the driver's code. The backend turns it into [`crate::Error`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Failure {
+    pub call: &'static str,
+    pub code: sys::CUresult,
+}
+
+impl Failure {
+    /// The driver's name and description of the code, e.g. `CUDA_ERROR_OUT_OF_MEMORY (out of memory)`.
+    pub fn message(&self) -> String {
+        let err = DriverError(self.code);
+        match (err.error_name(), err.error_string()) {
+            (Ok(name), Ok(text)) => format!("{} ({})", name.to_string_lossy(), text.to_string_lossy()),
+            _ => format!("{:?}", self.code),
+        }
+    }
+}
+
+pub(super) type Raw<T> = std::result::Result<T, Failure>;
+
+fn check(code: sys::CUresult, call: &'static str) -> Raw<()> {
+    match code {
+        sys::CUresult::CUDA_SUCCESS => Ok(()),
+        code => Err(Failure { call, code }),
+    }
+}
+
+/// The `CUstream` a [`StreamId`] names: `StreamId(0)` is the null (legacy default) stream, any other value is a
+/// raw `CUstream` handle as an integer.
+pub(super) fn cu_stream(stream: StreamId) -> sys::CUstream {
+    stream.0 as usize as sys::CUstream
+}
+
+/// Whether the CUDA driver library can be loaded. Loads and unloads it; prints nothing.
+pub(super) fn driver_library_present() -> bool {
+    // SAFETY: `is_culib_present` only tries `dlopen` on cudarc's list of library names and drops what it opened;
+    // loading libcuda runs no code that depends on our state.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Whether the NVRTC library can be loaded (for run-time kernel compilation through cudarc).
+pub(super) fn nvrtc_library_present() -> bool {
+    // SAFETY: as in `driver_library_present`, for libnvrtc.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// The PCI bus id as the driver spells it (`0000:01:00.0` or similar).
+pub(super) fn pci_bus_id(device: sys::CUdevice) -> Raw<String> {
+    let mut buf = [0 as c_char; 64];
+    // SAFETY: the buffer is writable for its whole length, which is passed; `device` came from cuDeviceGet.
+    check(unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, device) }, "cuDeviceGetPCIBusId")?;
+    let bytes: Vec<u8> = buf.iter().map(|&c| c as u8).collect();
+    let text = CStr::from_bytes_until_nul(&bytes).map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    Ok(text)
+}
+
+/// The driver's CUDA version, e.g. 12080 for 12.8.
+pub(super) fn driver_version() -> Raw<i32> {
+    let mut version = 0;
+    // SAFETY: `version` is a valid place for one int.
+    check(unsafe { sys::cuDriverGetVersion(&mut version) }, "cuDriverGetVersion")?;
+    Ok(version)
+}
+
+/// Free and total device memory of the current context's device.
+pub(super) fn mem_info() -> Raw<(u64, u64)> {
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: both are valid places for one size_t; the caller bound the context.
+    check(unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) }, "cuMemGetInfo")?;
+    Ok((free as u64, total as u64))
+}
+
+// ----- plain device memory -----
+
+/// `cuMemAlloc`: `size` bytes of device memory in the current context.
+pub(super) fn mem_alloc(size: u64) -> Raw<u64> {
+    let mut ptr = 0;
+    // SAFETY: `ptr` is a valid out-parameter; the caller bound the context.
+    check(unsafe { sys::cuMemAlloc_v2(&mut ptr, size as usize) }, "cuMemAlloc")?;
+    Ok(ptr)
+}
+
+/// `cuMemFree` of a pointer from [`mem_alloc`].
+pub(super) fn mem_free(ptr: u64) -> Raw<()> {
+    // SAFETY: `ptr` came from `mem_alloc` and is freed once (the pool destroys each segment once); the caller
+    // synchronized the context, so no queued work still touches it.
+    check(unsafe { sys::cuMemFree_v2(ptr) }, "cuMemFree")
+}
+
+// ----- pinned host memory -----
+
+/// `cuMemHostAlloc(PORTABLE | DEVICEMAP)`: page-locked host memory usable from every context, mapped into the
+/// device's address space. Returns (host address, device address); with unified addressing they are equal.
+pub(super) fn host_alloc(size: u64) -> Raw<(usize, u64)> {
+    let mut host: *mut c_void = std::ptr::null_mut();
+    let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+    // SAFETY: `host` is a valid out-parameter; the caller bound the context.
+    check(unsafe { sys::cuMemHostAlloc(&mut host, size as usize, flags) }, "cuMemHostAlloc")?;
+    let mut device = 0;
+    // SAFETY: `host` was just returned by cuMemHostAlloc with DEVICEMAP; flags must be 0.
+    if let Err(e) = check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) }, "cuMemHostGetDevicePointer")
+    {
+        // SAFETY: `host` came from cuMemHostAlloc above and nothing else holds it.
+        let _ = unsafe { sys::cuMemFreeHost(host) };
+        return Err(e);
+    }
+    Ok((host as usize, device))
+}
+
+/// `cuMemFreeHost` of an address from [`host_alloc`].
+pub(super) fn host_free(host: usize) -> Raw<()> {
+    // SAFETY: `host` came from `host_alloc` and is freed once; the caller synchronized the context so no copy or
+    // kernel still reads it.
+    check(unsafe { sys::cuMemFreeHost(host as *mut c_void) }, "cuMemFreeHost")
+}
+
+/// Copies `src` into host memory at `addr`.
+pub(super) fn host_copy_in(addr: usize, src: &[u8]) {
+    // SAFETY: the backend checked that `[addr, addr + src.len())` lies inside one live pinned segment; `src` is a
+    // separate Rust slice, so the ranges do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) }
+}
+
+/// Copies host memory at `addr` into `dst`.
+pub(super) fn host_copy_out(addr: usize, dst: &mut [u8]) {
+    // SAFETY: as in `host_copy_in`, with the roles swapped; `dst` is exclusively borrowed.
+    unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len()) }
+}
+
+/// Sets `len` bytes of host memory at `addr` to `value`.
+pub(super) fn host_fill(addr: usize, len: usize, value: u8) {
+    // SAFETY: the backend checked that `[addr, addr + len)` lies inside one live pinned segment.
+    unsafe { std::ptr::write_bytes(addr as *mut u8, value, len) }
+}
+
+/// The `len` bytes of pinned memory at `addr`, borrowed for as long as `owner`.
+pub(super) fn host_slice<O>(owner: &O, addr: usize, len: usize) -> &[u8] {
+    let _ = owner;
+    // SAFETY: `addr` is the host address of `owner`'s live pinned block of at least `len` bytes (checked by the
+    // caller); the block is not freed while `owner` exists, and pinned memory is plain initialised bytes.
+    unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
+}
+
+/// The `len` bytes of pinned memory at `addr`, borrowed mutably for as long as `owner`.
+pub(super) fn host_slice_mut<O>(owner: &mut O, addr: usize, len: usize) -> &mut [u8] {
+    let _ = owner;
+    // SAFETY: as in `host_slice`; `owner` is borrowed mutably and blocks never overlap, so this is the only
+    // slice of these bytes made through the API.
+    unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) }
+}
+
+// ----- virtual memory management -----
+
+fn allocation_prop(ordinal: i32) -> sys::CUmemAllocationProp {
+    sys::CUmemAllocationProp {
+        type_: sys::CUmemAllocationType_enum::CU_MEM_ALLOCATION_TYPE_PINNED,
+        requestedHandleTypes: sys::CUmemAllocationHandleType_enum::CU_MEM_HANDLE_TYPE_NONE,
+        location: sys::CUmemLocation {
+            type_: sys::CUmemLocationType_enum::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: ordinal,
+        },
+        win32HandleMetaData: std::ptr::null_mut(),
+        allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
+            compressionType: 0,
+            gpuDirectRDMACapable: 0,
+            usage: 0,
+            reserved: [0; 4],
+        },
+    }
+}
+
+/// `cuMemGetAllocationGranularity` (minimum) for device memory on `ordinal`.
+pub(super) fn vmm_granularity(ordinal: i32) -> Raw<u64> {
+    let prop = allocation_prop(ordinal);
+    let mut granularity = 0usize;
+    // SAFETY: `prop` is a fully initialised property struct; `granularity` is a valid out-parameter.
+    check(
+        unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut granularity,
+                &prop,
+                sys::CUmemAllocationGranularity_flags_enum::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+        },
+        "cuMemGetAllocationGranularity",
+    )?;
+    Ok(granularity as u64)
+}
+
+/// `cuMemAddressReserve`: `size` bytes of address space aligned to `alignment`.
+pub(super) fn address_reserve(size: u64, alignment: u64) -> Raw<u64> {
+    let mut ptr = 0;
+    // SAFETY: `ptr` is a valid out-parameter; no fixed address is asked for (0), flags must be 0.
+    check(unsafe { sys::cuMemAddressReserve(&mut ptr, size as usize, alignment as usize, 0, 0) }, "cuMemAddressReserve")?;
+    Ok(ptr)
+}
+
+/// `cuMemAddressFree` of a reservation from [`address_reserve`] with nothing mapped in it.
+pub(super) fn address_free(ptr: u64, size: u64) -> Raw<()> {
+    // SAFETY: `[ptr, ptr + size)` is exactly one reservation from `address_reserve`, freed once, with every page
+    // unmapped first (the backend checks its page table).
+    check(unsafe { sys::cuMemAddressFree(ptr, size as usize) }, "cuMemAddressFree")
+}
+
+/// `cuMemCreate`: `size` bytes of physical device memory on `ordinal`. Returns the allocation handle.
+pub(super) fn mem_create(size: u64, ordinal: i32) -> Raw<u64> {
+    let prop = allocation_prop(ordinal);
+    let mut handle = 0;
+    // SAFETY: `prop` is fully initialised; `handle` is a valid out-parameter; flags must be 0.
+    check(unsafe { sys::cuMemCreate(&mut handle, size as usize, &prop, 0) }, "cuMemCreate")?;
+    Ok(handle)
+}
+
+/// `cuMemRelease` of a handle from [`mem_create`].
+pub(super) fn mem_release(handle: u64) -> Raw<()> {
+    // SAFETY: `handle` came from `mem_create` and is released once; the memory is freed when its last mapping
+    // goes.
+    check(unsafe { sys::cuMemRelease(handle) }, "cuMemRelease")
+}
+
+/// `cuMemMap`: maps all of `handle` (of `size` bytes) at `ptr`.
+pub(super) fn mem_map(ptr: u64, size: u64, handle: u64) -> Raw<()> {
+    // SAFETY: `[ptr, ptr + size)` lies inside a live reservation and is not mapped (the backend's page table
+    // says so); `handle` is a live allocation of exactly `size` bytes; offset and flags must be 0.
+    check(unsafe { sys::cuMemMap(ptr, size as usize, 0, handle, 0) }, "cuMemMap")
+}
+
+/// `cuMemUnmap` of one whole mapping made by [`mem_map`].
+pub(super) fn mem_unmap(ptr: u64, size: u64) -> Raw<()> {
+    // SAFETY: `[ptr, ptr + size)` is exactly one mapping made by `mem_map`; the caller synchronized the context,
+    // so no queued work touches it.
+    check(unsafe { sys::cuMemUnmap(ptr, size as usize) }, "cuMemUnmap")
+}
+
+/// `cuMemSetAccess`: read-write access from device `ordinal` to the mapped range.
+pub(super) fn set_access(ptr: u64, size: u64, ordinal: i32) -> Raw<()> {
+    let desc = sys::CUmemAccessDesc {
+        location: sys::CUmemLocation { type_: sys::CUmemLocationType_enum::CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal },
+        flags: sys::CUmemAccess_flags_enum::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: `[ptr, ptr + size)` is fully mapped (the backend just mapped it); one descriptor is passed.
+    check(unsafe { sys::cuMemSetAccess(ptr, size as usize, &desc, 1) }, "cuMemSetAccess")
+}
+
+// ----- copies, fills, synchronisation -----
+
+/// Blocking copy of `src` into device memory at `dst`.
+pub(super) fn copy_htod(dst: u64, src: &[u8]) -> Raw<()> {
+    // SAFETY: the caller checked that `[dst, dst + src.len())` lies inside one live segment of the bound
+    // context; `src` is a valid slice for the call's duration (the call returns once it has been read).
+    check(unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) }, "cuMemcpyHtoD")
+}
+
+/// Blocking copy of device memory at `src` into `dst`.
+pub(super) fn copy_dtoh(dst: &mut [u8], src: u64) -> Raw<()> {
+    // SAFETY: the caller checked the device range; `dst` is exclusively borrowed and the call returns only once
+    // the copy has completed.
+    check(unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len()) }, "cuMemcpyDtoH")
+}
+
+/// Copy of `len` bytes between two CUDA addresses (device or pinned; unified addressing), ordered on the null
+/// stream.
+pub(super) fn copy(dst: u64, src: u64, len: u64) -> Raw<()> {
+    // SAFETY: the caller checked both ranges against live blocks of the bound context.
+    check(unsafe { sys::cuMemcpy(dst, src, len as usize) }, "cuMemcpy")
+}
+
+/// Copy of `len` bytes between two CUDA addresses, queued on `stream`.
+pub(super) fn copy_async(dst: u64, src: u64, len: u64, stream: StreamId) -> Raw<()> {
+    // SAFETY: the caller checked both ranges against live blocks (device or pinned memory, never pageable) and
+    // keeps them from reuse until the stream passes this copy (the pool's stream rules and record_stream);
+    // `stream` is a live stream of the bound context or the null stream.
+    check(unsafe { sys::cuMemcpyAsync(dst, src, len as usize, cu_stream(stream)) }, "cuMemcpyAsync")
+}
+
+/// Copy of host bytes into device memory, queued on `stream`; returns once `src` has been staged, so `src` may
+/// be dropped afterwards.
+pub(super) fn copy_htod_async(dst: u64, src: &[u8], stream: StreamId) -> Raw<()> {
+    // SAFETY: the caller checked the device range; `src` is pageable or pinned host memory valid for the call.
+    // The caller synchronizes `stream` before `src` goes away (see `upload`), which covers the pinned case where
+    // the driver reads `src` later.
+    check(
+        unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr().cast(), src.len(), cu_stream(stream)) },
+        "cuMemcpyHtoDAsync",
+    )
+}
+
+/// Sets `len` bytes of device memory at `dst` to `value` (asynchronous on the null stream).
+pub(super) fn memset(dst: u64, value: u8, len: u64) -> Raw<()> {
+    // SAFETY: the caller checked the range against a live segment of the bound context.
+    check(unsafe { sys::cuMemsetD8_v2(dst, value, len as usize) }, "cuMemsetD8")
+}
+
+/// Sets `len` bytes of device memory at `dst` to `value`, queued on `stream`.
+pub(super) fn memset_async(dst: u64, value: u8, len: u64, stream: StreamId) -> Raw<()> {
+    // SAFETY: as in `memset`; `stream` is a live stream of the bound context or the null stream.
+    check(unsafe { sys::cuMemsetD8Async(dst, value, len as usize, cu_stream(stream)) }, "cuMemsetD8Async")
+}
+
+/// Waits for all work queued in the bound context.
+pub(super) fn ctx_synchronize() -> Raw<()> {
+    // SAFETY: no pointers involved; the caller bound the context.
+    check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
+}
+
+/// Waits for all work queued on `stream`.
+pub(super) fn stream_synchronize(stream: StreamId) -> Raw<()> {
+    // SAFETY: `stream` is a live stream of the bound context or the null stream.
+    check(unsafe { sys::cuStreamSynchronize(cu_stream(stream)) }, "cuStreamSynchronize")
+}
+
+/// Records `event` at the current end of `stream`.
+pub(super) fn event_record(event: &CudaEvent, stream: StreamId) -> Raw<()> {
+    // SAFETY: the event is live (borrowed) and belongs to the bound context, as does `stream` (caller's
+    // contract for StreamId values: a live CUstream of this device's context, or 0).
+    check(unsafe { sys::cuEventRecord(event.cu_event(), cu_stream(stream)) }, "cuEventRecord")
+}

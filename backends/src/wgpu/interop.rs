@@ -1,0 +1,174 @@
+//! Pooled blocks as wgpu sees them: `(buffer, offset, size)` for bind groups and copies, and device-to-device
+//! copies between blocks.
+
+use super::WgpuBackend;
+use crate::{Backend, BlockHandle, Error, Pool, Result};
+use std::sync::Arc;
+use wgpu::BufferUsages;
+
+/// A live block as wgpu sees it. `offset` honours the pool's binding alignment; `size` is the requested size
+/// rounded up to 4 bytes (what a binding may span, and what `arrayLength` counts), never past the block.
+#[derive(Debug, Clone)]
+pub struct WgpuBlock {
+    /// The segment's buffer.
+    pub buffer: wgpu::Buffer,
+    /// Offset of the block in the buffer.
+    pub offset: u64,
+    /// Bytes the binding spans.
+    pub size: u64,
+}
+
+impl WgpuBlock {
+    /// The block as a [`wgpu::BufferBinding`].
+    pub fn as_buffer_binding(&self) -> wgpu::BufferBinding<'_> {
+        wgpu::BufferBinding { buffer: &self.buffer, offset: self.offset, size: wgpu::BufferSize::new(self.size) }
+    }
+
+    /// The block as a bind group resource.
+    pub fn as_binding_resource(&self) -> wgpu::BindingResource<'_> {
+        wgpu::BindingResource::Buffer(self.as_buffer_binding())
+    }
+}
+
+/// The buffer holding `block` and the block's offset in it, for copies. Errors if the block is not live.
+pub fn segment_and_offset(pool: &Pool<WgpuBackend>, block: &BlockHandle) -> Result<(wgpu::Buffer, u64)> {
+    pool.segment_of(block).ok_or_else(|| Error::UnknownBlock(format!("{block:?} in pool {}", pool.backend().name())))
+}
+
+fn bind(pool: &Pool<WgpuBackend>, block: &BlockHandle, usage: BufferUsages, limit: u64, what: &str) -> Result<WgpuBlock> {
+    let backend = pool.backend();
+    if !backend.usage().contains(usage) {
+        return Err(Error::Unsupported {
+            backend: backend.name().to_string(),
+            what: format!("binding a block as a {what} buffer: this pool's buffers have usages {:?}", backend.usage()),
+        });
+    }
+    let (buffer, offset) = segment_and_offset(pool, block)?;
+    let size = block.requested().next_multiple_of(4).min(block.size());
+    if size > limit {
+        return Err(Error::Unsupported {
+            backend: backend.name().to_string(),
+            what: format!(
+                "binding {size} bytes as a {what} buffer: the device binds at most {limit} bytes (max_{what}_buffer_\
+                 binding_size); bind sub-ranges of the block instead"
+            ),
+        });
+    }
+    Ok(WgpuBlock { buffer, offset, size })
+}
+
+/// `block` for a storage binding (`var<storage, read>` or `read_write`). Errors if the pool's buffers lack
+/// `STORAGE`, the block is not live, or it spans more than `max_storage_buffer_binding_size`.
+pub fn binding(pool: &Pool<WgpuBackend>, block: &BlockHandle) -> Result<WgpuBlock> {
+    let limit = u64::from(pool.backend().limits().max_storage_buffer_binding_size);
+    bind(pool, block, BufferUsages::STORAGE, limit, "storage")
+}
+
+/// `block` for a uniform binding (ReadOnly pools). Errors if the pool's buffers lack `UNIFORM`, the block is
+/// not live, or it spans more than `max_uniform_buffer_binding_size`.
+pub fn uniform_binding(pool: &Pool<WgpuBackend>, block: &BlockHandle) -> Result<WgpuBlock> {
+    let limit = u64::from(pool.backend().limits().max_uniform_buffer_binding_size);
+    bind(pool, block, BufferUsages::UNIFORM, limit, "uniform")
+}
+
+/// Copies `len` bytes from `src_block` at `src_offset` to `dst_block` at `dst_offset` on the device with
+/// `copy_buffer_to_buffer`, and waits. Both pools must be of one device; offsets (block offset plus the given
+/// offset) and `len` must be multiples of 4 (wgpu's copy alignment). Blocks in the same buffer are copied
+/// through a temporary buffer.
+#[allow(clippy::too_many_arguments)]
+pub fn copy_block(
+    src_pool: &Pool<WgpuBackend>,
+    src_block: &BlockHandle,
+    src_offset: u64,
+    dst_pool: &Pool<WgpuBackend>,
+    dst_block: &BlockHandle,
+    dst_offset: u64,
+    len: u64,
+) -> Result<()> {
+    let (src, dst) = (src_pool.backend(), dst_pool.backend());
+    let name = dst.name().to_string();
+    if !Arc::ptr_eq(&src.shared, &dst.shared) {
+        return Err(Error::Unsupported {
+            backend: name,
+            what: format!("copying between devices ({} to {}): read to the host and write instead", src.name(), dst.name()),
+        });
+    }
+    for (block, offset, pool) in [(src_block, src_offset, src), (dst_block, dst_offset, dst)] {
+        match offset.checked_add(len) {
+            Some(end) if end <= block.size() => {}
+            _ => {
+                return Err(Error::OutOfBounds(format!(
+                    "copy of {len} bytes at {offset} in a block of {} bytes of {}",
+                    block.size(),
+                    pool.name()
+                )))
+            }
+        }
+    }
+    if !src.usage().contains(BufferUsages::COPY_SRC) || !dst.usage().contains(BufferUsages::COPY_DST) {
+        return Err(Error::Unsupported {
+            backend: name,
+            what: format!(
+                "copy_buffer_to_buffer from usages {:?} to usages {:?} (needs COPY_SRC and COPY_DST)",
+                src.usage(),
+                dst.usage()
+            ),
+        });
+    }
+    let (src_buffer, src_base) = segment_and_offset(src_pool, src_block)?;
+    let (dst_buffer, dst_base) = segment_and_offset(dst_pool, dst_block)?;
+    let (from, to) = (src_base + src_offset, dst_base + dst_offset);
+    if from % 4 != 0 || to % 4 != 0 || len % 4 != 0 {
+        return Err(Error::Unsupported {
+            backend: name,
+            what: format!(
+                "copy_buffer_to_buffer of {len} bytes from offset {from} to offset {to}: offsets and size must be \
+                 multiples of 4"
+            ),
+        });
+    }
+    if len == 0 {
+        return Ok(());
+    }
+    let shared = &dst.shared;
+    shared.scoped(&name, "copy_buffer_to_buffer", || {
+        let mut encoder = shared.device.create_command_encoder(&Default::default());
+        if src_buffer == dst_buffer {
+            let temp = shared.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("umm copy temporary"),
+                size: len,
+                usage: BufferUsages::COPY_SRC | BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            encoder.copy_buffer_to_buffer(&src_buffer, from, &temp, 0, len);
+            encoder.copy_buffer_to_buffer(&temp, 0, &dst_buffer, to, len);
+            shared.queue.submit([encoder.finish()]);
+            temp.destroy();
+        } else {
+            encoder.copy_buffer_to_buffer(&src_buffer, from, &dst_buffer, to, len);
+            shared.queue.submit([encoder.finish()]);
+        }
+    })?;
+    shared.wait(&name, "copy_buffer_to_buffer")
+}
+
+/// Seals `block`: from now on this pool refuses writes and fills that touch it, with an error naming the block,
+/// so that a ReadOnly block filled at allocation stays as filled. Call [`unseal`] before freeing the block (a
+/// block reused while still sealed would refuse its new owner's fill). Errors if the block is not live.
+pub fn seal(pool: &Pool<WgpuBackend>, block: &BlockHandle) -> Result<()> {
+    let (buffer, offset) = segment_and_offset(pool, block)?;
+    let mut sealed = pool.backend().sealed.lock();
+    if !sealed.iter().any(|(b, s, _)| *b == buffer && *s == offset) {
+        sealed.push((buffer, offset, offset + block.size()));
+    }
+    Ok(())
+}
+
+/// Lifts [`seal`] from `block`. Returns whether it was sealed.
+pub fn unseal(pool: &Pool<WgpuBackend>, block: &BlockHandle) -> Result<bool> {
+    let (buffer, offset) = segment_and_offset(pool, block)?;
+    let mut sealed = pool.backend().sealed.lock();
+    let before = sealed.len();
+    sealed.retain(|(b, s, _)| !(*b == buffer && *s == offset));
+    Ok(sealed.len() != before)
+}

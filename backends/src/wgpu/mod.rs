@@ -1,0 +1,352 @@
+//! wgpu buffers (Vulkan, GL, Metal, DX12): every adapter becomes a [`WgpuDevice`] whose pools are
+//! [`Pool<WgpuBackend>`](crate::Pool) on the shared engine. A segment is one `wgpu::Buffer`; a block is
+//! `(buffer, offset, size)` with offsets on the binding alignment, so that it can be bound at its offset in a bind
+//! group ([`binding`]) or copied with `copy_buffer_to_buffer` ([`copy_block`]).
+//!
+//! wgpu loads its drivers at run time: with none installed, [`discover`] returns no device and says why.
+//!
+//! Byte movement (all of it waits for the queue, so a call is complete when it returns):
+//! - writes to buffers with `COPY_DST` go through `queue.write_buffer`; wgpu needs 4-byte aligned offsets and
+//!   lengths there, so the partial words at either end of an unaligned range are read, patched and written back
+//!   (those words lie inside the block: blocks start and end on the pool's alignment);
+//! - reads copy into a staging buffer (`MAP_READ | COPY_DST`), map it, and poll the device until the map is done;
+//! - mappable segments (host-pinned pools) are mapped directly instead; one mapping of a buffer may exist at a
+//!   time, so mapped I/O of one pool is serialised by a lock.
+//!
+//! Errors: wgpu reports validation, out-of-memory and internal errors asynchronously (and panics on those no one
+//! catches). Every call of this backend runs inside error scopes, and the device gets an uncaptured-error handler
+//! that logs instead of panicking, so a failure becomes [`Error::Driver`] naming the call; a lost or destroyed
+//! device is reported the same way by every later call.
+
+mod discover;
+mod interop;
+mod io;
+
+pub use discover::{discover, WgpuDevice};
+pub use interop::{binding, copy_block, seal, segment_and_offset, uniform_binding, unseal, WgpuBlock};
+
+use crate::{Backend, BackendKind, Error, PoolPlacement, Result};
+use io::DeviceShared;
+use std::sync::Arc;
+use wgpu::BufferUsages;
+
+/// What a wgpu pool's buffers are for, which fixes their usages. [`WgpuDevice::pool`] maps each
+/// [`PoolPlacement`] to one of these; [`WgpuDevice::pool_of`] takes one directly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::Display, strum::EnumIter)]
+#[strum(serialize_all = "kebab-case")]
+pub enum WgpuPoolKind {
+    /// `STORAGE | COPY_SRC | COPY_DST`: read-write storage, bound at block offsets.
+    DeviceLocal,
+    /// `STORAGE | UNIFORM | COPY_DST | COPY_SRC`: filled at allocation, bound read-only (storage `read` or
+    /// uniform). `COPY_SRC` is there so the bytes can be read back and copied elsewhere.
+    ReadOnly,
+    /// `MAP_WRITE | COPY_SRC`: host-written staging for uploads; written by mapping, read through a copy.
+    Upload,
+    /// `MAP_READ | COPY_DST`: read-back buffers; read by mapping, written through the queue.
+    Readback,
+    /// `MAP_READ | MAP_WRITE | STORAGE | COPY_SRC | COPY_DST` (needs `MAPPABLE_PRIMARY_BUFFERS`): host-mapped
+    /// buffers that shaders can also bind, for adapters sharing memory with the host.
+    Shared,
+}
+
+impl WgpuPoolKind {
+    /// The buffer usages of this kind's segments.
+    pub fn usages(self) -> BufferUsages {
+        match self {
+            Self::DeviceLocal => BufferUsages::STORAGE | BufferUsages::COPY_SRC | BufferUsages::COPY_DST,
+            Self::ReadOnly => {
+                BufferUsages::STORAGE | BufferUsages::UNIFORM | BufferUsages::COPY_DST | BufferUsages::COPY_SRC
+            }
+            Self::Upload => BufferUsages::MAP_WRITE | BufferUsages::COPY_SRC,
+            Self::Readback => BufferUsages::MAP_READ | BufferUsages::COPY_DST,
+            Self::Shared => {
+                BufferUsages::MAP_READ
+                    | BufferUsages::MAP_WRITE
+                    | BufferUsages::STORAGE
+                    | BufferUsages::COPY_SRC
+                    | BufferUsages::COPY_DST
+            }
+        }
+    }
+
+    /// The placement this kind serves.
+    pub fn placement(self) -> PoolPlacement {
+        match self {
+            Self::DeviceLocal => PoolPlacement::DeviceLocal,
+            Self::ReadOnly => PoolPlacement::ReadOnly,
+            Self::Upload | Self::Readback | Self::Shared => PoolPlacement::HostPinned,
+        }
+    }
+}
+
+/// The backend of one wgpu pool: one device (shared by the device's pools) and one [`WgpuPoolKind`].
+pub struct WgpuBackend {
+    name: String,
+    kind: WgpuPoolKind,
+    usage: BufferUsages,
+    alignment: u64,
+    shared: Arc<DeviceShared>,
+    /// wgpu allows one mapping of a buffer at a time: mapped reads and writes of this pool take turns.
+    map_lock: parking_lot::Mutex<()>,
+    /// Sealed block ranges `(buffer, start, end)`: writes and fills there are refused (see [`seal`]).
+    sealed: parking_lot::Mutex<Vec<(wgpu::Buffer, u64, u64)>>,
+}
+
+impl std::fmt::Debug for WgpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WgpuBackend")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .field("usage", &self.usage)
+            .field("alignment", &self.alignment)
+            .finish()
+    }
+}
+
+impl WgpuBackend {
+    fn new(name: String, kind: WgpuPoolKind, shared: Arc<DeviceShared>) -> Self {
+        let limits = &shared.limits;
+        let storage = u64::from(limits.min_storage_buffer_offset_alignment);
+        let uniform = u64::from(limits.min_uniform_buffer_offset_alignment);
+        let usage = kind.usages();
+        let mut alignment = wgpu::MAP_ALIGNMENT.max(wgpu::COPY_BUFFER_ALIGNMENT);
+        if usage.contains(BufferUsages::STORAGE) {
+            alignment = alignment.max(storage);
+        }
+        if usage.contains(BufferUsages::UNIFORM) {
+            alignment = alignment.max(uniform);
+        }
+        // Limits are powers of two; guard anyway so that Pool::new gets one.
+        let alignment = alignment.next_power_of_two();
+        Self { name, kind, usage, alignment, shared, map_lock: parking_lot::Mutex::new(()), sealed: parking_lot::Mutex::new(Vec::new()) }
+    }
+
+    /// The wgpu device (shared by every pool of the adapter), for pipelines and bind groups.
+    pub fn device(&self) -> &wgpu::Device {
+        &self.shared.device
+    }
+
+    /// The device's queue. Work submitted here is ordered with this backend's copies.
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.shared.queue
+    }
+
+    /// The limits the device was opened with (the adapter's own).
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.shared.limits
+    }
+
+    /// What this pool's buffers are for.
+    pub fn pool_kind(&self) -> WgpuPoolKind {
+        self.kind
+    }
+
+    /// The usages of this pool's buffers.
+    pub fn usage(&self) -> BufferUsages {
+        self.usage
+    }
+
+    /// Whether this is a ReadOnly pool. The pool itself lets anyone write (the initial fill is a write): callers
+    /// that hand blocks out (the facade) refuse writes after the fill, or [`seal`] the block so that this backend
+    /// refuses them.
+    pub fn is_read_only(&self) -> bool {
+        self.kind == WgpuPoolKind::ReadOnly
+    }
+
+    /// Why the device was lost, once it has been (destroyed, driver reset); `None` while it works.
+    pub fn lost_reason(&self) -> Option<String> {
+        self.shared.lost_reason()
+    }
+
+    fn check_range(&self, segment: &wgpu::Buffer, offset: u64, len: u64) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= segment.size() => Ok(()),
+            _ => Err(Error::OutOfBounds(format!(
+                "{len} bytes at {offset} in a wgpu buffer of {} bytes on {}",
+                segment.size(),
+                self.name
+            ))),
+        }
+    }
+
+    /// Refuses a write of `[offset, offset + len)` that touches a sealed block.
+    fn check_unsealed(&self, segment: &wgpu::Buffer, offset: u64, len: u64) -> Result<()> {
+        let sealed = self.sealed.lock();
+        let end = offset + len;
+        match sealed.iter().find(|(b, s, e)| b == segment && offset < *e && *s < end) {
+            None => Ok(()),
+            Some((_, s, e)) => Err(Error::Unsupported {
+                backend: self.name.clone(),
+                what: format!(
+                    "writing {len} bytes at buffer offset {offset}: the block at {s}..{e} is sealed read-only \
+                     (filled at allocation); unseal it before writing or freeing"
+                ),
+            }),
+        }
+    }
+}
+
+impl Backend for WgpuBackend {
+    type Segment = wgpu::Buffer;
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn kind(&self) -> BackendKind {
+        BackendKind::Wgpu
+    }
+    fn alignment(&self) -> u64 {
+        self.alignment
+    }
+    fn max_segment_size(&self) -> u64 {
+        // Bigger buffers than a binding may span are fine: `binding` checks each block's size.
+        self.shared.limits.max_buffer_size
+    }
+    fn capacity(&self) -> u64 {
+        self.shared.capacity
+    }
+    fn free_memory(&self) -> u64 {
+        self.shared.free_memory()
+    }
+    fn create_segment(&self, size: u64) -> Result<wgpu::Buffer> {
+        let max = self.max_segment_size();
+        if size > max {
+            return Err(Error::TooLarge { device: self.name.clone(), requested: size, max });
+        }
+        let buffer = self.shared.scoped(&self.name, "create_buffer", || {
+            self.shared.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("umm segment"),
+                size,
+                usage: self.usage,
+                mapped_at_creation: false,
+            })
+        })?;
+        self.shared.held.fetch_add(size, std::sync::atomic::Ordering::Relaxed);
+        Ok(buffer)
+    }
+    fn destroy_segment(&self, segment: wgpu::Buffer) {
+        self.sealed.lock().retain(|(b, _, _)| *b != segment);
+        // wgpu keeps the memory until submitted work that uses the buffer is done. On a lost device the call
+        // may fail: that is logged, and the bytes are no longer counted either way.
+        let size = segment.size();
+        if self.shared.lost_reason().is_none() {
+            if let Err(e) = self.shared.scoped(&self.name, "buffer.destroy", || segment.destroy()) {
+                log::warn!("{e}");
+            }
+        }
+        self.shared.held.fetch_sub(size, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn write(&self, segment: &wgpu::Buffer, offset: u64, src: &[u8]) -> Result<()> {
+        self.check_range(segment, offset, src.len() as u64)?;
+        self.check_unsealed(segment, offset, src.len() as u64)?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        if self.usage.contains(BufferUsages::MAP_WRITE) {
+            let _turn = self.map_lock.lock();
+            return self.shared.write_mapped(&self.name, segment, offset, src);
+        }
+        if !self.usage.contains(BufferUsages::COPY_DST) {
+            return Err(Error::Unsupported {
+                backend: self.name.clone(),
+                what: format!("writing a buffer with usages {:?}", self.usage),
+            });
+        }
+        self.write_queued(segment, offset, src)
+    }
+    fn read(&self, segment: &wgpu::Buffer, offset: u64, dst: &mut [u8]) -> Result<()> {
+        self.check_range(segment, offset, dst.len() as u64)?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        if self.usage.contains(BufferUsages::MAP_READ) {
+            let _turn = self.map_lock.lock();
+            return self.shared.read_mapped(&self.name, segment, offset, dst);
+        }
+        if !self.usage.contains(BufferUsages::COPY_SRC) {
+            return Err(Error::Unsupported {
+                backend: self.name.clone(),
+                what: format!("reading a buffer with usages {:?}", self.usage),
+            });
+        }
+        self.shared.read_staged(&self.name, segment, offset, dst)
+    }
+    fn fill(&self, segment: &wgpu::Buffer, offset: u64, len: u64, value: u8) -> Result<()> {
+        self.check_range(segment, offset, len)?;
+        self.check_unsealed(segment, offset, len)?;
+        let end = offset + len;
+        let (a, b) = (offset.next_multiple_of(4), end & !3);
+        if value == 0 && self.usage.contains(BufferUsages::COPY_DST) && a < b {
+            self.shared.clear(&self.name, segment, a, b - a)?;
+            self.fill_by_writes(segment, offset, a - offset, 0)?;
+            return self.fill_by_writes(segment, b, end - b, 0);
+        }
+        self.fill_by_writes(segment, offset, len, value)
+    }
+}
+
+impl WgpuBackend {
+    /// `queue.write_buffer` for the aligned middle; the partial words at the ends are read, patched, rewritten.
+    fn write_queued(&self, segment: &wgpu::Buffer, offset: u64, src: &[u8]) -> Result<()> {
+        let end = offset + src.len() as u64;
+        let (a, b) = (offset.next_multiple_of(4), end & !3);
+        if a >= b {
+            // The range lies within at most two words and covers none whole.
+            return self.patch(segment, offset, src);
+        }
+        self.shared.write_queue(&self.name, segment, a, &src[(a - offset) as usize..(b - offset) as usize])?;
+        if offset < a {
+            self.patch(segment, offset, &src[..(a - offset) as usize])?;
+        }
+        if end > b {
+            self.patch(segment, b, &src[(b - offset) as usize..])?;
+        }
+        Ok(())
+    }
+
+    /// Writes `src` (at most 8 bytes, inside the words around it) at `offset` by rewriting whole words.
+    fn patch(&self, segment: &wgpu::Buffer, offset: u64, src: &[u8]) -> Result<()> {
+        let end = offset + src.len() as u64;
+        let (start, stop) = (offset & !3, end.next_multiple_of(4));
+        let mut words = vec![0u8; (stop - start) as usize];
+        self.read(segment, start, &mut words)?;
+        words[(offset - start) as usize..(end - start) as usize].copy_from_slice(src);
+        self.shared.write_queue(&self.name, segment, start, &words)
+    }
+
+    fn fill_by_writes(&self, segment: &wgpu::Buffer, offset: u64, len: u64, value: u8) -> Result<()> {
+        const CHUNK: u64 = 4 << 20;
+        let chunk = vec![value; CHUNK.min(len) as usize];
+        let mut done = 0;
+        while done < len {
+            let n = CHUNK.min(len - done);
+            self.write(segment, offset + done, &chunk[..n as usize])?;
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usages_are_valid_webgpu_combinations() {
+        use strum::IntoEnumIterator;
+        for kind in WgpuPoolKind::iter() {
+            let u = kind.usages();
+            // Without MAPPABLE_PRIMARY_BUFFERS, MAP_READ goes only with COPY_DST and MAP_WRITE only with COPY_SRC.
+            if kind != WgpuPoolKind::Shared {
+                if u.contains(BufferUsages::MAP_READ) {
+                    assert_eq!(u, BufferUsages::MAP_READ | BufferUsages::COPY_DST);
+                }
+                if u.contains(BufferUsages::MAP_WRITE) {
+                    assert_eq!(u, BufferUsages::MAP_WRITE | BufferUsages::COPY_SRC);
+                }
+            }
+        }
+        assert_eq!(WgpuPoolKind::Upload.placement(), PoolPlacement::HostPinned);
+        assert_eq!(WgpuPoolKind::ReadOnly.to_string(), "read-only");
+    }
+}

@@ -1,0 +1,693 @@
+//! CUDA backend tests. Without a driver or GPU, discovery must be empty, give a reason and print nothing, and the
+//! GPU tests skip (or fail when `UMM_REQUIRE_BACKENDS` names `cuda`). On a GPU they check numerics of pooled vs
+//! fresh buffers with an NVRTC-compiled kernel, stream rules, pinned and read-only memory, limits and OOM.
+//!
+//! GPU tests share one device: run them with `--test-threads=1` (the OOM test takes the whole device).
+//! `UMM_CUDA_ROUNDS` sets the rounds of the matrix-product test (default 6). `UMM_CUDA_BENCH=1` runs the timing
+//! test; `UMM_TRACE_DIR` (uncompressed `*.trace` files) runs the replay comparison of plain and virtual segments.
+
+#![cfg(feature = "cuda")]
+
+use std::sync::Arc;
+use std::time::Instant;
+use umm_backends::cuda::cudarc::driver::{
+    CudaContext, CudaFunction, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
+use umm_backends::cuda::{self, CudaBuffer, CudaDevice, CudaPoolExt};
+use umm_backends::{
+    skip_or_fail, Backend, BackendKind, DeviceType, Error, Limit, Pool, PoolConfig, PoolPlacement, SegmentMode,
+    StreamId, Strategy,
+};
+
+const KERNELS: &str = r#"
+extern "C" __global__ void matmul(const float* a, const float* b, float* c, int m, int k, int n) {
+    int row = blockIdx.y * blockDim.y + threadIdx.y;
+    int col = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row < m && col < n) {
+        float acc = 0.0f;
+        for (int i = 0; i < k; ++i) acc = fmaf(a[(long long)row * k + i], b[(long long)i * n + col], acc);
+        c[(long long)row * n + col] = acc;
+    }
+}
+extern "C" __global__ void spin_then_write(long long cycles, float* out) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {}
+    if (threadIdx.x == 0 && blockIdx.x == 0) out[0] = 42.0f;
+}
+extern "C" __global__ void scale(const float* x, float* y, float f, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] * f;
+}
+"#;
+
+// ----- helpers -----
+
+fn gpu() -> Option<CudaDevice> {
+    let found = cuda::discover();
+    match found.devices.into_iter().next() {
+        Some(d) => Some(d),
+        None => {
+            skip_or_fail("cuda", &found.skipped.join("; "));
+            None
+        }
+    }
+}
+
+struct Kernels {
+    matmul: CudaFunction,
+    spin: CudaFunction,
+    scale: CudaFunction,
+}
+
+fn kernels(ctx: &Arc<CudaContext>) -> Option<Kernels> {
+    if !cuda::nvrtc_available() {
+        skip_or_fail("cuda", "NVRTC (libnvrtc) is not available to compile the test kernels");
+        return None;
+    }
+    let ptx = cuda::cudarc::nvrtc::compile_ptx(KERNELS).expect("NVRTC compiles the test kernels");
+    let module = ctx.load_module(ptx).expect("module loads");
+    Some(Kernels {
+        matmul: module.load_function("matmul").unwrap(),
+        spin: module.load_function("spin_then_write").unwrap(),
+        scale: module.load_function("scale").unwrap(),
+    })
+}
+
+fn config(mode: SegmentMode) -> PoolConfig {
+    PoolConfig { segment_mode: mode, ..PoolConfig::default() }
+}
+
+/// xorshift64*: deterministic test data without extra dependencies.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn f32s(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| (self.below(1 << 24) as f32 / (1 << 23) as f32) - 1.0).collect()
+    }
+}
+
+fn to_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn from_bytes(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch_matmul(stream: &Arc<CudaStream>, f: &CudaFunction, a: u64, b: u64, c: u64, m: i32, k: i32, n: i32) {
+    let cfg = LaunchConfig {
+        grid_dim: ((n as u32).div_ceil(16), (m as u32).div_ceil(16), 1),
+        block_dim: (16, 16, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut builder = stream.launch_builder(f);
+    builder.arg(&a).arg(&b).arg(&c).arg(&m).arg(&k).arg(&n);
+    // SAFETY: the kernel's signature is (const float*, const float*, float*, int, int, int); `a` holds m*k
+    // floats, `b` k*n and `c` m*n, all live device (or pinned) memory until the stream is synchronized below.
+    unsafe { builder.launch(cfg) }.expect("matmul launches");
+}
+
+// ----- without a GPU too -----
+
+/// The child half of `discovery_prints_nothing`: runs discovery when asked to by the parent.
+#[test]
+fn discovery_child() {
+    if std::env::var_os("UMM_CUDA_DISCOVERY_CHILD").is_none() {
+        return;
+    }
+    let found = cuda::discover();
+    println!("devices={} skipped={:?}", found.devices.len(), found.skipped);
+    assert!(!found.devices.is_empty() || !found.skipped.is_empty(), "no devices must come with a reason");
+}
+
+#[test]
+fn discovery_prints_nothing_and_never_panics() {
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args(["--exact", "discovery_child", "--nocapture", "--test-threads=1"])
+        .env("UMM_CUDA_DISCOVERY_CHILD", "1")
+        .output()
+        .expect("the test binary re-runs itself");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "discovery failed: {stdout}\n{stderr}");
+    assert!(stderr.is_empty(), "discovery wrote to stderr: {stderr}");
+    assert!(stdout.contains("devices="), "{stdout}");
+    let found = cuda::discover();
+    if found.devices.is_empty() {
+        assert!(!found.skipped.is_empty());
+        eprintln!("no CUDA here, as expected on this machine: {:?}", found.skipped);
+    }
+}
+
+// ----- on a GPU -----
+
+#[test]
+fn discovery_reports_device_facts() {
+    let Some(dev) = gpu() else { return };
+    let info = dev.info();
+    println!("{info:#?}");
+    assert_eq!(info.api, BackendKind::Cuda);
+    assert!(!info.name.is_empty() && info.total_memory > 0);
+    assert!(info.free_memory.is_some_and(|f| f > 0 && f <= info.total_memory));
+    assert_eq!(info.alignment, 256);
+    let pci = info.pci_bus_id.as_deref().expect("PCI bus id");
+    let ok = pci.len() == 12
+        && pci.chars().enumerate().all(|(i, c)| match i {
+            4 | 7 => c == ':',
+            10 => c == '.',
+            _ => c.is_ascii_hexdigit() && !c.is_ascii_uppercase(),
+        });
+    assert!(ok, "PCI bus id {pci} is not dddd:bb:dd.f");
+    let uuid = info.uuid.as_deref().expect("uuid");
+    assert_eq!(uuid.len(), 36, "{uuid}");
+    assert!(info.details.iter().any(|(k, _)| k == "compute_capability"));
+    assert_eq!(info.shares_memory_with_host, info.device_type == DeviceType::IntegratedGpu);
+}
+
+#[test]
+fn zeroed_allocation_reads_zero_after_dirty_reuse() {
+    let Some(dev) = gpu() else { return };
+    let mut cases = vec![(PoolPlacement::DeviceLocal, SegmentMode::Plain), (PoolPlacement::HostPinned, SegmentMode::Plain)];
+    if dev.supports_virtual_memory() {
+        cases.push((PoolPlacement::DeviceLocal, SegmentMode::Virtual));
+    }
+    let sizes = [1000u64, (1 << 20) + 13, (3 << 20) + 7, (25 << 20) + 1];
+    for (placement, mode) in cases {
+        let pool = dev.pool(placement, config(mode)).unwrap();
+        let s = StreamId(0);
+        for round in 0..3 {
+            let dirty: Vec<_> = sizes.iter().map(|&n| pool.allocate(n, s).unwrap()).collect();
+            for b in &dirty {
+                pool.fill(b, 0, b.size(), 0xA5 ^ round).unwrap();
+            }
+            for b in &dirty {
+                pool.free(b).unwrap();
+            }
+            let hits = pool.stats().cache_hits;
+            let zeroed: Vec<_> = sizes.iter().map(|&n| pool.allocate_zeroed(n, s).unwrap()).collect();
+            assert!(pool.stats().cache_hits >= hits + sizes.len() as u64 - 1, "{placement} {mode}: blocks reused");
+            for b in &zeroed {
+                let mut back = vec![1u8; b.requested() as usize];
+                pool.read(b, 0, &mut back).unwrap();
+                assert!(back.iter().all(|&x| x == 0), "{placement} {mode}: zeroed block not zero");
+            }
+            for b in &zeroed {
+                pool.free(b).unwrap();
+            }
+        }
+        assert!(pool.release_cached().bytes_released > 0);
+        assert_eq!(pool.stats().reserved_bytes.current, 0);
+    }
+}
+
+/// The reason this project exists: pooled blocks at odd offsets inside reused, dirtied segments must compute
+/// exactly what fresh cuMemAlloc buffers compute.
+#[test]
+fn matmul_on_pooled_buffers_is_bit_identical_to_fresh_buffers() {
+    let Some(dev) = gpu() else { return };
+    let ctx = dev.context().clone();
+    let Some(k) = kernels(&ctx) else { return };
+    let stream = ctx.new_stream().unwrap();
+    let s = cuda::stream_id(&stream);
+    let rounds: usize = std::env::var("UMM_CUDA_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(6);
+    let mut modes = vec![SegmentMode::Plain];
+    if dev.supports_virtual_memory() {
+        modes.push(SegmentMode::Virtual);
+    }
+    let fresh = dev.pool(PoolPlacement::DeviceLocal, PoolConfig { strategy: Strategy::Direct, ..config(SegmentMode::Plain) }).unwrap();
+    let read_only = dev.pool(PoolPlacement::ReadOnly, config(SegmentMode::Plain)).unwrap();
+    let shapes: [(i32, i32, i32); 4] = [(1000, 999, 257), (37, 4097, 129), (999, 37, 1000), (1, 1, 1)];
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut odd_offsets = 0;
+    for mode in modes {
+        let pool = dev.pool(PoolPlacement::DeviceLocal, config(mode)).unwrap();
+        for round in 0..rounds {
+            for (shape_index, &(m, kk, n)) in shapes.iter().enumerate() {
+                let a = rng.f32s((m * kk) as usize);
+                let b = rng.f32s((kk * n) as usize);
+                // Dirty the pool: blocks of odd sizes filled with NaN bytes, some freed, some kept to shift offsets.
+                let junk: Vec<_> = (0..8).map(|_| pool.allocate(1 + rng.below(6 << 20), s).unwrap()).collect();
+                for j in &junk {
+                    pool.fill(j, 0, j.size(), 0xFF).unwrap();
+                }
+                let (keep, drop) = junk.split_at(3);
+                for j in drop {
+                    pool.free(j).unwrap();
+                }
+                // Pooled: A and C from the device pool, B from the read-only pool.
+                let pa = pool.allocate(a.len() as u64 * 4, s).unwrap();
+                let pb = read_only.upload_read_only(&to_bytes(&b), s).unwrap();
+                let pc = pool.allocate((m * n) as u64 * 4, s).unwrap();
+                odd_offsets += [&pa, &pc].iter().filter(|h| h.offset() != 0).count();
+                pool.write(&pa, 0, &to_bytes(&a)).unwrap();
+                pool.fill(&pc, 0, pc.size(), 0xFF).unwrap(); // NaN: every element must be written
+                let va = pool.view::<f32>(&pa, &stream).unwrap();
+                let vb = read_only.view::<f32>(&pb, &stream).unwrap();
+                let vc = pool.view_mut::<f32>(&pc, &stream).unwrap();
+                let (a_ptr, _ga) = va.device_ptr(&stream);
+                let (b_ptr, _gb) = vb.device_ptr(&stream);
+                let (c_ptr, _gc) = vc.device_ptr(&stream);
+                launch_matmul(&stream, &k.matmul, a_ptr, b_ptr, c_ptr, m, kk, n);
+                stream.synchronize().unwrap();
+                let mut pooled = vec![0u8; (m * n) as usize * 4];
+                pool.read(&pc, 0, &mut pooled).unwrap();
+
+                // Fresh: one cuMemAlloc per buffer.
+                let fa = fresh.allocate(a.len() as u64 * 4, s).unwrap();
+                let fb = fresh.allocate(b.len() as u64 * 4, s).unwrap();
+                let fc = fresh.allocate_zeroed((m * n) as u64 * 4, s).unwrap();
+                fresh.write(&fa, 0, &to_bytes(&a)).unwrap();
+                fresh.write(&fb, 0, &to_bytes(&b)).unwrap();
+                let (fa_ptr, fb_ptr, fc_ptr) =
+                    (fresh.device_ptr(&fa).unwrap(), fresh.device_ptr(&fb).unwrap(), fresh.device_ptr(&fc).unwrap());
+                launch_matmul(&stream, &k.matmul, fa_ptr, fb_ptr, fc_ptr, m, kk, n);
+                stream.synchronize().unwrap();
+                let mut reference = vec![0u8; (m * n) as usize * 4];
+                fresh.read(&fc, 0, &mut reference).unwrap();
+                assert!(pooled == reference, "{mode} round {round} shape {m}x{kk}x{n}: pooled result differs from fresh");
+
+                if round == 0 && mode == SegmentMode::Plain {
+                    // The kernel itself must be right: compare with a float64 product on the host.
+                    let got = from_bytes(&pooled);
+                    let (mut err, mut norm) = (0f64, 0f64);
+                    for r in 0..m as usize {
+                        for c in 0..n as usize {
+                            let exact: f64 =
+                                (0..kk as usize).map(|i| a[r * kk as usize + i] as f64 * b[i * n as usize + c] as f64).sum();
+                            err += (got[r * n as usize + c] as f64 - exact).powi(2);
+                            norm += exact * exact;
+                        }
+                    }
+                    let rel = (err / norm.max(1e-30)).sqrt();
+                    assert!(rel < 1e-5, "shape {shape_index}: relative error {rel} against float64");
+                }
+                for h in [&fa, &fb, &fc] {
+                    fresh.free(h).unwrap();
+                }
+                pool.free(&pa).unwrap();
+                pool.free(&pc).unwrap();
+                read_only.free(&pb).unwrap();
+                for j in keep {
+                    pool.free(j).unwrap();
+                }
+            }
+        }
+        let stats = pool.stats();
+        println!("{mode}: {} allocs, {} cache hits, {} device allocs", stats.num_allocs, stats.cache_hits, stats.num_device_alloc);
+        assert!(stats.cache_hits > stats.num_allocs / 2, "{mode}: the pool reused memory");
+    }
+    assert!(odd_offsets > 0, "some pooled buffers sat inside segments, not at their start");
+}
+
+#[test]
+fn same_stream_reuse_is_immediate_and_other_streams_never_share_cached_blocks() {
+    let Some(dev) = gpu() else { return };
+    let ctx = dev.context().clone();
+    let (s1, s2) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let (id1, id2) = (cuda::stream_id(&s1), cuda::stream_id(&s2));
+    assert_ne!(id1, id2);
+    let pool = dev.pool(PoolPlacement::DeviceLocal, PoolConfig::default()).unwrap();
+    let a = pool.allocate(1 << 20, id1).unwrap();
+    let pa = pool.device_ptr(&a).unwrap();
+    pool.free(&a).unwrap();
+    let b = pool.allocate(1 << 20, id1).unwrap();
+    assert_eq!(pool.device_ptr(&b).unwrap(), pa, "same stream reuses at once");
+    pool.free(&b).unwrap();
+    let c = pool.allocate(1 << 20, id2).unwrap();
+    assert_ne!(pool.device_ptr(&c).unwrap(), pa, "another stream does not get the cached block");
+    pool.free(&c).unwrap();
+}
+
+#[test]
+fn record_stream_defers_reuse_until_the_other_stream_is_done() {
+    let Some(dev) = gpu() else { return };
+    let ctx = dev.context().clone();
+    let Some(k) = kernels(&ctx) else { return };
+    let (s1, s2) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let id1 = cuda::stream_id(&s1);
+    let pool = dev.caching_pool(PoolPlacement::DeviceLocal, PoolConfig::default()).unwrap();
+    let mut buf = CudaBuffer::allocate(&pool, 1 << 20, id1).unwrap();
+    let original = buf.device_ptr();
+    {
+        // A long kernel on s2 writes the buffer; the view marks s2 as a user.
+        let view = buf.view_mut::<f32>(&s2).unwrap();
+        let (ptr, _g) = view.device_ptr(&s2);
+        let cycles: i64 = 400_000_000; // ~0.2-0.3 s at H100 clocks
+        let mut builder = s2.launch_builder(&k.spin);
+        builder.arg(&cycles).arg(&ptr);
+        // SAFETY: spin_then_write(long long, float*) writes one float at `ptr`, a live block of 1 MiB that is
+        // not reused before s2 passes this kernel (record_stream).
+        unsafe { builder.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 }) }
+            .unwrap();
+    }
+    drop(buf);
+    assert_eq!(pool.pending_frees(), 1, "the free waits for s2");
+    let other = CudaBuffer::allocate(&pool, 1 << 20, id1).unwrap();
+    assert_ne!(other.device_ptr(), original, "not reused while s2 may still write it");
+    assert_eq!(pool.pending_frees(), 1);
+    drop(other);
+    s2.synchronize().unwrap();
+    let again = CudaBuffer::allocate(&pool, 1 << 20, id1).unwrap();
+    assert_eq!(pool.pending_frees(), 0);
+    assert_eq!(again.device_ptr(), original, "reused once s2 is done");
+    drop(again);
+    // synchronize_pending covers the path without polling.
+    let b = CudaBuffer::allocate(&pool, 4096, id1).unwrap();
+    b.record_stream(cuda::stream_id(&s2)).unwrap();
+    drop(b);
+    assert_eq!(pool.synchronize_pending().unwrap(), 1);
+}
+
+#[test]
+fn pinned_memory_is_a_host_slice_and_usable_by_kernels() {
+    let Some(dev) = gpu() else { return };
+    let ctx = dev.context().clone();
+    let Some(k) = kernels(&ctx) else { return };
+    let stream = ctx.new_stream().unwrap();
+    let s = cuda::stream_id(&stream);
+    let pinned = dev.caching_pool(PoolPlacement::HostPinned, PoolConfig::default()).unwrap();
+    let device = dev.caching_pool(PoolPlacement::DeviceLocal, PoolConfig::default()).unwrap();
+    let n = 100_003usize;
+    let data: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
+    let mut host = CudaBuffer::allocate(&pinned, n as u64 * 4, s).unwrap();
+    host.host_bytes_mut().expect("pinned memory is host memory").copy_from_slice(&to_bytes(&data));
+    let mut out = CudaBuffer::allocate(&pinned, n as u64 * 4, s).unwrap();
+    // A kernel reads and writes pinned memory directly through its device-mapped address.
+    let (x, y) = (host.device_ptr(), out.device_ptr());
+    let (f, nn) = (3.0f32, n as i32);
+    let mut builder = stream.launch_builder(&k.scale);
+    builder.arg(&x).arg(&y).arg(&f).arg(&nn);
+    // SAFETY: scale(const float*, float*, float, int) over n floats of two live pinned blocks of n floats.
+    unsafe { builder.launch(LaunchConfig::for_num_elems(n as u32)) }.unwrap();
+    stream.synchronize().unwrap();
+    let got = from_bytes(out.host_bytes().unwrap());
+    assert!(got.iter().zip(&data).all(|(g, d)| *g == d * 3.0));
+    // Asynchronous copies from pinned memory on a stream: pinned -> device -> pinned.
+    let dev_buf = CudaBuffer::allocate(&device, n as u64 * 4, s).unwrap();
+    dev_buf.copy_from_async(0, &host, 0, n as u64 * 4, s).unwrap();
+    out.host_bytes_mut().unwrap().fill(0);
+    out.copy_from_async(0, &dev_buf, 0, n as u64 * 4, s).unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(out.host_bytes().unwrap(), host.host_bytes().unwrap());
+    assert!(pinned.pool().host_ptr(host.handle()).is_some());
+}
+
+#[test]
+fn read_only_memory_is_filled_once_and_refuses_writes() {
+    let Some(dev) = gpu() else { return };
+    let ro = dev.caching_pool(PoolPlacement::ReadOnly, PoolConfig { zero_on_alloc: true, ..PoolConfig::default() }).unwrap();
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let buf = CudaBuffer::from_bytes(&ro, &data, StreamId(0)).unwrap();
+    assert!(buf.is_read_only());
+    assert_eq!(buf.to_vec().unwrap(), data);
+    let unsupported = |r: Result<(), Error>| matches!(r, Err(Error::Unsupported { .. }));
+    assert!(unsupported(buf.write(0, &[1, 2, 3])));
+    assert!(unsupported(ro.pool().write(buf.handle(), 0, &[1])));
+    assert!(unsupported(ro.pool().fill(buf.handle(), 0, 16, 0)));
+    assert!(unsupported(ro.write_on_stream(buf.handle(), 0, &[1], StreamId(0))));
+    let ctx = dev.context().clone();
+    let stream = ctx.default_stream();
+    assert!(ro.pool().view_mut::<u8>(buf.handle(), &stream).is_err());
+    assert!(ro.pool().view::<u8>(buf.handle(), &stream).is_ok());
+    assert_eq!(buf.to_vec().unwrap(), data, "still the original bytes");
+}
+
+#[test]
+fn limits_release_cached_memory_retry_and_report_numbers() {
+    let Some(dev) = gpu() else { return };
+    let mut modes = vec![SegmentMode::Plain];
+    if dev.supports_virtual_memory() {
+        modes.push(SegmentMode::Virtual);
+    }
+    const MIB: u64 = 1 << 20;
+    for mode in modes {
+        let pool = dev.pool(PoolPlacement::DeviceLocal, PoolConfig { limit: Some(Limit::Bytes(64 * MIB)), ..config(mode) }).unwrap();
+        let s = StreamId(0);
+        let a = pool.allocate(48 * MIB, s).unwrap();
+        pool.free(&a).unwrap();
+        let b = pool.allocate(60 * MIB, s).expect("cached memory is released and the request retried");
+        if mode == SegmentMode::Plain {
+            // The cached 48 MiB segment had to go; a reservation just maps 12 MiB more instead.
+            assert!(pool.stats().num_alloc_retries >= 1, "{mode}");
+        }
+        match pool.allocate(60 * MIB, s) {
+            Err(Error::OutOfMemory { requested, limit, reserved, .. }) => {
+                assert_eq!(requested, 60 * MIB);
+                assert_eq!(limit, Some(64 * MIB));
+                assert!(reserved >= 60 * MIB);
+            }
+            other => panic!("{mode}: expected out of memory, got {other:?}"),
+        }
+        let msg = pool.allocate(60 * MIB, s).unwrap_err().to_string();
+        assert!(msg.contains(&(60 * MIB).to_string()) && msg.contains(&(64 * MIB).to_string()), "{msg}");
+        pool.free(&b).unwrap();
+        // A fraction of the device works as well.
+        pool.set_limit(Some(Limit::Fraction(0.5))).unwrap();
+        let c = pool.allocate(100 * MIB, s).unwrap();
+        pool.free(&c).unwrap();
+    }
+    // Real device exhaustion: more than the device has free, in one plain segment. (Skipped under
+    // compute-sanitizer, which reports the driver's out-of-memory answer as an API error.)
+    if std::env::var_os("UMM_CUDA_NO_DEVICE_OOM").is_some() {
+        return;
+    }
+    let pool = dev.pool(PoolPlacement::DeviceLocal, config(SegmentMode::Plain)).unwrap();
+    let keep = pool.allocate(256 * MIB, StreamId(0)).unwrap();
+    pool.free(&keep).unwrap();
+    let total = dev.info().total_memory;
+    match pool.allocate(total, StreamId(0)) {
+        Err(Error::OutOfMemory { requested, free, .. }) => {
+            assert!(requested >= total && free < total);
+            assert_eq!(pool.stats().reserved_bytes.current, 0, "the cached segment was released before giving up");
+        }
+        other => panic!("expected out of memory, got {other:?}"),
+    }
+    // The context is still usable afterwards.
+    let again = pool.allocate(MIB, StreamId(0)).unwrap();
+    pool.fill(&again, 0, MIB, 1).unwrap();
+    pool.free(&again).unwrap();
+}
+
+#[test]
+fn warm_up_and_batch_allocation_serve_from_cache() {
+    let Some(dev) = gpu() else { return };
+    let pool = dev.caching_pool(PoolPlacement::DeviceLocal, PoolConfig::default()).unwrap();
+    let s = StreamId(0);
+    const MIB: u64 = 1 << 20;
+    pool.warm_up(&[(MIB, 4), (8 * MIB, 2), (40 * MIB, 1)], s).unwrap();
+    let before = pool.pool().stats();
+    assert_eq!(before.allocated_bytes.current, 0);
+    assert!(before.reserved_bytes.current >= 4 * MIB + 16 * MIB + 40 * MIB);
+    let blocks = pool.allocate_batch(&[MIB, MIB, MIB, MIB, 8 * MIB, 8 * MIB, 40 * MIB], s).unwrap();
+    let after = pool.pool().stats();
+    assert_eq!(after.cache_hits - before.cache_hits, 7, "all served from the warmed cache");
+    assert_eq!(after.num_device_alloc, before.num_device_alloc, "no new device memory");
+    for b in &blocks {
+        pool.free(b).unwrap();
+    }
+    // A batch that cannot be served leaves nothing allocated.
+    pool.pool().set_limit(Some(Limit::Bytes(80 * MIB))).unwrap();
+    assert!(pool.allocate_batch(&[40 * MIB, 40 * MIB, 40 * MIB], s).is_err());
+    assert_eq!(pool.pool().stats().allocated_bytes.current, 0);
+}
+
+#[test]
+fn copies_between_host_and_device_and_device_and_device() {
+    let Some(dev) = gpu() else { return };
+    let plain = dev.caching_pool(PoolPlacement::DeviceLocal, config(SegmentMode::Plain)).unwrap();
+    let other = dev.caching_pool(PoolPlacement::DeviceLocal, PoolConfig::default()).unwrap();
+    let s = StreamId(0);
+    let data: Vec<u8> = (0..5_000_017u32).map(|i| (i % 253) as u8).collect();
+    let a = CudaBuffer::allocate(&plain, data.len() as u64, s).unwrap();
+    a.write(0, &data).unwrap();
+    assert_eq!(a.to_vec().unwrap(), data);
+    let b = CudaBuffer::zeroed(&other, data.len() as u64, s).unwrap();
+    b.copy_from(0, &a, 0, data.len() as u64).unwrap();
+    assert_eq!(b.to_vec().unwrap(), data);
+    // Partial copies at offsets, and bounds.
+    b.copy_from(10, &a, 1000, 500).unwrap();
+    let mut part = vec![0u8; 500];
+    b.read(10, &mut part).unwrap();
+    assert_eq!(part, data[1000..1500]);
+    assert!(matches!(b.copy_from(data.len() as u64 - 10, &a, 0, 11), Err(Error::OutOfBounds(_))));
+    // Through cudarc's own copy functions, which take our views.
+    let ctx = dev.context().clone();
+    let stream = ctx.new_stream().unwrap();
+    let mut c = CudaBuffer::allocate(&plain, 4096, cuda::stream_id(&stream)).unwrap();
+    let words: Vec<u32> = (0..1024).map(|i| i * 3 + 1).collect();
+    {
+        let mut view = c.view_mut::<u32>(&stream).unwrap();
+        stream.memcpy_htod(&words, &mut view).unwrap();
+    }
+    let back: Vec<u32> = stream.clone_dtoh(&c.view::<u32>(&stream).unwrap()).unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(back, words);
+}
+
+/// Proof that compute-sanitizer sees this process's kernels: with `UMM_CUDA_PLANT_OOB=1` a kernel writes past
+/// the end of a Direct (own cuMemAlloc) block; memcheck must report it. Off by default.
+#[test]
+fn planted_out_of_bounds_write_for_the_sanitizer() {
+    if std::env::var_os("UMM_CUDA_PLANT_OOB").is_none() {
+        return;
+    }
+    let Some(dev) = gpu() else { return };
+    let ctx = dev.context().clone();
+    let Some(k) = kernels(&ctx) else { return };
+    let stream = ctx.new_stream().unwrap();
+    let pool = dev.pool(PoolPlacement::DeviceLocal, PoolConfig { strategy: Strategy::Direct, ..config(SegmentMode::Plain) }).unwrap();
+    let x = pool.allocate(4096, cuda::stream_id(&stream)).unwrap();
+    let ptr = pool.device_ptr(&x).unwrap();
+    let n = ((2 << 20) / 4 + 256) as i32; // past the 2 MiB segment
+    let f = 1.0f32;
+    let mut builder = stream.launch_builder(&k.scale);
+    builder.arg(&ptr).arg(&ptr).arg(&f).arg(&n);
+    // SAFETY: deliberately not: this writes past the segment, for the sanitizer to find (only when asked).
+    unsafe { builder.launch(LaunchConfig::for_num_elems(n as u32)) }.unwrap();
+    let _ = stream.synchronize();
+}
+
+// ----- measurements (on request) -----
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn time_us(mut f: impl FnMut()) -> f64 {
+    let t = Instant::now();
+    f();
+    t.elapsed().as_secs_f64() * 1e6
+}
+
+/// Cost of one segment from cuMemAlloc vs one 2 MiB page from cuMemCreate + cuMemMap + cuMemSetAccess, and
+/// the pool's cached allocate+free. `UMM_CUDA_BENCH=1` to run.
+#[test]
+fn bench_segment_and_page_costs() {
+    if std::env::var_os("UMM_CUDA_BENCH").is_none() {
+        return;
+    }
+    let Some(dev) = gpu() else { return };
+    const MIB: u64 = 1 << 20;
+    let backend = dev.backend(PoolPlacement::DeviceLocal);
+    let reps = 200;
+    let mut rows = Vec::new();
+    for size in [2 * MIB, 20 * MIB, 200 * MIB] {
+        let (mut create, mut destroy) = (Vec::new(), Vec::new());
+        for _ in 0..reps {
+            let mut seg = None;
+            create.push(time_us(|| seg = Some(backend.create_segment(size).unwrap())));
+            destroy.push(time_us(|| backend.destroy_segment(seg.take().unwrap())));
+        }
+        rows.push((format!("cuMemAlloc {} MiB", size / MIB), median(create), median(destroy)));
+    }
+    if let Some(vm) = backend.virtual_memory() {
+        let reservation = backend.reserve_virtual(1 << 30).unwrap();
+        for pages in [1u64, 10, 100] {
+            let len = pages * vm.page_size;
+            let (mut map, mut unmap) = (Vec::new(), Vec::new());
+            for _ in 0..reps.min(100) {
+                map.push(time_us(|| backend.map_pages(&reservation, 0, len).unwrap()));
+                unmap.push(time_us(|| backend.unmap_pages(&reservation, 0, len)));
+            }
+            rows.push((format!("cuMemCreate+Map {} x {} MiB", pages, vm.page_size / MIB), median(map), median(unmap)));
+        }
+        backend.destroy_segment(reservation);
+    }
+    for mode in [SegmentMode::Plain, SegmentMode::Virtual] {
+        if mode == SegmentMode::Virtual && !dev.supports_virtual_memory() {
+            continue;
+        }
+        let pool = dev.pool(PoolPlacement::DeviceLocal, config(mode)).unwrap();
+        let sizes = [512u64, 4096, 1 << 20, 3 << 20, 24 << 20];
+        let n = 200_000;
+        for &size in &sizes {
+            pool.free(&pool.allocate(size, StreamId(0)).unwrap()).unwrap();
+        }
+        let t = Instant::now();
+        for i in 0..n {
+            let b = pool.allocate(sizes[i % sizes.len()], StreamId(0)).unwrap();
+            pool.free(&b).unwrap();
+        }
+        let per = t.elapsed().as_secs_f64() * 1e9 / (2 * n) as f64;
+        rows.push((format!("pool cached alloc+free ({mode}), per op"), per / 1e3, 0.0));
+    }
+    println!("\n{:<44} {:>12} {:>12}", "operation (median)", "create/map", "free/unmap");
+    for (name, a, b) in rows {
+        println!("{name:<44} {a:>10.3}us {b:>10.3}us");
+    }
+}
+
+/// Replays `*.trace` files (umm-trace v1, uncompressed) from `UMM_TRACE_DIR` on the device in plain and
+/// virtual mode: reserved/live and out-of-memory counts on the real driver. `pressure` runs under 2 GiB.
+#[test]
+fn replay_traces_plain_vs_virtual() {
+    let Some(dir) = std::env::var_os("UMM_TRACE_DIR") else { return };
+    let Some(dev) = gpu() else { return };
+    let mut files: Vec<_> = std::fs::read_dir(dir).unwrap().filter_map(|e| e.ok().map(|e| e.path())).collect();
+    files.sort();
+    println!("\n{:<20} {:<8} {:>9} {:>12} {:>12} {:>8} {:>6} {:>9} {:>9}", "trace", "mode", "ops", "peak_live", "peak_resv", "ratio", "ooms", "dev_alloc", "ns/op");
+    for path in files.iter().filter(|p| p.extension().is_some_and(|e| e == "trace")) {
+        let name = path.file_stem().unwrap().to_string_lossy().to_string();
+        let text = std::fs::read_to_string(path).unwrap();
+        let ops: Vec<(bool, u64, u64, u64)> = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                match f.as_slice() {
+                    ["a", id, bytes, stream] => Some((true, id.parse().ok()?, bytes.parse().ok()?, stream.parse().ok()?)),
+                    ["f", id] => Some((false, id.parse().ok()?, 0, 0)),
+                    _ => None,
+                }
+            })
+            .collect();
+        let limit = (name == "pressure").then_some(Limit::Bytes(2 << 30));
+        for mode in [SegmentMode::Plain, SegmentMode::Virtual] {
+            if mode == SegmentMode::Virtual && !dev.supports_virtual_memory() {
+                continue;
+            }
+            let pool: Pool<_> = dev.pool(PoolPlacement::DeviceLocal, PoolConfig { limit, ..config(mode) }).unwrap();
+            let mut live = std::collections::HashMap::new();
+            let (mut live_bytes, mut peak_live, mut ooms) = (0u64, 0u64, 0u64);
+            let t = Instant::now();
+            for &(alloc, id, bytes, stream) in &ops {
+                if alloc {
+                    match pool.allocate(bytes, StreamId(stream)) {
+                        Ok(b) => {
+                            live_bytes += bytes;
+                            peak_live = peak_live.max(live_bytes);
+                            live.insert(id, b);
+                        }
+                        Err(_) => ooms += 1,
+                    }
+                } else if let Some(b) = live.remove(&id) {
+                    live_bytes -= b.requested();
+                    pool.free(&b).unwrap();
+                }
+            }
+            let ns = t.elapsed().as_secs_f64() * 1e9 / ops.len() as f64;
+            let st = pool.stats();
+            let peak_resv = st.reserved_bytes.peak;
+            println!(
+                "{name:<20} {mode:<8} {:>9} {peak_live:>12} {peak_resv:>12} {:>8.3} {ooms:>6} {:>9} {ns:>9.0}",
+                ops.len(),
+                peak_resv as f64 / peak_live.max(1) as f64,
+                st.num_device_alloc
+            );
+            for (_, b) in live.drain() {
+                pool.free(&b).unwrap();
+            }
+        }
+    }
+}

@@ -1,0 +1,540 @@
+//! The OpenCL backend on real devices (PoCL in CI; any OpenCL device here). Without a device each test prints
+//! why it skips, unless `UMM_REQUIRE_BACKENDS` names `opencl`, in which case that is a failure.
+
+#![cfg(feature = "opencl")]
+
+use opencl3::kernel::{ExecuteKernel, Kernel};
+use opencl3::memory::{Buffer, ClMem, CL_MEM_COPY_HOST_PTR, CL_MEM_READ_WRITE};
+use opencl3::program::Program;
+use opencl3::types::{cl_int, cl_mem, CL_BLOCKING};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use umm_backends::opencl::{self, cl_sub_buffer, read_block_async, write_block_async, OpenClBackend, OpenClDevice};
+use umm_backends::{
+    skip_or_fail, Backend, BackendKind, BlockHandle, DeviceType, Error, MemoryPool, OwnedBlock, Pool, PoolConfig,
+    PoolPlacement, StreamId,
+};
+
+const S0: StreamId = StreamId(0);
+
+/// Every OpenCL device, or none after `skip_or_fail`.
+fn devices() -> Vec<OpenClDevice> {
+    let found = opencl::discover();
+    if found.devices.is_empty() {
+        skip_or_fail("opencl", &format!("no OpenCL device: {}", found.skipped.join("; ")));
+    }
+    found.devices
+}
+
+fn pool(device: &OpenClDevice, placement: PoolPlacement) -> Pool<OpenClBackend> {
+    device.pool(placement, PoolConfig::default()).expect("pool")
+}
+
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn discovery_lists_devices_with_sensible_fields() {
+    for (i, d) in devices().iter().enumerate() {
+        let info = d.info();
+        println!("{info:#?}");
+        assert_eq!(info.api, BackendKind::OpenCl);
+        assert_eq!(info.ordinal, i);
+        assert!(!info.name.is_empty());
+        assert!(info.total_memory > 0);
+        assert!(info.alignment.is_power_of_two() && info.alignment >= 4, "alignment {}", info.alignment);
+        let bits: u64 = info.details.iter().find(|(k, _)| k == "mem_base_addr_align_bits").unwrap().1.parse().unwrap();
+        assert_eq!(info.alignment, (bits / 8).max(4).next_power_of_two());
+        assert!(info.max_allocation >= info.alignment);
+        if info.device_type == DeviceType::Cpu {
+            assert!(info.shares_memory_with_host, "a CPU device's memory is host memory");
+        }
+        if let Some(pci) = &info.pci_bus_id {
+            let ok = pci.len() == 12
+                && pci.chars().enumerate().all(|(i, c)| match i {
+                    4 | 7 => c == ':',
+                    10 => c == '.',
+                    _ => c.is_ascii_digit() || ('a'..='f').contains(&c),
+                });
+            assert!(ok, "pci bus id {pci} is not dddd:bb:dd.f");
+        }
+        assert!(info.details.iter().any(|(k, v)| k == "platform" && !v.is_empty()));
+    }
+}
+
+/// The child half of `discovery_without_platforms_is_instant_and_silent`: does nothing unless asked.
+#[test]
+fn discovery_child_without_platforms() {
+    if std::env::var_os("UMM_OPENCL_DISCOVERY_CHILD").is_none() {
+        return;
+    }
+    let found = opencl::discover();
+    println!("UMM-CHILD devices={} skipped={:?}", found.devices.len(), found.skipped);
+}
+
+#[test]
+fn discovery_without_platforms_is_instant_and_silent() {
+    // An ICD loader pointed at a vendor directory without a usable ICD has no platform (or, without a loader, the
+    // library is missing): discovery must return at once, with a reason, no panic and nothing on stderr.
+    let empty = std::env::temp_dir().join(format!("umm-no-icd-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    // A registration whose library is missing must be ignored just as quietly.
+    std::fs::write(empty.join("missing.icd"), "/nonexistent/libOpenCL-missing-vendor.so\n").unwrap();
+    let start = Instant::now();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["discovery_child_without_platforms", "--exact", "--nocapture", "--test-threads=1"])
+        .env("UMM_OPENCL_DISCOVERY_CHILD", "1")
+        .env("OCL_ICD_VENDORS", &empty)
+        .env("OCL_ICD_FILENAMES", "")
+        .env_remove("OPENCL_DYLIB_PATH")
+        .output()
+        .unwrap();
+    let elapsed = start.elapsed();
+    let _ = std::fs::remove_dir_all(&empty);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "child failed: {stdout}\n{stderr}");
+    let line = stdout.lines().find_map(|l| l.find("UMM-CHILD").map(|i| &l[i..])).expect("child ran discovery");
+    assert!(line.contains("devices=0"), "{line}");
+    assert!(line.contains("no platform") || line.contains("libOpenCL.so.1"), "{line}");
+    assert!(stderr.trim().is_empty(), "discovery wrote to stderr: {stderr}");
+    assert!(elapsed < Duration::from_secs(5), "discovery took {elapsed:?}");
+}
+
+/// The child half of `first_discovery_from_many_threads_is_safe`: does nothing unless asked.
+#[test]
+fn discovery_child_from_many_threads() {
+    if std::env::var_os("UMM_OPENCL_THREADS_CHILD").is_none() {
+        return;
+    }
+    let barrier = Arc::new(std::sync::Barrier::new(8));
+    let counts: Vec<usize> = (0..8)
+        .map(|_| {
+            let barrier = Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                barrier.wait();
+                opencl::discover().devices.len()
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .collect();
+    println!("UMM-CHILD counts={counts:?}");
+}
+
+#[test]
+fn first_discovery_from_many_threads_is_safe() {
+    // A fresh process per round, so that every round races the runtime's first initialisation.
+    for _ in 0..4 {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["discovery_child_from_many_threads", "--exact", "--nocapture", "--test-threads=1"])
+            .env("UMM_OPENCL_THREADS_CHILD", "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "child failed ({:?}): {stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = stdout.lines().find_map(|l| l.find("UMM-CHILD").map(|i| &l[i..])).expect("child ran");
+        let counts: Vec<&str> = line["UMM-CHILD counts=[".len()..line.len() - 1].split(", ").collect();
+        assert!(counts.windows(2).all(|w| w[0] == w[1]), "every thread sees the same devices: {line}");
+    }
+}
+
+#[test]
+fn pools_of_every_placement_allocate_write_and_read() {
+    for d in devices() {
+        let align = d.info().alignment;
+        for placement in [PoolPlacement::DeviceLocal, PoolPlacement::HostPinned, PoolPlacement::ReadOnly] {
+            let p = pool(&d, placement);
+            let mut live = Vec::new();
+            for (i, &size) in [1u64, 100, 4099, (1 << 20) + 5, 3 << 20].iter().enumerate() {
+                let b = p.allocate(size, S0).unwrap();
+                assert_eq!(b.offset() % align, 0);
+                let data = pattern(size as usize, i as u32);
+                p.write(&b, 0, &data).unwrap();
+                let mut back = vec![0; size as usize];
+                p.read(&b, 0, &mut back).unwrap();
+                assert_eq!(back, data, "{placement} block of {size} bytes");
+                // A partial read at an offset.
+                let mut part = vec![0; (size as usize).min(7)];
+                p.read(&b, size - part.len() as u64, &mut part).unwrap();
+                assert_eq!(part, data[data.len() - part.len()..]);
+                live.push(b);
+            }
+            let host = p.host_ptr(&live[0]);
+            let expect_host = placement == PoolPlacement::HostPinned && d.info().shares_memory_with_host;
+            assert_eq!(host.is_some(), expect_host, "{placement} host pointer");
+
+            let z = p.allocate_zeroed(5000, S0).unwrap();
+            let mut back = vec![1; 5000];
+            p.read(&z, 0, &mut back).unwrap();
+            assert!(back.iter().all(|&x| x == 0));
+            p.fill(&z, 10, 100, 0x5A).unwrap();
+            p.read(&z, 0, &mut back).unwrap();
+            assert!(back[10..110].iter().all(|&x| x == 0x5A) && back[..10].iter().all(|&x| x == 0));
+            assert!(matches!(p.read(&z, z.size() - 1, &mut [0; 2]), Err(Error::OutOfBounds(_))));
+
+            let stats = p.stats();
+            assert!(stats.num_device_alloc >= 2, "{stats:?}");
+            assert!(p.backend().free_memory() < d.info().total_memory);
+            for b in live.into_iter().chain([z]) {
+                p.free(&b).unwrap();
+            }
+            let report = p.release_cached();
+            assert!(report.bytes_released > 0);
+            assert_eq!(p.stats().reserved_bytes.current, 0);
+        }
+    }
+}
+
+#[test]
+fn host_pinned_blocks_are_zero_copy_on_host_shared_devices() {
+    for d in devices().into_iter().filter(|d| d.info().shares_memory_with_host) {
+        let p: Arc<dyn MemoryPool> = Arc::new(pool(&d, PoolPlacement::HostPinned));
+        let mut block = OwnedBlock::allocate(Arc::clone(&p), 1000, S0, false).unwrap();
+        let data = pattern(1000, 7);
+        block.host_bytes_mut().expect("mapped").copy_from_slice(&data);
+        let mut back = vec![0; 1000];
+        block.read(0, &mut back).unwrap();
+        assert_eq!(back, data, "bytes written through the mapping are what the queue reads");
+        block.write(0, &data[..500].iter().map(|x| !x).collect::<Vec<_>>()).unwrap();
+        let host = block.host_bytes().unwrap();
+        assert!(host[..500].iter().zip(&data).all(|(h, d)| *h == !d) && host[500..] == data[500..]);
+    }
+}
+
+#[test]
+fn non_blocking_copies_and_fills_complete_in_queue_order() {
+    for d in devices() {
+        let p = pool(&d, PoolPlacement::DeviceLocal);
+        let b = p.allocate(1 << 20, S0).unwrap();
+        let data = pattern(1 << 20, 3);
+        let w = write_block_async(&p, &b, 0, data.clone()).unwrap();
+        let (seg, off) = p.segment_of(&b).unwrap();
+        let fill = p.backend().fill_async(&seg, off + 100, 50, 0xEE).unwrap();
+        let r = read_block_async(&p, &b, 0, 1 << 20).unwrap();
+        let back = r.wait().unwrap();
+        assert!(fill.is_complete().unwrap(), "in-order queue: the fill finished before the later read");
+        assert!(w.is_complete().unwrap());
+        assert_eq!(w.wait().unwrap(), data, "the written buffer comes back for reuse");
+        let mut expect = data.clone();
+        expect[100..150].fill(0xEE);
+        assert_eq!(back, expect);
+        // Dropping a pending read without waiting is safe (it waits).
+        drop(read_block_async(&p, &b, 0, 1 << 20).unwrap());
+        assert!(matches!(read_block_async(&p, &b, (1 << 20) - 1, 2), Err(Error::OutOfBounds(_))));
+        p.free(&b).unwrap();
+        assert!(matches!(write_block_async(&p, &b, 0, vec![1]), Err(Error::UnknownBlock(_))));
+    }
+}
+
+const M: usize = 37;
+const K: usize = 41;
+const N: usize = 29;
+
+const MATMUL: &str = r#"
+__kernel void matmul(__global const float* a, __global const float* b, __global float* c,
+                     int m, int k, int n, int accumulate) {
+    int i = get_global_id(0);
+    int j = get_global_id(1);
+    if (i >= m || j >= n) return;
+    float acc = accumulate ? c[i * n + j] : 0.0f;
+    for (int p = 0; p < k; ++p) acc += a[i * k + p] * b[p * n + j];
+    c[i * n + j] = acc;
+}
+"#;
+
+fn matrices() -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let f = |seed: u32, n: usize| -> Vec<f32> {
+        pattern(n * 4, seed)
+            .chunks(4)
+            .map(|c| (u32::from_le_bytes([c[0], c[1], c[2], c[3]]) % 2001) as f32 / 997.0 - 1.0)
+            .collect()
+    };
+    (f(11, M * K), f(12, K * N), f(13, M * N))
+}
+
+fn bytes_of(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn floats_of(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+struct Matmul {
+    kernel: Kernel,
+}
+
+impl Matmul {
+    fn build(d: &OpenClDevice) -> Self {
+        let program = Program::create_and_build_from_source(d.context(), MATMUL, "").expect("kernel builds");
+        Self { kernel: Kernel::create(&program, "matmul").unwrap() }
+    }
+
+    fn run(&self, d: &OpenClDevice, a: cl_mem, b: cl_mem, c: cl_mem, accumulate: bool) {
+        let (m, k, n, acc) = (M as cl_int, K as cl_int, N as cl_int, cl_int::from(accumulate));
+        // SAFETY: the arguments match the kernel's signature: three live buffers of at least M*K, K*N and M*N
+        // floats, then four ints; the kernel stays inside those bounds.
+        let event = unsafe {
+            ExecuteKernel::new(&self.kernel)
+                .set_arg(&a)
+                .set_arg(&b)
+                .set_arg(&c)
+                .set_arg(&m)
+                .set_arg(&k)
+                .set_arg(&n)
+                .set_arg(&acc)
+                .set_global_work_sizes(&[M, N])
+                .enqueue_nd_range(d.queue())
+                .unwrap()
+        };
+        event.wait().unwrap();
+    }
+
+    /// The same kernel on fresh standalone buffers (C starts as `c0`).
+    fn fresh(&self, d: &OpenClDevice, a: &[f32], b: &[f32], c0: &[f32], accumulate: bool) -> Vec<f32> {
+        let make = |v: &[f32]| -> Buffer<f32> {
+            // SAFETY: COPY_HOST_PTR copies `v.len()` floats from a live slice during the call.
+            unsafe {
+                Buffer::<f32>::create(
+                    d.context(),
+                    CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+                    v.len(),
+                    v.as_ptr() as *mut _,
+                )
+                .unwrap()
+            }
+        };
+        let (ba, bb, bc) = (make(a), make(b), make(c0));
+        self.run(d, ba.get(), bb.get(), bc.get(), accumulate);
+        let mut out = vec![0f32; M * N];
+        // SAFETY: a blocking read of M*N floats into a slice of that length.
+        unsafe { d.queue().enqueue_read_buffer(&bc, CL_BLOCKING, 0, &mut out, &[]).unwrap() };
+        out
+    }
+}
+
+/// The concrete pool behind a `dyn MemoryPool`, for interop.
+fn ro(p: &Arc<dyn MemoryPool>) -> &Pool<OpenClBackend> {
+    p.as_any().downcast_ref::<Pool<OpenClBackend>>().unwrap()
+}
+
+fn reference(a: &[f32], b: &[f32]) -> Vec<f32> {
+    let mut c = vec![0f32; M * N];
+    for i in 0..M {
+        for j in 0..N {
+            c[i * N + j] = (0..K).map(|p| a[i * K + p] * b[p * N + j]).sum();
+        }
+    }
+    c
+}
+
+fn assert_bits_eq(pooled: &[f32], fresh: &[f32], what: &str) {
+    assert_eq!(pooled.len(), fresh.len());
+    for (i, (p, f)) in pooled.iter().zip(fresh).enumerate() {
+        assert_eq!(p.to_bits(), f.to_bits(), "{what}: element {i} differs: pooled {p}, fresh {f}");
+    }
+}
+
+/// Fills a pool's cached segments with garbage: allocate many blocks, write NaN-ish bytes, free them all.
+fn dirty(p: &Pool<OpenClBackend>) {
+    let blocks: Vec<BlockHandle> =
+        [300u64, 7000, 5000, 20000, 64 << 10, 3333, 900].iter().map(|&s| p.allocate(s, S0).unwrap()).collect();
+    for (i, b) in blocks.iter().enumerate() {
+        p.fill(b, 0, b.size(), 0xFF).unwrap();
+        p.write(b, 0, &pattern(b.size().min(4096) as usize, 100 + i as u32)).unwrap();
+    }
+    for b in &blocks {
+        p.free(b).unwrap();
+    }
+}
+
+#[test]
+fn kernel_on_reused_dirty_sub_buffers_is_bit_identical_to_fresh_buffers() {
+    for d in devices() {
+        let mm = Matmul::build(&d);
+        let (a, b, c0) = matrices();
+        let fresh = mm.fresh(&d, &a, &b, &c0, false);
+        let reference = reference(&a, &b);
+        assert!(
+            fresh.iter().zip(&reference).all(|(x, y)| (x - y).abs() <= 1e-4 * (1.0 + y.abs())),
+            "kernel computes A*B"
+        );
+
+        let p = pool(&d, PoolPlacement::DeviceLocal);
+        dirty(&p);
+        let misses = p.stats().cache_misses;
+        let pad = p.allocate(100, S0).unwrap();
+        let (ba, bb, bc) = (
+            p.allocate((M * K * 4) as u64, S0).unwrap(),
+            p.allocate((K * N * 4) as u64, S0).unwrap(),
+            p.allocate((M * N * 4) as u64, S0).unwrap(),
+        );
+        assert_eq!(p.stats().cache_misses, misses, "all blocks come from the dirtied, cached segments");
+        for blk in [&ba, &bb, &bc] {
+            assert!(blk.offset() > 0, "block at a non-zero origin");
+        }
+        p.write(&ba, 0, &bytes_of(&a)).unwrap();
+        p.write(&bb, 0, &bytes_of(&b)).unwrap();
+        let (sa, sb, sc) =
+            (cl_sub_buffer(&p, &ba).unwrap(), cl_sub_buffer(&p, &bb).unwrap(), cl_sub_buffer(&p, &bc).unwrap());
+        assert_eq!((sc.offset(), sc.size()), (bc.offset(), (M * N * 4) as u64));
+        mm.run(&d, sa.as_raw(), sb.as_raw(), sc.as_raw(), false);
+        let mut out = vec![0u8; M * N * 4];
+        p.read(&bc, 0, &mut out).unwrap();
+        assert_bits_eq(&floats_of(&out), &fresh, "C = A*B in dirty reused blocks");
+
+        // Accumulating into a zeroed block carved from dirty memory equals accumulating into a fresh zero buffer.
+        let fresh_acc = mm.fresh(&d, &a, &b, &vec![0.0; M * N], true);
+        let bz = p.allocate_zeroed((M * N * 4) as u64, S0).unwrap();
+        assert!(bz.offset() > 0);
+        let sz = cl_sub_buffer(&p, &bz).unwrap();
+        mm.run(&d, sa.as_raw(), sb.as_raw(), sz.as_raw(), true);
+        p.read(&bz, 0, &mut out).unwrap();
+        assert_bits_eq(&floats_of(&out), &fresh_acc, "C += A*B in a zeroed reused block");
+
+        for blk in [pad, ba, bb, bc, bz] {
+            p.free(&blk).unwrap();
+        }
+    }
+}
+
+#[test]
+fn kernels_read_read_only_and_host_pinned_pool_buffers() {
+    for d in devices() {
+        let mm = Matmul::build(&d);
+        let (a, b, c0) = matrices();
+        let fresh = mm.fresh(&d, &a, &b, &c0, false);
+        let weights: Arc<dyn MemoryPool> = Arc::new(pool(&d, PoolPlacement::ReadOnly));
+        let staging: Arc<dyn MemoryPool> = Arc::new(pool(&d, PoolPlacement::HostPinned));
+        let out_pool: Arc<dyn MemoryPool> = Arc::new(pool(&d, PoolPlacement::DeviceLocal));
+        // Garbage first, then the operands at non-zero origins of reused memory, filled once.
+        let junk = OwnedBlock::allocate(Arc::clone(&weights), 4096, S0, false).unwrap();
+        junk.fill(0, 4096, 0xFF).unwrap();
+        let pad = OwnedBlock::allocate(Arc::clone(&weights), 64, S0, false).unwrap();
+        drop(junk);
+        let wa = OwnedBlock::allocate(Arc::clone(&weights), (M * K * 4) as u64, S0, false).unwrap();
+        wa.write(0, &bytes_of(&a)).unwrap();
+        let mut wb = OwnedBlock::allocate(Arc::clone(&staging), (K * N * 4) as u64, S0, false).unwrap();
+        match wb.host_bytes_mut() {
+            Some(host) => host.copy_from_slice(&bytes_of(&b)), // zero-copy on host-shared devices
+            None => wb.write(0, &bytes_of(&b)).unwrap(),
+        }
+        let c = OwnedBlock::allocate(Arc::clone(&out_pool), (M * N * 4) as u64, S0, false).unwrap();
+        let sa = cl_sub_buffer(ro(&weights), wa.handle()).unwrap();
+        let sb = cl_sub_buffer(ro(&staging), wb.handle()).unwrap();
+        let sc = cl_sub_buffer(ro(&out_pool), c.handle()).unwrap();
+        mm.run(&d, sa.as_raw(), sb.as_raw(), sc.as_raw(), false);
+        let mut out = vec![0u8; M * N * 4];
+        c.read(0, &mut out).unwrap();
+        assert_bits_eq(&floats_of(&out), &fresh, "A in a ReadOnly pool, B in a HostPinned pool");
+        // A sub-buffer also works through opencl3's own typed Buffer.
+        let typed: Buffer<f32> = cl_sub_buffer(ro(&weights), wa.handle()).unwrap().into_buffer();
+        let mut first = vec![0f32; K];
+        // SAFETY: a blocking read of K floats from a sub-buffer of M*K floats.
+        unsafe { d.queue().enqueue_read_buffer(&typed, CL_BLOCKING, 0, &mut first, &[]).unwrap() };
+        assert_bits_eq(&first, &a[..K], "ReadOnly block read through opencl3");
+        drop(pad);
+    }
+}
+
+#[test]
+fn requests_over_the_max_allocation_are_refused_and_bad_sub_buffers_are_errors() {
+    for d in devices() {
+        let p = pool(&d, PoolPlacement::DeviceLocal);
+        let max = d.info().max_allocation;
+        assert_eq!(p.backend().max_segment_size(), max);
+        match p.allocate(max + 1, S0) {
+            Err(Error::TooLarge { requested, max: m, .. }) => assert!(requested > max && m == max),
+            other => panic!("expected TooLarge over {max} bytes, got {other:?}"),
+        }
+        assert_eq!(p.stats().reserved_bytes.current, 0, "nothing was created for a refused request");
+        assert!(matches!(p.allocate(0, S0), Err(Error::ZeroSize { .. })));
+
+        let b = p.allocate(10_000, S0).unwrap();
+        let (seg, off) = p.segment_of(&b).unwrap();
+        let align = d.info().alignment;
+        let misaligned = p.backend().sub_buffer(&seg, off + align / 2, 16);
+        assert!(matches!(misaligned, Err(Error::Unsupported { .. })), "{misaligned:?}");
+        let past_end = p.backend().sub_buffer(&seg, off, seg.size() + 1);
+        assert!(matches!(past_end, Err(Error::OutOfBounds(_))), "{past_end:?}");
+        assert!(matches!(p.backend().sub_buffer(&seg, off, 0), Err(Error::ZeroSize { .. })));
+        p.free(&b).unwrap();
+        assert!(matches!(cl_sub_buffer(&p, &b), Err(Error::UnknownBlock(_))));
+    }
+}
+
+#[test]
+fn pools_of_one_device_share_its_memory_count_and_threads_can_share_a_pool() {
+    for d in devices() {
+        let p = Arc::new(pool(&d, PoolPlacement::DeviceLocal));
+        let q = pool(&d, PoolPlacement::HostPinned);
+        let before = q.backend().free_memory();
+        let b = p.allocate(3 << 20, S0).unwrap();
+        assert!(q.backend().free_memory() < before, "segments of one pool count against the device for all");
+        p.free(&b).unwrap();
+        p.release_cached();
+        assert_eq!(q.backend().free_memory(), before);
+
+        let threads: Vec<_> = (0..4u32)
+            .map(|t| {
+                let p = Arc::clone(&p);
+                std::thread::spawn(move || {
+                    for i in 0..50u32 {
+                        let size = 1 + (pattern(4, t * 1000 + i)[0] as u64) * 97;
+                        let b = p.allocate(size, StreamId(u64::from(t % 2))).unwrap();
+                        let data = pattern(size as usize, t * 1000 + i);
+                        p.write(&b, 0, &data).unwrap();
+                        let mut back = vec![0; size as usize];
+                        p.read(&b, 0, &mut back).unwrap();
+                        assert_eq!(back, data);
+                        p.free(&b).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+}
+
+#[test]
+fn zz_timing() {
+    let t = Instant::now();
+    let ds = devices();
+    println!("discover: {:?}", t.elapsed());
+    for d in ds {
+        for placement in [PoolPlacement::DeviceLocal, PoolPlacement::HostPinned, PoolPlacement::ReadOnly] {
+            let b = d.backend(placement);
+            for size in [2u64 << 20, 20 << 20] {
+                let t = Instant::now();
+                let n = 50;
+                let segs: Vec<_> = (0..n).map(|_| b.create_segment(size).unwrap()).collect();
+                let c = t.elapsed() / n;
+                let t = Instant::now();
+                for s in segs { b.destroy_segment(s); }
+                println!("{placement} {size}: create {c:?} destroy {:?}", t.elapsed() / n);
+            }
+            let p = pool(&d, placement);
+            let t = Instant::now();
+            for i in 0..100_000u64 { let x = p.allocate(256 + (i % 7) * 512, S0).unwrap(); p.free(&x).unwrap(); }
+            println!("{placement} alloc+free warm: {:?}/pair", t.elapsed() / 100_000);
+        }
+    }
+}

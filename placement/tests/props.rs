@@ -1,0 +1,218 @@
+//! Properties: `decide` never panics, and whatever it returns exists.
+
+use proptest::prelude::*;
+use strum::IntoEnumIterator;
+use umm_placement::{
+    AccessPattern, Api, Decider, DecisionConfig, DeviceKind, DeviceSelector, DeviceView, Placement,
+    PoolKind, Recommendations, Request, SizeClass, Thresholds, TrackerConfig, UsageTracker,
+};
+
+fn pick<T: Copy + std::fmt::Debug + 'static>(all: Vec<T>) -> impl Strategy<Value = T> {
+    prop::sample::select(all)
+}
+
+fn subset<T: Copy + std::fmt::Debug + 'static>(all: Vec<T>) -> impl Strategy<Value = Vec<T>> {
+    let n = all.len();
+    prop::sample::subsequence(all, 0..=n)
+}
+
+fn bytes() -> impl Strategy<Value = u64> {
+    prop_oneof![Just(0u64), 1u64..=1 << 40, any::<u64>(), Just(u64::MAX)]
+}
+
+fn device() -> impl Strategy<Value = DeviceView> {
+    let accel = (
+        pick(DeviceKind::iter().collect()),
+        subset(Api::iter().collect()),
+        any::<bool>(),
+        bytes(),
+        bytes(),
+        subset(PoolKind::iter().collect()),
+    )
+        .prop_map(|(kind, apis, shares, total, free, pools)| DeviceView {
+            index: 0,
+            name: format!("{kind}"),
+            kind,
+            apis,
+            shares_memory_with_host: shares,
+            total_bytes: total,
+            free_bytes: free,
+            pools,
+        });
+    prop_oneof![1 => (bytes(), bytes()).prop_map(|(t, f)| DeviceView::host(0, t, f)), 3 => accel]
+}
+
+/// Up to 5 devices with unique, shuffled indices in 0..8.
+fn devices() -> impl Strategy<Value = Vec<DeviceView>> {
+    (
+        prop::collection::vec(device(), 0..=5),
+        Just((0..8usize).collect::<Vec<_>>()).prop_shuffle(),
+    )
+        .prop_map(|(mut devices, indices)| {
+            for (d, i) in devices.iter_mut().zip(indices) {
+                d.index = i;
+            }
+            devices
+        })
+}
+
+fn request() -> impl Strategy<Value = Request> {
+    let selector = prop_oneof![
+        Just(DeviceSelector::Any),
+        Just(DeviceSelector::Host),
+        (0..9usize).prop_map(DeviceSelector::Index),
+        pick(Api::iter().collect()).prop_map(DeviceSelector::Api),
+    ];
+    (
+        bytes(),
+        pick(Placement::iter().collect()),
+        pick(AccessPattern::iter().collect()),
+        selector,
+    )
+        .prop_map(|(bytes, placement, access, selector)| Request {
+            bytes,
+            placement,
+            access,
+            selector,
+        })
+}
+
+/// Evidence from a tracker fed a random workload.
+fn evidence() -> impl Strategy<Value = Option<Recommendations>> {
+    let op = (
+        bytes(),
+        pick(AccessPattern::iter().collect()),
+        0..50usize,
+        0..50usize,
+    );
+    prop::option::of(prop::collection::vec(op, 0..40).prop_map(|ops| {
+        let tracker = UsageTracker::with_config(TrackerConfig {
+            buffer_cap: 16,
+            access_cap: 64,
+            ..TrackerConfig::default()
+        })
+        .unwrap();
+        for (bytes, access, reads, uses) in ops {
+            let id = tracker.register(bytes, Placement::Auto, access, PoolKind::DeviceLocal);
+            for _ in 0..reads {
+                tracker.record_host_read(&id, bytes);
+            }
+            for _ in 0..uses {
+                tracker.record_device_use(&id);
+            }
+            tracker.retire(id);
+        }
+        tracker.recommendations()
+    }))
+}
+
+fn decider() -> impl Strategy<Value = Decider> {
+    (
+        0u64..1 << 30,
+        1u64..1 << 32,
+        0.0..=1.0f64,
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_filter_map(
+            "ordered thresholds",
+            |(small, medium, pressure, big_pins, streams)| {
+                Decider::new(DecisionConfig {
+                    thresholds: Thresholds::new(small, medium).ok()?,
+                    pressure_threshold: pressure,
+                    large_host_frequent_to_pinned: big_pins,
+                    large_streams_to_pinned: streams,
+                })
+                .ok()
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn decide_returns_an_existing_device_and_an_offered_pool(
+        decider in decider(), req in request(), devices in devices(), evidence in evidence(),
+    ) {
+        let result = decider.decide(&req, &devices, evidence.as_ref());
+        let selectable = devices.iter().any(|d| req.selector.matches(d));
+        let hosts = || devices.iter().filter(|d| d.kind == DeviceKind::Host);
+        let full_host = |d: &DeviceView| d.offers(PoolKind::Host) && d.offers(PoolKind::HostPinned);
+        let has_host = hosts().next().is_some() && hosts().all(full_host);
+        match result {
+            Ok(d) => {
+                let device = devices.iter().find(|v| v.index == d.device);
+                prop_assert!(device.is_some(), "device {} does not exist", d.device);
+                prop_assert!(device.unwrap().offers(d.pool), "device {} lacks {}", d.device, d.pool);
+                prop_assert_eq!(d.size_class, SizeClass::of(req.bytes, &decider.config().thresholds));
+                prop_assert!(d.reason.ends_with('.') && d.reason.len() > 40, "{}", d.reason);
+                prop_assert!(selectable && req.bytes > 0);
+            }
+            Err(e) => {
+                prop_assert!(!e.to_string().is_empty());
+                // With hosts that offer both host pools, a non-empty request and a selector that matches
+                // something, a decision always exists.
+                prop_assert!(req.bytes == 0 || !selectable || !has_host, "{}", e);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Register(u64, AccessPattern, PoolKind),
+    Read(usize, u64),
+    Write(usize, u64),
+    Use(usize),
+    Retire(usize),
+    Decay(f64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (
+            bytes(),
+            pick(AccessPattern::iter().collect()),
+            pick(PoolKind::iter().collect())
+        )
+            .prop_map(|(b, a, p)| Op::Register(b, a, p)),
+        (any::<usize>(), bytes()).prop_map(|(i, b)| Op::Read(i, b)),
+        (any::<usize>(), bytes()).prop_map(|(i, b)| Op::Write(i, b)),
+        any::<usize>().prop_map(Op::Use),
+        any::<usize>().prop_map(Op::Retire),
+        (-0.5..1.5f64).prop_map(Op::Decay),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn tracker_survives_any_workload(ops in prop::collection::vec(op(), 0..300), cap in 1u64..64) {
+        let tracker = UsageTracker::with_config(TrackerConfig { buffer_cap: cap, access_cap: cap, ..TrackerConfig::default() }).unwrap();
+        let mut live = Vec::new();
+        for op in ops {
+            match op {
+                Op::Register(b, a, p) => live.push(tracker.register(b, Placement::Auto, a, p)),
+                Op::Read(i, b) if !live.is_empty() => tracker.record_host_read(&live[i % live.len()], b),
+                Op::Write(i, b) if !live.is_empty() => tracker.record_host_write(&live[i % live.len()], b),
+                Op::Use(i) if !live.is_empty() => tracker.record_device_use(&live[i % live.len()]),
+                Op::Retire(i) if !live.is_empty() => {
+                    let n = live.len();
+                    tracker.retire(live.swap_remove(i % n));
+                }
+                Op::Decay(f) => prop_assert_eq!(tracker.decay(f).is_ok(), (0.0..=1.0).contains(&f)),
+                _ => {}
+            }
+        }
+        let recs = tracker.recommendations();
+        prop_assert_eq!(recs.items.len(), 5);
+        let live_total: u64 = recs.items.iter().map(|r| r.evidence.live_buffers).sum();
+        prop_assert_eq!(live_total, live.len() as u64);
+        for r in &recs.items {
+            prop_assert!(r.placement != Placement::Auto);
+            prop_assert!((0.0..=1.0).contains(&r.evidence.host_access_share));
+            prop_assert!(r.evidence.buffers <= cap.max(live.len() as u64) + 5 * cap, "{:?}", r.evidence);
+        }
+        prop_assert!(serde_json::to_string(&recs).is_ok());
+    }
+}

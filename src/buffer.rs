@@ -1,0 +1,248 @@
+//! [`UniversalBuffer<T>`]: a typed buffer in one pool, returned to it on drop. Its reads and writes feed the
+//! usage tracker.
+
+use crate::registry::Device;
+use crate::{Error, Result};
+use std::marker::PhantomData;
+use std::sync::Arc;
+use umm_backends::{BlockHandle, MemoryPool, OwnedBlock};
+use umm_placement::{AccessPattern, Decision, Placement, PoolKind, TrackId, UsageTracker};
+
+pub(crate) struct BufferMeta {
+    pub(crate) requested: Placement,
+    pub(crate) access: AccessPattern,
+    pub(crate) decision: Decision,
+    pub(crate) device: Arc<Device>,
+    pub(crate) label: Option<String>,
+    pub(crate) read_only: bool,
+}
+
+/// `len` elements of `T` on one device, in one pool. Dropping it returns the block to its pool.
+pub struct UniversalBuffer<T: bytemuck::Pod> {
+    block: Option<OwnedBlock>,
+    len: usize,
+    meta: BufferMeta,
+    tracker: Arc<UsageTracker>,
+    track: Option<TrackId>,
+    filled: bool,
+    _element: PhantomData<T>,
+}
+
+impl<T: bytemuck::Pod> UniversalBuffer<T> {
+    pub(crate) fn new(
+        block: Option<OwnedBlock>,
+        len: usize,
+        meta: BufferMeta,
+        tracker: Arc<UsageTracker>,
+        track: TrackId,
+    ) -> Self {
+        Self { block, len, meta, tracker, track: Some(track), filled: false, _element: PhantomData }
+    }
+
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes (`len * size_of::<T>()`).
+    pub fn size_bytes(&self) -> u64 {
+        self.len as u64 * std::mem::size_of::<T>() as u64
+    }
+
+    /// The kind of pool the buffer lives in.
+    pub fn placement(&self) -> PoolKind {
+        self.meta.decision.pool
+    }
+
+    /// The placement that was asked for (possibly `Auto`).
+    pub fn requested_placement(&self) -> Placement {
+        self.meta.requested
+    }
+
+    /// The declared access pattern.
+    pub fn access_pattern(&self) -> AccessPattern {
+        self.meta.access
+    }
+
+    /// The decision that placed the buffer, with its reason.
+    pub fn decision(&self) -> &Decision {
+        &self.meta.decision
+    }
+
+    /// The device the buffer lives on.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.meta.device
+    }
+
+    /// The label given at allocation.
+    pub fn label(&self) -> Option<&str> {
+        self.meta.label.as_deref()
+    }
+
+    /// Whether writes are refused (ReadOnly buffers after their initial fill).
+    pub fn is_read_only(&self) -> bool {
+        self.meta.read_only
+    }
+
+    /// The pool block behind the buffer (`None` for an empty buffer), for backend interop.
+    pub fn block(&self) -> Option<&BlockHandle> {
+        self.block.as_ref().map(OwnedBlock::handle)
+    }
+
+    /// The pool the buffer came from (`None` for an empty buffer), for backend interop
+    /// (`pool.as_any().downcast_ref::<Pool<...>>()`).
+    pub fn pool(&self) -> Option<&Arc<dyn MemoryPool>> {
+        self.block.as_ref().map(OwnedBlock::pool)
+    }
+
+    /// Writes `data` (exactly `len` elements) into the buffer.
+    pub fn write(&mut self, data: &[T]) -> Result<()> {
+        self.write_at(0, data)
+    }
+
+    /// Writes `data` starting at element `offset`; `offset + data.len()` must not pass the end.
+    pub fn write_at(&mut self, offset: usize, data: &[T]) -> Result<()> {
+        if self.meta.read_only && self.filled {
+            return Err(Error::ReadOnly { label: self.meta.label.clone() });
+        }
+        self.check("write", offset, data.len(), offset == 0)?;
+        self.raw_write(offset, data)?;
+        // A ReadOnly buffer takes one write (its fill) and is sealed after it.
+        self.filled = self.meta.read_only;
+        Ok(())
+    }
+
+    fn raw_write(&self, offset: usize, data: &[T]) -> Result<()> {
+        let Some(block) = &self.block else { return Ok(()) };
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        block.write((offset * std::mem::size_of::<T>()) as u64, bytes)?;
+        if let Some(track) = &self.track {
+            self.tracker.record_host_write(track, bytes.len() as u64);
+        }
+        Ok(())
+    }
+
+    /// Reads the whole buffer into `out` (exactly `len` elements).
+    pub fn read(&self, out: &mut [T]) -> Result<()> {
+        self.read_at(0, out)
+    }
+
+    /// Reads `out.len()` elements starting at element `offset`.
+    pub fn read_at(&self, offset: usize, out: &mut [T]) -> Result<()> {
+        self.check("read", offset, out.len(), offset == 0)?;
+        let Some(block) = &self.block else { return Ok(()) };
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+        block.read((offset * std::mem::size_of::<T>()) as u64, bytes)?;
+        if let Some(track) = &self.track {
+            self.tracker.record_host_read(track, bytes.len() as u64);
+        }
+        Ok(())
+    }
+
+    /// Copies the buffer into a new vector.
+    pub fn to_vec(&self) -> Result<Vec<T>> {
+        let mut out = vec![T::zeroed(); self.len];
+        self.read(&mut out)?;
+        Ok(out)
+    }
+
+    /// Sets every element to `value`.
+    pub fn fill(&mut self, value: T) -> Result<()> {
+        if self.meta.read_only && self.filled {
+            return Err(Error::ReadOnly { label: self.meta.label.clone() });
+        }
+        let Some(block) = &self.block else { return Ok(()) };
+        let pattern: &[u8] = bytemuck::bytes_of(&value);
+        if pattern.iter().all(|&b| b == pattern[0]) {
+            block.fill(0, self.size_bytes(), pattern[0])?;
+        } else {
+            // Write the pattern in chunks of at most 1 MiB.
+            let per_chunk = ((1 << 20) / std::mem::size_of::<T>()).clamp(1, self.len);
+            let chunk = vec![value; per_chunk];
+            let mut done = 0;
+            while done < self.len {
+                let n = per_chunk.min(self.len - done);
+                self.raw_write(done, &chunk[..n])?;
+                done += n;
+            }
+            self.filled = self.meta.read_only;
+            return Ok(());
+        }
+        self.filled = self.meta.read_only;
+        if let Some(track) = &self.track {
+            self.tracker.record_host_write(track, self.size_bytes());
+        }
+        Ok(())
+    }
+
+    /// The elements as a host slice, when the memory is host-addressable (host memory, pinned or mapped
+    /// memory); `None` otherwise.
+    pub fn as_slice(&self) -> Option<&[T]> {
+        if self.len == 0 {
+            return Some(&[]);
+        }
+        let bytes = self.block.as_ref()?.host_bytes()?;
+        if let Some(track) = &self.track {
+            self.tracker.record_host_read(track, bytes.len() as u64);
+        }
+        bytemuck::try_cast_slice(bytes).ok()
+    }
+
+    /// The elements as a mutable host slice, when host-addressable and not read-only.
+    pub fn as_mut_slice(&mut self) -> Option<&mut [T]> {
+        if self.meta.read_only && self.filled {
+            return None;
+        }
+        if self.len == 0 {
+            return Some(&mut []);
+        }
+        if let Some(track) = &self.track {
+            self.tracker.record_host_write(track, self.size_bytes());
+        }
+        let bytes = self.block.as_mut()?.host_bytes_mut()?;
+        bytemuck::try_cast_slice_mut(bytes).ok()
+    }
+
+    /// Records that a device kernel used the buffer (feeds the recommendations).
+    pub fn record_device_use(&self) {
+        if let Some(track) = &self.track {
+            self.tracker.record_device_use(track);
+        }
+    }
+
+    fn check(&self, op: &'static str, offset: usize, given: usize, whole: bool) -> Result<()> {
+        let available = self.len.saturating_sub(offset);
+        let fits = offset <= self.len && given <= available;
+        let exact = !whole || given == self.len;
+        if fits && exact {
+            Ok(())
+        } else {
+            Err(Error::LengthMismatch { op, buffer_len: available, given_len: given })
+        }
+    }
+}
+
+impl<T: bytemuck::Pod> Drop for UniversalBuffer<T> {
+    fn drop(&mut self) {
+        if let Some(track) = self.track.take() {
+            self.tracker.retire(track);
+        }
+    }
+}
+
+impl<T: bytemuck::Pod> std::fmt::Debug for UniversalBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UniversalBuffer")
+            .field("type", &std::any::type_name::<T>())
+            .field("len", &self.len)
+            .field("placement", &self.meta.decision.pool)
+            .field("device", &self.meta.device.name())
+            .field("label", &self.meta.label)
+            .finish()
+    }
+}

@@ -1,0 +1,89 @@
+//! Cleanup reports and the periodic cleaner.
+
+use crate::manager::Inner;
+use serde::Serialize;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Weak;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// What one device gave back in a cleanup round.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DeviceCleanup {
+    /// Device index.
+    pub index: usize,
+    /// Device name.
+    pub name: String,
+    /// Bytes of physical memory released.
+    pub bytes_released: u64,
+    /// Segments released.
+    pub segments_released: u64,
+    /// Pages unmapped in virtual reservations.
+    pub pages_unmapped: u64,
+}
+
+/// What a cleanup round released, per device and in total, and how long it took.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CleanupReport {
+    /// Per device.
+    pub devices: Vec<DeviceCleanup>,
+    /// Total bytes released.
+    pub bytes_released: u64,
+    /// Total segments released.
+    pub segments_released: u64,
+    /// Time the round took.
+    #[serde(serialize_with = "micros")]
+    pub elapsed: Duration,
+}
+
+fn micros<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(d.as_micros() as u64)
+}
+
+/// Runs cleanup rounds on a background thread; dropping the guard stops the thread and waits for it.
+pub struct CleanupGuard {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<u64>>,
+}
+
+impl CleanupGuard {
+    pub(crate) fn start(manager: Weak<Inner>, interval: Duration) -> Self {
+        let (stop, stopped) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("umm-cleanup".into())
+            .spawn(move || {
+                let mut rounds = 0;
+                loop {
+                    match stopped.recv_timeout(interval) {
+                        Err(RecvTimeoutError::Timeout) => {}
+                        _ => return rounds,
+                    }
+                    // The manager may be gone: then there is nothing left to clean.
+                    let Some(inner) = manager.upgrade() else { return rounds };
+                    let report = inner.cleanup(inner.config.cleanup_idle_rounds);
+                    rounds += 1;
+                    if report.bytes_released > 0 {
+                        log::debug!("periodic cleanup released {} bytes", report.bytes_released);
+                    }
+                }
+            })
+            .ok();
+        Self { stop: Some(stop), thread }
+    }
+
+    /// Stops the cleaner and returns how many rounds it ran.
+    pub fn stop(mut self) -> u64 {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> u64 {
+        drop(self.stop.take());
+        self.thread.take().and_then(|t| t.join().ok()).unwrap_or(0)
+    }
+}
+
+impl Drop for CleanupGuard {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

@@ -1,0 +1,257 @@
+//! Configuration: what the builder sets and what `UMM_*` environment variables override.
+//!
+//! | variable | accepts | sets |
+//! |---|---|---|
+//! | `UMM_LIMIT` | bytes (`2GiB`, `1500MB`, `1048576`) or a fraction in (0, 1] (`0.8`) | every pool's cap on reserved bytes |
+//! | `UMM_STRATEGY` | `pooled` or `direct` | caching (pooled) or one segment per block (direct, for debugging) |
+//! | `UMM_SEGMENT_MODE` | `auto`, `plain` or `virtual` | virtual reservations for large blocks where supported |
+//! | `UMM_SMALL_SEGMENT`, `UMM_LARGE_SEGMENT` | bytes | segment sizes of the small and large classes |
+//! | `UMM_SMALL_MAX`, `UMM_MEDIUM_MAX` | bytes | size-class thresholds of the decision table |
+//! | `UMM_PRESSURE` | a fraction in [0, 1] | used share of a device above which Auto avoids it |
+//! | `UMM_ZERO`, `UMM_POISON` | `0`/`1`, `true`/`false`, `on`/`off` | zero every allocation; poison every freed block |
+//! | `UMM_BACKENDS` | a comma list of `cuda`, `opencl`, `wgpu` (or `none`) | which APIs discovery probes |
+//! | `UMM_CLEANUP_IDLE_ROUNDS` | an integer | cleanups a cached segment must sit idle before `cleanup()` frees it |
+
+use crate::{Error, Result};
+use serde::Serialize;
+use umm_backends::{Limit, PoolConfig, SegmentMode, Strategy};
+use umm_placement::DecisionConfig;
+
+/// The manager's configuration.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UmmConfig {
+    /// Placement decision table settings.
+    pub decision: DecisionConfig,
+    /// Settings every pool is created with.
+    pub pool: PoolConfig,
+    /// Probe CUDA devices (when built with the `cuda` feature).
+    pub cuda: bool,
+    /// Probe OpenCL devices (when built with the `opencl` feature).
+    pub opencl: bool,
+    /// Probe wgpu adapters (when built with the `wgpu` feature).
+    pub wgpu: bool,
+    /// Simulated devices to add (capacity in bytes each): stand-ins for GPUs in tests and replays.
+    pub simulated_devices: Vec<u64>,
+    /// How many cleanup rounds a cached segment must sit unused before [`crate::UniversalMemoryManager::cleanup`]
+    /// releases it.
+    pub cleanup_idle_rounds: u64,
+}
+
+impl Default for UmmConfig {
+    fn default() -> Self {
+        Self {
+            decision: DecisionConfig::default(),
+            pool: PoolConfig::default(),
+            cuda: true,
+            opencl: true,
+            wgpu: true,
+            simulated_devices: Vec::new(),
+            cleanup_idle_rounds: 2,
+        }
+    }
+}
+
+impl UmmConfig {
+    /// Applies every `UMM_*` variable that is set. An invalid value is an error naming the variable and what it
+    /// accepts.
+    pub fn apply_env(&mut self) -> Result<()> {
+        self.apply_vars(|name| std::env::var(name).ok())
+    }
+
+    /// Applies variables from `lookup` (the environment, or a map in tests).
+    pub fn apply_vars(&mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<()> {
+        if let Some(v) = lookup("UMM_LIMIT") {
+            self.pool.limit = Some(parse_limit(&v).ok_or(Error::InvalidEnv {
+                var: "UMM_LIMIT",
+                value: v,
+                expected: "a byte count (2GiB, 1500MB, 1048576) or a fraction in (0, 1]",
+            })?);
+        }
+        if let Some(v) = lookup("UMM_STRATEGY") {
+            self.pool.strategy = v.parse::<Strategy>().map_err(|_| Error::InvalidEnv {
+                var: "UMM_STRATEGY",
+                value: v,
+                expected: "pooled or direct",
+            })?;
+        }
+        if let Some(v) = lookup("UMM_SEGMENT_MODE") {
+            self.pool.segment_mode = v.parse::<SegmentMode>().map_err(|_| Error::InvalidEnv {
+                var: "UMM_SEGMENT_MODE",
+                value: v,
+                expected: "auto, plain or virtual",
+            })?;
+        }
+        for (var, field) in [
+            ("UMM_SMALL_SEGMENT", &mut self.pool.small_segment_size),
+            ("UMM_LARGE_SEGMENT", &mut self.pool.large_segment_size),
+            ("UMM_SMALL_MAX", &mut self.decision.thresholds.small_max),
+            ("UMM_MEDIUM_MAX", &mut self.decision.thresholds.medium_max),
+        ] {
+            if let Some(v) = lookup(var) {
+                *field = parse_size(&v).filter(|&b| b > 0).ok_or(Error::InvalidEnv {
+                    var,
+                    value: v,
+                    expected: "a byte count above zero (64KiB, 16MiB, 65536)",
+                })?;
+            }
+        }
+        if let Some(v) = lookup("UMM_PRESSURE") {
+            self.decision.pressure_threshold =
+                v.trim().parse::<f64>().ok().filter(|f| (0.0..=1.0).contains(f)).ok_or(Error::InvalidEnv {
+                    var: "UMM_PRESSURE",
+                    value: v,
+                    expected: "a fraction in [0, 1]",
+                })?;
+        }
+        for (var, field) in [("UMM_ZERO", &mut self.pool.zero_on_alloc), ("UMM_POISON", &mut self.pool.poison_on_free)]
+        {
+            if let Some(v) = lookup(var) {
+                *field = parse_bool(&v).ok_or(Error::InvalidEnv {
+                    var,
+                    value: v,
+                    expected: "0/1, true/false, on/off or yes/no",
+                })?;
+            }
+        }
+        if let Some(v) = lookup("UMM_BACKENDS") {
+            let (mut cuda, mut opencl, mut wgpu) = (false, false, false);
+            for name in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                match name.to_ascii_lowercase().as_str() {
+                    "cuda" => cuda = true,
+                    "opencl" => opencl = true,
+                    "wgpu" => wgpu = true,
+                    "none" | "host" => {}
+                    _ => {
+                        return Err(Error::InvalidEnv {
+                            var: "UMM_BACKENDS",
+                            value: v.clone(),
+                            expected: "a comma-separated list of cuda, opencl, wgpu (or none)",
+                        })
+                    }
+                }
+            }
+            (self.cuda, self.opencl, self.wgpu) = (cuda, opencl, wgpu);
+        }
+        if let Some(v) = lookup("UMM_CLEANUP_IDLE_ROUNDS") {
+            self.cleanup_idle_rounds = v.trim().parse().map_err(|_| Error::InvalidEnv {
+                var: "UMM_CLEANUP_IDLE_ROUNDS",
+                value: v,
+                expected: "a non-negative integer",
+            })?;
+        }
+        self.validate()
+    }
+
+    /// Checks the values against each other.
+    pub fn validate(&self) -> Result<()> {
+        self.decision.validate()?;
+        self.pool.validate()?;
+        Ok(())
+    }
+}
+
+/// Parses a byte count: plain bytes, binary suffixes (`KiB`, `MiB`, `GiB`, `TiB`, also `K`, `M`, `G`, `T`) or
+/// decimal ones (`KB`, `MB`, `GB`, `TB`), case-insensitive, fractions allowed (`1.5GiB`). `None` if malformed or
+/// over 64 bits.
+pub fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let multiplier: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        _ => return None,
+    };
+    if number.is_empty() {
+        return None;
+    }
+    if unit.is_empty() || !number.contains('.') {
+        if let Ok(n) = number.parse::<u64>() {
+            return n.checked_mul(multiplier as u64);
+        }
+    }
+    let value = number.parse::<f64>().ok()? * multiplier;
+    (value.is_finite() && value >= 0.0 && value < u64::MAX as f64).then_some(value.round() as u64)
+}
+
+/// Parses a limit: a byte count (see [`parse_size`]) or, for a plain number in (0, 1], a fraction of capacity.
+pub fn parse_limit(text: &str) -> Option<Limit> {
+    let trimmed = text.trim();
+    if trimmed.contains('.') && trimmed.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        let f: f64 = trimmed.parse().ok()?;
+        return (f > 0.0 && f <= 1.0).then_some(Limit::Fraction(f));
+    }
+    parse_size(trimmed).filter(|&b| b > 0).map(Limit::Bytes)
+}
+
+fn parse_bool(text: &str) -> Option<bool> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "on" | "yes" => Some(true),
+        "0" | "false" | "off" | "no" => Some(false),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("2GiB"), Some(2 << 30));
+        assert_eq!(parse_size("1.5 GiB"), Some(3 << 29));
+        assert_eq!(parse_size("1500MB"), Some(1_500_000_000));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("64k"), Some(65536));
+        assert_eq!(parse_size("x"), None);
+        assert_eq!(parse_size("5 parsecs"), None);
+        assert_eq!(parse_size("99999999999TiB"), None);
+        assert_eq!(parse_limit("0.8"), Some(Limit::Fraction(0.8)));
+        assert_eq!(parse_limit("1.5"), None);
+        assert_eq!(parse_limit("2GiB"), Some(Limit::Bytes(2 << 30)));
+        assert_eq!(parse_limit("0"), None);
+    }
+
+    #[test]
+    fn env_values_apply_and_errors_name_the_variable() {
+        let vars: HashMap<&str, &str> =
+            [("UMM_LIMIT", "1GiB"), ("UMM_STRATEGY", "direct"), ("UMM_ZERO", "on"), ("UMM_BACKENDS", "opencl")]
+                .into();
+        let mut config = UmmConfig::default();
+        config.apply_vars(|k| vars.get(k).map(|v| v.to_string())).unwrap();
+        assert_eq!(config.pool.limit, Some(Limit::Bytes(1 << 30)));
+        assert_eq!(config.pool.strategy, Strategy::Direct);
+        assert!(config.pool.zero_on_alloc);
+        assert!(!config.cuda && config.opencl && !config.wgpu);
+
+        for (var, value) in [
+            ("UMM_LIMIT", "lots"),
+            ("UMM_STRATEGY", "hoard"),
+            ("UMM_SEGMENT_MODE", "weird"),
+            ("UMM_SMALL_MAX", "0"),
+            ("UMM_PRESSURE", "1.5"),
+            ("UMM_POISON", "maybe"),
+            ("UMM_BACKENDS", "cuda,metal"),
+            ("UMM_CLEANUP_IDLE_ROUNDS", "-1"),
+        ] {
+            let err = UmmConfig::default().apply_vars(|k| (k == var).then(|| value.to_string())).unwrap_err();
+            let text = err.to_string();
+            assert!(text.contains(var) && text.contains("expected"), "{var}: {text}");
+        }
+        let err = UmmConfig::default()
+            .apply_vars(|k| match k {
+                "UMM_SMALL_MAX" => Some("32MiB".into()),
+                _ => None,
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("small_max"), "{err}");
+    }
+}

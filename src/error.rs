@@ -1,0 +1,81 @@
+//! The facade's one error type.
+
+use thiserror::Error;
+
+/// Result with [`Error`] as the default error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything the manager, its buffers, the configuration and the trace tools can report. Messages name what was
+/// asked and what is available.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// From a pool or a backend (out of memory, driver errors, bad block handles).
+    #[error(transparent)]
+    Backend(#[from] umm_backends::Error),
+    /// From the placement decider (no such device, impossible placement, bad thresholds).
+    #[error(transparent)]
+    Placement(#[from] umm_placement::Error),
+    /// `n * size_of::<T>()` does not fit in 64 bits.
+    #[error("{elements} elements of {type_name} ({elem_size} bytes each) overflow a 64-bit byte count")]
+    SizeOverflow {
+        /// Elements asked for.
+        elements: usize,
+        /// Size of one element.
+        elem_size: usize,
+        /// The element type.
+        type_name: &'static str,
+    },
+    /// A read or write whose length does not match the buffer.
+    #[error("{op}: the buffer holds {buffer_len} elements but {given_len} were given")]
+    LengthMismatch {
+        /// The operation.
+        op: &'static str,
+        /// Elements in the buffer (from the offset).
+        buffer_len: usize,
+        /// Elements passed.
+        given_len: usize,
+    },
+    /// A write to a ReadOnly buffer after its initial fill.
+    #[error("buffer{} is ReadOnly: it was filled at allocation and cannot be written", label_suffix(.label))]
+    ReadOnly {
+        /// The buffer's label, if any.
+        label: Option<String>,
+    },
+    /// An environment variable with a value it does not accept.
+    #[error("environment variable {var}={value:?} is invalid: expected {expected}")]
+    InvalidEnv {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What it accepts.
+        expected: &'static str,
+    },
+    /// An invalid builder or configuration value.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// A backend name that is not built in or not present.
+    #[error("unknown backend {name:?}; available: {available}")]
+    UnknownBackend {
+        /// The name asked for.
+        name: String,
+        /// The names available.
+        available: String,
+    },
+    /// A malformed or unreadable trace.
+    #[error(transparent)]
+    Trace(#[from] crate::trace::TraceError),
+    /// An I/O error with the path involved.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+fn label_suffix(label: &Option<String>) -> String {
+    label.as_ref().map(|l| format!(" {l:?}")).unwrap_or_default()
+}

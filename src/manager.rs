@@ -1,0 +1,425 @@
+//! [`UniversalMemoryManager`]: discovers devices, decides placements, hands out [`UniversalBuffer`]s from the
+//! per-device pools, and reports statistics and recommendations.
+
+use crate::buffer::{BufferMeta, UniversalBuffer};
+use crate::cleanup::{CleanupGuard, CleanupReport, DeviceCleanup};
+use crate::host_info::HostInfo;
+use crate::registry::{self, Device};
+use crate::stats::{DeviceStats, GlobalMemoryStats, PoolStatsEntry};
+use crate::{Error, Result, UmmConfig};
+use parking_lot::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use umm_backends::{OwnedBlock, PoolStats, StreamId};
+use umm_placement::{
+    AccessPattern, Decider, Decision, DeviceSelector, DeviceView, Placement, PoolKind, Recommendations, Request,
+    UsageTracker,
+};
+
+/// How often (in allocations) `Auto` refreshes the usage evidence it follows.
+const EVIDENCE_REFRESH_EVERY: u64 = 256;
+
+/// Options of one allocation: placement, access pattern, device selector, zeroing, label, stream.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AllocOptions {
+    pub(crate) placement: Placement,
+    pub(crate) access: AccessPattern,
+    pub(crate) selector: DeviceSelector,
+    pub(crate) zeroed: bool,
+    pub(crate) label: Option<String>,
+    pub(crate) stream: StreamId,
+}
+
+impl AllocOptions {
+    /// `Placement::Auto`, unknown access pattern, any device, not zeroed, no label, default stream.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Where the buffer should live.
+    pub fn placement(mut self, placement: Placement) -> Self {
+        self.placement = placement;
+        self
+    }
+    /// How the buffer will be used.
+    pub fn access(mut self, access: AccessPattern) -> Self {
+        self.access = access;
+        self
+    }
+    /// Which device (or API) to use.
+    pub fn device(mut self, selector: DeviceSelector) -> Self {
+        self.selector = selector;
+        self
+    }
+    /// Zero the buffer's bytes before returning it.
+    pub fn zeroed(mut self, zeroed: bool) -> Self {
+        self.zeroed = zeroed;
+        self
+    }
+    /// A label shown in errors, statistics and leak reports.
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+    /// The stream (CUDA stream, OpenCL queue) the buffer is allocated and freed on.
+    pub fn stream(mut self, stream: StreamId) -> Self {
+        self.stream = stream;
+        self
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: UmmConfig,
+    pub(crate) host: HostInfo,
+    pub(crate) devices: Vec<Arc<Device>>,
+    pub(crate) skipped: Vec<String>,
+    pub(crate) decider: Decider,
+    pub(crate) tracker: Arc<UsageTracker>,
+    evidence: RwLock<Option<Recommendations>>,
+    allocations: AtomicU64,
+}
+
+/// The manager. `Send + Sync`; share it by reference or `Arc`. Buffers keep what they need alive, so they may
+/// outlive it.
+pub struct UniversalMemoryManager {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// Builds a [`UniversalMemoryManager`] with non-default configuration.
+#[derive(Debug, Clone, Default)]
+pub struct Builder {
+    config: UmmConfig,
+    read_env: bool,
+}
+
+impl Builder {
+    /// Starts from [`UmmConfig::default`], not reading the environment unless [`Builder::from_env`] is called.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Replaces the whole configuration.
+    pub fn config(mut self, config: UmmConfig) -> Self {
+        self.config = config;
+        self
+    }
+    /// Applies `UMM_*` environment variables at [`Builder::build`] (they override builder values).
+    pub fn from_env(mut self) -> Self {
+        self.read_env = true;
+        self
+    }
+    /// Caps every pool's reserved bytes.
+    pub fn limit(mut self, limit: umm_backends::Limit) -> Self {
+        self.config.pool.limit = Some(limit);
+        self
+    }
+    /// Pooled (default) or direct allocation.
+    pub fn strategy(mut self, strategy: umm_backends::Strategy) -> Self {
+        self.config.pool.strategy = strategy;
+        self
+    }
+    /// Zero every allocation.
+    pub fn zero_on_alloc(mut self, on: bool) -> Self {
+        self.config.pool.zero_on_alloc = on;
+        self
+    }
+    /// Poison every freed block (debugging reuse).
+    pub fn poison_on_free(mut self, on: bool) -> Self {
+        self.config.pool.poison_on_free = on;
+        self
+    }
+    /// Size-class thresholds of the decision table.
+    pub fn thresholds(mut self, small_max: u64, medium_max: u64) -> Self {
+        self.config.decision.thresholds.small_max = small_max;
+        self.config.decision.thresholds.medium_max = medium_max;
+        self
+    }
+    /// Used share of a device above which Auto avoids it.
+    pub fn pressure_threshold(mut self, fraction: f64) -> Self {
+        self.config.decision.pressure_threshold = fraction;
+        self
+    }
+    /// Which optional APIs to probe.
+    pub fn backends(mut self, cuda: bool, opencl: bool, wgpu: bool) -> Self {
+        (self.config.cuda, self.config.opencl, self.config.wgpu) = (cuda, opencl, wgpu);
+        self
+    }
+    /// Adds a simulated device of `capacity` bytes (a stand-in GPU that holds no bytes).
+    pub fn simulated_device(mut self, capacity: u64) -> Self {
+        self.config.simulated_devices.push(capacity);
+        self
+    }
+    /// Discovers devices and builds the manager.
+    pub fn build(mut self) -> Result<UniversalMemoryManager> {
+        if self.read_env {
+            self.config.apply_env()?;
+        }
+        self.config.validate()?;
+        let host = HostInfo::discover();
+        let found = registry::discover(&self.config, &host);
+        let decider = Decider::new(self.config.decision)?;
+        let tracker = Arc::new(UsageTracker::new(self.config.decision.thresholds)?);
+        Ok(UniversalMemoryManager {
+            inner: Arc::new(Inner {
+                config: self.config,
+                host,
+                devices: found.devices,
+                skipped: found.skipped,
+                decider,
+                tracker,
+                evidence: RwLock::new(None),
+                allocations: AtomicU64::new(0),
+            }),
+        })
+    }
+}
+
+impl UniversalMemoryManager {
+    /// Discovers every device with the default configuration and the `UMM_*` environment variables.
+    pub fn new() -> Result<Self> {
+        Builder::new().from_env().build()
+    }
+
+    /// A builder for non-default configuration.
+    pub fn builder() -> Builder {
+        Builder::new()
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &UmmConfig {
+        &self.inner.config
+    }
+
+    /// The host's memory and processor.
+    pub fn host(&self) -> &HostInfo {
+        &self.inner.host
+    }
+
+    /// Every device; index 0 is the host.
+    pub fn devices(&self) -> &[Arc<Device>] {
+        &self.inner.devices
+    }
+
+    /// Why devices, platforms or whole APIs were skipped during discovery.
+    pub fn skipped(&self) -> &[String] {
+        &self.inner.skipped
+    }
+
+    /// The placer's views of all devices, with free memory now.
+    pub fn device_views(&self) -> Vec<DeviceView> {
+        self.inner.devices.iter().map(|d| d.view()).collect()
+    }
+
+    /// Where a request would go, and why, without allocating.
+    pub fn decide(&self, bytes: u64, options: &AllocOptions) -> Result<Decision> {
+        let request = Request::new(bytes)
+            .placement(options.placement)
+            .access(options.access)
+            .selector(options.selector.clone());
+        let evidence = self.evidence();
+        Ok(self.inner.decider.decide(&request, &self.device_views(), evidence.as_ref())?)
+    }
+
+    /// Allocates `n` elements of `T` where `placement` (and the decision table) says.
+    pub fn allocate_universal<T: bytemuck::Pod>(&self, n: usize, placement: Placement) -> Result<UniversalBuffer<T>> {
+        self.allocate_universal_with(n, AllocOptions::new().placement(placement))
+    }
+
+    /// Allocates a buffer holding a copy of `data`. With `Placement::ReadOnly` it is read-only afterwards.
+    pub fn allocate_universal_from<T: bytemuck::Pod>(
+        &self,
+        data: &[T],
+        placement: Placement,
+    ) -> Result<UniversalBuffer<T>> {
+        let access = if placement == Placement::ReadOnly { AccessPattern::ReadOnly } else { AccessPattern::Unknown };
+        let options = AllocOptions::new().placement(placement).access(access);
+        let mut buffer = self.allocate_inner::<T>(data.len(), &options)?;
+        buffer.write(data)?;
+        Ok(buffer)
+    }
+
+    /// Allocates `n` elements of `T` with full options.
+    ///
+    /// `n == 0` gives a working empty buffer (no memory is taken; reads and writes of zero elements succeed),
+    /// so generic code need not special-case empty tensors. `n * size_of::<T>()` overflowing 64 bits is
+    /// [`Error::SizeOverflow`].
+    pub fn allocate_universal_with<T: bytemuck::Pod>(
+        &self,
+        n: usize,
+        options: AllocOptions,
+    ) -> Result<UniversalBuffer<T>> {
+        self.allocate_inner(n, &options)
+    }
+
+    fn allocate_inner<T: bytemuck::Pod>(&self, n: usize, options: &AllocOptions) -> Result<UniversalBuffer<T>> {
+        let elem = std::mem::size_of::<T>();
+        let bytes = (n as u64).checked_mul(elem as u64).ok_or(Error::SizeOverflow {
+            elements: n,
+            elem_size: elem,
+            type_name: std::any::type_name::<T>(),
+        })?;
+        // Decide on at least one byte so an empty buffer still reports where it would live.
+        let decision = self.decide(bytes.max(1), options)?;
+        let device = Arc::clone(&self.inner.devices[decision.device]);
+        let api = match &options.selector {
+            DeviceSelector::Api(api) => Some(*api),
+            _ => None,
+        };
+        let block = if bytes == 0 {
+            None
+        } else {
+            let pool = device.pool(decision.pool, api, &self.inner.config.pool)?;
+            Some(OwnedBlock::allocate(pool, bytes, options.stream, options.zeroed)?)
+        };
+        if self.inner.allocations.fetch_add(1, Ordering::Relaxed) % EVIDENCE_REFRESH_EVERY == 0 {
+            self.refresh_evidence();
+        }
+        let track = self.inner.tracker.register(bytes, options.placement, options.access, decision.pool);
+        Ok(UniversalBuffer::new(
+            block,
+            n,
+            BufferMeta {
+                requested: options.placement,
+                access: options.access,
+                decision,
+                device,
+                label: options.label.clone(),
+                read_only: options.placement == Placement::ReadOnly,
+            },
+            Arc::clone(&self.inner.tracker),
+            track,
+        ))
+    }
+
+    fn evidence(&self) -> Option<Recommendations> {
+        self.inner.evidence.read().clone()
+    }
+
+    fn refresh_evidence(&self) {
+        *self.inner.evidence.write() = Some(self.inner.tracker.recommendations());
+    }
+
+    /// The recommended placement for small, medium and large buffers, read-only data and frequently accessed
+    /// data, each with its reason and evidence. Also refreshes the evidence that `Auto` follows.
+    pub fn placement_recommendations(&self) -> Recommendations {
+        let recs = self.inner.tracker.recommendations();
+        *self.inner.evidence.write() = Some(recs.clone());
+        recs
+    }
+
+    /// The usage tracker behind the recommendations.
+    pub fn usage_tracker(&self) -> &UsageTracker {
+        &self.inner.tracker
+    }
+
+    /// A cleanup round: releases cached segments that sat unused for `cleanup_idle_rounds` rounds, and lets old
+    /// usage evidence decay. Reports bytes and segments released per device and the time taken. Each pool is
+    /// locked only while its own segments are released.
+    pub fn cleanup(&self) -> CleanupReport {
+        self.inner.cleanup(self.inner.config.cleanup_idle_rounds)
+    }
+
+    /// Releases every cached byte in every pool now (PyTorch's `empty_cache`).
+    pub fn release_all_cached(&self) -> CleanupReport {
+        self.inner.cleanup(0)
+    }
+
+    /// Runs [`UniversalMemoryManager::cleanup`] every `interval` on a background thread until the returned guard
+    /// is dropped.
+    pub fn start_periodic_cleanup(&self, interval: Duration) -> CleanupGuard {
+        CleanupGuard::start(Arc::downgrade(&self.inner), interval)
+    }
+
+    /// Statistics of every pool, per device and in total (serde-serialisable).
+    pub fn global_memory_stats(&self) -> GlobalMemoryStats {
+        let mut total = PoolStats { name: "total".into(), limit_bytes: Some(0), ..PoolStats::default() };
+        let mut devices = Vec::new();
+        for device in &self.inner.devices {
+            let mut device_total =
+                PoolStats { name: device.name().to_string(), limit_bytes: Some(0), ..PoolStats::default() };
+            let mut pools = Vec::new();
+            for (api, kind, pool) in device.pools() {
+                let stats = pool.stats();
+                device_total.accumulate(&stats);
+                pools.push(PoolStatsEntry { api, kind, stats });
+            }
+            if pools.is_empty() {
+                device_total.limit_bytes = None;
+            }
+            total.accumulate(&device_total);
+            devices.push(DeviceStats { index: device.index(), name: device.name().to_string(), pools, total: device_total });
+        }
+        if devices.iter().all(|d| d.pools.is_empty()) {
+            total.limit_bytes = None;
+        }
+        GlobalMemoryStats { devices, total }
+    }
+
+    /// Sets (or clears) the cap on reserved bytes of every pool created so far. Pools created later take the
+    /// configured limit ([`Builder::limit`], `UMM_LIMIT`).
+    pub fn set_limit(&self, limit: Option<umm_backends::Limit>) -> Result<()> {
+        for device in &self.inner.devices {
+            for (_, _, pool) in device.pools() {
+                pool.set_limit(limit)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    pub(crate) fn cleanup(&self, idle_rounds: u64) -> CleanupReport {
+        let start = Instant::now();
+        let mut devices = Vec::new();
+        for device in &self.devices {
+            let mut entry = DeviceCleanup { index: device.index(), name: device.name().to_string(), ..Default::default() };
+            for (_, _, pool) in device.pools() {
+                let report = pool.cleanup(idle_rounds);
+                entry.bytes_released += report.bytes_released;
+                entry.segments_released += report.segments_released;
+                entry.pages_unmapped += report.pages_unmapped;
+            }
+            devices.push(entry);
+        }
+        // Halve the weight of old evidence each round so recommendations follow the current workload.
+        let _ = self.tracker.decay(0.5);
+        CleanupReport {
+            bytes_released: devices.iter().map(|d| d.bytes_released).sum(),
+            segments_released: devices.iter().map(|d| d.segments_released).sum(),
+            devices,
+            elapsed: start.elapsed(),
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for device in &self.devices {
+            for (_, kind, pool) in device.pools() {
+                let stats = pool.stats();
+                if stats.active_blocks.current > 0 {
+                    log::warn!(
+                        "memory manager dropped while {} buffers ({} bytes) are live in {} ({kind}); they stay \
+                         valid until dropped",
+                        stats.active_blocks.current,
+                        stats.allocated_bytes.current,
+                        pool.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for UniversalMemoryManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UniversalMemoryManager").field("devices", &self.inner.devices).finish()
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn is<T: Send + Sync>() {}
+    is::<UniversalMemoryManager>();
+    is::<UniversalBuffer<f32>>();
+    let _ = PoolKind::Host;
+}

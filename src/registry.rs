@@ -1,0 +1,325 @@
+//! The device registry: every device discovered through every API, merged so that one physical GPU seen through
+//! two APIs is one [`Device`] with two APIs. Pools are created on first use.
+
+use crate::host_info::HostInfo;
+use crate::UmmConfig;
+use parking_lot::Mutex;
+use serde::Serialize;
+use std::fmt;
+use std::sync::Arc;
+use umm_backends::{
+    BackendKind, DeviceInfo, DeviceType, HostBackend, MemoryPool, Pool, PoolConfig, PoolPlacement, SimBackend,
+};
+use umm_placement::{Api, DeviceKind, DeviceView, PoolKind};
+
+/// Makes a pool of one placement on one device through one API.
+pub(crate) type PoolFactory =
+    Box<dyn Fn(PoolPlacement, &PoolConfig) -> umm_backends::Result<Arc<dyn MemoryPool>> + Send + Sync>;
+
+/// One device as one API sees it, with the means to make its pools.
+pub(crate) struct ApiEntry {
+    pub(crate) api: Api,
+    pub(crate) info: DeviceInfo,
+    pub(crate) placements: Vec<PoolPlacement>,
+    pub(crate) factory: PoolFactory,
+}
+
+/// A device: the host, a GPU, a CPU device (PoCL, lavapipe) or a simulated device, with the APIs it is seen
+/// through and the pools made for it so far.
+pub struct Device {
+    index: usize,
+    name: String,
+    kind: DeviceKind,
+    shares_memory_with_host: bool,
+    total_memory: u64,
+    pci_bus_id: Option<String>,
+    apis: Vec<ApiEntry>,
+    pools: Mutex<Vec<(Api, PoolKind, Arc<dyn MemoryPool>)>>,
+}
+
+/// A serialisable summary of a device (for `umm devices --json` and statistics).
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceSummary {
+    /// Index in [`crate::UniversalMemoryManager::devices`].
+    pub index: usize,
+    /// Name.
+    pub name: String,
+    /// Kind.
+    pub kind: DeviceKind,
+    /// APIs it is seen through.
+    pub apis: Vec<Api>,
+    /// Total memory in bytes.
+    pub total_memory: u64,
+    /// Free memory in bytes now.
+    pub free_memory: u64,
+    /// Whether device memory is host memory.
+    pub shares_memory_with_host: bool,
+    /// PCI bus id, when known.
+    pub pci_bus_id: Option<String>,
+    /// Per API: what it reports (alignment, limits, details).
+    pub per_api: Vec<DeviceInfo>,
+}
+
+impl Device {
+    /// Index among the manager's devices (0 is the host).
+    pub fn index(&self) -> usize {
+        self.index
+    }
+    /// Name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Kind.
+    pub fn kind(&self) -> DeviceKind {
+        self.kind
+    }
+    /// The APIs through which this device is reached, preferred first.
+    pub fn apis(&self) -> Vec<Api> {
+        self.apis.iter().map(|a| a.api).collect()
+    }
+    /// Whether device memory is host memory.
+    pub fn shares_memory_with_host(&self) -> bool {
+        self.shares_memory_with_host
+    }
+    /// Total memory in bytes.
+    pub fn total_memory(&self) -> u64 {
+        self.total_memory
+    }
+    /// What each API reports about the device.
+    pub fn api_infos(&self) -> Vec<&DeviceInfo> {
+        self.apis.iter().map(|a| &a.info).collect()
+    }
+
+    /// Free memory now: the lowest figure among the device's pools and its discovery report.
+    pub fn free_memory(&self) -> u64 {
+        let pools = self.pools.lock();
+        let from_pools = pools.iter().map(|(_, _, p)| p.free_memory()).min();
+        let from_info = self.apis.iter().filter_map(|a| a.info.free_memory).min();
+        from_pools.or(from_info).unwrap_or(self.total_memory)
+    }
+
+    /// The pools created so far, with their API and kind.
+    pub fn pools(&self) -> Vec<(Api, PoolKind, Arc<dyn MemoryPool>)> {
+        self.pools.lock().clone()
+    }
+
+    /// The pool kinds this device offers.
+    pub fn pool_kinds(&self) -> Vec<PoolKind> {
+        let mut kinds: Vec<PoolKind> = Vec::new();
+        for entry in &self.apis {
+            for &p in &entry.placements {
+                let kind = pool_kind(p);
+                if !kinds.contains(&kind) {
+                    kinds.push(kind);
+                }
+            }
+        }
+        if self.kind == DeviceKind::Host {
+            kinds = vec![PoolKind::Host, PoolKind::HostPinned];
+        }
+        kinds
+    }
+
+    /// The placer's view of this device.
+    pub fn view(&self) -> DeviceView {
+        DeviceView {
+            index: self.index,
+            name: self.name.clone(),
+            kind: self.kind,
+            apis: self.apis(),
+            shares_memory_with_host: self.shares_memory_with_host,
+            total_bytes: self.total_memory,
+            free_bytes: self.free_memory(),
+            pools: self.pool_kinds(),
+        }
+    }
+
+    /// A serialisable summary.
+    pub fn summary(&self) -> DeviceSummary {
+        DeviceSummary {
+            index: self.index,
+            name: self.name.clone(),
+            kind: self.kind,
+            apis: self.apis(),
+            total_memory: self.total_memory,
+            free_memory: self.free_memory(),
+            shares_memory_with_host: self.shares_memory_with_host,
+            pci_bus_id: self.pci_bus_id.clone(),
+            per_api: self.apis.iter().map(|a| a.info.clone()).collect(),
+        }
+    }
+
+    /// The pool of `kind` through `api` (or the preferred API offering it), created on first use.
+    pub(crate) fn pool(
+        &self,
+        kind: PoolKind,
+        api: Option<Api>,
+        config: &PoolConfig,
+    ) -> crate::Result<Arc<dyn MemoryPool>> {
+        // On the host, pinned requests share the host pool: without an accelerator there is nothing to pin for.
+        let kind = if self.kind == DeviceKind::Host { PoolKind::Host } else { kind };
+        let placement = match kind {
+            PoolKind::Host | PoolKind::HostPinned => PoolPlacement::HostPinned,
+            PoolKind::DeviceLocal => PoolPlacement::DeviceLocal,
+            PoolKind::ReadOnly => PoolPlacement::ReadOnly,
+        };
+        let entry = self
+            .apis
+            .iter()
+            .filter(|e| api.is_none_or(|a| a == e.api))
+            .find(|e| self.kind == DeviceKind::Host || e.placements.contains(&placement))
+            .ok_or_else(|| {
+                crate::Error::InvalidConfig(format!(
+                    "device {} offers no {kind} pool through {}",
+                    self.name,
+                    api.map_or_else(|| "any API".to_string(), |a| a.to_string())
+                ))
+            })?;
+        let mut pools = self.pools.lock();
+        if let Some((_, _, pool)) = pools.iter().find(|(a, k, _)| *a == entry.api && *k == kind) {
+            return Ok(Arc::clone(pool));
+        }
+        let pool = (entry.factory)(placement, config)?;
+        pools.push((entry.api, kind, Arc::clone(&pool)));
+        Ok(pool)
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let apis: Vec<String> = self.apis.iter().map(|a| a.api.to_string()).collect();
+        write!(
+            f,
+            "[{}] {} ({}; {}; {:.1} GiB{})",
+            self.index,
+            self.name,
+            self.kind,
+            apis.join("+"),
+            self.total_memory as f64 / f64::from(1u32 << 30),
+            if self.shares_memory_with_host && self.kind != DeviceKind::Host { "; shares host memory" } else { "" }
+        )
+    }
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self}")
+    }
+}
+
+pub(crate) fn pool_kind(p: PoolPlacement) -> PoolKind {
+    match p {
+        PoolPlacement::DeviceLocal => PoolKind::DeviceLocal,
+        PoolPlacement::HostPinned => PoolKind::HostPinned,
+        PoolPlacement::ReadOnly => PoolKind::ReadOnly,
+    }
+}
+
+fn device_kind(t: DeviceType) -> DeviceKind {
+    match t {
+        DeviceType::Host => DeviceKind::Host,
+        DeviceType::Cpu => DeviceKind::Cpu,
+        DeviceType::DiscreteGpu => DeviceKind::DiscreteGpu,
+        DeviceType::IntegratedGpu => DeviceKind::IntegratedGpu,
+        DeviceType::Simulated => DeviceKind::Simulated,
+        DeviceType::Other => DeviceKind::Other,
+    }
+}
+
+/// Everything discovery found, and what it skipped.
+pub(crate) struct Discovered {
+    pub(crate) devices: Vec<Arc<Device>>,
+    pub(crate) skipped: Vec<String>,
+}
+
+/// Discovers the host, every enabled API's devices, and the configured simulated devices.
+pub(crate) fn discover(config: &UmmConfig, host: &HostInfo) -> Discovered {
+    let mut entries: Vec<ApiEntry> = Vec::new();
+    let mut skipped = Vec::new();
+    let host_alignment = host.preferred_alignment();
+    let host_capacity = host.total_memory;
+    entries.push(ApiEntry {
+        api: Api::Host,
+        info: DeviceInfo {
+            api: BackendKind::Host,
+            ordinal: 0,
+            name: "host".into(),
+            vendor: host.cpu_vendor.clone().unwrap_or_default(),
+            device_type: DeviceType::Host,
+            total_memory: host.total_memory,
+            free_memory: Some(host.available_memory),
+            shares_memory_with_host: true,
+            alignment: host_alignment,
+            max_allocation: host.total_memory,
+            pci_bus_id: None,
+            uuid: None,
+            details: host.cpu_brand.iter().map(|b| ("cpu".to_string(), b.clone())).collect(),
+        },
+        placements: vec![PoolPlacement::HostPinned],
+        factory: Box::new(move |_, config| {
+            let backend = HostBackend::new("host", host_capacity).with_alignment(host_alignment)?;
+            Ok(Arc::new(Pool::new(backend, config.clone())?) as Arc<dyn MemoryPool>)
+        }),
+    });
+    crate::discovery::discover_all(config, &mut entries, &mut skipped);
+    for (i, &capacity) in config.simulated_devices.iter().enumerate() {
+        let name = format!("sim{i}");
+        entries.push(ApiEntry {
+            api: Api::Sim,
+            info: DeviceInfo {
+                api: BackendKind::Sim,
+                ordinal: i,
+                name: name.clone(),
+                vendor: "umm".into(),
+                device_type: DeviceType::Simulated,
+                total_memory: capacity,
+                free_memory: Some(capacity),
+                shares_memory_with_host: false,
+                alignment: SimBackend::ALIGNMENT,
+                max_allocation: capacity,
+                pci_bus_id: None,
+                uuid: None,
+                details: vec![("note".into(), "simulated: address ranges only, holds no bytes".into())],
+            },
+            placements: vec![PoolPlacement::DeviceLocal, PoolPlacement::ReadOnly],
+            factory: Box::new(move |placement, config| {
+                let backend = SimBackend::new(format!("{name}/{placement}"), capacity);
+                Ok(Arc::new(Pool::new(backend, config.clone())?) as Arc<dyn MemoryPool>)
+            }),
+        });
+    }
+    Discovered { devices: merge(entries), skipped }
+}
+
+/// Groups API entries into devices: entries with the same PCI bus id or UUID are one device.
+fn merge(entries: Vec<ApiEntry>) -> Vec<Arc<Device>> {
+    let mut groups: Vec<Vec<ApiEntry>> = Vec::new();
+    for entry in entries {
+        let same = |other: &ApiEntry| {
+            let a = &entry.info;
+            let b = &other.info;
+            (a.pci_bus_id.is_some() && a.pci_bus_id == b.pci_bus_id) || (a.uuid.is_some() && a.uuid == b.uuid)
+        };
+        match groups.iter_mut().find(|g| g.iter().any(same)) {
+            Some(group) => group.push(entry),
+            None => groups.push(vec![entry]),
+        }
+    }
+    groups
+        .into_iter()
+        .enumerate()
+        .map(|(index, apis)| {
+            let first = &apis[0].info;
+            Arc::new(Device {
+                index,
+                name: first.name.clone(),
+                kind: device_kind(first.device_type),
+                shares_memory_with_host: apis.iter().any(|a| a.info.shares_memory_with_host),
+                total_memory: apis.iter().map(|a| a.info.total_memory).max().unwrap_or(0),
+                pci_bus_id: apis.iter().find_map(|a| a.info.pci_bus_id.clone()),
+                apis,
+                pools: Mutex::new(Vec::new()),
+            })
+        })
+        .collect()
+}

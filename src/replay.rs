@@ -1,0 +1,416 @@
+//! Replays a [`Trace`] through a pool and reports what it cost: memory (peak reserved against the trace's own
+//! peak of live bytes) and time per op, cold (a fresh pool) and warm (the same pool again, caches full).
+//!
+//! The loop is generic over the backend (`Pool<B>`, monomorphised, no dynamic dispatch) and keeps live blocks
+//! in a `Vec` indexed by the trace's dense slots, so it measures the pool and little else. Only the op loop is
+//! timed.
+
+use crate::trace::{Op, Trace};
+use serde::Serialize;
+use std::time::{Duration, Instant};
+use thiserror::Error;
+use umm_backends::{Backend, BlockHandle, HostBackend, Limit, Pool, PoolConfig, SimBackend, StreamId};
+
+/// Backends `umm replay` knows, in the order they are listed to users.
+pub const BACKENDS: &[&str] = &["sim", "sim-plain", "host"];
+
+/// Default capacity of the simulated device: an H100's 80 GiB.
+pub const SIM_CAPACITY: u64 = 80 << 30;
+
+/// Ops between two progress reports (and two reads of the clock).
+const CHUNK: usize = 1 << 16;
+
+/// What can go wrong in a replay.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ReplayError {
+    /// The backend name is not one this build knows.
+    #[error("unknown backend `{name}`; available: {}", available.join(", "))]
+    UnknownBackend {
+        /// The name asked for.
+        name: String,
+        /// The names this build knows.
+        available: Vec<String>,
+    },
+    /// The trace needs more memory than the backend has, so it is refused before running.
+    #[error(
+        "trace {trace} needs {needed} bytes ({}) live at its peak, more than the {available} bytes ({}) {backend} has available",
+        human_bytes(*needed),
+        human_bytes(*available)
+    )]
+    TooLarge {
+        /// Trace name.
+        trace: String,
+        /// Backend name.
+        backend: String,
+        /// The trace's peak of live bytes.
+        needed: u64,
+        /// Memory available to the backend.
+        available: u64,
+    },
+    /// Creating the pool, or an operation other than an out-of-memory allocation, failed.
+    #[error("{backend} pool for trace {trace}: {source}")]
+    Pool {
+        /// Trace name.
+        trace: String,
+        /// Backend name.
+        backend: String,
+        /// The pool's error.
+        #[source]
+        source: umm_backends::Error,
+    },
+}
+
+/// How to replay.
+#[derive(Default)]
+pub struct ReplayOptions<'a> {
+    /// Warm replays after the cold one; `ns_per_op_warm` is their median. 0 leaves it equal to the cold time.
+    pub repeat: usize,
+    /// Cap on the pool's reserved bytes.
+    pub limit: Option<Limit>,
+    /// Capacity of the simulated device (`sim`, `sim-plain`); [`SIM_CAPACITY`] when `None`.
+    pub sim_capacity: Option<u64>,
+    /// Memory the host backend may use (the CLI passes the machine's available memory); required for `host`.
+    pub host_capacity: Option<u64>,
+    /// Called every few thousand ops with (ops done, ops in all passes).
+    pub progress: Option<&'a mut dyn FnMut(u64, u64)>,
+}
+
+impl ReplayOptions<'_> {
+    /// Options with `repeat` warm passes and nothing else set.
+    pub fn with_repeat(repeat: usize) -> Self {
+        Self { repeat, ..Self::default() }
+    }
+}
+
+/// The outcome of replaying one trace on one backend: the `umm replay --json` object.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplayReport {
+    /// Trace name.
+    pub trace: String,
+    /// Backend name (`sim`, `sim-plain`, `host`, ...).
+    pub backend: String,
+    /// The device the pool ran on, in words.
+    pub device: String,
+    /// Ops in the trace.
+    pub ops: u64,
+    /// Allocation ops.
+    pub allocs: u64,
+    /// Free ops.
+    pub frees: u64,
+    /// The trace's own maximum of live bytes.
+    pub peak_live_bytes: u64,
+    /// The pool's peak of reserved bytes during the cold pass.
+    pub peak_reserved_bytes: u64,
+    /// `peak_reserved_bytes / peak_live_bytes` (0 for a trace that allocates nothing).
+    pub reserved_over_live: f64,
+    /// Nanoseconds per op of the first replay, on a fresh pool.
+    pub ns_per_op_cold: f64,
+    /// Median nanoseconds per op of the warm replays on the same pool.
+    pub ns_per_op_warm: f64,
+    /// Segments created or page ranges mapped during the cold pass.
+    pub device_allocs: u64,
+    /// Segments destroyed or page ranges unmapped during the cold pass.
+    pub device_frees: u64,
+    /// Allocations of the cold pass that released cached memory and retried.
+    pub oom_retries: u64,
+    /// Allocations that failed with out of memory and were skipped (most in any pass).
+    pub ooms: u64,
+    /// The pool's limit in bytes, if any.
+    pub limit_bytes: Option<u64>,
+}
+
+/// Replays `trace` on a fresh pool of the backend named `backend` (one of [`BACKENDS`]).
+pub fn replay_on(backend: &str, trace: &Trace, opts: ReplayOptions<'_>) -> Result<ReplayReport, ReplayError> {
+    let config = PoolConfig { limit: opts.limit, ..PoolConfig::default() };
+    let sim_capacity = opts.sim_capacity.unwrap_or(SIM_CAPACITY);
+    let pool_error = |source| ReplayError::Pool { trace: trace.name.clone(), backend: backend.into(), source };
+    match backend {
+        "sim" => {
+            let device = format!("simulated {} device with virtual memory (CUDA-like)", human_bytes(sim_capacity));
+            let pool = Pool::new(SimBackend::new("sim", sim_capacity), config).map_err(pool_error)?;
+            replay(trace, &pool, backend, &device, opts)
+        }
+        "sim-plain" => {
+            let device = format!("simulated {} device, plain segments only", human_bytes(sim_capacity));
+            let pool = Pool::new(SimBackend::plain("sim-plain", sim_capacity), config).map_err(pool_error)?;
+            replay(trace, &pool, backend, &device, opts)
+        }
+        "host" => {
+            let available = opts.host_capacity.ok_or_else(|| {
+                pool_error(umm_backends::Error::InvalidConfig("host replay needs the available host memory".into()))
+            })?;
+            if trace.peak_live_bytes > available {
+                return Err(ReplayError::TooLarge {
+                    trace: trace.name.clone(),
+                    backend: backend.into(),
+                    needed: trace.peak_live_bytes,
+                    available,
+                });
+            }
+            let device = format!("host memory ({} available)", human_bytes(available));
+            let pool = Pool::new(HostBackend::new("host", available), config).map_err(pool_error)?;
+            replay(trace, &pool, backend, &device, opts)
+        }
+        // Extension point: backends behind cargo features add their arm here and their name to `BACKENDS`
+        // (for example `#[cfg(feature = "cuda")] "cuda" => { ... replay(trace, &pool, backend, &device, opts) }`).
+        other => Err(ReplayError::UnknownBackend {
+            name: other.into(),
+            available: BACKENDS.iter().map(|s| s.to_string()).collect(),
+        }),
+    }
+}
+
+/// Replays `trace` on `pool`, which should be fresh (its statistics are taken as the cold pass's), then
+/// `opts.repeat` more times on the same pool. Live blocks left at the end of a pass are freed (untimed) so every
+/// pass starts with nothing live.
+pub fn replay<B: Backend>(
+    trace: &Trace,
+    pool: &Pool<B>,
+    backend: &str,
+    device: &str,
+    mut opts: ReplayOptions<'_>,
+) -> Result<ReplayReport, ReplayError> {
+    let pool_error = |source| ReplayError::Pool { trace: trace.name.clone(), backend: backend.into(), source };
+    let ops = trace.ops.len() as u64;
+    let total = ops * (1 + opts.repeat as u64);
+    let mut slots: Vec<Option<BlockHandle>> = vec![None; trace.slots as usize];
+
+    let mut progress = |done: u64| {
+        if let Some(report) = opts.progress.as_mut() {
+            report(done, total);
+        }
+    };
+    let cold = run_pass(trace, pool, &mut slots, &mut |n| progress(n)).map_err(pool_error)?;
+    let stats = pool.stats();
+    free_all(pool, &mut slots).map_err(pool_error)?;
+
+    let mut warm = Vec::with_capacity(opts.repeat);
+    let mut ooms = cold.ooms;
+    for pass in 1..=opts.repeat as u64 {
+        let result = run_pass(trace, pool, &mut slots, &mut |n| progress(pass * ops + n)).map_err(pool_error)?;
+        free_all(pool, &mut slots).map_err(pool_error)?;
+        ooms = ooms.max(result.ooms);
+        warm.push(result.elapsed);
+    }
+    let per_op = |d: Duration| if ops == 0 { 0.0 } else { d.as_nanos() as f64 / ops as f64 };
+    let ns_per_op_cold = per_op(cold.elapsed);
+    let ns_per_op_warm = if warm.is_empty() { ns_per_op_cold } else { per_op(median(&mut warm)) };
+    let peak_reserved = stats.reserved_bytes.peak;
+    Ok(ReplayReport {
+        trace: trace.name.clone(),
+        backend: backend.into(),
+        device: device.into(),
+        ops,
+        allocs: trace.allocs,
+        frees: trace.frees,
+        peak_live_bytes: trace.peak_live_bytes,
+        peak_reserved_bytes: peak_reserved,
+        reserved_over_live: if trace.peak_live_bytes == 0 {
+            0.0
+        } else {
+            peak_reserved as f64 / trace.peak_live_bytes as f64
+        },
+        ns_per_op_cold,
+        ns_per_op_warm,
+        device_allocs: stats.num_device_alloc,
+        device_frees: stats.num_device_free,
+        oom_retries: stats.num_alloc_retries,
+        ooms,
+        limit_bytes: stats.limit_bytes,
+    })
+}
+
+struct Pass {
+    elapsed: Duration,
+    ooms: u64,
+}
+
+/// One pass over the trace. Only the op loops are timed; progress is reported between chunks.
+fn run_pass<B: Backend>(
+    trace: &Trace,
+    pool: &Pool<B>,
+    slots: &mut [Option<BlockHandle>],
+    progress: &mut dyn FnMut(u64),
+) -> umm_backends::Result<Pass> {
+    let mut pass = Pass { elapsed: Duration::ZERO, ooms: 0 };
+    let mut done = 0;
+    for chunk in trace.ops.chunks(CHUNK) {
+        let start = Instant::now();
+        pass.ooms += run_ops(chunk, pool, slots)?;
+        pass.elapsed += start.elapsed();
+        done += chunk.len() as u64;
+        progress(done);
+    }
+    Ok(pass)
+}
+
+/// The timed loop. Returns the allocations that failed for lack of memory (skipped, and their frees ignored).
+#[inline(never)]
+fn run_ops<B: Backend>(ops: &[Op], pool: &Pool<B>, slots: &mut [Option<BlockHandle>]) -> umm_backends::Result<u64> {
+    let mut ooms = 0;
+    for op in ops {
+        match *op {
+            Op::Alloc { slot, bytes, stream } => match pool.allocate(bytes, StreamId(u64::from(stream))) {
+                Ok(block) => slots[slot as usize] = Some(block),
+                Err(umm_backends::Error::OutOfMemory { .. } | umm_backends::Error::TooLarge { .. }) => ooms += 1,
+                Err(e) => return Err(e),
+            },
+            Op::Free { slot } => {
+                if let Some(block) = slots[slot as usize].take() {
+                    pool.free(&block)?;
+                }
+            }
+        }
+    }
+    Ok(ooms)
+}
+
+fn free_all<B: Backend>(pool: &Pool<B>, slots: &mut [Option<BlockHandle>]) -> umm_backends::Result<()> {
+    for block in slots.iter_mut().filter_map(Option::take) {
+        pool.free(&block)?;
+    }
+    Ok(())
+}
+
+fn median(times: &mut [Duration]) -> Duration {
+    times.sort_unstable();
+    let mid = times.len() / 2;
+    if times.len() % 2 == 1 {
+        times[mid]
+    } else {
+        (times[mid - 1] + times[mid]) / 2
+    }
+}
+
+/// Parses a byte size: plain bytes (`1048576`), binary suffixes (`KiB`, `MiB`, `GiB`, `TiB`), decimal ones
+/// (`KB`, `MB`, `GB`, `TB`) or `B`; suffixes are case-insensitive and may follow a fraction (`1.5GB`).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let accepted = "a size in bytes such as 1048576, 512MiB, 2GiB or 1.5GB \
+                    (suffixes B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)";
+    let text = text.trim();
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
+    let (number, suffix) = text.split_at(split);
+    let unit: u64 = match suffix.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        _ => return Err(format!("unknown unit `{}` in `{text}`: expected {accepted}", suffix.trim())),
+    };
+    if number.is_empty() {
+        return Err(format!("no number in `{text}`: expected {accepted}"));
+    }
+    let bytes = if let Ok(n) = number.parse::<u64>() {
+        n.checked_mul(unit).ok_or_else(|| format!("`{text}` does not fit in 64 bits"))?
+    } else {
+        let value: f64 = number.parse().map_err(|_| format!("`{text}` is not {accepted}"))?;
+        let bytes = (value * unit as f64).round();
+        if !(bytes < u64::MAX as f64) {
+            return Err(format!("`{text}` does not fit in 64 bits"));
+        }
+        bytes as u64
+    };
+    Ok(bytes)
+}
+
+/// Parses a pool limit: a size as [`parse_size`] reads it, or a fraction of the device's capacity in `(0, 1]`
+/// written with a decimal point and no unit (`0.9`).
+pub fn parse_limit(text: &str) -> Result<Limit, String> {
+    let t = text.trim();
+    if t.contains('.') && t.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        let fraction: f64 = t.parse().map_err(|_| format!("`{t}` is not a number"))?;
+        if fraction > 0.0 && fraction <= 1.0 {
+            return Ok(Limit::Fraction(fraction));
+        }
+        return Err(format!(
+            "`{t}` is a fraction outside (0, 1]: give a fraction of the device's capacity such as 0.9, \
+             or a size such as 2GiB"
+        ));
+    }
+    match parse_size(t)? {
+        0 => Err("a limit of zero bytes allows nothing: give a size such as 2GiB or a fraction such as 0.9".into()),
+        bytes => Ok(Limit::Bytes(bytes)),
+    }
+}
+
+/// `bytes` in binary units with two decimals (`7.19 GiB`), or plain bytes below 1 KiB.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.2} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_and_decimal_units() {
+        assert_eq!(parse_size("1048576"), Ok(1 << 20));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("2 gib"), Ok(2 << 30));
+        assert_eq!(parse_size("1.5GB"), Ok(1_500_000_000));
+        assert_eq!(parse_size("4KiB"), Ok(4096));
+        assert_eq!(parse_size("3MB"), Ok(3_000_000));
+        assert_eq!(parse_size("1TiB"), Ok(1 << 40));
+        assert!(parse_size("2XB").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("GiB").unwrap_err().contains("no number"));
+        assert!(parse_size("1.2.3GiB").is_err());
+        assert!(parse_size("99999999999TiB").is_err());
+    }
+
+    #[test]
+    fn limits_are_sizes_or_fractions() {
+        assert_eq!(parse_limit("0.9"), Ok(Limit::Fraction(0.9)));
+        assert_eq!(parse_limit("1.0"), Ok(Limit::Fraction(1.0)));
+        assert_eq!(parse_limit("2GiB"), Ok(Limit::Bytes(2 << 30)));
+        assert!(parse_limit("1.5").is_err());
+        assert!(parse_limit("0.0").is_err());
+        assert!(parse_limit("0").is_err());
+    }
+
+    #[test]
+    fn replay_counts_ooms_and_skips_their_frees() {
+        let text = "# umm-trace v1\na 1 1048576 0\na 2 4194304 0\nf 2\nf 1\na 3 2097152 0\n";
+        let trace = Trace::parse_str("t", "t", text).unwrap();
+        let opts = ReplayOptions { repeat: 2, limit: Some(Limit::Bytes(4 << 20)), ..ReplayOptions::default() };
+        let report = replay_on("sim-plain", &trace, opts).unwrap();
+        assert_eq!(report.ooms, 1, "{report:?}");
+        assert_eq!(report.limit_bytes, Some(4 << 20));
+        assert!(report.peak_reserved_bytes <= 4 << 20);
+        assert_eq!((report.ops, report.allocs, report.frees), (5, 3, 2));
+        assert_eq!(report.peak_live_bytes, 5 << 20);
+    }
+
+    #[test]
+    fn unknown_backend_lists_the_known_ones() {
+        let trace = Trace::parse_str("t", "t", "# umm-trace v1\n").unwrap();
+        let err = replay_on("vulkan", &trace, ReplayOptions::default()).unwrap_err().to_string();
+        assert!(err.contains("vulkan") && err.contains("sim, sim-plain, host"), "{err}");
+    }
+
+    #[test]
+    fn host_refuses_traces_larger_than_available_memory() {
+        let trace = Trace::parse_str("big", "big", "# umm-trace v1\na 1 4096 0\n").unwrap();
+        let opts = ReplayOptions { host_capacity: Some(1024), ..ReplayOptions::default() };
+        let err = replay_on("host", &trace, opts).unwrap_err();
+        assert!(matches!(err, ReplayError::TooLarge { needed: 4096, available: 1024, .. }), "{err}");
+        let opts = ReplayOptions { host_capacity: Some(1 << 30), repeat: 1, ..ReplayOptions::default() };
+        let report = replay_on("host", &trace, opts).unwrap();
+        assert_eq!(report.allocs, 1);
+    }
+}

@@ -1,0 +1,350 @@
+//! Allocation traces in the `umm-trace v1` format: a reader that turns a trace into a compact op list for
+//! replay, and a writer that records one (used by `UMM_TRACE` recording).
+//!
+//! The format is text, optionally gzip-compressed (detected by the gzip magic bytes, whatever the file name):
+//! ```text
+//! # umm-trace v1          (required first line)
+//! # any comment
+//! a ID BYTES STREAM       allocate BYTES on STREAM (0, 1, ...) and call the block ID
+//! f ID                    free block ID
+//! ```
+//! Blocks still live at the end are simply left live.
+//!
+//! At load time block IDs are remapped to dense slots (a slot is reused once its block is freed), so a replay
+//! keeps its live blocks in a `Vec` indexed by slot and never hashes.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// The first line every `umm-trace v1` file starts with.
+pub const HEADER: &str = "# umm-trace v1";
+
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+
+/// What can go wrong reading a trace. Every message names the file (and the line, for malformed content).
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum TraceError {
+    /// The file could not be opened or read (or its gzip stream is corrupt).
+    #[error("{path}: {source}")]
+    Io {
+        /// The trace file (or the label given to [`Trace::from_reader`]).
+        path: String,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// The first line is not `# umm-trace v1`.
+    #[error("{path}:1: not an umm-trace v1 file: the first line must be `{HEADER}`, found `{found}`")]
+    Header {
+        /// The trace file.
+        path: String,
+        /// The first line as found (shortened).
+        found: String,
+    },
+    /// A line that is not a valid op.
+    #[error("{path}:{line}: {what}")]
+    Malformed {
+        /// The trace file.
+        path: String,
+        /// 1-based line number.
+        line: u64,
+        /// What was wrong.
+        what: String,
+    },
+}
+
+/// One operation of a trace, with block IDs remapped to dense slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Allocate `bytes` on `stream` and keep the block in `slot`.
+    Alloc {
+        /// Dense slot (`0..Trace::slots`) the block is kept in until freed.
+        slot: u32,
+        /// Bytes asked for (never zero).
+        bytes: u64,
+        /// Stream number.
+        stream: u32,
+    },
+    /// Free the block in `slot`.
+    Free {
+        /// Dense slot of a live block.
+        slot: u32,
+    },
+}
+
+/// A loaded trace: its ops and what they add up to.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Trace {
+    /// Name: the file name without `.gz` and `.trace` (`gpt2_train` for `gpt2_train.trace.gz`).
+    pub name: String,
+    /// The ops in order.
+    pub ops: Vec<Op>,
+    /// Number of slots: the most blocks live at once. Every slot in `ops` is below it.
+    pub slots: u32,
+    /// The trace's own maximum of live bytes (sum of requested sizes of live blocks).
+    pub peak_live_bytes: u64,
+    /// Allocation ops.
+    pub allocs: u64,
+    /// Free ops.
+    pub frees: u64,
+    /// Number of streams used (highest stream number + 1; 0 for a trace with no allocation).
+    pub streams: u32,
+    /// The largest single allocation in bytes.
+    pub max_block_bytes: u64,
+}
+
+impl Trace {
+    /// Loads a trace file, plain or gzip (detected by content). O(ops).
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, TraceError> {
+        let path = path.as_ref();
+        let label = path.display().to_string();
+        let file = std::fs::File::open(path).map_err(|source| TraceError::Io { path: label.clone(), source })?;
+        Self::from_reader(name_of(path), &label, file)
+    }
+
+    /// Parses a trace from `reader` (plain or gzip, detected by content). `label` names the source in errors.
+    pub fn from_reader(name: impl Into<String>, label: &str, reader: impl Read) -> Result<Self, TraceError> {
+        let mut buffered = BufReader::with_capacity(1 << 16, reader);
+        let head = buffered.fill_buf().map_err(|source| TraceError::Io { path: label.into(), source })?;
+        if head.starts_with(&GZIP_MAGIC) {
+            let decoder = flate2::bufread::MultiGzDecoder::new(buffered);
+            parse(name.into(), label, BufReader::with_capacity(1 << 16, decoder))
+        } else {
+            parse(name.into(), label, buffered)
+        }
+    }
+
+    /// Parses a plain-text trace held in memory. `label` names the source in errors.
+    pub fn parse_str(name: impl Into<String>, label: &str, text: &str) -> Result<Self, TraceError> {
+        parse(name.into(), label, text.as_bytes())
+    }
+
+    /// Number of ops.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Whether the trace has no op.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+/// A trace's name from its path: the file name without `.gz` and then `.trace`.
+pub fn name_of(path: &Path) -> String {
+    let file = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    let file = file.strip_suffix(".gz").unwrap_or(&file);
+    file.strip_suffix(".trace").unwrap_or(file).to_string()
+}
+
+/// Builds the compact trace while reading lines: IDs to slots, live bytes, counts.
+struct Builder<'a> {
+    label: &'a str,
+    trace: Trace,
+    /// Live block ID → (slot, bytes).
+    live: HashMap<u64, (u32, u64)>,
+    /// Slots whose blocks were freed, reused before new ones are made.
+    vacant: Vec<u32>,
+    live_bytes: u64,
+}
+
+impl Builder<'_> {
+    fn error(&self, line: u64, what: impl fmt::Display) -> TraceError {
+        TraceError::Malformed { path: self.label.to_string(), line, what: what.to_string() }
+    }
+
+    fn line(&mut self, number: u64, text: &str) -> Result<(), TraceError> {
+        let text = text.trim();
+        if text.is_empty() || text.starts_with('#') {
+            return Ok(());
+        }
+        let mut fields = text.split_ascii_whitespace();
+        let op = fields.next().unwrap_or_default();
+        let mut field = |name: &str| -> Result<u64, TraceError> {
+            let value = fields.next().ok_or_else(|| self.error(number, format!("`{op}` op is missing its {name}")))?;
+            value.parse::<u64>().map_err(|_| {
+                self.error(number, format!("{name} `{value}` is not a non-negative integer (in `{text}`)"))
+            })
+        };
+        match op {
+            "a" => {
+                let id = field("ID")?;
+                let bytes = field("BYTES")?;
+                let stream = field("STREAM")?;
+                self.no_extra(number, fields.next(), text)?;
+                self.alloc(number, id, bytes, stream)
+            }
+            "f" => {
+                let id = field("ID")?;
+                self.no_extra(number, fields.next(), text)?;
+                self.free(number, id)
+            }
+            other => Err(self.error(
+                number,
+                format!("unknown op `{other}` (expected `a ID BYTES STREAM`, `f ID` or a `#` comment)"),
+            )),
+        }
+    }
+
+    fn no_extra(&self, number: u64, extra: Option<&str>, text: &str) -> Result<(), TraceError> {
+        match extra {
+            Some(extra) => Err(self.error(number, format!("unexpected extra field `{extra}` in `{text}`"))),
+            None => Ok(()),
+        }
+    }
+
+    fn alloc(&mut self, number: u64, id: u64, bytes: u64, stream: u64) -> Result<(), TraceError> {
+        if bytes == 0 {
+            return Err(self.error(number, format!("allocation of block {id} has zero bytes")));
+        }
+        let stream = u32::try_from(stream)
+            .map_err(|_| self.error(number, format!("stream {stream} is too large (at most {})", u32::MAX)))?;
+        if self.live.contains_key(&id) {
+            return Err(self.error(number, format!("block {id} is allocated again while still live")));
+        }
+        let slot = match self.vacant.pop() {
+            Some(slot) => slot,
+            None => {
+                let slot = self.trace.slots;
+                self.trace.slots = slot
+                    .checked_add(1)
+                    .ok_or_else(|| self.error(number, "more than 2^32 blocks live at once"))?;
+                slot
+            }
+        };
+        self.live.insert(id, (slot, bytes));
+        self.live_bytes = self.live_bytes.saturating_add(bytes);
+        let t = &mut self.trace;
+        t.peak_live_bytes = t.peak_live_bytes.max(self.live_bytes);
+        t.max_block_bytes = t.max_block_bytes.max(bytes);
+        t.streams = t.streams.max(stream.saturating_add(1));
+        t.allocs += 1;
+        t.ops.push(Op::Alloc { slot, bytes, stream });
+        Ok(())
+    }
+
+    fn free(&mut self, number: u64, id: u64) -> Result<(), TraceError> {
+        let Some((slot, bytes)) = self.live.remove(&id) else {
+            return Err(self.error(number, format!("free of block {id}, which is not live (never allocated or already freed)")));
+        };
+        self.vacant.push(slot);
+        self.live_bytes -= bytes;
+        self.trace.frees += 1;
+        self.trace.ops.push(Op::Free { slot });
+        Ok(())
+    }
+}
+
+fn parse(name: String, label: &str, mut reader: impl BufRead) -> Result<Trace, TraceError> {
+    let io_error = |source| TraceError::Io { path: label.to_string(), source };
+    let mut text = String::new();
+    if reader.read_line(&mut text).map_err(io_error)? == 0 || text.trim_end() != HEADER {
+        let mut found: String = text.trim_end().chars().take(60).collect();
+        if found.is_empty() {
+            found = "an empty file".into();
+        } else if found.chars().any(|c| c.is_control() && c != '\t') {
+            found = "binary data".into();
+        }
+        return Err(TraceError::Header { path: label.to_string(), found });
+    }
+    let mut builder =
+        Builder { label, trace: Trace { name, ..Trace::default() }, live: HashMap::new(), vacant: Vec::new(), live_bytes: 0 };
+    let mut number = 1;
+    loop {
+        text.clear();
+        if reader.read_line(&mut text).map_err(io_error)? == 0 {
+            break;
+        }
+        number += 1;
+        builder.line(number, &text)?;
+    }
+    builder.trace.ops.shrink_to_fit();
+    Ok(builder.trace)
+}
+
+/// Writes a trace in `umm-trace v1` text. Writes nothing beyond what it is told: it does not check that frees
+/// match allocations (the reader does).
+pub struct TraceWriter<W: Write> {
+    out: W,
+}
+
+impl<W: Write> TraceWriter<W> {
+    /// Starts a trace on `out` by writing the header line.
+    pub fn new(mut out: W) -> io::Result<Self> {
+        writeln!(out, "{HEADER}")?;
+        Ok(Self { out })
+    }
+
+    /// Writes a comment line (`# text`); line breaks in `text` become separate comment lines.
+    pub fn comment(&mut self, text: &str) -> io::Result<()> {
+        for line in text.lines() {
+            writeln!(self.out, "# {line}")?;
+        }
+        Ok(())
+    }
+
+    /// Records an allocation of `bytes` on `stream`, naming the block `id`.
+    pub fn alloc(&mut self, id: u64, bytes: u64, stream: u64) -> io::Result<()> {
+        writeln!(self.out, "a {id} {bytes} {stream}")
+    }
+
+    /// Records the free of block `id`.
+    pub fn free(&mut self, id: u64) -> io::Result<()> {
+        writeln!(self.out, "f {id}")
+    }
+
+    /// Flushes and returns the output.
+    pub fn finish(mut self) -> io::Result<W> {
+        self.out.flush()?;
+        Ok(self.out)
+    }
+}
+
+/// A trace file being written: gzip-compressed when its name ends in `.gz`.
+pub enum TraceFile {
+    /// Plain text.
+    Plain(io::BufWriter<std::fs::File>),
+    /// Gzip.
+    Gzip(flate2::write::GzEncoder<io::BufWriter<std::fs::File>>),
+}
+
+impl Write for TraceFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            TraceFile::Plain(w) => w.write(buf),
+            TraceFile::Gzip(w) => w.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            TraceFile::Plain(w) => w.flush(),
+            TraceFile::Gzip(w) => w.flush(),
+        }
+    }
+}
+
+impl TraceWriter<TraceFile> {
+    /// Creates (or truncates) the trace file at `path`, gzip-compressed when the name ends in `.gz`.
+    pub fn create(path: impl AsRef<Path>) -> io::Result<Self> {
+        let path: PathBuf = path.as_ref().into();
+        let file = io::BufWriter::new(std::fs::File::create(&path)?);
+        let out = if path.extension().is_some_and(|e| e == "gz") {
+            TraceFile::Gzip(flate2::write::GzEncoder::new(file, flate2::Compression::default()))
+        } else {
+            TraceFile::Plain(file)
+        };
+        Self::new(out)
+    }
+
+    /// Finishes the file: writes the gzip trailer if compressed, and flushes.
+    pub fn close(self) -> io::Result<()> {
+        match self.finish()? {
+            TraceFile::Plain(mut w) => w.flush(),
+            TraceFile::Gzip(w) => w.finish()?.flush(),
+        }
+    }
+}

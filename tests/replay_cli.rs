@@ -1,0 +1,186 @@
+//! `umm replay` run as a user runs it: the built binary on traces written to a temp dir.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const FIELDS: [&str; 16] = [
+    "trace",
+    "backend",
+    "device",
+    "ops",
+    "allocs",
+    "frees",
+    "peak_live_bytes",
+    "peak_reserved_bytes",
+    "reserved_over_live",
+    "ns_per_op_cold",
+    "ns_per_op_warm",
+    "device_allocs",
+    "device_frees",
+    "oom_retries",
+    "ooms",
+    "limit_bytes",
+];
+
+/// Writes a small trace (a few sizes, two streams, one block left live) and returns its path.
+fn small_trace(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("umm-replay-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut text = String::from("# umm-trace v1\n");
+    for i in 0..200u64 {
+        text.push_str(&format!("a {i} {} {}\n", 512 * (1 + i % 7) << (i % 3 * 5), i % 2));
+        if i >= 3 {
+            text.push_str(&format!("f {}\n", i - 3));
+        }
+    }
+    let path = dir.join(format!("{name}.trace"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn umm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_umm")).args(args).output().expect("the umm binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Asserts a failure with a clean message on stderr (no panic, no backtrace) and returns that message.
+fn failure(output: &Output) -> String {
+    let stderr = text(&output.stderr);
+    assert!(!output.status.success(), "expected failure; stdout {}", text(&output.stdout));
+    assert!(!stderr.contains("panicked") && !stderr.contains("RUST_BACKTRACE"), "{stderr}");
+    stderr
+}
+
+fn json_lines(output: &Output) -> Vec<serde_json::Value> {
+    text(&output.stdout).lines().map(|l| serde_json::from_str(l).expect("each line is a JSON object")).collect()
+}
+
+#[test]
+fn table_has_a_header_and_one_row_per_trace() {
+    let (a, b) = (small_trace("table_a"), small_trace("table_b"));
+    let output = umm(&["replay", "--repeat", "2", a.to_str().unwrap(), b.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let stdout = text(&output.stdout);
+    for column in ["trace", "ops", "peak live", "peak reserved", "reserved/live", "ns/op cold", "ns/op warm"] {
+        assert!(stdout.contains(column), "column {column} in\n{stdout}");
+    }
+    for column in ["device allocs", "retries", "ooms"] {
+        assert!(stdout.contains(column), "column {column} in\n{stdout}");
+    }
+    let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with("table_")).collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    assert!(rows[0].split_whitespace().nth(1) == Some("397"), "ops column: {}", rows[0]);
+}
+
+#[test]
+fn json_has_every_field_on_every_backend() {
+    let path = small_trace("json");
+    for backend in ["sim", "sim-plain", "host"] {
+        let output = umm(&["replay", "--backend", backend, "--json", "--repeat", "3", path.to_str().unwrap()]);
+        assert!(output.status.success(), "{backend}: {}", text(&output.stderr));
+        let lines = json_lines(&output);
+        assert_eq!(lines.len(), 1);
+        let object = lines[0].as_object().unwrap();
+        for field in FIELDS {
+            assert!(object.contains_key(field), "{backend}: field {field} in {object:?}");
+        }
+        assert_eq!(object.len(), FIELDS.len(), "no other fields: {object:?}");
+        assert_eq!(lines[0]["trace"], "json");
+        assert_eq!(lines[0]["backend"], backend);
+        assert_eq!(lines[0]["ops"], 397);
+        assert_eq!(lines[0]["allocs"], 200);
+        assert_eq!(lines[0]["frees"], 197);
+        assert_eq!(lines[0]["ooms"], 0);
+        assert!(lines[0]["limit_bytes"].is_null());
+        let ratio = lines[0]["reserved_over_live"].as_f64().unwrap();
+        assert!(ratio >= 1.0, "{backend}: reserved/live {ratio}");
+        assert!(lines[0]["ns_per_op_warm"].as_f64().unwrap() > 0.0);
+    }
+}
+
+#[test]
+fn limits_are_applied_and_ooms_reported() {
+    let path = small_trace("limit");
+    let output = umm(&["replay", "--backend", "sim-plain", "--json", "--limit", "4MiB", path.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let report = &json_lines(&output)[0];
+    assert_eq!(report["limit_bytes"], 4 << 20);
+    assert!(report["ooms"].as_u64().unwrap() > 0, "blocks up to 3.5 MiB, three live, cannot fit 4 MiB: {report}");
+    assert!(report["peak_reserved_bytes"].as_u64().unwrap() <= 4 << 20);
+
+    let output = umm(&["replay", "--json", "--limit", "0.5", "--capacity", "1GiB", path.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert_eq!(json_lines(&output)[0]["limit_bytes"], 512 << 20);
+}
+
+#[test]
+fn bad_limits_name_the_flag_and_what_it_accepts() {
+    let path = small_trace("bad_limit");
+    for bad in ["2XB", "lots", "1.5", "0", "-3GiB", ""] {
+        let stderr = failure(&umm(&["replay", "--limit", bad, path.to_str().unwrap()]));
+        assert!(stderr.contains("--limit"), "{bad}: {stderr}");
+        assert!(stderr.contains("GiB") || stderr.contains("fraction"), "{bad}: says what it accepts: {stderr}");
+    }
+    let stderr = failure(&umm(&["replay", "--repeat", "many", path.to_str().unwrap()]));
+    assert!(stderr.contains("--repeat"), "{stderr}");
+}
+
+#[test]
+fn unknown_backend_lists_the_available_ones() {
+    let path = small_trace("backend");
+    let stderr = failure(&umm(&["replay", "--backend", "vulkan", path.to_str().unwrap()]));
+    assert!(stderr.contains("vulkan"), "{stderr}");
+    assert!(stderr.contains("sim") && stderr.contains("sim-plain") && stderr.contains("host"), "{stderr}");
+}
+
+#[test]
+fn missing_and_malformed_files_are_errors_but_other_traces_still_run() {
+    let good = small_trace("good");
+    let missing = good.with_file_name("missing.trace.gz");
+    let malformed = good.with_file_name("malformed.trace");
+    std::fs::write(&malformed, "# umm-trace v1\na 1 100 0\nf 2\n").unwrap();
+    let output = umm(&[
+        "replay",
+        "--json",
+        missing.to_str().unwrap(),
+        good.to_str().unwrap(),
+        malformed.to_str().unwrap(),
+    ]);
+    let stderr = failure(&output);
+    assert!(stderr.contains(missing.to_str().unwrap()), "{stderr}");
+    assert!(stderr.contains(&format!("{}:3:", malformed.display())), "{stderr}");
+    let lines = json_lines(&output);
+    assert_eq!(lines.len(), 1, "the good trace is still reported");
+    assert_eq!(lines[0]["trace"], "good");
+}
+
+#[test]
+fn host_refuses_a_trace_larger_than_its_memory() {
+    let path = small_trace("host_small");
+    let stderr = failure(&umm(&["replay", "--backend", "host", "--capacity", "1MiB", path.to_str().unwrap()]));
+    assert!(stderr.contains("host_small") && stderr.contains("available"), "{stderr}");
+}
+
+#[test]
+fn no_trace_is_a_usage_error() {
+    let stderr = failure(&umm(&["replay"]));
+    assert!(stderr.contains("TRACE"), "{stderr}");
+}
+
+#[test]
+fn gpt2_train_on_sim_reserves_at_most_ten_percent_over_live() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/gpt2_train.trace.gz");
+    if !path.exists() {
+        eprintln!("skipping: {} not found", path.display());
+        return;
+    }
+    let output = umm(&["replay", "--backend", "sim", "--json", "--repeat", "1", path.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let report = &json_lines(&output)[0];
+    assert_eq!(report["ooms"], 0);
+    let ratio = report["reserved_over_live"].as_f64().unwrap();
+    assert!(ratio <= 1.10, "gpt2_train reserved/live {ratio} > 1.10: {report}");
+}
