@@ -102,15 +102,19 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
 
     /// Writes `data` (exactly `len` elements) into the buffer.
     pub fn write(&mut self, data: &[T]) -> Result<()> {
-        self.write_at(0, data)
+        self.write_range(0, data, true)
     }
 
     /// Writes `data` starting at element `offset`; `offset + data.len()` must not pass the end.
     pub fn write_at(&mut self, offset: usize, data: &[T]) -> Result<()> {
+        self.write_range(offset, data, false)
+    }
+
+    fn write_range(&mut self, offset: usize, data: &[T], whole: bool) -> Result<()> {
         if self.meta.read_only && self.filled {
             return Err(Error::ReadOnly { label: self.meta.label.clone() });
         }
-        self.check("write", offset, data.len(), offset == 0)?;
+        self.check("write", offset, data.len(), whole)?;
         self.raw_write(offset, data)?;
         // A ReadOnly buffer takes one write (its fill) and is sealed after it.
         self.filled = self.meta.read_only;
@@ -129,12 +133,16 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
 
     /// Reads the whole buffer into `out` (exactly `len` elements).
     pub fn read(&self, out: &mut [T]) -> Result<()> {
-        self.read_at(0, out)
+        self.read_range(0, out, true)
     }
 
     /// Reads `out.len()` elements starting at element `offset`.
     pub fn read_at(&self, offset: usize, out: &mut [T]) -> Result<()> {
-        self.check("read", offset, out.len(), offset == 0)?;
+        self.read_range(offset, out, false)
+    }
+
+    fn read_range(&self, offset: usize, out: &mut [T], whole: bool) -> Result<()> {
+        self.check("read", offset, out.len(), whole)?;
         let Some(block) = &self.block else { return Ok(()) };
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
         block.read((offset * std::mem::size_of::<T>()) as u64, bytes)?;

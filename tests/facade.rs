@@ -1,0 +1,296 @@
+//! The facade through its public API, on host memory and simulated devices (stand-ins for GPUs).
+
+use std::sync::Arc;
+use std::time::Duration;
+use umm::{
+    AccessPattern, AllocOptions, DeviceSelector, Error, Limit, Placement, PoolKind, Strategy, UniversalMemoryManager,
+};
+
+const MIB: u64 = 1 << 20;
+
+fn host_only() -> UniversalMemoryManager {
+    UniversalMemoryManager::builder().backends(false, false, false).build().unwrap()
+}
+
+#[test]
+fn host_round_trip_and_host_slices() {
+    let mm = host_only();
+    assert_eq!(mm.devices().len(), 1);
+    let mut x = mm.allocate_universal::<f32>(1000, Placement::Auto).unwrap();
+    assert_eq!((x.len(), x.size_bytes(), x.placement()), (1000, 4000, PoolKind::Host));
+    assert!(x.decision().reason.contains("no accelerator"), "{}", x.decision().reason);
+    let data: Vec<f32> = (0..1000).map(|i| i as f32).collect();
+    x.write(&data).unwrap();
+    assert_eq!(x.to_vec().unwrap(), data);
+    assert_eq!(x.as_slice().unwrap()[999], 999.0);
+    x.as_mut_slice().unwrap()[0] = -1.0;
+    let mut one = [0.0f32; 2];
+    x.read_at(0, &mut one).unwrap();
+    assert_eq!(one, [-1.0, 1.0]);
+    x.fill(2.5).unwrap();
+    assert!(x.to_vec().unwrap().iter().all(|&v| v == 2.5));
+}
+
+#[test]
+fn every_explicit_placement_resolves_to_host_memory_on_a_host_only_machine() {
+    let mm = host_only();
+    for placement in [Placement::Auto, Placement::HostPinned, Placement::DeviceLocal, Placement::ReadOnly] {
+        let d = mm.decide(1 << 20, &AllocOptions::new().placement(placement)).unwrap();
+        assert_eq!(d.device, 0, "{placement}: {}", d.reason);
+        assert!(matches!(d.pool, PoolKind::Host | PoolKind::HostPinned), "{placement}: {}", d.reason);
+        assert!(d.reason.contains("host"), "{}", d.reason);
+    }
+}
+
+#[test]
+fn empty_buffers_work_and_overflow_is_an_error() {
+    let mm = host_only();
+    let mut empty = mm.allocate_universal::<u64>(0, Placement::Auto).unwrap();
+    assert!(empty.is_empty());
+    assert_eq!(empty.to_vec().unwrap(), Vec::<u64>::new());
+    empty.write(&[]).unwrap();
+    assert_eq!(empty.as_slice().unwrap().len(), 0);
+    let err = mm.allocate_universal::<u64>(usize::MAX, Placement::Auto).unwrap_err();
+    assert!(matches!(err, Error::SizeOverflow { elem_size: 8, .. }), "{err}");
+    assert!(err.to_string().contains("u64"), "{err}");
+}
+
+#[test]
+fn length_mismatches_are_errors() {
+    let mm = host_only();
+    let mut x = mm.allocate_universal::<u32>(10, Placement::Auto).unwrap();
+    let err = x.write(&[1, 2, 3]).unwrap_err();
+    assert!(matches!(err, Error::LengthMismatch { op: "write", buffer_len: 10, given_len: 3 }), "{err}");
+    let mut out = vec![0u32; 11];
+    assert!(matches!(x.read(&mut out), Err(Error::LengthMismatch { op: "read", .. })));
+    assert!(x.write_at(8, &[1, 2, 3]).is_err(), "past the end");
+    assert!(x.write_at(11, &[]).is_err(), "offset past the end");
+    x.write_at(7, &[1, 2, 3]).unwrap();
+}
+
+#[test]
+fn read_only_buffers_refuse_writes_after_their_fill() {
+    let mm = host_only();
+    let data = [1u16, 2, 3, 4];
+    let mut w = mm.allocate_universal_from(&data, Placement::ReadOnly).unwrap();
+    assert!(w.is_read_only());
+    assert_eq!(w.to_vec().unwrap(), data);
+    let err = w.write(&[9, 9, 9, 9]).unwrap_err();
+    assert!(matches!(err, Error::ReadOnly { .. }), "{err}");
+    assert!(w.fill(0).is_err());
+    assert!(w.as_mut_slice().is_none());
+    assert_eq!(w.to_vec().unwrap(), data, "nothing changed");
+}
+
+#[test]
+fn zeroed_allocation_reads_zero_after_dirty_reuse() {
+    let mm = UniversalMemoryManager::builder().backends(false, false, false).build().unwrap();
+    for _ in 0..3 {
+        let mut dirty = mm.allocate_universal::<u8>(4096, Placement::Auto).unwrap();
+        dirty.fill(0xAB).unwrap();
+        drop(dirty);
+        let clean =
+            mm.allocate_universal_with::<u8>(4096, AllocOptions::new().zeroed(true)).unwrap();
+        assert!(clean.to_vec().unwrap().iter().all(|&b| b == 0));
+    }
+    let stats = mm.global_memory_stats();
+    assert!(stats.total.cache_hits >= 4, "the dirty block was reused: {:?}", stats.total);
+}
+
+/// Pooled buffers, reused after being dirtied, compute exactly what fresh memory computes.
+#[test]
+fn pooled_and_direct_buffers_compute_bit_identical_results() {
+    fn matmul(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize) {
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+            }
+        }
+    }
+    let (m, k, n) = (37, 41, 29);
+    let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 / 999.0 - 0.5).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| ((i * 104729) % 1000) as f32 / 997.0 - 0.5).collect();
+    let mut reference = vec![0.0; m * n];
+    matmul(&a, &b, &mut reference, m, k, n);
+    for strategy in [Strategy::Pooled, Strategy::Direct] {
+        let mm = UniversalMemoryManager::builder()
+            .backends(false, false, false)
+            .strategy(strategy)
+            .poison_on_free(true)
+            .build()
+            .unwrap();
+        for round in 0..5 {
+            // Dirty the pool first so the next blocks are reused ones at shifted offsets.
+            for s in 1..6 {
+                let mut junk = mm.allocate_universal::<f32>(s * 97 + round, Placement::Auto).unwrap();
+                junk.fill(f32::NAN).unwrap();
+            }
+            let _pad = mm.allocate_universal::<u8>(13 + round, Placement::Auto).unwrap();
+            let ab = mm.allocate_universal_from(&a, Placement::Auto).unwrap();
+            let bb = mm.allocate_universal_from(&b, Placement::Auto).unwrap();
+            let mut cb = mm.allocate_universal::<f32>(m * n, Placement::Auto).unwrap();
+            matmul(ab.as_slice().unwrap(), bb.as_slice().unwrap(), cb.as_mut_slice().unwrap(), m, k, n);
+            let got = cb.to_vec().unwrap();
+            assert!(got.iter().zip(&reference).all(|(x, y)| x.to_bits() == y.to_bits()), "{strategy} round {round}");
+        }
+    }
+}
+
+#[test]
+fn a_limit_below_the_request_is_out_of_memory_with_numbers() {
+    let mm = UniversalMemoryManager::builder()
+        .backends(false, false, false)
+        .limit(Limit::Bytes(8 * MIB))
+        .build()
+        .unwrap();
+    let err = mm.allocate_universal::<u8>(16 << 20, Placement::Auto).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("out of memory") && text.contains("16777216") && text.contains("8388608"), "{text}");
+    assert!(mm.global_memory_stats().total.num_ooms == 1);
+}
+
+fn with_sims(capacities: &[u64]) -> UniversalMemoryManager {
+    let mut b = UniversalMemoryManager::builder().backends(false, false, false);
+    for &c in capacities {
+        b = b.simulated_device(c);
+    }
+    b.build().unwrap()
+}
+
+#[test]
+fn auto_places_medium_buffers_on_an_accelerator_and_small_ones_pinned() {
+    let mm = with_sims(&[8 << 30]);
+    let medium = mm.allocate_universal::<u8>(4 << 20, Placement::Auto).unwrap();
+    assert_eq!((medium.device().index(), medium.placement()), (1, PoolKind::DeviceLocal));
+    let small = mm.decide(1024, &AllocOptions::new()).unwrap();
+    assert_eq!(small.pool, PoolKind::HostPinned, "{}", small.reason);
+    let ro = mm.decide(4 << 20, &AllocOptions::new().access(AccessPattern::ReadOnly)).unwrap();
+    assert_eq!(ro.pool, PoolKind::ReadOnly);
+}
+
+#[test]
+fn auto_avoids_a_device_under_pressure() {
+    let mm = UniversalMemoryManager::builder()
+        .backends(false, false, false)
+        .simulated_device(1 << 30)
+        .simulated_device(1 << 30)
+        .pressure_threshold(0.5)
+        .build()
+        .unwrap();
+    // Fill device 1 past half its memory.
+    let hog = mm
+        .allocate_universal_with::<u8>(600 << 20, AllocOptions::new().device(DeviceSelector::Index(1)))
+        .unwrap();
+    assert_eq!(hog.device().index(), 1);
+    let next = mm.allocate_universal::<u8>(4 << 20, Placement::Auto).unwrap();
+    assert_eq!(next.device().index(), 2, "{}", next.decision().reason);
+    let _hog2 = mm
+        .allocate_universal_with::<u8>(600 << 20, AllocOptions::new().device(DeviceSelector::Index(2)))
+        .unwrap();
+    let last = mm.allocate_universal::<u8>(4 << 20, Placement::Auto).unwrap();
+    assert_eq!(last.device().index(), 0, "every accelerator is under pressure: {}", last.decision().reason);
+}
+
+#[test]
+fn selector_errors_name_what_exists() {
+    let mm = with_sims(&[1 << 30]);
+    let err = mm
+        .allocate_universal_with::<u8>(100, AllocOptions::new().device(DeviceSelector::Index(7)))
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains('7') && text.contains("sim0"), "{text}");
+    let err = mm
+        .allocate_universal_with::<u8>(100, AllocOptions::new().device(DeviceSelector::Api(umm::Api::Cuda)))
+        .unwrap_err();
+    assert!(err.to_string().contains("cuda"), "{err}");
+}
+
+#[test]
+fn recommendations_follow_observed_use() {
+    let mm = host_only();
+    let before = mm.placement_recommendations();
+    let medium = before.items.iter().find(|r| r.subject == umm::Subject::MediumBuffers).unwrap();
+    assert_eq!(medium.placement, Placement::DeviceLocal);
+    assert!(!medium.from_evidence);
+    for _ in 0..32 {
+        let mut x = mm.allocate_universal::<f32>(1 << 16, Placement::Auto).unwrap();
+        x.fill(1.0).unwrap();
+        for _ in 0..4 {
+            let _ = x.to_vec().unwrap();
+        }
+    }
+    let after = mm.placement_recommendations();
+    let medium = after.items.iter().find(|r| r.subject == umm::Subject::MediumBuffers).unwrap();
+    assert_eq!(medium.placement, Placement::HostPinned, "{}", medium.reason);
+    assert!(medium.from_evidence && medium.evidence.host_reads >= 100, "{:?}", medium.evidence);
+}
+
+#[test]
+fn periodic_cleanup_releases_idle_segments_while_threads_allocate() {
+    let mm = Arc::new(host_only());
+    {
+        // A large cached segment that nobody uses again.
+        let _big = mm.allocate_universal::<u8>(64 << 20, Placement::Auto).unwrap();
+    }
+    let reserved_before = mm.global_memory_stats().total.reserved_bytes.current;
+    assert!(reserved_before >= 64 << 20);
+    let guard = mm.start_periodic_cleanup(Duration::from_millis(5));
+    let workers: Vec<_> = (0..2)
+        .map(|t| {
+            let mm = Arc::clone(&mm);
+            std::thread::spawn(move || {
+                for i in 0..2000usize {
+                    let mut x = mm.allocate_universal::<u32>(1 + (i * 31 + t) % 5000, Placement::Auto).unwrap();
+                    x.fill(i as u32).unwrap();
+                    assert!(x.to_vec().unwrap().iter().all(|&v| v == i as u32));
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let rounds = guard.stop();
+    assert!(rounds >= 3, "the cleaner ran ({rounds} rounds)");
+    let after = mm.global_memory_stats().total.reserved_bytes.current;
+    assert!(after < 64 << 20, "the idle 64 MiB segment was released: {after} bytes reserved");
+}
+
+#[test]
+fn stats_serialise_and_cleanup_reports_per_device() {
+    let mm = with_sims(&[1 << 30]);
+    let a = mm.allocate_universal::<u8>(4 << 20, Placement::Auto).unwrap();
+    let json = serde_json::to_value(mm.global_memory_stats()).unwrap();
+    assert_eq!(json["devices"][1]["total"]["allocated_bytes"]["current"], 4 << 20);
+    drop(a);
+    let report = mm.release_all_cached();
+    assert_eq!(report.devices.len(), 2);
+    assert!(report.devices[1].bytes_released >= 4 << 20, "{report:?}");
+    assert_eq!(mm.global_memory_stats().total.reserved_bytes.current, 0);
+}
+
+#[test]
+fn the_manager_is_shared_across_threads() {
+    let mm = Arc::new(host_only());
+    let handles: Vec<_> = (0..4)
+        .map(|t| {
+            let mm = Arc::clone(&mm);
+            std::thread::spawn(move || {
+                let mut bufs = Vec::new();
+                for i in 0..500 {
+                    let mut b = mm.allocate_universal::<u64>(17 + i % 300, Placement::Auto).unwrap();
+                    b.fill((t * 1000 + i) as u64).unwrap();
+                    bufs.push((b, (t * 1000 + i) as u64));
+                }
+                for (b, v) in bufs {
+                    assert!(b.to_vec().unwrap().iter().all(|&x| x == v));
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(mm.global_memory_stats().total.allocated_bytes.current, 0);
+}
