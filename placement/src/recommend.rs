@@ -243,6 +243,10 @@ pub struct RecommendConfig {
     pub pinned_share: f64,
     /// Host share of accesses at or below which a pinned-by-default subject goes to device memory (default 0.1).
     pub device_share: f64,
+    /// Host accesses per buffer needed, besides the share, before a subject goes to pinned host memory
+    /// (default 1.0): buffers the host never touches say nothing about host use, whatever the share of the few
+    /// accesses that were seen.
+    pub min_host_accesses_per_buffer: f64,
 }
 
 impl Default for RecommendConfig {
@@ -251,6 +255,7 @@ impl Default for RecommendConfig {
             min_buffers: 8.0,
             pinned_share: 0.5,
             device_share: 0.1,
+            min_host_accesses_per_buffer: 1.0,
         }
     }
 }
@@ -280,6 +285,13 @@ impl RecommendConfig {
                 field: "device_share",
                 value: self.device_share.to_string(),
                 expected: "a fraction >= 0 and below pinned_share",
+            });
+        }
+        if !(self.min_host_accesses_per_buffer >= 0.0 && self.min_host_accesses_per_buffer.is_finite()) {
+            return Err(Error::InvalidConfig {
+                field: "min_host_accesses_per_buffer",
+                value: self.min_host_accesses_per_buffer.to_string(),
+                expected: "a finite number >= 0",
             });
         }
         Ok(())
@@ -334,14 +346,16 @@ impl Recommendation {
                 text::percent(share),
                 tally.device_uses
             );
-            if share >= cfg.pinned_share {
+            let per_buffer = host / weight;
+            if share >= cfg.pinned_share && per_buffer >= cfg.min_host_accesses_per_buffer {
                 let verdict = if default == Placement::HostPinned {
                     "as the table says"
                 } else {
                     "against the table's default"
                 };
                 let reason = format!(
-                    "{what}: {facts}, at least {}, so pinned host memory ({verdict} {default})",
+                    "{what}: {facts}, at least {} and {per_buffer:.1} host accesses per buffer, so pinned host \
+                     memory ({verdict} {default})",
                     text::percent(cfg.pinned_share)
                 );
                 (Placement::HostPinned, true, reason)
@@ -353,7 +367,8 @@ impl Recommendation {
                 (Placement::DeviceLocal, true, reason)
             } else {
                 let reason = format!(
-                    "{what}: {facts}; the evidence agrees with the table default {default}"
+                    "{what}: {facts} ({per_buffer:.2} host accesses per buffer); the evidence agrees with the \
+                     table default {default}"
                 );
                 (default, true, reason)
             }
