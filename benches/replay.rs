@@ -25,10 +25,8 @@ fn traces() -> Vec<Trace> {
         println!("replay bench: no traces at {} (set UMM_TRACES to a folder of traces); skipping", dir.display());
         return Vec::new();
     };
-    let mut paths: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.to_string_lossy().contains(".trace"))
-        .collect();
+    let mut paths: Vec<PathBuf> =
+        entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.to_string_lossy().contains(".trace")).collect();
     paths.sort();
     paths
         .iter()

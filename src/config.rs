@@ -96,12 +96,12 @@ impl UmmConfig {
             }
         }
         if let Some(v) = lookup("UMM_PRESSURE") {
-            self.decision.pressure_threshold =
-                v.trim().parse::<f64>().ok().filter(|f| (0.0..=1.0).contains(f)).ok_or(Error::InvalidEnv {
-                    var: "UMM_PRESSURE",
-                    value: v,
-                    expected: "a fraction in [0, 1]",
-                })?;
+            self.decision.pressure_threshold = v
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|f| (0.0..=1.0).contains(f))
+                .ok_or(Error::InvalidEnv { var: "UMM_PRESSURE", value: v, expected: "a fraction in [0, 1]" })?;
         }
         for (var, field) in [("UMM_ZERO", &mut self.pool.zero_on_alloc), ("UMM_POISON", &mut self.pool.poison_on_free)]
         {
@@ -223,8 +223,7 @@ mod tests {
     #[test]
     fn env_values_apply_and_errors_name_the_variable() {
         let vars: HashMap<&str, &str> =
-            [("UMM_LIMIT", "1GiB"), ("UMM_STRATEGY", "direct"), ("UMM_ZERO", "on"), ("UMM_BACKENDS", "opencl")]
-                .into();
+            [("UMM_LIMIT", "1GiB"), ("UMM_STRATEGY", "direct"), ("UMM_ZERO", "on"), ("UMM_BACKENDS", "opencl")].into();
         let mut config = UmmConfig::default();
         config.apply_vars(|k| vars.get(k).map(|v| v.to_string())).unwrap();
         assert_eq!(config.pool.limit, Some(Limit::Bytes(1 << 30)));

@@ -34,15 +34,7 @@ impl HostInfo {
         };
         let logical_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let (cpu_vendor, cpu_brand, cache_line_bytes, simd) = cpu_identity();
-        Self {
-            total_memory,
-            available_memory,
-            logical_cpus,
-            cpu_vendor,
-            cpu_brand,
-            cache_line_bytes,
-            simd,
-        }
+        Self { total_memory, available_memory, logical_cpus, cpu_vendor, cpu_brand, cache_line_bytes, simd }
     }
 
     /// The alignment host blocks should honour: the cache line, and 64 bytes for AVX-512 loads at least.
@@ -59,7 +51,9 @@ fn cpu_identity() -> (Option<String>, Option<String>, u64, Vec<String>) {
     let line = cpuid.get_feature_info().map_or(64, |f| u64::from(f.cflush_cache_line_size()) * 8).max(64);
     let mut simd = Vec::new();
     if let Some(f) = cpuid.get_feature_info() {
-        for (on, name) in [(f.has_sse2(), "sse2"), (f.has_sse42(), "sse4.2"), (f.has_avx(), "avx"), (f.has_fma(), "fma")] {
+        for (on, name) in
+            [(f.has_sse2(), "sse2"), (f.has_sse42(), "sse4.2"), (f.has_avx(), "avx"), (f.has_fma(), "fma")]
+        {
             if on {
                 simd.push(name.to_string());
             }

@@ -19,17 +19,17 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-mod discovery;
 mod buffer;
 mod cleanup;
 pub mod config;
+mod discovery;
 mod error;
 mod host_info;
 mod manager;
 mod registry;
+pub mod replay;
 mod stats;
 pub mod trace;
-pub mod replay;
 
 pub use buffer::UniversalBuffer;
 pub use cleanup::{CleanupGuard, CleanupReport, DeviceCleanup};
@@ -40,7 +40,7 @@ pub use manager::{AllocOptions, Builder, UniversalMemoryManager};
 pub use registry::{Device, DeviceSummary};
 pub use stats::{DeviceStats, GlobalMemoryStats, PoolStatsEntry};
 
-pub use umm_backends::{Limit, PoolStats, SegmentMode, StreamId, Strategy};
+pub use umm_backends::{Limit, PoolStats, SegmentMode, Strategy, StreamId};
 pub use umm_placement::{
     AccessPattern, Api, Decision, DeviceKind, DeviceSelector, Evidence, Placement, PoolKind, Recommendation,
     Recommendations, SizeClass, Subject,

@@ -211,10 +211,8 @@ impl UniversalMemoryManager {
 
     /// Where a request would go, and why, without allocating.
     pub fn decide(&self, bytes: u64, options: &AllocOptions) -> Result<Decision> {
-        let request = Request::new(bytes)
-            .placement(options.placement)
-            .access(options.access)
-            .selector(options.selector.clone());
+        let request =
+            Request::new(bytes).placement(options.placement).access(options.access).selector(options.selector.clone());
         let evidence = self.evidence();
         Ok(self.inner.decider.decide(&request, &self.device_views(), evidence.as_ref())?)
     }
@@ -346,7 +344,12 @@ impl UniversalMemoryManager {
                 device_total.limit_bytes = None;
             }
             total.accumulate(&device_total);
-            devices.push(DeviceStats { index: device.index(), name: device.name().to_string(), pools, total: device_total });
+            devices.push(DeviceStats {
+                index: device.index(),
+                name: device.name().to_string(),
+                pools,
+                total: device_total,
+            });
         }
         if devices.iter().all(|d| d.pools.is_empty()) {
             total.limit_bytes = None;
@@ -371,7 +374,8 @@ impl Inner {
         let start = Instant::now();
         let mut devices = Vec::new();
         for device in &self.devices {
-            let mut entry = DeviceCleanup { index: device.index(), name: device.name().to_string(), ..Default::default() };
+            let mut entry =
+                DeviceCleanup { index: device.index(), name: device.name().to_string(), ..Default::default() };
             for (_, _, pool) in device.pools() {
                 let report = pool.cleanup(idle_rounds);
                 entry.bytes_released += report.bytes_released;

@@ -303,6 +303,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "tb" => 1_000_000_000_000,
         _ => return Err(format!("unknown unit `{}` in `{text}`: expected {accepted}", suffix.trim())),
     };
+    if text.starts_with('-') {
+        return Err(format!("`{text}` is negative: expected {accepted}"));
+    }
     if number.is_empty() {
         return Err(format!("no number in `{text}`: expected {accepted}"));
     }
@@ -333,7 +336,8 @@ pub fn parse_limit(text: &str) -> Result<Limit, String> {
              or a size such as 2GiB"
         ));
     }
-    match parse_size(t)? {
+    let bytes = parse_size(t).map_err(|e| format!("{e}; or a fraction of the device's capacity such as 0.9"))?;
+    match bytes {
         0 => Err("a limit of zero bytes allows nothing: give a size such as 2GiB or a fraction such as 0.9".into()),
         bytes => Ok(Limit::Bytes(bytes)),
     }

@@ -210,9 +210,8 @@ impl Builder<'_> {
             Some(slot) => slot,
             None => {
                 let slot = self.trace.slots;
-                self.trace.slots = slot
-                    .checked_add(1)
-                    .ok_or_else(|| self.error(number, "more than 2^32 blocks live at once"))?;
+                self.trace.slots =
+                    slot.checked_add(1).ok_or_else(|| self.error(number, "more than 2^32 blocks live at once"))?;
                 slot
             }
         };
@@ -229,7 +228,9 @@ impl Builder<'_> {
 
     fn free(&mut self, number: u64, id: u64) -> Result<(), TraceError> {
         let Some((slot, bytes)) = self.live.remove(&id) else {
-            return Err(self.error(number, format!("free of block {id}, which is not live (never allocated or already freed)")));
+            return Err(
+                self.error(number, format!("free of block {id}, which is not live (never allocated or already freed)"))
+            );
         };
         self.vacant.push(slot);
         self.live_bytes -= bytes;
@@ -251,8 +252,13 @@ fn parse(name: String, label: &str, mut reader: impl BufRead) -> Result<Trace, T
         }
         return Err(TraceError::Header { path: label.to_string(), found });
     }
-    let mut builder =
-        Builder { label, trace: Trace { name, ..Trace::default() }, live: HashMap::new(), vacant: Vec::new(), live_bytes: 0 };
+    let mut builder = Builder {
+        label,
+        trace: Trace { name, ..Trace::default() },
+        live: HashMap::new(),
+        vacant: Vec::new(),
+        live_bytes: 0,
+    };
     let mut number = 1;
     loop {
         text.clear();

@@ -89,8 +89,7 @@ fn zeroed_allocation_reads_zero_after_dirty_reuse() {
         let mut dirty = mm.allocate_universal::<u8>(4096, Placement::Auto).unwrap();
         dirty.fill(0xAB).unwrap();
         drop(dirty);
-        let clean =
-            mm.allocate_universal_with::<u8>(4096, AllocOptions::new().zeroed(true)).unwrap();
+        let clean = mm.allocate_universal_with::<u8>(4096, AllocOptions::new().zeroed(true)).unwrap();
         assert!(clean.to_vec().unwrap().iter().all(|&b| b == 0));
     }
     let stats = mm.global_memory_stats();
@@ -138,11 +137,8 @@ fn pooled_and_direct_buffers_compute_bit_identical_results() {
 
 #[test]
 fn a_limit_below_the_request_is_out_of_memory_with_numbers() {
-    let mm = UniversalMemoryManager::builder()
-        .backends(false, false, false)
-        .limit(Limit::Bytes(8 * MIB))
-        .build()
-        .unwrap();
+    let mm =
+        UniversalMemoryManager::builder().backends(false, false, false).limit(Limit::Bytes(8 * MIB)).build().unwrap();
     let err = mm.allocate_universal::<u8>(16 << 20, Placement::Auto).unwrap_err();
     let text = err.to_string();
     assert!(text.contains("out of memory") && text.contains("16777216") && text.contains("8388608"), "{text}");
@@ -178,15 +174,13 @@ fn auto_avoids_a_device_under_pressure() {
         .build()
         .unwrap();
     // Fill device 1 past half its memory.
-    let hog = mm
-        .allocate_universal_with::<u8>(600 << 20, AllocOptions::new().device(DeviceSelector::Index(1)))
-        .unwrap();
+    let hog =
+        mm.allocate_universal_with::<u8>(600 << 20, AllocOptions::new().device(DeviceSelector::Index(1))).unwrap();
     assert_eq!(hog.device().index(), 1);
     let next = mm.allocate_universal::<u8>(4 << 20, Placement::Auto).unwrap();
     assert_eq!(next.device().index(), 2, "{}", next.decision().reason);
-    let _hog2 = mm
-        .allocate_universal_with::<u8>(600 << 20, AllocOptions::new().device(DeviceSelector::Index(2)))
-        .unwrap();
+    let _hog2 =
+        mm.allocate_universal_with::<u8>(600 << 20, AllocOptions::new().device(DeviceSelector::Index(2))).unwrap();
     let last = mm.allocate_universal::<u8>(4 << 20, Placement::Auto).unwrap();
     assert_eq!(last.device().index(), 0, "every accelerator is under pressure: {}", last.decision().reason);
 }
@@ -194,9 +188,7 @@ fn auto_avoids_a_device_under_pressure() {
 #[test]
 fn selector_errors_name_what_exists() {
     let mm = with_sims(&[1 << 30]);
-    let err = mm
-        .allocate_universal_with::<u8>(100, AllocOptions::new().device(DeviceSelector::Index(7)))
-        .unwrap_err();
+    let err = mm.allocate_universal_with::<u8>(100, AllocOptions::new().device(DeviceSelector::Index(7))).unwrap_err();
     let text = err.to_string();
     assert!(text.contains('7') && text.contains("sim0"), "{text}");
     let err = mm

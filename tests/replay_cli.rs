@@ -120,7 +120,8 @@ fn limits_are_applied_and_ooms_reported() {
 fn bad_limits_name_the_flag_and_what_it_accepts() {
     let path = small_trace("bad_limit");
     for bad in ["2XB", "lots", "1.5", "0", "-3GiB", ""] {
-        let stderr = failure(&umm(&["replay", "--limit", bad, path.to_str().unwrap()]));
+        let flag = format!("--limit={bad}");
+        let stderr = failure(&umm(&["replay", &flag, path.to_str().unwrap()]));
         assert!(stderr.contains("--limit"), "{bad}: {stderr}");
         assert!(stderr.contains("GiB") || stderr.contains("fraction"), "{bad}: says what it accepts: {stderr}");
     }
@@ -142,13 +143,8 @@ fn missing_and_malformed_files_are_errors_but_other_traces_still_run() {
     let missing = good.with_file_name("missing.trace.gz");
     let malformed = good.with_file_name("malformed.trace");
     std::fs::write(&malformed, "# umm-trace v1\na 1 100 0\nf 2\n").unwrap();
-    let output = umm(&[
-        "replay",
-        "--json",
-        missing.to_str().unwrap(),
-        good.to_str().unwrap(),
-        malformed.to_str().unwrap(),
-    ]);
+    let output =
+        umm(&["replay", "--json", missing.to_str().unwrap(), good.to_str().unwrap(), malformed.to_str().unwrap()]);
     let stderr = failure(&output);
     assert!(stderr.contains(missing.to_str().unwrap()), "{stderr}");
     assert!(stderr.contains(&format!("{}:3:", malformed.display())), "{stderr}");

@@ -16,7 +16,7 @@ use umm_backends::cuda::cudarc::driver::{
 use umm_backends::cuda::{self, CudaBuffer, CudaDevice, CudaPoolExt};
 use umm_backends::{
     skip_or_fail, Backend, BackendKind, DeviceType, Error, Limit, Pool, PoolConfig, PoolPlacement, SegmentMode,
-    StreamId, Strategy,
+    Strategy, StreamId,
 };
 
 const KERNELS: &str = r#"
@@ -177,7 +177,8 @@ fn discovery_reports_device_facts() {
 #[test]
 fn zeroed_allocation_reads_zero_after_dirty_reuse() {
     let Some(dev) = gpu() else { return };
-    let mut cases = vec![(PoolPlacement::DeviceLocal, SegmentMode::Plain), (PoolPlacement::HostPinned, SegmentMode::Plain)];
+    let mut cases =
+        vec![(PoolPlacement::DeviceLocal, SegmentMode::Plain), (PoolPlacement::HostPinned, SegmentMode::Plain)];
     if dev.supports_virtual_memory() {
         cases.push((PoolPlacement::DeviceLocal, SegmentMode::Virtual));
     }
@@ -224,7 +225,9 @@ fn matmul_on_pooled_buffers_is_bit_identical_to_fresh_buffers() {
     if dev.supports_virtual_memory() {
         modes.push(SegmentMode::Virtual);
     }
-    let fresh = dev.pool(PoolPlacement::DeviceLocal, PoolConfig { strategy: Strategy::Direct, ..config(SegmentMode::Plain) }).unwrap();
+    let fresh = dev
+        .pool(PoolPlacement::DeviceLocal, PoolConfig { strategy: Strategy::Direct, ..config(SegmentMode::Plain) })
+        .unwrap();
     let read_only = dev.pool(PoolPlacement::ReadOnly, config(SegmentMode::Plain)).unwrap();
     let shapes: [(i32, i32, i32); 4] = [(1000, 999, 257), (37, 4097, 129), (999, 37, 1000), (1, 1, 1)];
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
@@ -274,7 +277,10 @@ fn matmul_on_pooled_buffers_is_bit_identical_to_fresh_buffers() {
                 stream.synchronize().unwrap();
                 let mut reference = vec![0u8; (m * n) as usize * 4];
                 fresh.read(&fc, 0, &mut reference).unwrap();
-                assert!(pooled == reference, "{mode} round {round} shape {m}x{kk}x{n}: pooled result differs from fresh");
+                assert!(
+                    pooled == reference,
+                    "{mode} round {round} shape {m}x{kk}x{n}: pooled result differs from fresh"
+                );
 
                 if round == 0 && mode == SegmentMode::Plain {
                     // The kernel itself must be right: compare with a float64 product on the host.
@@ -282,8 +288,9 @@ fn matmul_on_pooled_buffers_is_bit_identical_to_fresh_buffers() {
                     let (mut err, mut norm) = (0f64, 0f64);
                     for r in 0..m as usize {
                         for c in 0..n as usize {
-                            let exact: f64 =
-                                (0..kk as usize).map(|i| a[r * kk as usize + i] as f64 * b[i * n as usize + c] as f64).sum();
+                            let exact: f64 = (0..kk as usize)
+                                .map(|i| a[r * kk as usize + i] as f64 * b[i * n as usize + c] as f64)
+                                .sum();
                             err += (got[r * n as usize + c] as f64 - exact).powi(2);
                             norm += exact * exact;
                         }
@@ -303,7 +310,10 @@ fn matmul_on_pooled_buffers_is_bit_identical_to_fresh_buffers() {
             }
         }
         let stats = pool.stats();
-        println!("{mode}: {} allocs, {} cache hits, {} device allocs", stats.num_allocs, stats.cache_hits, stats.num_device_alloc);
+        println!(
+            "{mode}: {} allocs, {} cache hits, {} device allocs",
+            stats.num_allocs, stats.cache_hits, stats.num_device_alloc
+        );
         assert!(stats.cache_hits > stats.num_allocs / 2, "{mode}: the pool reused memory");
     }
     assert!(odd_offsets > 0, "some pooled buffers sat inside segments, not at their start");
@@ -405,7 +415,8 @@ fn pinned_memory_is_a_host_slice_and_usable_by_kernels() {
 #[test]
 fn read_only_memory_is_filled_once_and_refuses_writes() {
     let Some(dev) = gpu() else { return };
-    let ro = dev.caching_pool(PoolPlacement::ReadOnly, PoolConfig { zero_on_alloc: true, ..PoolConfig::default() }).unwrap();
+    let ro =
+        dev.caching_pool(PoolPlacement::ReadOnly, PoolConfig { zero_on_alloc: true, ..PoolConfig::default() }).unwrap();
     let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
     let buf = CudaBuffer::from_bytes(&ro, &data, StreamId(0)).unwrap();
     assert!(buf.is_read_only());
@@ -431,7 +442,9 @@ fn limits_release_cached_memory_retry_and_report_numbers() {
     }
     const MIB: u64 = 1 << 20;
     for mode in modes {
-        let pool = dev.pool(PoolPlacement::DeviceLocal, PoolConfig { limit: Some(Limit::Bytes(64 * MIB)), ..config(mode) }).unwrap();
+        let pool = dev
+            .pool(PoolPlacement::DeviceLocal, PoolConfig { limit: Some(Limit::Bytes(64 * MIB)), ..config(mode) })
+            .unwrap();
         let s = StreamId(0);
         let a = pool.allocate(48 * MIB, s).unwrap();
         pool.free(&a).unwrap();
@@ -545,7 +558,9 @@ fn planted_out_of_bounds_write_for_the_sanitizer() {
     let ctx = dev.context().clone();
     let Some(k) = kernels(&ctx) else { return };
     let stream = ctx.new_stream().unwrap();
-    let pool = dev.pool(PoolPlacement::DeviceLocal, PoolConfig { strategy: Strategy::Direct, ..config(SegmentMode::Plain) }).unwrap();
+    let pool = dev
+        .pool(PoolPlacement::DeviceLocal, PoolConfig { strategy: Strategy::Direct, ..config(SegmentMode::Plain) })
+        .unwrap();
     let x = pool.allocate(4096, cuda::stream_id(&stream)).unwrap();
     let ptr = pool.device_ptr(&x).unwrap();
     let n = ((2 << 20) / 4 + 256) as i32; // past the 2 MiB segment
@@ -636,7 +651,10 @@ fn replay_traces_plain_vs_virtual() {
     let Some(dev) = gpu() else { return };
     let mut files: Vec<_> = std::fs::read_dir(dir).unwrap().filter_map(|e| e.ok().map(|e| e.path())).collect();
     files.sort();
-    println!("\n{:<20} {:<8} {:>9} {:>12} {:>12} {:>8} {:>6} {:>9} {:>9}", "trace", "mode", "ops", "peak_live", "peak_resv", "ratio", "ooms", "dev_alloc", "ns/op");
+    println!(
+        "\n{:<20} {:<8} {:>9} {:>12} {:>12} {:>8} {:>6} {:>9} {:>9}",
+        "trace", "mode", "ops", "peak_live", "peak_resv", "ratio", "ooms", "dev_alloc", "ns/op"
+    );
     for path in files.iter().filter(|p| p.extension().is_some_and(|e| e == "trace")) {
         let name = path.file_stem().unwrap().to_string_lossy().to_string();
         let text = std::fs::read_to_string(path).unwrap();
@@ -646,7 +664,9 @@ fn replay_traces_plain_vs_virtual() {
             .filter_map(|l| {
                 let f: Vec<&str> = l.split_whitespace().collect();
                 match f.as_slice() {
-                    ["a", id, bytes, stream] => Some((true, id.parse().ok()?, bytes.parse().ok()?, stream.parse().ok()?)),
+                    ["a", id, bytes, stream] => {
+                        Some((true, id.parse().ok()?, bytes.parse().ok()?, stream.parse().ok()?))
+                    }
                     ["f", id] => Some((false, id.parse().ok()?, 0, 0)),
                     _ => None,
                 }

@@ -513,28 +513,3 @@ fn pools_of_one_device_share_its_memory_count_and_threads_can_share_a_pool() {
         }
     }
 }
-
-#[test]
-fn zz_timing() {
-    let t = Instant::now();
-    let ds = devices();
-    println!("discover: {:?}", t.elapsed());
-    for d in ds {
-        for placement in [PoolPlacement::DeviceLocal, PoolPlacement::HostPinned, PoolPlacement::ReadOnly] {
-            let b = d.backend(placement);
-            for size in [2u64 << 20, 20 << 20] {
-                let t = Instant::now();
-                let n = 50;
-                let segs: Vec<_> = (0..n).map(|_| b.create_segment(size).unwrap()).collect();
-                let c = t.elapsed() / n;
-                let t = Instant::now();
-                for s in segs { b.destroy_segment(s); }
-                println!("{placement} {size}: create {c:?} destroy {:?}", t.elapsed() / n);
-            }
-            let p = pool(&d, placement);
-            let t = Instant::now();
-            for i in 0..100_000u64 { let x = p.allocate(256 + (i % 7) * 512, S0).unwrap(); p.free(&x).unwrap(); }
-            println!("{placement} alloc+free warm: {:?}/pair", t.elapsed() / 100_000);
-        }
-    }
-}

@@ -3,7 +3,7 @@
 #![cfg(feature = "wgpu")]
 
 use umm_backends::wgpu_backend::{self, discover, WgpuBackend, WgpuDevice, WgpuPoolKind};
-use umm_backends::{skip_or_fail, BlockHandle, DeviceType, Error, Pool, PoolConfig, PoolPlacement, StreamId, Strategy};
+use umm_backends::{skip_or_fail, BlockHandle, DeviceType, Error, Pool, PoolConfig, PoolPlacement, Strategy, StreamId};
 
 const S0: StreamId = StreamId(0);
 
@@ -68,7 +68,8 @@ fn discovery_describes_every_adapter() {
 #[test]
 fn every_pool_round_trips_bytes() {
     let Some(dev) = device() else { return };
-    let mut kinds = vec![WgpuPoolKind::DeviceLocal, WgpuPoolKind::ReadOnly, WgpuPoolKind::Upload, WgpuPoolKind::Readback];
+    let mut kinds =
+        vec![WgpuPoolKind::DeviceLocal, WgpuPoolKind::ReadOnly, WgpuPoolKind::Upload, WgpuPoolKind::Readback];
     if dev.has_shared_buffers() {
         kinds.push(WgpuPoolKind::Shared);
     }
@@ -79,7 +80,10 @@ fn every_pool_round_trips_bytes() {
     for kind in kinds {
         let pool = dev.pool_of(kind, PoolConfig::default()).unwrap();
         let align = umm_backends::Backend::alignment(pool.backend());
-        assert!(align >= u64::from(dev.limits().min_storage_buffer_offset_alignment) || !kind.usages().contains(wgpu::BufferUsages::STORAGE));
+        assert!(
+            align >= u64::from(dev.limits().min_storage_buffer_offset_alignment)
+                || !kind.usages().contains(wgpu::BufferUsages::STORAGE)
+        );
         let mut blocks: Vec<(BlockHandle, Vec<u8>)> = Vec::new();
         for (i, &len) in [1usize, 3, 5, 255, 1001, 4097, 70_001, (2 << 20) + 3].iter().enumerate() {
             let block = pool.allocate(len as u64, S0).unwrap();
@@ -182,7 +186,11 @@ impl Saxpy {
             .enumerate()
             .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: wgpu::BindingResource::Buffer(b) })
             .collect();
-        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &layout, entries: &entries });
+        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &layout,
+            entries: &entries,
+        });
         let mut encoder = self.device.create_command_encoder(&Default::default());
         {
             let mut pass = encoder.begin_compute_pass(&Default::default());
@@ -388,8 +396,9 @@ fn bad_requests_give_clear_errors() {
 #[test]
 fn lost_device_errors_without_panicking() {
     let Some(dev) = device() else { return };
-    let pool: Pool<WgpuBackend> =
-        dev.pool(PoolPlacement::DeviceLocal, PoolConfig { strategy: Strategy::Direct, ..PoolConfig::default() }).unwrap();
+    let pool: Pool<WgpuBackend> = dev
+        .pool(PoolPlacement::DeviceLocal, PoolConfig { strategy: Strategy::Direct, ..PoolConfig::default() })
+        .unwrap();
     let block = pool.allocate(1000, S0).unwrap();
     pool.write(&block, 0, &[7; 1000]).unwrap();
     pool.backend().device().destroy();

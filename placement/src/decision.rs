@@ -27,12 +27,7 @@ pub struct Request {
 impl Request {
     /// A request for `bytes` bytes: `Auto`, access `Unknown`, any device.
     pub fn new(bytes: u64) -> Self {
-        Request {
-            bytes,
-            placement: Placement::Auto,
-            access: AccessPattern::Unknown,
-            selector: DeviceSelector::Any,
-        }
+        Request { bytes, placement: Placement::Auto, access: AccessPattern::Unknown, selector: DeviceSelector::Any }
     }
 
     /// Sets the placement.
@@ -183,9 +178,7 @@ impl Reason {
 
 /// The device with the most free memory (ties: the lower index).
 fn most_free<'a>(devices: impl IntoIterator<Item = &'a DeviceView>) -> Option<&'a DeviceView> {
-    devices
-        .into_iter()
-        .max_by(|a, b| a.free_bytes.cmp(&b.free_bytes).then(b.index.cmp(&a.index)))
+    devices.into_iter().max_by(|a, b| a.free_bytes.cmp(&b.free_bytes).then(b.index.cmp(&a.index)))
 }
 
 impl Decider {
@@ -220,13 +213,9 @@ impl Decider {
         }
         let thresholds = &self.config.thresholds;
         let size_class = SizeClass::of(req.bytes, thresholds);
-        let candidates: Vec<&DeviceView> =
-            devices.iter().filter(|d| req.selector.matches(d)).collect();
+        let candidates: Vec<&DeviceView> = devices.iter().filter(|d| req.selector.matches(d)).collect();
         if candidates.is_empty() {
-            return Err(Error::NoDevice {
-                asked: req.selector.describe(),
-                available: describe_devices(devices),
-            });
+            return Err(Error::NoDevice { asked: req.selector.describe(), available: describe_devices(devices) });
         }
         let mut why = Reason(vec![format!(
             "{} buffer of {} ({}), access {}",
@@ -235,10 +224,7 @@ impl Decider {
             thresholds.describe(),
             req.access
         )]);
-        let impossible = || Error::ImpossiblePlacement {
-            asked: req.describe(),
-            available: describe_devices(devices),
-        };
+        let impossible = || Error::ImpossiblePlacement { asked: req.describe(), available: describe_devices(devices) };
         let decision = |device: &DeviceView, pool: PoolKind, why: Reason| Decision {
             device: device.index,
             pool,
@@ -272,16 +258,9 @@ impl Decider {
             why.push(format!("{} was asked for explicitly", req.placement));
             req.placement
         };
-        let accels: Vec<&DeviceView> = candidates
-            .iter()
-            .copied()
-            .filter(|d| d.is_accelerator())
-            .collect();
+        let accels: Vec<&DeviceView> = candidates.iter().copied().filter(|d| d.is_accelerator()).collect();
         if accels.is_empty() {
-            why.push(format!(
-                "{} selects no accelerator",
-                req.selector.describe()
-            ));
+            why.push(format!("{} selects no accelerator", req.selector.describe()));
         }
 
         let chain: &[PoolKind] = match want {
@@ -290,27 +269,18 @@ impl Decider {
             Placement::HostPinned | Placement::Auto => &[],
         };
         for &kind in chain {
-            let offering: Vec<&DeviceView> =
-                accels.iter().copied().filter(|d| d.offers(kind)).collect();
+            let offering: Vec<&DeviceView> = accels.iter().copied().filter(|d| d.offers(kind)).collect();
             if offering.is_empty() {
                 if !accels.is_empty() {
-                    why.push(format!(
-                        "no selected accelerator offers {}",
-                        kind.describe()
-                    ));
+                    why.push(format!("no selected accelerator offers {}", kind.describe()));
                 }
                 continue;
             }
-            let (cool, hot): (Vec<&DeviceView>, Vec<&DeviceView>) = offering
-                .iter()
-                .partition(|d| !self.under_pressure(d, req.bytes));
+            let (cool, hot): (Vec<&DeviceView>, Vec<&DeviceView>) =
+                offering.iter().partition(|d| !self.under_pressure(d, req.bytes));
             if auto {
                 for d in &hot {
-                    why.push(format!(
-                        "skipped {}: {}",
-                        d.label(),
-                        self.pressure_fact(d, req.bytes)
-                    ));
+                    why.push(format!("skipped {}: {}", d.label(), self.pressure_fact(d, req.bytes)));
                 }
                 let Some(device) = most_free(cool.iter().copied()) else {
                     why.push("every candidate device is under pressure, so it falls back to pinned host memory");
@@ -340,9 +310,8 @@ impl Decider {
                 }
                 return Ok(decision(device, kind, why));
             }
-            let device = most_free(cool.iter().copied())
-                .or_else(|| most_free(hot.iter().copied()))
-                .unwrap_or(offering[0]);
+            let device =
+                most_free(cool.iter().copied()).or_else(|| most_free(hot.iter().copied())).unwrap_or(offering[0]);
             if self.under_pressure(device, req.bytes) {
                 why.push(format!(
                     "{} is honoured on {} although {}",
@@ -351,20 +320,14 @@ impl Decider {
                     self.pressure_fact(device, req.bytes)
                 ));
             } else {
-                why.push(format!(
-                    "chose {}: {}",
-                    device.label(),
-                    device.describe_memory()
-                ));
+                why.push(format!("chose {}: {}", device.label(), device.describe_memory()));
             }
             return Ok(decision(device, kind, why));
         }
         if !chain.is_empty() {
             why.push("it falls back to host memory");
         }
-        self.pinned(&accels, devices, why)
-            .map(|(d, p, w)| decision(d, p, w))
-            .ok_or_else(impossible)
+        self.pinned(&accels, devices, why).map(|(d, p, w)| decision(d, p, w)).ok_or_else(impossible)
     }
 
     /// The table's placement for Auto, overridden by evidence where it contradicts the table.
@@ -402,10 +365,7 @@ impl Decider {
                 && rec.placement != rec.subject.table_default()
                 && rec.placement != table;
             if decisive {
-                why.push(format!(
-                    "but usage evidence says {}: {}",
-                    rec.placement, rec.reason
-                ));
+                why.push(format!("but usage evidence says {}: {}", rec.placement, rec.reason));
                 return rec.placement;
             }
         }
@@ -420,21 +380,10 @@ impl Decider {
         devices: &'a [DeviceView],
         mut why: Reason,
     ) -> Option<(&'a DeviceView, PoolKind, Reason)> {
-        if let Some(device) = most_free(
-            accels
-                .iter()
-                .copied()
-                .filter(|d| d.offers(PoolKind::HostPinned)),
-        ) {
-            let zero_copy = if device.shares_memory_with_host {
-                ", zero-copy since it shares memory with the host"
-            } else {
-                ""
-            };
-            why.push(format!(
-                "pinned host memory through {}{zero_copy}",
-                device.label()
-            ));
+        if let Some(device) = most_free(accels.iter().copied().filter(|d| d.offers(PoolKind::HostPinned))) {
+            let zero_copy =
+                if device.shares_memory_with_host { ", zero-copy since it shares memory with the host" } else { "" };
+            why.push(format!("pinned host memory through {}{zero_copy}", device.label()));
             return Some((device, PoolKind::HostPinned, why));
         }
         let hosts = || devices.iter().filter(|d| d.kind == DeviceKind::Host);
@@ -443,19 +392,14 @@ impl Decider {
             return Some((host, PoolKind::HostPinned, why));
         }
         let host = hosts().find(|d| d.offers(PoolKind::Host))?;
-        why.push(format!(
-            "no pinned pool is offered, so pageable host memory on {}",
-            host.label()
-        ));
+        why.push(format!("no pinned pool is offered, so pageable host memory on {}", host.label()));
         Some((host, PoolKind::Host, why))
     }
 
     /// Whether Auto avoids `device` for a request of `bytes`: used fraction above the threshold, or too little
     /// free memory. Devices of unknown size are never under pressure.
     fn under_pressure(&self, device: &DeviceView, bytes: u64) -> bool {
-        device.total_bytes > 0
-            && (device.used_fraction() > self.config.pressure_threshold
-                || device.free_bytes < bytes)
+        device.total_bytes > 0 && (device.used_fraction() > self.config.pressure_threshold || device.free_bytes < bytes)
     }
 
     /// Why `device` is under pressure, in words.
@@ -467,11 +411,7 @@ impl Decider {
                 text::percent(self.config.pressure_threshold)
             )
         } else {
-            format!(
-                "only {} free, less than the {} asked",
-                text::bytes(device.free_bytes),
-                text::bytes(bytes)
-            )
+            format!("only {} free, less than the {} asked", text::bytes(device.free_bytes), text::bytes(bytes))
         }
     }
 }

@@ -15,9 +15,7 @@ use crate::text;
 ///
 /// Prints and parses like the enums in [`placement`](crate::Placement): snake_case, case-insensitive;
 /// [`Api::OpenCl`] is `"opencl"` (also `"open_cl"`, `"open-cl"`).
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Display, EnumString, EnumIter,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Display, EnumString, EnumIter)]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case", ascii_case_insensitive)]
 pub enum Api {
@@ -36,9 +34,7 @@ pub enum Api {
 }
 
 /// What sort of device a [`DeviceView`] describes.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Display, EnumString, EnumIter,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Display, EnumString, EnumIter)]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case", ascii_case_insensitive)]
 pub enum DeviceKind {
@@ -47,18 +43,10 @@ pub enum DeviceKind {
     /// A software or CPU device (PoCL, lavapipe): an accelerator API over host memory.
     Cpu,
     /// A GPU with its own memory.
-    #[strum(
-        to_string = "discrete_gpu",
-        serialize = "discrete-gpu",
-        serialize = "discretegpu"
-    )]
+    #[strum(to_string = "discrete_gpu", serialize = "discrete-gpu", serialize = "discretegpu")]
     DiscreteGpu,
     /// A GPU that shares memory with the host.
-    #[strum(
-        to_string = "integrated_gpu",
-        serialize = "integrated-gpu",
-        serialize = "integratedgpu"
-    )]
+    #[strum(to_string = "integrated_gpu", serialize = "integrated-gpu", serialize = "integratedgpu")]
     IntegratedGpu,
     /// The simulated device.
     Simulated,
@@ -159,16 +147,8 @@ impl fmt::Display for DeviceView {
             self.index,
             self.name,
             self.kind,
-            if apis.is_empty() {
-                "no api".to_owned()
-            } else {
-                apis.join(", ")
-            },
-            if pools.is_empty() {
-                "none".to_owned()
-            } else {
-                pools.join(", ")
-            }
+            if apis.is_empty() { "no api".to_owned() } else { apis.join(", ") },
+            if pools.is_empty() { "none".to_owned() } else { pools.join(", ") }
         )
     }
 }
@@ -247,15 +227,10 @@ impl FromStr for DeviceSelector {
         if let Ok(i) = s.parse::<usize>() {
             return Ok(DeviceSelector::Index(i));
         }
-        Api::from_str(s)
-            .map(DeviceSelector::Api)
-            .map_err(|_| Error::InvalidSelector {
-                value: s.to_owned(),
-                expected: Api::iter()
-                    .map(|a| a.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })
+        Api::from_str(s).map(DeviceSelector::Api).map_err(|_| Error::InvalidSelector {
+            value: s.to_owned(),
+            expected: Api::iter().map(|a| a.to_string()).collect::<Vec<_>>().join(", "),
+        })
     }
 }
 
@@ -276,10 +251,7 @@ mod tests {
             assert_eq!(sel.to_string().parse::<DeviceSelector>(), Ok(sel));
         }
         let err = "tpu".parse::<DeviceSelector>().unwrap_err().to_string();
-        assert!(
-            err.contains("\"tpu\"") && err.contains("cuda, opencl"),
-            "{err}"
-        );
+        assert!(err.contains("\"tpu\"") && err.contains("cuda, opencl"), "{err}");
     }
 
     #[test]

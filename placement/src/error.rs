@@ -30,9 +30,7 @@ pub enum Error {
     },
 
     /// Size-class thresholds out of order.
-    #[error(
-        "invalid size-class thresholds: small_max ({small_max} B) must be less than medium_max ({medium_max} B)"
-    )]
+    #[error("invalid size-class thresholds: small_max ({small_max} B) must be less than medium_max ({medium_max} B)")]
     InvalidThresholds {
         /// The largest size (bytes, inclusive) that counts as small.
         small_max: u64,

@@ -42,7 +42,5 @@ pub use decision::{Decider, Decision, DecisionConfig, Request};
 pub use device::{Api, DeviceKind, DeviceSelector, DeviceView};
 pub use error::{Error, Result};
 pub use placement::{AccessPattern, Placement, PoolKind, SizeClass, Thresholds};
-pub use recommend::{
-    Evidence, PoolCounts, RecommendConfig, Recommendation, Recommendations, Subject,
-};
+pub use recommend::{Evidence, PoolCounts, RecommendConfig, Recommendation, Recommendations, Subject};
 pub use tracker::{TrackId, TrackerConfig, UsageTracker};

@@ -12,20 +12,7 @@ use crate::error::{Error, Result};
 use crate::text;
 
 /// Where the caller wants a buffer to live.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    Default,
-    Serialize,
-    Deserialize,
-    Display,
-    EnumString,
-    EnumIter,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, Display, EnumString, EnumIter)]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case", ascii_case_insensitive)]
 pub enum Placement {
@@ -33,43 +20,18 @@ pub enum Placement {
     #[default]
     Auto,
     /// Page-locked host memory that devices reach by DMA (zero-copy on devices that share memory with the host).
-    #[strum(
-        to_string = "host_pinned",
-        serialize = "host-pinned",
-        serialize = "hostpinned"
-    )]
+    #[strum(to_string = "host_pinned", serialize = "host-pinned", serialize = "hostpinned")]
     HostPinned,
     /// Memory on the device itself (VRAM on a discrete GPU).
-    #[strum(
-        to_string = "device_local",
-        serialize = "device-local",
-        serialize = "devicelocal"
-    )]
+    #[strum(to_string = "device_local", serialize = "device-local", serialize = "devicelocal")]
     DeviceLocal,
     /// Device memory that is filled once and only read afterwards (may use a read-only or constant pool).
-    #[strum(
-        to_string = "read_only",
-        serialize = "read-only",
-        serialize = "readonly"
-    )]
+    #[strum(to_string = "read_only", serialize = "read-only", serialize = "readonly")]
     ReadOnly,
 }
 
 /// How a buffer is expected to be used; a hint that steers [`Placement::Auto`].
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    Default,
-    Serialize,
-    Deserialize,
-    Display,
-    EnumString,
-    EnumIter,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, Display, EnumString, EnumIter)]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case", ascii_case_insensitive)]
 pub enum AccessPattern {
@@ -77,68 +39,38 @@ pub enum AccessPattern {
     #[default]
     Unknown,
     /// Written once, then only read (weights, lookup tables).
-    #[strum(
-        to_string = "read_only",
-        serialize = "read-only",
-        serialize = "readonly"
-    )]
+    #[strum(to_string = "read_only", serialize = "read-only", serialize = "readonly")]
     ReadOnly,
     /// Written and not read back by the producer (an upload stream or an output that is consumed once).
-    #[strum(
-        to_string = "write_only",
-        serialize = "write-only",
-        serialize = "writeonly"
-    )]
+    #[strum(to_string = "write_only", serialize = "write-only", serialize = "writeonly")]
     WriteOnly,
     /// Read and written.
-    #[strum(
-        to_string = "read_write",
-        serialize = "read-write",
-        serialize = "readwrite"
-    )]
+    #[strum(to_string = "read_write", serialize = "read-write", serialize = "readwrite")]
     ReadWrite,
     /// Streamed front to back, typically once.
     Sequential,
     /// Accessed at scattered offsets.
     Random,
     /// Read or written by the host often (staging buffers, results read back every step).
-    #[strum(
-        to_string = "host_frequent",
-        serialize = "host-frequent",
-        serialize = "hostfrequent"
-    )]
+    #[strum(to_string = "host_frequent", serialize = "host-frequent", serialize = "hostfrequent")]
     HostFrequent,
 }
 
 /// The kind of pool a decision resolves to. A pool is per (device, API, kind); this crate only names the kind.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Display, EnumString, EnumIter,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Display, EnumString, EnumIter)]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case", ascii_case_insensitive)]
 pub enum PoolKind {
     /// Plain pageable host memory.
     Host,
     /// Page-locked host memory, reachable by DMA (on a host-only machine, still host memory).
-    #[strum(
-        to_string = "host_pinned",
-        serialize = "host-pinned",
-        serialize = "hostpinned"
-    )]
+    #[strum(to_string = "host_pinned", serialize = "host-pinned", serialize = "hostpinned")]
     HostPinned,
     /// Memory on the device itself.
-    #[strum(
-        to_string = "device_local",
-        serialize = "device-local",
-        serialize = "devicelocal"
-    )]
+    #[strum(to_string = "device_local", serialize = "device-local", serialize = "devicelocal")]
     DeviceLocal,
     /// Read-only device memory.
-    #[strum(
-        to_string = "read_only",
-        serialize = "read-only",
-        serialize = "readonly"
-    )]
+    #[strum(to_string = "read_only", serialize = "read-only", serialize = "readonly")]
     ReadOnly,
 }
 
@@ -156,19 +88,7 @@ impl PoolKind {
 
 /// Size classes, split at [`Thresholds::small_max`] and [`Thresholds::medium_max`].
 #[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    Serialize,
-    Deserialize,
-    Display,
-    EnumString,
-    EnumIter,
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Display, EnumString, EnumIter,
 )]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case", ascii_case_insensitive)]
@@ -234,10 +154,7 @@ impl Thresholds {
     /// # Errors
     /// [`Error::InvalidThresholds`] unless `small_max < medium_max`.
     pub fn new(small_max: u64, medium_max: u64) -> Result<Self> {
-        let thresholds = Thresholds {
-            small_max,
-            medium_max,
-        };
+        let thresholds = Thresholds { small_max, medium_max };
         thresholds.validate()?;
         Ok(thresholds)
     }
@@ -250,29 +167,19 @@ impl Thresholds {
         if self.small_max < self.medium_max {
             Ok(())
         } else {
-            Err(Error::InvalidThresholds {
-                small_max: self.small_max,
-                medium_max: self.medium_max,
-            })
+            Err(Error::InvalidThresholds { small_max: self.small_max, medium_max: self.medium_max })
         }
     }
 
     /// The thresholds in words: "small <= 64 KiB < medium <= 16 MiB < large".
     pub fn describe(&self) -> String {
-        format!(
-            "small <= {} < medium <= {} < large",
-            text::bytes(self.small_max),
-            text::bytes(self.medium_max)
-        )
+        format!("small <= {} < medium <= {} < large", text::bytes(self.small_max), text::bytes(self.medium_max))
     }
 }
 
 impl Default for Thresholds {
     fn default() -> Self {
-        Thresholds {
-            small_max: Self::DEFAULT_SMALL_MAX,
-            medium_max: Self::DEFAULT_MEDIUM_MAX,
-        }
+        Thresholds { small_max: Self::DEFAULT_SMALL_MAX, medium_max: Self::DEFAULT_MEDIUM_MAX }
     }
 }
 
@@ -285,20 +192,10 @@ mod tests {
     #[test]
     fn enums_parse_case_insensitively_in_three_spellings() {
         for text in ["host_pinned", "Host-Pinned", "HOSTPINNED"] {
-            assert_eq!(
-                Placement::from_str(text),
-                Ok(Placement::HostPinned),
-                "{text}"
-            );
+            assert_eq!(Placement::from_str(text), Ok(Placement::HostPinned), "{text}");
         }
-        assert_eq!(
-            AccessPattern::from_str("Host-Frequent"),
-            Ok(AccessPattern::HostFrequent)
-        );
-        assert_eq!(
-            PoolKind::from_str("device_local"),
-            Ok(PoolKind::DeviceLocal)
-        );
+        assert_eq!(AccessPattern::from_str("Host-Frequent"), Ok(AccessPattern::HostFrequent));
+        assert_eq!(PoolKind::from_str("device_local"), Ok(PoolKind::DeviceLocal));
         assert_eq!(SizeClass::from_str("LARGE"), Ok(SizeClass::Large));
         assert!(Placement::from_str("vram").is_err());
     }
@@ -334,28 +231,16 @@ mod tests {
     fn thresholds_must_be_ordered() {
         assert!(Thresholds::new(1, 2).is_ok());
         let err = Thresholds::new(16 << 20, 64 << 10).unwrap_err();
-        assert_eq!(
-            err,
-            Error::InvalidThresholds {
-                small_max: 16 << 20,
-                medium_max: 64 << 10
-            }
-        );
+        assert_eq!(err, Error::InvalidThresholds { small_max: 16 << 20, medium_max: 64 << 10 });
         let msg = err.to_string();
-        assert!(
-            msg.contains("small_max (16777216 B) must be less than medium_max (65536 B)"),
-            "{msg}"
-        );
+        assert!(msg.contains("small_max (16777216 B) must be less than medium_max (65536 B)"), "{msg}");
         assert!(Thresholds::new(5, 5).is_err());
     }
 
     #[test]
     fn describe_names_bounds() {
         let t = Thresholds::default();
-        assert_eq!(
-            SizeClass::Medium.describe(&t),
-            "medium (64 KiB < size <= 16 MiB)"
-        );
+        assert_eq!(SizeClass::Medium.describe(&t), "medium (64 KiB < size <= 16 MiB)");
         assert_eq!(t.describe(), "small <= 64 KiB < medium <= 16 MiB < large");
     }
 }

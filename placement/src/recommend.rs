@@ -15,19 +15,7 @@ use crate::text;
 /// [`AccessPattern::HostFrequent`] are [`Subject::FrequentlyAccessedData`], whatever their size; all others
 /// belong to the subject of their size class.
 #[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    Serialize,
-    Deserialize,
-    Display,
-    EnumString,
-    EnumIter,
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Display, EnumString, EnumIter,
 )]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case", ascii_case_insensitive)]
@@ -251,12 +239,7 @@ pub struct RecommendConfig {
 
 impl Default for RecommendConfig {
     fn default() -> Self {
-        RecommendConfig {
-            min_buffers: 8.0,
-            pinned_share: 0.5,
-            device_share: 0.1,
-            min_host_accesses_per_buffer: 1.0,
-        }
+        RecommendConfig { min_buffers: 8.0, pinned_share: 0.5, device_share: 0.1, min_host_accesses_per_buffer: 1.0 }
     }
 }
 
@@ -315,12 +298,7 @@ pub struct Recommendation {
 
 impl Recommendation {
     /// Applies the rule (see [`Recommendations`]) to `tally`. O(1).
-    pub(crate) fn from_tally(
-        subject: Subject,
-        tally: &Tally,
-        thresholds: &Thresholds,
-        cfg: &RecommendConfig,
-    ) -> Self {
+    pub(crate) fn from_tally(subject: Subject, tally: &Tally, thresholds: &Thresholds, cfg: &RecommendConfig) -> Self {
         let default = subject.table_default();
         let what = subject.describe(thresholds);
         let evidence = tally.evidence();
@@ -329,11 +307,7 @@ impl Recommendation {
         let host = tally.host_reads + tally.host_writes;
         let share = tally.host_access_share();
         let (placement, from_evidence, reason) = if weight <= 0.0 && accesses <= 0.0 {
-            (
-                default,
-                false,
-                format!("{what}: no evidence yet; table default {default}"),
-            )
+            (default, false, format!("{what}: no evidence yet; table default {default}"))
         } else if weight < cfg.min_buffers || accesses <= 0.0 {
             let reason = format!(
                 "{what}: too little evidence yet ({weight:.0} buffers, {} needed, {accesses:.0} accesses); table default {default}",
@@ -348,11 +322,8 @@ impl Recommendation {
             );
             let per_buffer = host / weight;
             if share >= cfg.pinned_share && per_buffer >= cfg.min_host_accesses_per_buffer {
-                let verdict = if default == Placement::HostPinned {
-                    "as the table says"
-                } else {
-                    "against the table's default"
-                };
+                let verdict =
+                    if default == Placement::HostPinned { "as the table says" } else { "against the table's default" };
                 let reason = format!(
                     "{what}: {facts}, at least {} and {per_buffer:.1} host accesses per buffer, so pinned host \
                      memory ({verdict} {default})",
@@ -373,13 +344,7 @@ impl Recommendation {
                 (default, true, reason)
             }
         };
-        Recommendation {
-            subject,
-            placement,
-            from_evidence,
-            reason,
-            evidence,
-        }
+        Recommendation { subject, placement, from_evidence, reason, evidence }
     }
 }
 
@@ -422,22 +387,12 @@ impl Recommendations {
         Self::from_tallies(thresholds, cfg, &[Tally::default(); 5])
     }
 
-    pub(crate) fn from_tallies(
-        thresholds: Thresholds,
-        config: RecommendConfig,
-        tallies: &[Tally; 5],
-    ) -> Self {
+    pub(crate) fn from_tallies(thresholds: Thresholds, config: RecommendConfig, tallies: &[Tally; 5]) -> Self {
         let items = Subject::iter()
             .zip(tallies)
-            .map(|(subject, tally)| {
-                Recommendation::from_tally(subject, tally, &thresholds, &config)
-            })
+            .map(|(subject, tally)| Recommendation::from_tally(subject, tally, &thresholds, &config))
             .collect();
-        Recommendations {
-            thresholds,
-            config,
-            items,
-        }
+        Recommendations { thresholds, config, items }
     }
 
     /// The recommendation for `subject`, if present. O(subjects).
@@ -446,11 +401,7 @@ impl Recommendations {
     }
 
     /// The recommendation that applies to a buffer of this size class and declared access. O(subjects).
-    pub fn for_buffer(
-        &self,
-        size_class: SizeClass,
-        access: AccessPattern,
-    ) -> Option<&Recommendation> {
+    pub fn for_buffer(&self, size_class: SizeClass, access: AccessPattern) -> Option<&Recommendation> {
         self.get(Subject::of(size_class, access))
     }
 }
@@ -476,11 +427,7 @@ mod tests {
         for r in &recs.items {
             assert_eq!(r.placement, r.subject.table_default());
             assert!(!r.from_evidence);
-            assert!(
-                r.reason.contains("no evidence yet; table default"),
-                "{}",
-                r.reason
-            );
+            assert!(r.reason.contains("no evidence yet; table default"), "{}", r.reason);
             assert_ne!(r.placement, Placement::Auto);
         }
         assert!(recs.to_string().lines().count() == 5);
@@ -499,27 +446,18 @@ mod tests {
         let rec = |s, t_: Tally| Recommendation::from_tally(s, &t_, &t, &cfg);
         // Too few buffers.
         let r = rec(Subject::MediumBuffers, tally(7.0, 100.0, 0.0));
-        assert_eq!(
-            (r.placement, r.from_evidence),
-            (Placement::DeviceLocal, false)
-        );
+        assert_eq!((r.placement, r.from_evidence), (Placement::DeviceLocal, false));
         assert!(r.reason.contains("too little evidence"), "{}", r.reason);
         // Exactly half host: pinned.
         let r = rec(Subject::MediumBuffers, tally(8.0, 50.0, 50.0));
-        assert_eq!(
-            (r.placement, r.from_evidence),
-            (Placement::HostPinned, true)
-        );
+        assert_eq!((r.placement, r.from_evidence), (Placement::HostPinned, true));
         assert!(r.reason.contains("50% of 100 accesses"), "{}", r.reason);
         // Small buffers the host never touches: device-local.
         let r = rec(Subject::SmallBuffers, tally(8.0, 1.0, 99.0));
         assert_eq!(r.placement, Placement::DeviceLocal);
         // In between: default, backed by evidence.
         let r = rec(Subject::SmallBuffers, tally(8.0, 30.0, 70.0));
-        assert_eq!(
-            (r.placement, r.from_evidence),
-            (Placement::HostPinned, true)
-        );
+        assert_eq!((r.placement, r.from_evidence), (Placement::HostPinned, true));
         let r = rec(Subject::LargeBuffers, tally(8.0, 1.0, 99.0));
         assert_eq!(r.placement, Placement::DeviceLocal);
     }
@@ -527,16 +465,10 @@ mod tests {
     #[test]
     fn config_validation() {
         assert!(RecommendConfig::default().validate().is_ok());
-        let bad = RecommendConfig {
-            device_share: 0.6,
-            ..RecommendConfig::default()
-        };
+        let bad = RecommendConfig { device_share: 0.6, ..RecommendConfig::default() };
         let msg = bad.validate().unwrap_err().to_string();
         assert!(msg.contains("device_share: 0.6"), "{msg}");
-        let bad = RecommendConfig {
-            pinned_share: f64::NAN,
-            ..RecommendConfig::default()
-        };
+        let bad = RecommendConfig { pinned_share: f64::NAN, ..RecommendConfig::default() };
         assert!(bad.validate().is_err());
     }
 }

@@ -44,16 +44,9 @@ impl TrackerConfig {
     /// [`Error::InvalidThresholds`] or [`Error::InvalidConfig`] naming the bad value.
     pub fn validate(&self) -> Result<()> {
         self.thresholds.validate()?;
-        for (field, value) in [
-            ("buffer_cap", self.buffer_cap),
-            ("access_cap", self.access_cap),
-        ] {
+        for (field, value) in [("buffer_cap", self.buffer_cap), ("access_cap", self.access_cap)] {
             if value == 0 {
-                return Err(Error::InvalidConfig {
-                    field,
-                    value: "0".to_owned(),
-                    expected: "at least 1",
-                });
+                return Err(Error::InvalidConfig { field, value: "0".to_owned(), expected: "at least 1" });
             }
         }
         self.recommend.validate()
@@ -134,10 +127,7 @@ impl UsageTracker {
     /// # Errors
     /// [`Error::InvalidThresholds`] unless `small_max < medium_max`.
     pub fn new(thresholds: Thresholds) -> Result<Self> {
-        Self::with_config(TrackerConfig {
-            thresholds,
-            ..TrackerConfig::default()
-        })
+        Self::with_config(TrackerConfig { thresholds, ..TrackerConfig::default() })
     }
 
     /// A tracker with the given settings.
@@ -150,10 +140,7 @@ impl UsageTracker {
     }
 
     fn with_valid_config(config: TrackerConfig) -> Self {
-        UsageTracker {
-            config,
-            cells: std::array::from_fn(|_| Mutex::new(Tally::default())),
-        }
+        UsageTracker { config, cells: std::array::from_fn(|_| Mutex::new(Tally::default())) }
     }
 
     /// The tracker's settings.
@@ -163,19 +150,9 @@ impl UsageTracker {
 
     /// Starts tracking a buffer of `bytes` bytes that was requested with `placement` and `access` and landed in a
     /// pool of kind `pool`. O(1), allocation-free.
-    pub fn register(
-        &self,
-        bytes: u64,
-        placement: Placement,
-        access: AccessPattern,
-        pool: PoolKind,
-    ) -> TrackId {
+    pub fn register(&self, bytes: u64, placement: Placement, access: AccessPattern, pool: PoolKind) -> TrackId {
         let size_class = SizeClass::of(bytes, &self.config.thresholds);
-        let id = TrackId {
-            size_class,
-            access,
-            registered: Instant::now(),
-        };
+        let id = TrackId { size_class, access, registered: Instant::now() };
         let mut t = self.cells[id.cell()].lock();
         t.buffers += 1.0;
         t.live += 1;
@@ -302,17 +279,10 @@ mod tests {
 
     #[test]
     fn bad_config_is_rejected() {
-        let cfg = TrackerConfig {
-            buffer_cap: 0,
-            ..TrackerConfig::default()
-        };
+        let cfg = TrackerConfig { buffer_cap: 0, ..TrackerConfig::default() };
         let msg = UsageTracker::with_config(cfg).unwrap_err().to_string();
         assert!(msg.contains("buffer_cap"), "{msg}");
-        assert!(UsageTracker::new(Thresholds {
-            small_max: 10,
-            medium_max: 10
-        })
-        .is_err());
+        assert!(UsageTracker::new(Thresholds { small_max: 10, medium_max: 10 }).is_err());
         let t = UsageTracker::default();
         assert!(t.decay(1.5).is_err());
         assert!(t.decay(f64::NAN).is_err());

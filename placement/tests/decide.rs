@@ -5,8 +5,8 @@ mod common;
 use common::*;
 use strum::IntoEnumIterator;
 use umm_placement::{
-    AccessPattern, Api, Decider, DecisionConfig, DeviceSelector, DeviceView, Error, Placement,
-    PoolKind, Request, SizeClass, Thresholds,
+    AccessPattern, Api, Decider, DecisionConfig, DeviceSelector, DeviceView, Error, Placement, PoolKind, Request,
+    SizeClass, Thresholds,
 };
 
 const SMALL: u64 = 4 * KIB;
@@ -14,9 +14,7 @@ const MEDIUM: u64 = MIB;
 const LARGE: u64 = 64 * MIB;
 
 fn decide(req: Request, devices: &[DeviceView]) -> umm_placement::Decision {
-    Decider::default()
-        .decide(&req, devices, None)
-        .expect("decision")
+    Decider::default().decide(&req, devices, None).expect("decision")
 }
 
 fn auto(bytes: u64, access: AccessPattern) -> Request {
@@ -40,61 +38,31 @@ fn auto_table_rows_on_a_discrete_gpu() {
     for (access, pools) in rows {
         for (bytes, pool) in [SMALL, MEDIUM, LARGE].into_iter().zip(pools) {
             let d = decide(auto(bytes, access), &machine());
-            assert_eq!(
-                (d.device, d.pool),
-                (1, pool),
-                "{access} {bytes}: {}",
-                d.reason
-            );
+            assert_eq!((d.device, d.pool), (1, pool), "{access} {bytes}: {}", d.reason);
         }
     }
 }
 
 #[test]
 fn auto_table_switches() {
-    let streams = Decider::new(DecisionConfig {
-        large_streams_to_pinned: true,
-        ..DecisionConfig::default()
-    })
-    .unwrap();
+    let streams = Decider::new(DecisionConfig { large_streams_to_pinned: true, ..DecisionConfig::default() }).unwrap();
     for access in [AccessPattern::Sequential, AccessPattern::WriteOnly] {
-        let d = streams
-            .decide(&auto(LARGE, access), &machine(), None)
-            .unwrap();
+        let d = streams.decide(&auto(LARGE, access), &machine(), None).unwrap();
         assert_eq!(d.pool, PoolKind::HostPinned);
-        assert!(
-            d.reason.contains("large_streams_to_pinned is on"),
-            "{}",
-            d.reason
-        );
+        assert!(d.reason.contains("large_streams_to_pinned is on"), "{}", d.reason);
         // Medium streams are unaffected.
-        let d = streams
-            .decide(&auto(MEDIUM, access), &machine(), None)
-            .unwrap();
+        let d = streams.decide(&auto(MEDIUM, access), &machine(), None).unwrap();
         assert_eq!(d.pool, PoolKind::DeviceLocal);
     }
-    let d = streams
-        .decide(&auto(LARGE, AccessPattern::Random), &machine(), None)
-        .unwrap();
+    let d = streams.decide(&auto(LARGE, AccessPattern::Random), &machine(), None).unwrap();
     assert_eq!(d.pool, PoolKind::DeviceLocal);
 
-    let no_big_pins = Decider::new(DecisionConfig {
-        large_host_frequent_to_pinned: false,
-        ..DecisionConfig::default()
-    })
-    .unwrap();
-    let d = no_big_pins
-        .decide(&auto(LARGE, AccessPattern::HostFrequent), &machine(), None)
-        .unwrap();
+    let no_big_pins =
+        Decider::new(DecisionConfig { large_host_frequent_to_pinned: false, ..DecisionConfig::default() }).unwrap();
+    let d = no_big_pins.decide(&auto(LARGE, AccessPattern::HostFrequent), &machine(), None).unwrap();
     assert_eq!(d.pool, PoolKind::DeviceLocal);
-    assert!(
-        d.reason.contains("large_host_frequent_to_pinned is off"),
-        "{}",
-        d.reason
-    );
-    let d = no_big_pins
-        .decide(&auto(MEDIUM, AccessPattern::HostFrequent), &machine(), None)
-        .unwrap();
+    assert!(d.reason.contains("large_host_frequent_to_pinned is off"), "{}", d.reason);
+    let d = no_big_pins.decide(&auto(MEDIUM, AccessPattern::HostFrequent), &machine(), None).unwrap();
     assert_eq!(d.pool, PoolKind::HostPinned);
 }
 
@@ -109,28 +77,15 @@ fn reasons_name_size_class_thresholds_and_fact() {
         "device 1 (gpu1)",
         "70 GiB free of 80 GiB",
     ] {
-        assert!(
-            d.reason.contains(needle),
-            "missing {needle:?} in {}",
-            d.reason
-        );
+        assert!(d.reason.contains(needle), "missing {needle:?} in {}", d.reason);
     }
     assert!(d.reason.ends_with('.'));
-    let custom = Decider::new(DecisionConfig {
-        thresholds: Thresholds::new(512, 4096).unwrap(),
-        ..DecisionConfig::default()
-    })
-    .unwrap();
-    let d = custom
-        .decide(&Request::new(8192), &machine(), None)
-        .unwrap();
+    let custom =
+        Decider::new(DecisionConfig { thresholds: Thresholds::new(512, 4096).unwrap(), ..DecisionConfig::default() })
+            .unwrap();
+    let d = custom.decide(&Request::new(8192), &machine(), None).unwrap();
     assert_eq!(d.size_class, SizeClass::Large);
-    assert!(
-        d.reason
-            .contains("small <= 512 B < medium <= 4 KiB < large"),
-        "{}",
-        d.reason
-    );
+    assert!(d.reason.contains("small <= 512 B < medium <= 4 KiB < large"), "{}", d.reason);
 }
 
 #[test]
@@ -142,18 +97,9 @@ fn explicit_placements_are_honoured() {
     ] {
         // Small and large alike: the table does not override an explicit choice.
         for bytes in [SMALL, LARGE] {
-            let d = decide(
-                Request::new(bytes)
-                    .placement(placement)
-                    .access(AccessPattern::HostFrequent),
-                &machine(),
-            );
+            let d = decide(Request::new(bytes).placement(placement).access(AccessPattern::HostFrequent), &machine());
             assert_eq!((d.device, d.pool), (1, pool), "{placement}: {}", d.reason);
-            assert!(
-                d.reason.contains("was asked for explicitly"),
-                "{}",
-                d.reason
-            );
+            assert!(d.reason.contains("was asked for explicitly"), "{}", d.reason);
         }
     }
 }
@@ -163,29 +109,14 @@ fn explicit_placements_fall_back_along_the_chain() {
     let mut plain = gpu(1, 80 * GIB, 70 * GIB);
     plain.pools = vec![PoolKind::DeviceLocal];
     let devices = [host(0), plain.clone()];
-    let d = decide(
-        Request::new(MEDIUM).placement(Placement::ReadOnly),
-        &devices,
-    );
+    let d = decide(Request::new(MEDIUM).placement(Placement::ReadOnly), &devices);
     assert_eq!((d.device, d.pool), (1, PoolKind::DeviceLocal));
-    assert!(
-        d.reason
-            .contains("no selected accelerator offers read-only device memory"),
-        "{}",
-        d.reason
-    );
+    assert!(d.reason.contains("no selected accelerator offers read-only device memory"), "{}", d.reason);
 
     // A GPU without a pinned pool: pinned memory comes from the host.
-    let d = decide(
-        Request::new(MEDIUM).placement(Placement::HostPinned),
-        &devices,
-    );
+    let d = decide(Request::new(MEDIUM).placement(Placement::HostPinned), &devices);
     assert_eq!((d.device, d.pool), (0, PoolKind::HostPinned));
-    assert!(
-        d.reason.contains("pinned host memory on device 0 (host)"),
-        "{}",
-        d.reason
-    );
+    assert!(d.reason.contains("pinned host memory on device 0 (host)"), "{}", d.reason);
 
     // A GPU with no device pools at all: everything falls back to host memory.
     plain.pools = vec![];
@@ -193,11 +124,7 @@ fn explicit_placements_fall_back_along_the_chain() {
     for placement in [Placement::ReadOnly, Placement::DeviceLocal, Placement::Auto] {
         let d = decide(Request::new(MEDIUM).placement(placement), &devices);
         assert_eq!((d.device, d.pool), (0, PoolKind::HostPinned), "{placement}");
-        assert!(
-            d.reason.contains("falls back to host memory"),
-            "{}",
-            d.reason
-        );
+        assert!(d.reason.contains("falls back to host memory"), "{}", d.reason);
     }
 
     // A host that offers only pageable memory.
@@ -205,16 +132,9 @@ fn explicit_placements_fall_back_along_the_chain() {
     pageable.pools = vec![PoolKind::Host];
     let mut bare = gpu(1, 80 * GIB, 70 * GIB);
     bare.pools = vec![PoolKind::DeviceLocal];
-    let d = decide(
-        Request::new(MEDIUM).placement(Placement::HostPinned),
-        &[pageable, bare],
-    );
+    let d = decide(Request::new(MEDIUM).placement(Placement::HostPinned), &[pageable, bare]);
     assert_eq!((d.device, d.pool), (0, PoolKind::Host));
-    assert!(
-        d.reason.contains("no pinned pool is offered"),
-        "{}",
-        d.reason
-    );
+    assert!(d.reason.contains("no pinned pool is offered"), "{}", d.reason);
 }
 
 #[test]
@@ -223,32 +143,16 @@ fn host_only_machine_resolves_everything_to_the_host() {
     for placement in Placement::iter() {
         for access in AccessPattern::iter() {
             for bytes in [1, SMALL, MEDIUM, LARGE, u64::MAX] {
-                let d = decide(
-                    Request::new(bytes).placement(placement).access(access),
-                    &devices,
-                );
+                let d = decide(Request::new(bytes).placement(placement).access(access), &devices);
                 assert_eq!(d.device, 0);
-                let pool = if placement == Placement::HostPinned {
-                    PoolKind::HostPinned
-                } else {
-                    PoolKind::Host
-                };
+                let pool = if placement == Placement::HostPinned { PoolKind::HostPinned } else { PoolKind::Host };
                 assert_eq!(d.pool, pool, "{placement} {access}");
-                assert!(
-                    d.reason
-                        .contains("host memory only: no accelerator discovered"),
-                    "{}",
-                    d.reason
-                );
+                assert!(d.reason.contains("host memory only: no accelerator discovered"), "{}", d.reason);
             }
         }
     }
     let err = Decider::default()
-        .decide(
-            &Request::new(MEDIUM).selector(DeviceSelector::Api(Api::Cuda)),
-            &devices,
-            None,
-        )
+        .decide(&Request::new(MEDIUM).selector(DeviceSelector::Api(Api::Cuda)), &devices, None)
         .unwrap_err();
     assert!(matches!(err, Error::NoDevice { .. }), "{err}");
 }
@@ -260,9 +164,7 @@ fn devices_sharing_memory_prefer_zero_copy() {
         let d = decide(auto(bytes, AccessPattern::ReadWrite), &devices);
         assert_eq!((d.device, d.pool), (1, PoolKind::HostPinned));
         assert!(
-            d.reason.contains(
-                "shares memory with the host, so Auto prefers zero-copy pinned host memory"
-            ),
+            d.reason.contains("shares memory with the host, so Auto prefers zero-copy pinned host memory"),
             "{}",
             d.reason
         );
@@ -272,10 +174,7 @@ fn devices_sharing_memory_prefer_zero_copy() {
     assert!(d.reason.contains("zero-copy"), "{}", d.reason);
 
     // Explicit device-local memory is still honoured.
-    let d = decide(
-        Request::new(MEDIUM).placement(Placement::DeviceLocal),
-        &devices,
-    );
+    let d = decide(Request::new(MEDIUM).placement(Placement::DeviceLocal), &devices);
     assert_eq!((d.device, d.pool), (1, PoolKind::DeviceLocal));
 
     // A shared-memory device without a pinned pool keeps its device-local pool (host memory anyway).
@@ -289,12 +188,7 @@ fn devices_sharing_memory_prefer_zero_copy() {
 
 #[test]
 fn auto_picks_the_device_with_most_free_memory() {
-    let devices = [
-        host(0),
-        gpu(1, 24 * GIB, 20 * GIB),
-        gpu(2, 80 * GIB, 60 * GIB),
-        gpu(3, 80 * GIB, 60 * GIB),
-    ];
+    let devices = [host(0), gpu(1, 24 * GIB, 20 * GIB), gpu(2, 80 * GIB, 60 * GIB), gpu(3, 80 * GIB, 60 * GIB)];
     let d = decide(auto(MEDIUM, AccessPattern::Unknown), &devices);
     assert_eq!(d.device, 2, "ties go to the lower index: {}", d.reason);
 }
@@ -304,29 +198,20 @@ fn pressure_skips_busy_devices_then_falls_back_to_pinned_host_memory() {
     // gpu1 has the most free memory but is 92.5% used; gpu2 is half used.
     let busy = gpu(1, 200 * GIB, 15 * GIB);
     let calm = gpu(2, 16 * GIB, 8 * GIB);
-    let d = decide(
-        auto(MEDIUM, AccessPattern::Unknown),
-        &[host(0), busy.clone(), calm],
-    );
+    let d = decide(auto(MEDIUM, AccessPattern::Unknown), &[host(0), busy.clone(), calm]);
     assert_eq!((d.device, d.pool), (2, PoolKind::DeviceLocal));
     assert!(
-        d.reason
-            .contains("skipped device 1 (gpu1): 92.5% used is above the 90% pressure threshold"),
+        d.reason.contains("skipped device 1 (gpu1): 92.5% used is above the 90% pressure threshold"),
         "{}",
         d.reason
     );
 
     // Everything busy: pinned host memory.
     let busy2 = gpu(2, 16 * GIB, GIB);
-    let d = decide(
-        auto(MEDIUM, AccessPattern::Unknown),
-        &[host(0), busy.clone(), busy2.clone()],
-    );
+    let d = decide(auto(MEDIUM, AccessPattern::Unknown), &[host(0), busy.clone(), busy2.clone()]);
     assert_eq!(d.pool, PoolKind::HostPinned);
     assert!(
-        d.reason.contains(
-            "every candidate device is under pressure, so it falls back to pinned host memory"
-        ),
+        d.reason.contains("every candidate device is under pressure, so it falls back to pinned host memory"),
         "{}",
         d.reason
     );
@@ -338,31 +223,13 @@ fn pressure_skips_busy_devices_then_falls_back_to_pinned_host_memory() {
     assert_eq!((d.device, d.pool), (0, PoolKind::HostPinned));
 
     // Explicit placements are honoured under pressure, and the reason says so.
-    let d = decide(
-        Request::new(MEDIUM).placement(Placement::DeviceLocal),
-        &[host(0), busy.clone()],
-    );
+    let d = decide(Request::new(MEDIUM).placement(Placement::DeviceLocal), &[host(0), busy.clone()]);
     assert_eq!((d.device, d.pool), (1, PoolKind::DeviceLocal));
-    assert!(
-        d.reason
-            .contains("is honoured on device 1 (gpu1) although 92.5% used"),
-        "{}",
-        d.reason
-    );
+    assert!(d.reason.contains("is honoured on device 1 (gpu1) although 92.5% used"), "{}", d.reason);
 
     // A lower threshold counts more devices as busy.
-    let strict = Decider::new(DecisionConfig {
-        pressure_threshold: 0.25,
-        ..DecisionConfig::default()
-    })
-    .unwrap();
-    let d = strict
-        .decide(
-            &auto(MEDIUM, AccessPattern::Unknown),
-            &[host(0), gpu(1, 16 * GIB, 8 * GIB)],
-            None,
-        )
-        .unwrap();
+    let strict = Decider::new(DecisionConfig { pressure_threshold: 0.25, ..DecisionConfig::default() }).unwrap();
+    let d = strict.decide(&auto(MEDIUM, AccessPattern::Unknown), &[host(0), gpu(1, 16 * GIB, 8 * GIB)], None).unwrap();
     assert_eq!(d.pool, PoolKind::HostPinned);
 }
 
@@ -370,17 +237,9 @@ fn pressure_skips_busy_devices_then_falls_back_to_pinned_host_memory() {
 fn a_request_that_does_not_fit_skips_the_device() {
     let small = gpu(1, 8 * GIB, 4 * GIB);
     let big = gpu(2, 80 * GIB, 3 * GIB); // 96% used: busy too
-    let d = decide(
-        auto(6 * GIB, AccessPattern::Unknown),
-        &[host(0), small, big],
-    );
+    let d = decide(auto(6 * GIB, AccessPattern::Unknown), &[host(0), small, big]);
     assert_eq!(d.pool, PoolKind::HostPinned);
-    assert!(
-        d.reason
-            .contains("only 4 GiB free, less than the 6 GiB asked"),
-        "{}",
-        d.reason
-    );
+    assert!(d.reason.contains("only 4 GiB free, less than the 6 GiB asked"), "{}", d.reason);
 }
 
 #[test]
@@ -399,21 +258,11 @@ fn selectors_choose_and_explain() {
     let mut cuda = gpu(1, 80 * GIB, 70 * GIB);
     cuda.apis = vec![Api::Cuda];
     let devices = [host(0), cuda, cl];
-    let d = decide(
-        Request::new(MEDIUM).selector(DeviceSelector::Api(Api::OpenCl)),
-        &devices,
-    );
+    let d = decide(Request::new(MEDIUM).selector(DeviceSelector::Api(Api::OpenCl)), &devices);
     assert_eq!(d.device, 2);
-    let d = decide(
-        Request::new(MEDIUM).selector(DeviceSelector::Index(2)),
-        &devices,
-    );
+    let d = decide(Request::new(MEDIUM).selector(DeviceSelector::Index(2)), &devices);
     assert_eq!(d.device, 2);
-    for selector in [
-        DeviceSelector::Host,
-        DeviceSelector::Index(0),
-        DeviceSelector::Api(Api::Host),
-    ] {
+    for selector in [DeviceSelector::Host, DeviceSelector::Index(0), DeviceSelector::Api(Api::Host)] {
         let d = decide(Request::new(MEDIUM).selector(selector), &devices);
         assert_eq!((d.device, d.pool), (0, PoolKind::HostPinned), "{selector}");
         assert!(d.reason.contains("selects no accelerator"), "{}", d.reason);
@@ -423,13 +272,7 @@ fn selectors_choose_and_explain() {
 #[test]
 fn selector_errors_name_what_was_asked_and_what_exists() {
     let decider = Decider::default();
-    let err = decider
-        .decide(
-            &Request::new(MEDIUM).selector(DeviceSelector::Index(7)),
-            &machine(),
-            None,
-        )
-        .unwrap_err();
+    let err = decider.decide(&Request::new(MEDIUM).selector(DeviceSelector::Index(7)), &machine(), None).unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, Error::NoDevice { .. }));
     for needle in [
@@ -442,28 +285,14 @@ fn selector_errors_name_what_was_asked_and_what_exists() {
     let mut cl_only = machine();
     cl_only[1].apis = vec![Api::OpenCl];
     let msg = decider
-        .decide(
-            &Request::new(MEDIUM).selector(DeviceSelector::Api(Api::Cuda)),
-            &cl_only,
-            None,
-        )
+        .decide(&Request::new(MEDIUM).selector(DeviceSelector::Api(Api::Cuda)), &cl_only, None)
         .unwrap_err()
         .to_string();
-    assert!(
-        msg.contains("no device matches a device with the cuda API") && msg.contains("opencl"),
-        "{msg}"
-    );
-    let msg = decider
-        .decide(&Request::new(MEDIUM), &[], None)
-        .unwrap_err()
-        .to_string();
+    assert!(msg.contains("no device matches a device with the cuda API") && msg.contains("opencl"), "{msg}");
+    let msg = decider.decide(&Request::new(MEDIUM), &[], None).unwrap_err().to_string();
     assert!(msg.contains("available: no devices"), "{msg}");
     let msg = decider
-        .decide(
-            &Request::new(MEDIUM).selector(DeviceSelector::Host),
-            &[gpu(0, GIB, GIB)],
-            None,
-        )
+        .decide(&Request::new(MEDIUM).selector(DeviceSelector::Host), &[gpu(0, GIB, GIB)], None)
         .unwrap_err()
         .to_string();
     assert!(msg.contains("no device matches the host"), "{msg}");
@@ -473,13 +302,8 @@ fn selector_errors_name_what_was_asked_and_what_exists() {
 fn impossible_placements_and_zero_sizes_are_errors() {
     let mut odd = gpu(0, 80 * GIB, 70 * GIB);
     odd.pools = vec![PoolKind::ReadOnly];
-    let err = Decider::default()
-        .decide(
-            &Request::new(MEDIUM).placement(Placement::HostPinned),
-            &[odd],
-            None,
-        )
-        .unwrap_err();
+    let err =
+        Decider::default().decide(&Request::new(MEDIUM).placement(Placement::HostPinned), &[odd], None).unwrap_err();
     assert!(matches!(err, Error::ImpossiblePlacement { .. }));
     let msg = err.to_string();
     assert!(
@@ -487,29 +311,20 @@ fn impossible_placements_and_zero_sizes_are_errors() {
             && msg.contains("pools read_only"),
         "{msg}"
     );
-    let err = Decider::default()
-        .decide(&Request::new(0), &machine(), None)
-        .unwrap_err();
+    let err = Decider::default().decide(&Request::new(0), &machine(), None).unwrap_err();
     assert_eq!(err, Error::ZeroSize);
 }
 
 #[test]
 fn invalid_configs_are_rejected() {
     let err = Decider::new(DecisionConfig {
-        thresholds: Thresholds {
-            small_max: 16 * MIB,
-            medium_max: 64 * KIB,
-        },
+        thresholds: Thresholds { small_max: 16 * MIB, medium_max: 64 * KIB },
         ..DecisionConfig::default()
     })
     .unwrap_err();
     assert!(matches!(err, Error::InvalidThresholds { .. }), "{err}");
     for p in [-0.1, 1.5, f64::NAN] {
-        let err = Decider::new(DecisionConfig {
-            pressure_threshold: p,
-            ..DecisionConfig::default()
-        })
-        .unwrap_err();
+        let err = Decider::new(DecisionConfig { pressure_threshold: p, ..DecisionConfig::default() }).unwrap_err();
         assert!(err.to_string().contains("pressure_threshold"), "{err}");
     }
 }
@@ -520,7 +335,5 @@ fn decisions_serialize() {
     let json = serde_json::to_value(&d).unwrap();
     assert_eq!(json["pool"], "device_local");
     assert_eq!(json["size_class"], "medium");
-    assert!(d
-        .to_string()
-        .starts_with("device 1 device_local: Medium buffer"));
+    assert!(d.to_string().starts_with("device 1 device_local: Medium buffer"));
 }

@@ -3,8 +3,8 @@
 use proptest::prelude::*;
 use strum::IntoEnumIterator;
 use umm_placement::{
-    AccessPattern, Api, Decider, DecisionConfig, DeviceKind, DeviceSelector, DeviceView, Placement,
-    PoolKind, Recommendations, Request, SizeClass, Thresholds, TrackerConfig, UsageTracker,
+    AccessPattern, Api, Decider, DecisionConfig, DeviceKind, DeviceSelector, DeviceView, Placement, PoolKind,
+    Recommendations, Request, SizeClass, Thresholds, TrackerConfig, UsageTracker,
 };
 
 fn pick<T: Copy + std::fmt::Debug + 'static>(all: Vec<T>) -> impl Strategy<Value = T> {
@@ -44,16 +44,14 @@ fn device() -> impl Strategy<Value = DeviceView> {
 
 /// Up to 5 devices with unique, shuffled indices in 0..8.
 fn devices() -> impl Strategy<Value = Vec<DeviceView>> {
-    (
-        prop::collection::vec(device(), 0..=5),
-        Just((0..8usize).collect::<Vec<_>>()).prop_shuffle(),
-    )
-        .prop_map(|(mut devices, indices)| {
+    (prop::collection::vec(device(), 0..=5), Just((0..8usize).collect::<Vec<_>>()).prop_shuffle()).prop_map(
+        |(mut devices, indices)| {
             for (d, i) in devices.iter_mut().zip(indices) {
                 d.index = i;
             }
             devices
-        })
+        },
+    )
 }
 
 fn request() -> impl Strategy<Value = Request> {
@@ -63,35 +61,17 @@ fn request() -> impl Strategy<Value = Request> {
         (0..9usize).prop_map(DeviceSelector::Index),
         pick(Api::iter().collect()).prop_map(DeviceSelector::Api),
     ];
-    (
-        bytes(),
-        pick(Placement::iter().collect()),
-        pick(AccessPattern::iter().collect()),
-        selector,
-    )
-        .prop_map(|(bytes, placement, access, selector)| Request {
-            bytes,
-            placement,
-            access,
-            selector,
-        })
+    (bytes(), pick(Placement::iter().collect()), pick(AccessPattern::iter().collect()), selector)
+        .prop_map(|(bytes, placement, access, selector)| Request { bytes, placement, access, selector })
 }
 
 /// Evidence from a tracker fed a random workload.
 fn evidence() -> impl Strategy<Value = Option<Recommendations>> {
-    let op = (
-        bytes(),
-        pick(AccessPattern::iter().collect()),
-        0..50usize,
-        0..50usize,
-    );
+    let op = (bytes(), pick(AccessPattern::iter().collect()), 0..50usize, 0..50usize);
     prop::option::of(prop::collection::vec(op, 0..40).prop_map(|ops| {
-        let tracker = UsageTracker::with_config(TrackerConfig {
-            buffer_cap: 16,
-            access_cap: 64,
-            ..TrackerConfig::default()
-        })
-        .unwrap();
+        let tracker =
+            UsageTracker::with_config(TrackerConfig { buffer_cap: 16, access_cap: 64, ..TrackerConfig::default() })
+                .unwrap();
         for (bytes, access, reads, uses) in ops {
             let id = tracker.register(bytes, Placement::Auto, access, PoolKind::DeviceLocal);
             for _ in 0..reads {
@@ -107,25 +87,18 @@ fn evidence() -> impl Strategy<Value = Option<Recommendations>> {
 }
 
 fn decider() -> impl Strategy<Value = Decider> {
-    (
-        0u64..1 << 30,
-        1u64..1 << 32,
-        0.0..=1.0f64,
-        any::<bool>(),
-        any::<bool>(),
+    (0u64..1 << 30, 1u64..1 << 32, 0.0..=1.0f64, any::<bool>(), any::<bool>()).prop_filter_map(
+        "ordered thresholds",
+        |(small, medium, pressure, big_pins, streams)| {
+            Decider::new(DecisionConfig {
+                thresholds: Thresholds::new(small, medium).ok()?,
+                pressure_threshold: pressure,
+                large_host_frequent_to_pinned: big_pins,
+                large_streams_to_pinned: streams,
+            })
+            .ok()
+        },
     )
-        .prop_filter_map(
-            "ordered thresholds",
-            |(small, medium, pressure, big_pins, streams)| {
-                Decider::new(DecisionConfig {
-                    thresholds: Thresholds::new(small, medium).ok()?,
-                    pressure_threshold: pressure,
-                    large_host_frequent_to_pinned: big_pins,
-                    large_streams_to_pinned: streams,
-                })
-                .ok()
-            },
-        )
 }
 
 proptest! {
@@ -171,11 +144,7 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        (
-            bytes(),
-            pick(AccessPattern::iter().collect()),
-            pick(PoolKind::iter().collect())
-        )
+        (bytes(), pick(AccessPattern::iter().collect()), pick(PoolKind::iter().collect()))
             .prop_map(|(b, a, p)| Op::Register(b, a, p)),
         (any::<usize>(), bytes()).prop_map(|(i, b)| Op::Read(i, b)),
         (any::<usize>(), bytes()).prop_map(|(i, b)| Op::Write(i, b)),

@@ -7,17 +7,12 @@ use std::time::Duration;
 
 use common::*;
 use umm_placement::{
-    AccessPattern, Decider, Placement, PoolKind, Recommendations, Request, SizeClass, Subject,
-    Thresholds, TrackerConfig, UsageTracker,
+    AccessPattern, Decider, Placement, PoolKind, Recommendations, Request, SizeClass, Subject, Thresholds,
+    TrackerConfig, UsageTracker,
 };
 
 fn medium(tracker: &UsageTracker, host_reads: usize, device_uses: usize) {
-    let id = tracker.register(
-        MIB,
-        Placement::Auto,
-        AccessPattern::ReadWrite,
-        PoolKind::DeviceLocal,
-    );
+    let id = tracker.register(MIB, Placement::Auto, AccessPattern::ReadWrite, PoolKind::DeviceLocal);
     tracker.record_host_write(&id, MIB);
     for _ in 0..device_uses {
         tracker.record_device_use(&id);
@@ -35,11 +30,7 @@ fn fresh_tracker_recommends_table_defaults() {
     for r in &recs.items {
         assert_eq!(r.placement, r.subject.table_default());
         assert!(!r.from_evidence);
-        assert!(
-            r.reason.contains("no evidence yet; table default"),
-            "{}",
-            r.reason
-        );
+        assert!(r.reason.contains("no evidence yet; table default"), "{}", r.reason);
     }
 }
 
@@ -55,17 +46,8 @@ fn medium_buffers_flip_to_pinned_after_many_host_reads_and_auto_follows() {
     }
     let recs = tracker.recommendations();
     let rec = recs.get(Subject::MediumBuffers).unwrap();
-    assert_eq!(
-        (rec.placement, rec.from_evidence),
-        (Placement::DeviceLocal, true),
-        "{}",
-        rec.reason
-    );
-    assert!(
-        rec.reason.contains("agrees with the table default"),
-        "{}",
-        rec.reason
-    );
+    assert_eq!((rec.placement, rec.from_evidence), (Placement::DeviceLocal, true), "{}", rec.reason);
+    assert!(rec.reason.contains("agrees with the table default"), "{}", rec.reason);
     let d = decider.decide(&req, &machine(), Some(&recs)).unwrap();
     assert_eq!(d.pool, PoolKind::DeviceLocal);
 
@@ -75,62 +57,25 @@ fn medium_buffers_flip_to_pinned_after_many_host_reads_and_auto_follows() {
     }
     let recs = tracker.recommendations();
     let rec = recs.get(Subject::MediumBuffers).unwrap();
-    assert_eq!(
-        (rec.placement, rec.from_evidence),
-        (Placement::HostPinned, true),
-        "{}",
-        rec.reason
-    );
-    assert!(
-        rec.reason
-            .contains("medium (64 KiB < size <= 16 MiB) buffers: the host made"),
-        "{}",
-        rec.reason
-    );
+    assert_eq!((rec.placement, rec.from_evidence), (Placement::HostPinned, true), "{}", rec.reason);
+    assert!(rec.reason.contains("medium (64 KiB < size <= 16 MiB) buffers: the host made"), "{}", rec.reason);
     let e = &rec.evidence;
     assert_eq!((e.buffers, e.live_buffers, e.retired), (80, 0, 80));
-    assert_eq!(
-        (e.host_reads, e.host_writes, e.device_uses),
-        (64 * 40, 80, 800)
-    );
+    assert_eq!((e.host_reads, e.host_writes, e.device_uses), (64 * 40, 80, 800));
     assert_eq!(e.host_read_bytes, 64 * 40 * MIB);
     assert_eq!((e.auto_buffers, e.in_pool.device_local), (80, 80));
     assert!(e.host_access_share > 0.5 && e.mean_lifetime_ms.is_some());
 
     let d = decider.decide(&req, &machine(), Some(&recs)).unwrap();
-    assert_eq!(
-        (d.device, d.pool),
-        (1, PoolKind::HostPinned),
-        "{}",
-        d.reason
-    );
-    assert!(
-        d.reason
-            .contains("but usage evidence says host_pinned: medium"),
-        "{}",
-        d.reason
-    );
+    assert_eq!((d.device, d.pool), (1, PoolKind::HostPinned), "{}", d.reason);
+    assert!(d.reason.contains("but usage evidence says host_pinned: medium"), "{}", d.reason);
     // Other subjects and explicit placements are untouched by it.
-    let d = decider
-        .decide(&Request::new(64 * MIB), &machine(), Some(&recs))
-        .unwrap();
+    let d = decider.decide(&Request::new(64 * MIB), &machine(), Some(&recs)).unwrap();
     assert_eq!(d.pool, PoolKind::DeviceLocal);
-    let d = decider
-        .decide(
-            &req.placement(Placement::DeviceLocal),
-            &machine(),
-            Some(&recs),
-        )
-        .unwrap();
+    let d = decider.decide(&req.placement(Placement::DeviceLocal), &machine(), Some(&recs)).unwrap();
     assert_eq!(d.pool, PoolKind::DeviceLocal);
     // Buffers declared read-only have their own subject.
-    let d = decider
-        .decide(
-            &Request::new(MIB).access(AccessPattern::ReadOnly),
-            &machine(),
-            Some(&recs),
-        )
-        .unwrap();
+    let d = decider.decide(&Request::new(MIB).access(AccessPattern::ReadOnly), &machine(), Some(&recs)).unwrap();
     assert_eq!(d.pool, PoolKind::ReadOnly);
 }
 
@@ -138,25 +83,15 @@ fn medium_buffers_flip_to_pinned_after_many_host_reads_and_auto_follows() {
 fn small_buffers_the_host_never_touches_move_to_the_device() {
     let tracker = UsageTracker::default();
     for _ in 0..10 {
-        let id = tracker.register(
-            KIB,
-            Placement::Auto,
-            AccessPattern::Unknown,
-            PoolKind::HostPinned,
-        );
+        let id = tracker.register(KIB, Placement::Auto, AccessPattern::Unknown, PoolKind::HostPinned);
         for _ in 0..20 {
             tracker.record_device_use(&id);
         }
         tracker.retire(id);
     }
     let recs = tracker.recommendations();
-    assert_eq!(
-        recs.get(Subject::SmallBuffers).unwrap().placement,
-        Placement::DeviceLocal
-    );
-    let d = Decider::default()
-        .decide(&Request::new(KIB), &machine(), Some(&recs))
-        .unwrap();
+    assert_eq!(recs.get(Subject::SmallBuffers).unwrap().placement, Placement::DeviceLocal);
+    let d = Decider::default().decide(&Request::new(KIB), &machine(), Some(&recs)).unwrap();
     assert_eq!(d.pool, PoolKind::DeviceLocal, "{}", d.reason);
 }
 
@@ -168,30 +103,15 @@ fn too_little_evidence_keeps_the_table() {
     }
     let recs = tracker.recommendations();
     let rec = recs.get(Subject::MediumBuffers).unwrap();
-    assert_eq!(
-        (rec.placement, rec.from_evidence),
-        (Placement::DeviceLocal, false)
-    );
-    assert!(
-        rec.reason
-            .contains("too little evidence yet (3 buffers, 8 needed"),
-        "{}",
-        rec.reason
-    );
+    assert_eq!((rec.placement, rec.from_evidence), (Placement::DeviceLocal, false));
+    assert!(rec.reason.contains("too little evidence yet (3 buffers, 8 needed"), "{}", rec.reason);
 }
 
 #[test]
 fn live_buffers_count_as_evidence_and_survive_decay() {
     let tracker = UsageTracker::default();
     let ids: Vec<_> = (0..8)
-        .map(|_| {
-            tracker.register(
-                MIB,
-                Placement::Auto,
-                AccessPattern::HostFrequent,
-                PoolKind::HostPinned,
-            )
-        })
+        .map(|_| tracker.register(MIB, Placement::Auto, AccessPattern::HostFrequent, PoolKind::HostPinned))
         .collect();
     tracker.decay(0.0).unwrap();
     let e = tracker.evidence(SizeClass::Medium, AccessPattern::HostFrequent);
@@ -199,26 +119,12 @@ fn live_buffers_count_as_evidence_and_survive_decay() {
     for id in &ids {
         tracker.record_device_use(id);
     }
-    let rec = tracker
-        .recommendations()
-        .get(Subject::FrequentlyAccessedData)
-        .unwrap()
-        .clone();
-    assert_eq!(
-        (rec.placement, rec.from_evidence),
-        (Placement::DeviceLocal, true),
-        "{}",
-        rec.reason
-    );
+    let rec = tracker.recommendations().get(Subject::FrequentlyAccessedData).unwrap().clone();
+    assert_eq!((rec.placement, rec.from_evidence), (Placement::DeviceLocal, true), "{}", rec.reason);
     for id in ids {
         tracker.retire(id);
     }
-    assert_eq!(
-        tracker
-            .evidence(SizeClass::Medium, AccessPattern::HostFrequent)
-            .live_buffers,
-        0
-    );
+    assert_eq!(tracker.evidence(SizeClass::Medium, AccessPattern::HostFrequent).live_buffers, 0);
 }
 
 #[test]
@@ -237,22 +143,15 @@ fn decay_on_demand_scales_everything() {
     assert_eq!(before.mean_lifetime_ms, after.mean_lifetime_ms);
     tracker.decay(0.0).unwrap();
     let recs = tracker.recommendations();
-    assert!(recs
-        .get(Subject::MediumBuffers)
-        .unwrap()
-        .reason
-        .contains("no evidence yet"));
+    assert!(recs.get(Subject::MediumBuffers).unwrap().reason.contains("no evidence yet"));
     assert!(tracker.decay(-1.0).is_err());
 }
 
 #[test]
 fn caps_halve_old_evidence_so_new_behaviour_wins() {
-    let capped = UsageTracker::with_config(TrackerConfig {
-        buffer_cap: 32,
-        access_cap: 256,
-        ..TrackerConfig::default()
-    })
-    .unwrap();
+    let capped =
+        UsageTracker::with_config(TrackerConfig { buffer_cap: 32, access_cap: 256, ..TrackerConfig::default() })
+            .unwrap();
     let uncapped = UsageTracker::default();
     for tracker in [&capped, &uncapped] {
         // Old behaviour: device only (one host write per buffer). Then: read back 16 times per buffer.
@@ -264,16 +163,8 @@ fn caps_halve_old_evidence_so_new_behaviour_wins() {
         }
     }
     let e = capped.evidence(SizeClass::Medium, AccessPattern::ReadWrite);
-    assert!(
-        e.buffers <= 32 && e.host_reads + e.host_writes + e.device_uses <= 256,
-        "{e:?}"
-    );
-    let rec = |t: &UsageTracker| {
-        t.recommendations()
-            .get(Subject::MediumBuffers)
-            .unwrap()
-            .placement
-    };
+    assert!(e.buffers <= 32 && e.host_reads + e.host_writes + e.device_uses <= 256, "{e:?}");
+    let rec = |t: &UsageTracker| t.recommendations().get(Subject::MediumBuffers).unwrap().placement;
     assert_eq!(rec(&capped), Placement::HostPinned);
     // Without the caps the old evidence still outweighs the new.
     assert_eq!(rec(&uncapped), Placement::DeviceLocal);
@@ -282,12 +173,7 @@ fn caps_halve_old_evidence_so_new_behaviour_wins() {
 #[test]
 fn lifetimes_are_measured() {
     let tracker = UsageTracker::default();
-    let id = tracker.register(
-        100,
-        Placement::HostPinned,
-        AccessPattern::Random,
-        PoolKind::HostPinned,
-    );
+    let id = tracker.register(100, Placement::HostPinned, AccessPattern::Random, PoolKind::HostPinned);
     assert_eq!(id.size_class(), SizeClass::Small);
     std::thread::sleep(Duration::from_millis(20));
     tracker.retire(id);
@@ -299,21 +185,12 @@ fn lifetimes_are_measured() {
 #[test]
 fn tracker_thresholds_classify_buffers() {
     let tracker = UsageTracker::new(Thresholds::new(100, 1000).unwrap()).unwrap();
-    let id = tracker.register(
-        500,
-        Placement::Auto,
-        AccessPattern::Unknown,
-        PoolKind::DeviceLocal,
-    );
+    let id = tracker.register(500, Placement::Auto, AccessPattern::Unknown, PoolKind::DeviceLocal);
     assert_eq!(id.size_class(), SizeClass::Medium);
     tracker.retire(id);
     let recs = tracker.recommendations();
     assert_eq!(recs.thresholds, Thresholds::new(100, 1000).unwrap());
-    assert!(recs
-        .get(Subject::MediumBuffers)
-        .unwrap()
-        .reason
-        .contains("100 B < size <= 1000 B"));
+    assert!(recs.get(Subject::MediumBuffers).unwrap().reason.contains("100 B < size <= 1000 B"));
 }
 
 #[test]
@@ -333,10 +210,7 @@ fn concurrent_recording_loses_nothing() {
         t.join().unwrap();
     }
     let e = tracker.evidence(SizeClass::Medium, AccessPattern::ReadWrite);
-    assert_eq!(
-        (e.buffers, e.host_reads, e.host_writes, e.device_uses),
-        (800, 2400, 800, 1600)
-    );
+    assert_eq!((e.buffers, e.host_reads, e.host_writes, e.device_uses), (800, 2400, 800, 1600));
 }
 
 #[test]
@@ -349,10 +223,7 @@ fn recommendations_serialize_and_never_say_auto() {
     let json = serde_json::to_value(&recs).unwrap();
     assert_eq!(json["items"][1]["subject"], "medium_buffers");
     assert_eq!(json["items"][1]["placement"], "host_pinned");
-    assert_eq!(
-        json["items"][0]["evidence"]["mean_lifetime_ms"],
-        serde_json::Value::Null
-    );
+    assert_eq!(json["items"][0]["evidence"]["mean_lifetime_ms"], serde_json::Value::Null);
     let back: Recommendations = serde_json::from_value(json).unwrap();
     assert_eq!(back, recs);
     assert!(recs.items.iter().all(|r| r.placement != Placement::Auto));

@@ -139,7 +139,12 @@ fn typed(pool: &Pool<CudaBackend>, block: &BlockHandle, size: usize) -> Result<(
 }
 
 /// Device address (and host address for pinned memory) of `[offset, offset + len)` of a live block.
-pub(super) fn range(pool: &Pool<CudaBackend>, block: &BlockHandle, offset: u64, len: u64) -> Result<(u64, Option<usize>)> {
+pub(super) fn range(
+    pool: &Pool<CudaBackend>,
+    block: &BlockHandle,
+    offset: u64,
+    len: u64,
+) -> Result<(u64, Option<usize>)> {
     let (segment, base) = pool
         .segment_of(block)
         .ok_or_else(|| Error::UnknownBlock(format!("{block:?} in pool {}", pool.backend().name())))?;
@@ -158,7 +163,13 @@ pub(super) fn range(pool: &Pool<CudaBackend>, block: &BlockHandle, offset: u64, 
 
 /// Copies `src` into the block at `offset` on `stream` and waits for the stream (pinned memory: a host copy
 /// after waiting for the stream).
-pub(super) fn upload(pool: &Pool<CudaBackend>, block: &BlockHandle, offset: u64, src: &[u8], stream: StreamId) -> Result<()> {
+pub(super) fn upload(
+    pool: &Pool<CudaBackend>,
+    block: &BlockHandle,
+    offset: u64,
+    src: &[u8],
+    stream: StreamId,
+) -> Result<()> {
     let (ptr, host) = range(pool, block, offset, src.len() as u64)?;
     let backend = pool.backend();
     backend.bind()?;

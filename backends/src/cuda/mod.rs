@@ -102,7 +102,8 @@ impl CudaDevice {
         let (major, minor) = ctx.compute_capability().map_err(|e| fail("cuDeviceGetAttribute", e))?;
         let integrated = attr(Attr::CU_DEVICE_ATTRIBUTE_INTEGRATED)? != 0;
         let vmm = attr(Attr::CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED)? != 0;
-        let vmm_page = if vmm { raw::vmm_granularity(ordinal as i32).ok().filter(|g| g.is_power_of_two()) } else { None };
+        let vmm_page =
+            if vmm { raw::vmm_granularity(ordinal as i32).ok().filter(|g| g.is_power_of_two()) } else { None };
         let pci_bus_id = raw::pci_bus_id(ctx.cu_device()).ok().and_then(|s| normalize_pci_bus_id(&s));
         let uuid = ctx.uuid().ok().map(|u| format_uuid(&u.bytes.map(|b| b as u8)));
         let mut details = vec![("compute_capability".to_string(), format!("{major}.{minor}"))];
@@ -112,7 +113,8 @@ impl CudaDevice {
         if let Ok(sms) = attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) {
             details.push(("multiprocessors".into(), sms.to_string()));
         }
-        details.push(("virtual_memory".into(), vmm_page.map_or("no".into(), |p| format!("yes ({} KiB pages)", p >> 10))));
+        details
+            .push(("virtual_memory".into(), vmm_page.map_or("no".into(), |p| format!("yes ({} KiB pages)", p >> 10))));
         let info = DeviceInfo {
             api: BackendKind::Cuda,
             ordinal,

@@ -113,7 +113,8 @@ pub(super) fn host_alloc(size: u64) -> Raw<(usize, u64)> {
     check(unsafe { sys::cuMemHostAlloc(&mut host, size as usize, flags) }, "cuMemHostAlloc")?;
     let mut device = 0;
     // SAFETY: `host` was just returned by cuMemHostAlloc with DEVICEMAP; flags must be 0.
-    if let Err(e) = check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) }, "cuMemHostGetDevicePointer")
+    if let Err(e) =
+        check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) }, "cuMemHostGetDevicePointer")
     {
         // SAFETY: `host` came from cuMemHostAlloc above and nothing else holds it.
         let _ = unsafe { sys::cuMemFreeHost(host) };
@@ -170,10 +171,7 @@ fn allocation_prop(ordinal: i32) -> sys::CUmemAllocationProp {
     sys::CUmemAllocationProp {
         type_: sys::CUmemAllocationType_enum::CU_MEM_ALLOCATION_TYPE_PINNED,
         requestedHandleTypes: sys::CUmemAllocationHandleType_enum::CU_MEM_HANDLE_TYPE_NONE,
-        location: sys::CUmemLocation {
-            type_: sys::CUmemLocationType_enum::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: ordinal,
-        },
+        location: sys::CUmemLocation { type_: sys::CUmemLocationType_enum::CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal },
         win32HandleMetaData: std::ptr::null_mut(),
         allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
             compressionType: 0,
@@ -206,7 +204,10 @@ pub(super) fn vmm_granularity(ordinal: i32) -> Raw<u64> {
 pub(super) fn address_reserve(size: u64, alignment: u64) -> Raw<u64> {
     let mut ptr = 0;
     // SAFETY: `ptr` is a valid out-parameter; no fixed address is asked for (0), flags must be 0.
-    check(unsafe { sys::cuMemAddressReserve(&mut ptr, size as usize, alignment as usize, 0, 0) }, "cuMemAddressReserve")?;
+    check(
+        unsafe { sys::cuMemAddressReserve(&mut ptr, size as usize, alignment as usize, 0, 0) },
+        "cuMemAddressReserve",
+    )?;
     Ok(ptr)
 }
 

@@ -175,11 +175,7 @@ impl CudaPool {
         while i < uses.pending.len() {
             let mut done = true;
             for event in &uses.pending[i].events {
-                let complete = if wait {
-                    event.synchronize().map(|()| true)
-                } else {
-                    event.try_is_complete()
-                };
+                let complete = if wait { event.synchronize().map(|()| true) } else { event.try_is_complete() };
                 match complete {
                     Ok(true) => {}
                     Ok(false) => {

@@ -233,8 +233,7 @@ impl Engine {
                 offset: node.offset,
                 size: node.size,
                 free: node.state == NodeState::Free,
-                block: (node.state == NodeState::Live)
-                    .then_some(BlockId { index: next, generation: node.generation }),
+                block: (node.state == NodeState::Live).then_some(BlockId { index: next, generation: node.generation }),
             };
             next = node.next_phys;
             Some(info)

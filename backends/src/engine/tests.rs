@@ -51,8 +51,7 @@ fn check(engine: &Engine, shadow: &Shadow) {
     let stats = engine.stats();
     let allocated: u64 = shadow.live.iter().map(|a| a.size).sum();
     let reserved: u64 = shadow.segments.values().sum();
-    let empty: u64 =
-        shadow.segments.iter().filter(|(id, _)| !by_segment.contains_key(id)).map(|(_, s)| s).sum();
+    let empty: u64 = shadow.segments.iter().filter(|(id, _)| !by_segment.contains_key(id)).map(|(_, s)| s).sum();
     assert_eq!(stats.allocated_bytes, allocated);
     assert_eq!(stats.reserved_bytes, reserved);
     assert_eq!(stats.empty_segment_bytes, empty);

@@ -46,10 +46,9 @@ impl HostBackend {
     fn check(&self, segment: &HostSegment, offset: u64, len: usize) -> Result<()> {
         match offset.checked_add(len as u64) {
             Some(end) if end <= segment.size => Ok(()),
-            _ => Err(Error::OutOfBounds(format!(
-                "{len} bytes at {offset} in a host segment of {} bytes",
-                segment.size
-            ))),
+            _ => {
+                Err(Error::OutOfBounds(format!("{len} bytes at {offset} in a host segment of {} bytes", segment.size)))
+            }
         }
     }
 }

@@ -193,9 +193,10 @@ impl<B: Backend> Pool<B> {
             return Err(Error::ZeroSize { device: self.backend.name().to_string() });
         }
         let align = self.backend.alignment();
-        let size = bytes.checked_add(align - 1).map(|s| s & !(align - 1)).ok_or_else(|| Error::SizeOverflow {
-            what: format!("{bytes} bytes rounded up to {align}"),
-        })?;
+        let size = bytes
+            .checked_add(align - 1)
+            .map(|s| s & !(align - 1))
+            .ok_or_else(|| Error::SizeOverflow { what: format!("{bytes} bytes rounded up to {align}") })?;
         let max = if self.page_size.is_some() { u64::MAX } else { self.backend.max_segment_size() };
         if size > max {
             return Err(Error::TooLarge { device: self.backend.name().to_string(), requested: size, max });
@@ -541,10 +542,7 @@ impl<B: Backend> Pool<B> {
     fn live_segment(&self, block: &BlockHandle, offset: u64, len: u64) -> Result<B::Segment> {
         let end = offset.checked_add(len).ok_or_else(|| Error::SizeOverflow { what: "offset + length".into() })?;
         if end > block.size {
-            return Err(Error::OutOfBounds(format!(
-                "range {offset}..{end} outside a block of {} bytes",
-                block.size
-            )));
+            return Err(Error::OutOfBounds(format!("range {offset}..{end} outside a block of {} bytes", block.size)));
         }
         self.segment_of(block)
             .map(|(s, _)| s)

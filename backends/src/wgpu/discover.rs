@@ -305,11 +305,8 @@ impl WgpuDevice {
         let requested = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             pollster::block_on(adapter.request_device(&desc))
         }));
-        let driver = |message: String| Error::Driver {
-            backend: self.info.name.clone(),
-            call: "request_device".into(),
-            message,
-        };
+        let driver =
+            |message: String| Error::Driver { backend: self.info.name.clone(), call: "request_device".into(), message };
         let (device, queue) = match requested {
             Ok(Ok(pair)) => pair,
             Ok(Err(e)) => return Err(driver(e.to_string())),

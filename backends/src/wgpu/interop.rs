@@ -35,7 +35,13 @@ pub fn segment_and_offset(pool: &Pool<WgpuBackend>, block: &BlockHandle) -> Resu
     pool.segment_of(block).ok_or_else(|| Error::UnknownBlock(format!("{block:?} in pool {}", pool.backend().name())))
 }
 
-fn bind(pool: &Pool<WgpuBackend>, block: &BlockHandle, usage: BufferUsages, limit: u64, what: &str) -> Result<WgpuBlock> {
+fn bind(
+    pool: &Pool<WgpuBackend>,
+    block: &BlockHandle,
+    usage: BufferUsages,
+    limit: u64,
+    what: &str,
+) -> Result<WgpuBlock> {
     let backend = pool.backend();
     if !backend.usage().contains(usage) {
         return Err(Error::Unsupported {
@@ -90,7 +96,11 @@ pub fn copy_block(
     if !Arc::ptr_eq(&src.shared, &dst.shared) {
         return Err(Error::Unsupported {
             backend: name,
-            what: format!("copying between devices ({} to {}): read to the host and write instead", src.name(), dst.name()),
+            what: format!(
+                "copying between devices ({} to {}): read to the host and write instead",
+                src.name(),
+                dst.name()
+            ),
         });
     }
     for (block, offset, pool) in [(src_block, src_offset, src), (dst_block, dst_offset, dst)] {

@@ -54,16 +54,7 @@ impl DeviceShared {
             });
         }
         let limits = device.limits();
-        Self {
-            device,
-            queue,
-            limits,
-            capacity,
-            shares_memory_with_host,
-            held: AtomicU64::new(0),
-            lost,
-            uncaptured,
-        }
+        Self { device, queue, limits, capacity, shares_memory_with_host, held: AtomicU64::new(0), lost, uncaptured }
     }
 
     pub(crate) fn lost_reason(&self) -> Option<String> {
@@ -105,7 +96,9 @@ impl DeviceShared {
         }
         match caught {
             None => Ok(out),
-            Some(e) => Err(Error::Driver { backend: backend.to_string(), call: call.to_string(), message: describe(&e) }),
+            Some(e) => {
+                Err(Error::Driver { backend: backend.to_string(), call: call.to_string(), message: describe(&e) })
+            }
         }
     }
 
@@ -211,7 +204,8 @@ impl DeviceShared {
             })
         })?;
         self.wait(backend, "map_async")?;
-        let driver = |message: String| Error::Driver { backend: backend.to_string(), call: "map_async".into(), message };
+        let driver =
+            |message: String| Error::Driver { backend: backend.to_string(), call: "map_async".into(), message };
         match rx.try_recv() {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
@@ -220,7 +214,10 @@ impl DeviceShared {
             }
             Err(_) => {
                 buffer.unmap();
-                return Err(driver(format!("mapping {} bytes at {a} did not complete after polling the device", b - a)));
+                return Err(driver(format!(
+                    "mapping {} bytes at {a} did not complete after polling the device",
+                    b - a
+                )));
             }
         }
         let result = match mode {

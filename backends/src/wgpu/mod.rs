@@ -118,7 +118,15 @@ impl WgpuBackend {
         }
         // Limits are powers of two; guard anyway so that Pool::new gets one.
         let alignment = alignment.next_power_of_two();
-        Self { name, kind, usage, alignment, shared, map_lock: parking_lot::Mutex::new(()), sealed: parking_lot::Mutex::new(Vec::new()) }
+        Self {
+            name,
+            kind,
+            usage,
+            alignment,
+            shared,
+            map_lock: parking_lot::Mutex::new(()),
+            sealed: parking_lot::Mutex::new(Vec::new()),
+        }
     }
 
     /// The wgpu device (shared by every pool of the adapter), for pipelines and bind groups.

@@ -22,11 +22,7 @@ pub fn gpu(index: usize, total: u64, free: u64) -> DeviceView {
         shares_memory_with_host: false,
         total_bytes: total,
         free_bytes: free,
-        pools: vec![
-            PoolKind::DeviceLocal,
-            PoolKind::ReadOnly,
-            PoolKind::HostPinned,
-        ],
+        pools: vec![PoolKind::DeviceLocal, PoolKind::ReadOnly, PoolKind::HostPinned],
     }
 }
 
