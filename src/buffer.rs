@@ -1,6 +1,7 @@
 //! [`UniversalBuffer<T>`]: a typed buffer in one pool, returned to it on drop. Its reads and writes feed the
 //! usage tracker.
 
+use crate::profiler::Profiler;
 use crate::registry::Device;
 use crate::{Error, Result};
 use std::marker::PhantomData;
@@ -24,6 +25,7 @@ pub struct UniversalBuffer<T: bytemuck::Pod> {
     meta: BufferMeta,
     tracker: Arc<UsageTracker>,
     track: Option<TrackId>,
+    profile: (Arc<Profiler>, u64),
     filled: bool,
     _element: PhantomData<T>,
 }
@@ -35,8 +37,9 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
         meta: BufferMeta,
         tracker: Arc<UsageTracker>,
         track: TrackId,
+        profile: (Arc<Profiler>, u64),
     ) -> Self {
-        Self { block, len, meta, tracker, track: Some(track), filled: false, _element: PhantomData }
+        Self { block, len, meta, tracker, track: Some(track), profile, filled: false, _element: PhantomData }
     }
 
     /// Elements.
@@ -240,6 +243,7 @@ impl<T: bytemuck::Pod> Drop for UniversalBuffer<T> {
         if let Some(track) = self.track.take() {
             self.tracker.retire(track);
         }
+        self.profile.0.on_free(self.profile.1);
     }
 }
 

@@ -1,9 +1,31 @@
 //! Discovery of the optional backends (CUDA, OpenCL, wgpu), each behind its cargo feature and its config switch.
+//! A backend that finds no runtime or no device adds a reason to `skipped` and nothing else: no panic, no output.
 
 use crate::registry::ApiEntry;
 use crate::UmmConfig;
+#[allow(unused_imports)]
+use std::sync::Arc;
+#[allow(unused_imports)]
+use umm_backends::{MemoryPool, PoolPlacement};
+#[allow(unused_imports)]
+use umm_placement::Api;
 
 /// Appends the devices of every enabled backend to `entries`, and why anything was skipped to `skipped`.
 pub(crate) fn discover_all(config: &UmmConfig, entries: &mut Vec<ApiEntry>, skipped: &mut Vec<String>) {
-    let _ = (config, &entries, &skipped);
+    let _ = (&config, &entries, &skipped);
+    #[cfg(feature = "opencl")]
+    if config.opencl {
+        let found = umm_backends::opencl::discover();
+        skipped.extend(found.skipped.into_iter().map(|r| format!("opencl: {r}")));
+        for device in found.devices {
+            entries.push(ApiEntry {
+                api: Api::OpenCl,
+                info: device.info().clone(),
+                placements: vec![PoolPlacement::DeviceLocal, PoolPlacement::HostPinned, PoolPlacement::ReadOnly],
+                factory: Box::new(move |placement, config| {
+                    Ok(Arc::new(device.pool(placement, config.clone())?) as Arc<dyn MemoryPool>)
+                }),
+            });
+        }
+    }
 }

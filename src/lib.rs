@@ -26,6 +26,7 @@ mod discovery;
 mod error;
 mod host_info;
 mod manager;
+pub mod profiler;
 mod registry;
 pub mod replay;
 mod stats;

@@ -4,6 +4,7 @@
 use crate::buffer::{BufferMeta, UniversalBuffer};
 use crate::cleanup::{CleanupGuard, CleanupReport, DeviceCleanup};
 use crate::host_info::HostInfo;
+use crate::profiler::{AllocEvent, Profiler};
 use crate::registry::{self, Device};
 use crate::stats::{DeviceStats, GlobalMemoryStats, PoolStatsEntry};
 use crate::{Error, Result, UmmConfig};
@@ -75,6 +76,7 @@ pub(crate) struct Inner {
     pub(crate) skipped: Vec<String>,
     pub(crate) decider: Decider,
     pub(crate) tracker: Arc<UsageTracker>,
+    pub(crate) profiler: Arc<Profiler>,
     evidence: RwLock<Option<Recommendations>>,
     allocations: AtomicU64,
 }
@@ -166,6 +168,7 @@ impl Builder {
                 skipped: found.skipped,
                 decider,
                 tracker,
+                profiler: Arc::new(Profiler::default()),
                 evidence: RwLock::new(None),
                 allocations: AtomicU64::new(0),
             }),
@@ -218,11 +221,13 @@ impl UniversalMemoryManager {
     }
 
     /// Allocates `n` elements of `T` where `placement` (and the decision table) says.
+    #[track_caller]
     pub fn allocate_universal<T: bytemuck::Pod>(&self, n: usize, placement: Placement) -> Result<UniversalBuffer<T>> {
         self.allocate_universal_with(n, AllocOptions::new().placement(placement))
     }
 
     /// Allocates a buffer holding a copy of `data`. With `Placement::ReadOnly` it is read-only afterwards.
+    #[track_caller]
     pub fn allocate_universal_from<T: bytemuck::Pod>(
         &self,
         data: &[T],
@@ -240,6 +245,7 @@ impl UniversalMemoryManager {
     /// `n == 0` gives a working empty buffer (no memory is taken; reads and writes of zero elements succeed),
     /// so generic code need not special-case empty tensors. `n * size_of::<T>()` overflowing 64 bits is
     /// [`Error::SizeOverflow`].
+    #[track_caller]
     pub fn allocate_universal_with<T: bytemuck::Pod>(
         &self,
         n: usize,
@@ -248,6 +254,7 @@ impl UniversalMemoryManager {
         self.allocate_inner(n, &options)
     }
 
+    #[track_caller]
     fn allocate_inner<T: bytemuck::Pod>(&self, n: usize, options: &AllocOptions) -> Result<UniversalBuffer<T>> {
         let elem = std::mem::size_of::<T>();
         let bytes = (n as u64).checked_mul(elem as u64).ok_or(Error::SizeOverflow {
@@ -272,6 +279,16 @@ impl UniversalMemoryManager {
             self.refresh_evidence();
         }
         let track = self.inner.tracker.register(bytes, options.placement, options.access, decision.pool);
+        let profile_id = self.inner.profiler.on_alloc(&AllocEvent {
+            device: decision.device,
+            pool: decision.pool,
+            api,
+            bytes,
+            stream: options.stream,
+            label: options.label.as_deref(),
+            location: std::panic::Location::caller(),
+            block_key: block.as_ref().map(|b| b.handle().key()),
+        });
         Ok(UniversalBuffer::new(
             block,
             n,
@@ -285,6 +302,7 @@ impl UniversalMemoryManager {
             },
             Arc::clone(&self.inner.tracker),
             track,
+            (Arc::clone(&self.inner.profiler), profile_id),
         ))
     }
 

@@ -55,9 +55,9 @@ pub enum ReplayError {
         trace: String,
         /// Backend name.
         backend: String,
-        /// The pool's error.
+        /// The pool's error (boxed: it is large and this path is cold).
         #[source]
-        source: umm_backends::Error,
+        source: Box<umm_backends::Error>,
     },
 }
 
@@ -124,7 +124,8 @@ pub struct ReplayReport {
 pub fn replay_on(backend: &str, trace: &Trace, opts: ReplayOptions<'_>) -> Result<ReplayReport, ReplayError> {
     let config = PoolConfig { limit: opts.limit, ..PoolConfig::default() };
     let sim_capacity = opts.sim_capacity.unwrap_or(SIM_CAPACITY);
-    let pool_error = |source| ReplayError::Pool { trace: trace.name.clone(), backend: backend.into(), source };
+    let pool_error =
+        |source| ReplayError::Pool { trace: trace.name.clone(), backend: backend.into(), source: Box::new(source) };
     match backend {
         "sim" => {
             let device = format!("simulated {} device with virtual memory (CUDA-like)", human_bytes(sim_capacity));
@@ -171,7 +172,8 @@ pub fn replay<B: Backend>(
     device: &str,
     mut opts: ReplayOptions<'_>,
 ) -> Result<ReplayReport, ReplayError> {
-    let pool_error = |source| ReplayError::Pool { trace: trace.name.clone(), backend: backend.into(), source };
+    let pool_error =
+        |source| ReplayError::Pool { trace: trace.name.clone(), backend: backend.into(), source: Box::new(source) };
     let ops = trace.ops.len() as u64;
     let total = ops * (1 + opts.repeat as u64);
     let mut slots: Vec<Option<BlockHandle>> = vec![None; trace.slots as usize];
@@ -314,7 +316,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     } else {
         let value: f64 = number.parse().map_err(|_| format!("`{text}` is not {accepted}"))?;
         let bytes = (value * unit as f64).round();
-        if !(bytes < u64::MAX as f64) {
+        if bytes >= u64::MAX as f64 {
             return Err(format!("`{text}` does not fit in 64 bits"));
         }
         bytes as u64

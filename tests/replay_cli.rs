@@ -28,7 +28,7 @@ fn small_trace(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     let mut text = String::from("# umm-trace v1\n");
     for i in 0..200u64 {
-        text.push_str(&format!("a {i} {} {}\n", 512 * (1 + i % 7) << (i % 3 * 5), i % 2));
+        text.push_str(&format!("a {i} {} {}\n", (512 * (1 + i % 7)) << (i % 3 * 5), i % 2));
         if i >= 3 {
             text.push_str(&format!("f {}\n", i - 3));
         }

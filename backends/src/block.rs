@@ -73,6 +73,8 @@ pub trait MemoryPool: Send + Sync + 'static {
     fn host_ptr(&self, block: &BlockHandle) -> Option<std::ptr::NonNull<u8>>;
     /// See [`Pool::stats`].
     fn stats(&self) -> PoolStats;
+    /// See [`Pool::snapshot`].
+    fn snapshot(&self) -> crate::pool::PoolSnapshot;
     /// See [`Pool::reset_peaks`].
     fn reset_peaks(&self);
     /// See [`Pool::release_cached`].
@@ -127,6 +129,9 @@ impl<B: Backend> MemoryPool for Pool<B> {
     }
     fn reset_peaks(&self) {
         Pool::reset_peaks(self)
+    }
+    fn snapshot(&self) -> crate::pool::PoolSnapshot {
+        Pool::snapshot(self)
     }
     fn release_cached(&self) -> TrimReport {
         Pool::release_cached(self)

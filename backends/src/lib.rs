@@ -29,7 +29,9 @@ pub use block::{BlockHandle, MemoryPool, OwnedBlock};
 pub use device::{DeviceInfo, DeviceType, Discovery, PoolPlacement};
 pub use error::{Error, Result};
 pub use host::HostBackend;
-pub use pool::{Limit, Pool, PoolConfig, SegmentMode, Strategy, TrimReport};
+pub use pool::{
+    BlockSnapshot, Limit, Pool, PoolConfig, PoolSnapshot, SegmentMode, SegmentSnapshot, Strategy, TrimReport,
+};
 pub use sim::SimBackend;
 pub use stats::{PoolStats, Stat};
 

@@ -563,7 +563,7 @@ fn planted_out_of_bounds_write_for_the_sanitizer() {
         .unwrap();
     let x = pool.allocate(4096, cuda::stream_id(&stream)).unwrap();
     let ptr = pool.device_ptr(&x).unwrap();
-    let n = ((2 << 20) / 4 + 256) as i32; // past the 2 MiB segment
+    let n: i32 = (2 << 20) / 4 + 256; // past the 2 MiB segment
     let f = 1.0f32;
     let mut builder = stream.launch_builder(&k.scale);
     builder.arg(&ptr).arg(&ptr).arg(&f).arg(&n);

@@ -26,7 +26,7 @@ pub fn allocate_batch<B: Backend>(pool: &Pool<B>, sizes: &[u64], stream: StreamI
 /// allocated largest first, so small blocks do not split the segments large ones need.
 pub fn warm_up<B: Backend>(pool: &Pool<B>, sizes: &[(u64, usize)], stream: StreamId) -> Result<()> {
     let mut order: Vec<(u64, usize)> = sizes.to_vec();
-    order.sort_by(|a, b| b.0.cmp(&a.0));
+    order.sort_by_key(|&(size, _)| std::cmp::Reverse(size));
     let flat: Vec<u64> = order.iter().flat_map(|&(size, count)| std::iter::repeat(size).take(count)).collect();
     let blocks = allocate_batch(pool, &flat, stream)?;
     for block in &blocks {

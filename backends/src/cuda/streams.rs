@@ -297,6 +297,9 @@ impl MemoryPool for CudaPool {
     fn stats(&self) -> PoolStats {
         self.pool.stats()
     }
+    fn snapshot(&self) -> crate::pool::PoolSnapshot {
+        self.pool.snapshot()
+    }
     fn reset_peaks(&self) {
         self.pool.reset_peaks()
     }

@@ -26,6 +26,49 @@ use std::time::{Duration, Instant};
 /// Byte written over freed blocks when `poison_on_free` is on: all ones is NaN in f32/f64 and -1 in integers.
 pub const POISON_BYTE: u8 = 0xFF;
 
+/// One block in a [`PoolSnapshot`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BlockSnapshot {
+    /// Offset inside the segment.
+    pub offset: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Whether the block is free (cached).
+    pub free: bool,
+    /// [`BlockHandle::key`] of a live block, to join with side tables (labels, call sites).
+    pub key: Option<u64>,
+}
+
+/// One segment in a [`PoolSnapshot`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SegmentSnapshot {
+    /// The stream whose arena holds it.
+    pub stream: StreamId,
+    /// `"small"` or `"large"` arena.
+    pub class: &'static str,
+    /// Segment index inside its arena.
+    pub index: u32,
+    /// Size in bytes (address space for a virtual reservation).
+    pub size: u64,
+    /// Whether it is a virtual reservation.
+    pub virtual_reservation: bool,
+    /// Physical bytes behind it (the size for a plain segment; mapped pages for a reservation).
+    pub physical_bytes: u64,
+    /// Its blocks in address order.
+    pub blocks: Vec<BlockSnapshot>,
+}
+
+/// Every segment of a pool with its blocks, and the pool's statistics.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PoolSnapshot {
+    /// Pool name.
+    pub name: String,
+    /// Segments.
+    pub segments: Vec<SegmentSnapshot>,
+    /// Statistics at the same moment.
+    pub stats: PoolStats,
+}
+
 /// What a release of cached memory gave back to the device.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct TrimReport {
@@ -512,6 +555,41 @@ impl<B: Backend> Pool<B> {
     /// Statistics now. O(1).
     pub fn stats(&self) -> PoolStats {
         self.state.lock().stats.clone()
+    }
+
+    /// Every segment with its blocks, and the statistics, taken under one lock. O(segments + blocks).
+    pub fn snapshot(&self) -> PoolSnapshot {
+        let state = self.state.lock();
+        let mut segments = Vec::new();
+        for &(stream, arenas) in &state.streams {
+            for arena_index in arenas {
+                let arena = &state.arenas[arena_index as usize];
+                for id in arena.engine.segment_ids() {
+                    let entry = arena.entry(id).expect("segment exists");
+                    let size = arena.engine.segment_size(id).expect("segment exists");
+                    let blocks = arena
+                        .engine
+                        .blocks_in(id)
+                        .map(|b| BlockSnapshot {
+                            offset: b.offset,
+                            size: b.size,
+                            free: b.free,
+                            key: b.block.map(|blk| (u64::from(arena_index) << 32) | u64::from(blk.index())),
+                        })
+                        .collect();
+                    segments.push(SegmentSnapshot {
+                        stream,
+                        class: if arena.class == ArenaClass::Small { "small" } else { "large" },
+                        index: id.0,
+                        size,
+                        virtual_reservation: entry.pages.is_some(),
+                        physical_bytes: entry.pages.as_ref().map_or(size, PageMap::mapped_bytes),
+                        blocks,
+                    });
+                }
+            }
+        }
+        PoolSnapshot { name: self.backend.name().to_string(), segments, stats: state.stats.clone() }
     }
 
     /// Sets every peak to its current value (PyTorch's `reset_peak_memory_stats`).

@@ -194,3 +194,23 @@ fn invalid_configs_are_refused() {
     let frac = PoolConfig { limit: Some(Limit::Fraction(1.5)), ..PoolConfig::default() };
     assert!(Pool::new(SimBackend::new("s", 1 << 30), frac).is_err());
 }
+
+#[test]
+fn snapshot_lists_segments_and_blocks_in_address_order() {
+    let pool = sim_pool(SegmentMode::Virtual, None);
+    let a = pool.allocate(1000, S0).unwrap();
+    let b = pool.allocate(30 * MIB, S0).unwrap();
+    let snap = pool.snapshot();
+    assert_eq!(snap.segments.len(), 2);
+    let small = snap.segments.iter().find(|s| s.class == "small").unwrap();
+    assert_eq!(small.blocks[0], BlockSnapshot { offset: 0, size: 1024, free: false, key: Some(a.key()) });
+    assert!(small.blocks[1].free);
+    let large = snap.segments.iter().find(|s| s.class == "large").unwrap();
+    assert!(large.virtual_reservation);
+    assert_eq!(large.physical_bytes, 30 * MIB);
+    assert_eq!(large.blocks[0].key, Some(b.key()));
+    let total: u64 = large.blocks.iter().map(|b| b.size).sum();
+    assert_eq!(total, large.size);
+    pool.free(&a).unwrap();
+    pool.free(&b).unwrap();
+}

@@ -93,7 +93,7 @@ fn identity(info: &wgpu::AdapterInfo) -> Option<String> {
 /// GL) is kept twice; the later one carries `same_device_as` = the earlier one's ordinal in its details, and
 /// both carry `identity`, so that the facade can merge them.
 pub fn discover() -> Discovery<WgpuDevice> {
-    let mut discovery = Discovery::default();
+    let mut discovery = Discovery { devices: Vec::new(), skipped: Vec::new() };
     let found = std::panic::catch_unwind(|| {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));

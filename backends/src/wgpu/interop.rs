@@ -43,13 +43,13 @@ fn bind(
     what: &str,
 ) -> Result<WgpuBlock> {
     let backend = pool.backend();
+    let (buffer, offset) = segment_and_offset(pool, block)?;
     if !backend.usage().contains(usage) {
         return Err(Error::Unsupported {
             backend: backend.name().to_string(),
             what: format!("binding a block as a {what} buffer: this pool's buffers have usages {:?}", backend.usage()),
         });
     }
-    let (buffer, offset) = segment_and_offset(pool, block)?;
     let size = block.requested().next_multiple_of(4).min(block.size());
     if size > limit {
         return Err(Error::Unsupported {
@@ -66,14 +66,14 @@ fn bind(
 /// `block` for a storage binding (`var<storage, read>` or `read_write`). Errors if the pool's buffers lack
 /// `STORAGE`, the block is not live, or it spans more than `max_storage_buffer_binding_size`.
 pub fn binding(pool: &Pool<WgpuBackend>, block: &BlockHandle) -> Result<WgpuBlock> {
-    let limit = u64::from(pool.backend().limits().max_storage_buffer_binding_size);
+    let limit = pool.backend().limits().max_storage_buffer_binding_size;
     bind(pool, block, BufferUsages::STORAGE, limit, "storage")
 }
 
 /// `block` for a uniform binding (ReadOnly pools). Errors if the pool's buffers lack `UNIFORM`, the block is
 /// not live, or it spans more than `max_uniform_buffer_binding_size`.
 pub fn uniform_binding(pool: &Pool<WgpuBackend>, block: &BlockHandle) -> Result<WgpuBlock> {
-    let limit = u64::from(pool.backend().limits().max_uniform_buffer_binding_size);
+    let limit = pool.backend().limits().max_uniform_buffer_binding_size;
     bind(pool, block, BufferUsages::UNIFORM, limit, "uniform")
 }
 

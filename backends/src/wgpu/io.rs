@@ -50,7 +50,8 @@ impl DeviceShared {
             let (label, lost) = (label.to_string(), Arc::clone(&lost));
             device.set_device_lost_callback(move |reason, message| {
                 log::warn!("wgpu device {label} lost ({reason:?}): {message}");
-                *lost.lock() = Some(format!("{reason:?}: {message}"));
+                *lost.lock() =
+                    Some(if message.is_empty() { format!("{reason:?}") } else { format!("{reason:?}: {message}") });
             });
         }
         let limits = device.limits();

@@ -207,8 +207,9 @@ impl Backend for WgpuBackend {
         self.alignment
     }
     fn max_segment_size(&self) -> u64 {
-        // Bigger buffers than a binding may span are fine: `binding` checks each block's size.
-        self.shared.limits.max_buffer_size
+        // Bigger buffers than a binding may span are fine: `binding` checks each block's size. Rounded down to
+        // the alignment (lavapipe reports 2^31 - 1) so that every segment size stays a multiple of it.
+        self.shared.limits.max_buffer_size & !(self.alignment - 1)
     }
     fn capacity(&self) -> u64 {
         self.shared.capacity
