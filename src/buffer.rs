@@ -32,6 +32,7 @@ pub struct UniversalBuffer<T: bytemuck::Pod> {
 
 impl<T: bytemuck::Pod> UniversalBuffer<T> {
     pub(crate) fn new(
+        filled: bool,
         block: Option<OwnedBlock>,
         len: usize,
         meta: BufferMeta,
@@ -39,7 +40,8 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
         track: TrackId,
         profile: (Arc<Profiler>, u64),
     ) -> Self {
-        Self { block, len, meta, tracker, track: Some(track), profile, filled: false, _element: PhantomData }
+        let filled = filled && meta.read_only;
+        Self { block, len, meta, tracker, track: Some(track), profile, filled, _element: PhantomData }
     }
 
     /// Elements.

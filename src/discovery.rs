@@ -13,6 +13,21 @@ use umm_placement::Api;
 /// Appends the devices of every enabled backend to `entries`, and why anything was skipped to `skipped`.
 pub(crate) fn discover_all(config: &UmmConfig, entries: &mut Vec<ApiEntry>, skipped: &mut Vec<String>) {
     let _ = (&config, &entries, &skipped);
+    #[cfg(feature = "cuda")]
+    if config.cuda {
+        let found = umm_backends::cuda::discover();
+        skipped.extend(found.skipped.into_iter().map(|r| format!("cuda: {r}")));
+        for device in found.devices {
+            entries.push(ApiEntry {
+                api: Api::Cuda,
+                info: device.info().clone(),
+                placements: vec![PoolPlacement::DeviceLocal, PoolPlacement::HostPinned, PoolPlacement::ReadOnly],
+                factory: Box::new(move |placement, config| {
+                    Ok(device.caching_pool(placement, config.clone())? as Arc<dyn MemoryPool>)
+                }),
+            });
+        }
+    }
     #[cfg(feature = "opencl")]
     if config.opencl {
         let found = umm_backends::opencl::discover();
@@ -20,6 +35,21 @@ pub(crate) fn discover_all(config: &UmmConfig, entries: &mut Vec<ApiEntry>, skip
         for device in found.devices {
             entries.push(ApiEntry {
                 api: Api::OpenCl,
+                info: device.info().clone(),
+                placements: vec![PoolPlacement::DeviceLocal, PoolPlacement::HostPinned, PoolPlacement::ReadOnly],
+                factory: Box::new(move |placement, config| {
+                    Ok(Arc::new(device.pool(placement, config.clone())?) as Arc<dyn MemoryPool>)
+                }),
+            });
+        }
+    }
+    #[cfg(feature = "wgpu")]
+    if config.wgpu {
+        let found = umm_backends::wgpu_backend::discover();
+        skipped.extend(found.skipped.into_iter().map(|r| format!("wgpu: {r}")));
+        for device in found.devices {
+            entries.push(ApiEntry {
+                api: Api::Wgpu,
                 info: device.info().clone(),
                 placements: vec![PoolPlacement::DeviceLocal, PoolPlacement::HostPinned, PoolPlacement::ReadOnly],
                 factory: Box::new(move |placement, config| {

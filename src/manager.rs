@@ -235,9 +235,7 @@ impl UniversalMemoryManager {
     ) -> Result<UniversalBuffer<T>> {
         let access = if placement == Placement::ReadOnly { AccessPattern::ReadOnly } else { AccessPattern::Unknown };
         let options = AllocOptions::new().placement(placement).access(access);
-        let mut buffer = self.allocate_inner::<T>(data.len(), &options)?;
-        buffer.write(data)?;
-        Ok(buffer)
+        self.allocate_inner::<T>(data.len(), &options, Some(bytemuck::cast_slice(data)))
     }
 
     /// Allocates `n` elements of `T` with full options.
@@ -251,11 +249,18 @@ impl UniversalMemoryManager {
         n: usize,
         options: AllocOptions,
     ) -> Result<UniversalBuffer<T>> {
-        self.allocate_inner(n, &options)
+        self.allocate_inner(n, &options, None)
     }
 
+    /// Places and allocates `n` elements; `initial` (exactly `n` elements' bytes) fills the block at allocation,
+    /// after which a ReadOnly buffer is sealed.
     #[track_caller]
-    fn allocate_inner<T: bytemuck::Pod>(&self, n: usize, options: &AllocOptions) -> Result<UniversalBuffer<T>> {
+    fn allocate_inner<T: bytemuck::Pod>(
+        &self,
+        n: usize,
+        options: &AllocOptions,
+        initial: Option<&[u8]>,
+    ) -> Result<UniversalBuffer<T>> {
         let elem = std::mem::size_of::<T>();
         let bytes = (n as u64).checked_mul(elem as u64).ok_or(Error::SizeOverflow {
             elements: n,
@@ -273,7 +278,10 @@ impl UniversalMemoryManager {
             None
         } else {
             let pool = device.pool(decision.pool, api, &self.inner.config.pool)?;
-            Some(OwnedBlock::allocate(pool, bytes, options.stream, options.zeroed)?)
+            Some(match initial {
+                Some(data) => OwnedBlock::allocate_filled(pool, data, options.stream)?,
+                None => OwnedBlock::allocate(pool, bytes, options.stream, options.zeroed)?,
+            })
         };
         if self.inner.allocations.fetch_add(1, Ordering::Relaxed) % EVIDENCE_REFRESH_EVERY == 0 {
             self.refresh_evidence();
@@ -289,7 +297,11 @@ impl UniversalMemoryManager {
             location: std::panic::Location::caller(),
             block_key: block.as_ref().map(|b| b.handle().key()),
         });
+        if let Some(data) = initial {
+            self.inner.tracker.record_host_write(&track, data.len() as u64);
+        }
         Ok(UniversalBuffer::new(
+            initial.is_some(),
             block,
             n,
             BufferMeta {

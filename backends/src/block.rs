@@ -61,6 +61,16 @@ pub trait MemoryPool: Send + Sync + 'static {
     fn allocate(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle>;
     /// See [`Pool::allocate_zeroed`].
     fn allocate_zeroed(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle>;
+    /// Allocates a block holding a copy of `data`: the only way to fill a block of a read-only pool, whose
+    /// writes are refused afterwards. The default allocates and writes.
+    fn allocate_filled(&self, data: &[u8], stream: StreamId) -> Result<BlockHandle> {
+        let block = self.allocate(data.len() as u64, stream)?;
+        if let Err(e) = self.write(&block, 0, data) {
+            let _ = self.free(&block);
+            return Err(e);
+        }
+        Ok(block)
+    }
     /// See [`Pool::free`].
     fn free(&self, block: &BlockHandle) -> Result<()>;
     /// See [`Pool::write`].
@@ -159,6 +169,13 @@ impl OwnedBlock {
     /// Allocates `bytes` on `stream` from `pool` (zeroed if asked).
     pub fn allocate(pool: Arc<dyn MemoryPool>, bytes: u64, stream: StreamId, zeroed: bool) -> Result<Self> {
         let handle = if zeroed { pool.allocate_zeroed(bytes, stream)? } else { pool.allocate(bytes, stream)? };
+        let host_addr = pool.host_ptr(&handle).map(|p| p.as_ptr() as usize);
+        Ok(Self { pool, handle, host_addr })
+    }
+
+    /// Allocates a block holding a copy of `data` on `stream` (see [`MemoryPool::allocate_filled`]).
+    pub fn allocate_filled(pool: Arc<dyn MemoryPool>, data: &[u8], stream: StreamId) -> Result<Self> {
+        let handle = pool.allocate_filled(data, stream)?;
         let host_addr = pool.host_ptr(&handle).map(|p| p.as_ptr() as usize);
         Ok(Self { pool, handle, host_addr })
     }

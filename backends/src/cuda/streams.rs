@@ -279,6 +279,10 @@ impl MemoryPool for CudaPool {
     fn allocate_zeroed(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
         CudaPool::allocate_zeroed(self, bytes, stream)
     }
+    fn allocate_filled(&self, data: &[u8], stream: StreamId) -> Result<BlockHandle> {
+        // Through the stream-ordered upload, which read-only pools accept.
+        self.allocate_with(|p| super::CudaPoolExt::upload_read_only(p, data, stream))
+    }
     fn free(&self, block: &BlockHandle) -> Result<()> {
         CudaPool::free(self, block)
     }
