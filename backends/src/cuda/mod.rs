@@ -21,6 +21,7 @@ mod backend;
 mod buffer;
 mod cache;
 mod interop;
+mod peer;
 mod raw;
 mod streams;
 
@@ -31,6 +32,7 @@ pub use backend::{CudaBackend, CudaSegment};
 pub use buffer::CudaBuffer;
 pub use cache::{allocate_batch, warm_up};
 pub use interop::{BlockView, BlockViewMut, CudaPoolExt};
+pub use peer::copy_block;
 pub use streams::CudaPool;
 
 use crate::{BackendKind, DeviceInfo, DeviceType, Discovery, Error, Pool, PoolConfig, PoolPlacement, Result, StreamId};

@@ -281,6 +281,35 @@ pub(super) fn copy(dst: u64, src: u64, len: u64) -> Raw<()> {
     check(unsafe { sys::cuMemcpy(dst, src, len as usize) }, "cuMemcpy")
 }
 
+/// `cuMemcpyPeer`: copy of `len` bytes from `src` in `src_ctx` to `dst` in `dst_ctx` (two devices), ordered
+/// after the legacy default streams of both contexts; returns once the copy is done for most uses (callers
+/// synchronize the destination context afterwards anyway).
+pub(super) fn copy_peer(
+    dst: u64,
+    dst_ctx: sys::CUcontext,
+    src: u64,
+    src_ctx: sys::CUcontext,
+    len: u64,
+) -> Raw<()> {
+    // SAFETY: the caller checked `[src, src + len)` against a live block of a pool of `src_ctx` and
+    // `[dst, dst + len)` against a live block of a pool of `dst_ctx`; both contexts are kept alive by those pools'
+    // `Arc<CudaContext>`, and the source context was synchronized, so no queued work still writes the source.
+    check(unsafe { sys::cuMemcpyPeer(dst, dst_ctx, src, src_ctx, len as usize) }, "cuMemcpyPeer")
+}
+
+/// `cuCtxEnablePeerAccess`: lets the bound context reach `peer`'s memory directly (NVLink or PCIe P2P), so that
+/// peer copies skip host staging. Returns whether access is enabled now (`false` where the devices cannot).
+pub(super) fn enable_peer_access(peer: sys::CUcontext) -> Raw<bool> {
+    use sys::CUresult::*;
+    // SAFETY: `peer` is a live context (held by a pool's `Arc<CudaContext>`) other than the bound one; flags
+    // must be 0.
+    match unsafe { sys::cuCtxEnablePeerAccess(peer, 0) } {
+        CUDA_SUCCESS | CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(true),
+        CUDA_ERROR_PEER_ACCESS_UNSUPPORTED | CUDA_ERROR_TOO_MANY_PEERS => Ok(false),
+        code => Err(Failure { call: "cuCtxEnablePeerAccess", code }),
+    }
+}
+
 /// Copy of `len` bytes between two CUDA addresses, queued on `stream`.
 pub(super) fn copy_async(dst: u64, src: u64, len: u64, stream: StreamId) -> Raw<()> {
     // SAFETY: the caller checked both ranges against live blocks (device or pinned memory, never pageable) and

@@ -10,11 +10,11 @@ pub(super) const SL_COUNT: usize = 1 << SL_BITS;
 /// First-level classes: sizes below 32 share class 0 (linear), then one class per power of two up to 2^63.
 const FL_COUNT: usize = 64 - SL_BITS as usize + 1;
 /// Total number of size classes.
-pub(super) const BIN_COUNT: usize = FL_COUNT * SL_COUNT;
+pub(crate) const BIN_COUNT: usize = FL_COUNT * SL_COUNT;
 
 /// The size class of `size`: sizes in one class differ by less than 1/32 of the class's lower bound. O(1).
 #[inline]
-pub(super) fn bin_of(size: u64) -> usize {
+pub(crate) fn bin_of(size: u64) -> usize {
     if size < SL_COUNT as u64 {
         return size as usize;
     }

@@ -9,7 +9,7 @@
 
 #![deny(unsafe_code)]
 
-mod bins;
+pub(crate) mod bins;
 mod slab;
 
 use bins::{bin_of, BinMaps, BIN_COUNT};
@@ -274,13 +274,37 @@ impl Engine {
         Some(self.take(seg.first_block, size))
     }
 
-    /// Frees a live block and coalesces it with free address neighbours. O(1).
+    /// Parks a live block: it keeps its range but stops being live, so a later free or park of its old id is
+    /// refused. Returns the id to [`Engine::unpark`] or [`Engine::free`] it with. O(1).
+    pub fn park(&mut self, id: BlockId) -> Option<BlockId> {
+        let node = self.nodes.get(id.index)?;
+        if node.state != NodeState::Live || node.generation != id.generation {
+            return None;
+        }
+        let generation = node.generation.wrapping_add(1);
+        let node = &mut self.nodes[id.index];
+        node.state = NodeState::Parked;
+        node.generation = generation;
+        Some(BlockId { index: id.index, generation })
+    }
+
+    /// Makes a parked block live again (same id). O(1).
+    pub fn unpark(&mut self, id: BlockId) -> Option<BlockId> {
+        let node = self.nodes.get(id.index)?;
+        if node.state != NodeState::Parked || node.generation != id.generation {
+            return None;
+        }
+        self.nodes[id.index].state = NodeState::Live;
+        Some(id)
+    }
+
+    /// Frees a live or parked block and coalesces it with free address neighbours. O(1).
     ///
-    /// Returns `None` (and changes nothing) for a block that is not live: never handed out, already freed, or
+    /// Returns `None` (and changes nothing) for a block that is neither: never handed out, already freed, or
     /// a stale id whose slot now holds another block.
     pub fn free(&mut self, id: BlockId) -> Option<Freed> {
         let node = self.nodes.get(id.index)?;
-        if node.state != NodeState::Live || node.generation != id.generation {
+        if !matches!(node.state, NodeState::Live | NodeState::Parked) || node.generation != id.generation {
             return None;
         }
         let (segment, offset, size) = (node.segment, node.offset, node.size);

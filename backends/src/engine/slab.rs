@@ -11,6 +11,9 @@ pub(super) const NIL: u32 = u32::MAX;
 pub(super) enum NodeState {
     Free,
     Live,
+    /// Freed by its owner but kept out of the free index by the caller (a pool's quick cache): still occupies
+    /// its range, can only be unparked or freed.
+    Parked,
     Vacant,
 }
 

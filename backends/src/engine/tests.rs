@@ -195,3 +195,20 @@ fn segment_with_live_blocks_is_not_removed() {
     assert_eq!(e.remove_segment(seg), Some(1 << 16));
     assert_eq!(e.stats(), EngineStats::default());
 }
+
+#[test]
+fn parked_blocks_refuse_their_old_id_and_free_with_the_new_one() {
+    let mut e = Engine::new(64).unwrap();
+    e.add_segment(1 << 16).unwrap();
+    let a = e.allocate(1000).unwrap();
+    let parked = e.park(a.block).unwrap();
+    assert!(e.free(a.block).is_none(), "the old id is stale once parked");
+    assert!(e.park(a.block).is_none());
+    assert!(e.block(parked).is_none(), "a parked block is not live");
+    let live = e.unpark(parked).unwrap();
+    assert_eq!(e.block(live).map(|b| b.offset), Some(a.offset));
+    let parked = e.park(live).unwrap();
+    let freed = e.free(parked).unwrap();
+    assert!(freed.segment_now_empty);
+    assert_eq!(e.stats().allocated_bytes, 0);
+}

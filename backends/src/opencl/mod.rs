@@ -422,6 +422,36 @@ pub fn read_block_async(pool: &Pool<OpenClBackend>, block: &BlockHandle, offset:
     pool.backend().read_async(&segment, base + offset, len)
 }
 
+/// Copies `len` bytes from the start of `src_block` to the start of `dst_block` on the device
+/// (clEnqueueCopyBuffer) and waits. Both pools must be of one device (one context and queue); `len` must lie
+/// inside both blocks. Pools of different devices are [`Error::Unsupported`]: move the bytes through the host.
+pub fn copy_block(
+    src_pool: &Pool<OpenClBackend>,
+    src_block: &BlockHandle,
+    dst_pool: &Pool<OpenClBackend>,
+    dst_block: &BlockHandle,
+    len: u64,
+) -> Result<()> {
+    let (src, dst) = (src_pool.backend(), dst_pool.backend());
+    if !Arc::ptr_eq(&src.device, &dst.device) {
+        return Err(Error::Unsupported {
+            backend: dst.name.clone(),
+            what: format!("a device copy from {}: the pools are of different devices", src.name),
+        });
+    }
+    check_in_block(src_block, 0, len)?;
+    check_in_block(dst_block, 0, len)?;
+    let (src_segment, src_base) = live(src_pool, src_block)?;
+    let (dst_segment, dst_base) = live(dst_pool, dst_block)?;
+    let (src_offset, n) = src.range(&src_segment, src_base, len)?;
+    let (dst_offset, _) = dst.range(&dst_segment, dst_base, len)?;
+    if n == 0 {
+        return Ok(());
+    }
+    raw::copy(&dst.device.queue, &src_segment.0.mem, src_offset, &dst_segment.0.mem, dst_offset, n)
+        .map_err(|e| dst.err(e))
+}
+
 fn live(pool: &Pool<OpenClBackend>, block: &BlockHandle) -> Result<(OpenClSegment, u64)> {
     pool.segment_of(block).ok_or_else(|| Error::UnknownBlock(format!("{block:?} in pool {}", pool.backend().name())))
 }

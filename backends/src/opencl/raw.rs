@@ -11,7 +11,7 @@
 #![allow(unsafe_code)]
 
 use opencl3::command_queue::{
-    enqueue_fill_buffer, enqueue_map_buffer, enqueue_read_buffer, enqueue_unmap_mem_object, enqueue_write_buffer,
+    enqueue_copy_buffer, enqueue_fill_buffer, enqueue_map_buffer, enqueue_read_buffer, enqueue_unmap_mem_object, enqueue_write_buffer,
     CommandQueue,
 };
 use opencl3::context::Context;
@@ -180,6 +180,26 @@ pub(super) fn read(queue: &CommandQueue, mem: &MemObject, offset: usize, dst: &m
     .map_err(ClFailure::at("clEnqueueReadBuffer"))?;
     drop(ClEvent(event));
     Ok(())
+}
+
+/// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset` on the device (both buffers of
+/// `queue`'s context) and returns when the copy is done.
+pub(super) fn copy(
+    queue: &CommandQueue,
+    src: &MemObject,
+    src_offset: usize,
+    dst: &MemObject,
+    dst_offset: usize,
+    len: usize,
+) -> Result<(), ClFailure> {
+    // SAFETY: no host memory is involved: the driver checks both device ranges (CL_INVALID_VALUE) and refuses
+    // overlapping ones (CL_MEM_COPY_OVERLAP); `queue`, `src` and `dst` are live handles of one context.
+    let event = unsafe {
+        enqueue_copy_buffer(queue.get(), src.raw(), dst.raw(), src_offset, dst_offset, len, 0, ptr::null())
+    }
+    .map_err(ClFailure::at("clEnqueueCopyBuffer"))?;
+    let event = ClEvent(event);
+    wait_for_events(&[event.raw()]).map_err(ClFailure::at("clWaitForEvents"))
 }
 
 /// Enqueues setting `len` bytes of `mem` at `offset` to `value` (OpenCL 1.2). Returns at once.

@@ -65,6 +65,10 @@ pub struct PoolConfig {
     pub small_segment_size: u64,
     /// Size of the shared segments for medium requests (below half of it); larger requests get their own segment.
     pub large_segment_size: u64,
+    /// In virtual reservations, before mapping new pages, unmap free pages so that reserved memory stays within
+    /// `(1 + slack) × allocated`: memory follows the live set closely (varying shapes stop accumulating free
+    /// mapped holes) at the price of a device unmap and map when it trims. `None` never trims early.
+    pub mapped_slack: Option<f64>,
     /// Zero every block before it is handed out.
     pub zero_on_alloc: bool,
     /// Overwrite every freed block with [`crate::pool::POISON_BYTE`] so that a use after free or a read of
@@ -81,6 +85,7 @@ impl Default for PoolConfig {
             small_request_max: 1 << 20,
             small_segment_size: 2 << 20,
             large_segment_size: 20 << 20,
+            mapped_slack: Some(0.05),
             zero_on_alloc: false,
             poison_on_free: false,
         }
@@ -98,6 +103,11 @@ impl PoolConfig {
                 "small_segment_size ({}) must be at least small_request_max ({})",
                 self.small_segment_size, self.small_request_max
             )));
+        }
+        if let Some(slack) = self.mapped_slack {
+            if !(slack >= 0.0 && slack.is_finite()) {
+                return Err(Error::InvalidConfig(format!("mapped_slack must be a finite fraction >= 0, got {slack}")));
+            }
         }
         if let Some(limit) = self.limit {
             limit.resolve(u64::MAX)?;

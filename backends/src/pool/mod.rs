@@ -13,12 +13,14 @@
 
 mod config;
 mod pages;
+mod quick;
 
 pub use config::{Limit, PoolConfig, SegmentMode, Strategy};
 
 use crate::engine::{Allocation, Engine, SegmentId};
 use crate::{Backend, BlockHandle, Error, PoolStats, Result, StreamId};
 use pages::PageMap;
+use quick::{QuickBlock, QuickCache};
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -109,6 +111,7 @@ struct Arena<S> {
     class: ArenaClass,
     virtual_segments: bool,
     segments: Vec<Option<SegmentEntry<S>>>,
+    quick: QuickCache,
 }
 
 impl<S> Arena<S> {
@@ -255,7 +258,7 @@ impl<B: Backend> Pool<B> {
             let mut result = self.try_allocate(&mut state, arena, size);
             if matches!(result, Err(Shortfall::Limit | Shortfall::Device(_))) {
                 state.stats.num_alloc_retries += 1;
-                self.release_cached_locked(&mut state, 0);
+                self.release_cached_locked(&mut state, 0, size);
                 result = self.try_allocate(&mut state, arena, size);
             }
             match result {
@@ -285,6 +288,7 @@ impl<B: Backend> Pool<B> {
                 class,
                 virtual_segments: class == ArenaClass::Large && self.page_size.is_some(),
                 segments: Vec::new(),
+                quick: QuickCache::new(),
             });
         }
         state.streams.push((stream, [first, first + 1]));
@@ -300,7 +304,28 @@ impl<B: Backend> Pool<B> {
         size: u64,
     ) -> std::result::Result<(Allocation, bool), Shortfall> {
         if self.config.strategy == Strategy::Pooled {
-            if let Some(alloc) = state.arenas[arena].engine.allocate(size) {
+            let a = &mut state.arenas[arena];
+            if let Some(q) = a.quick.pop(size) {
+                // Its pages stayed mapped: the cache is drained before any trim.
+                let block = a.engine.unpark(q.block).expect("quick blocks are parked");
+                let alloc =
+                    Allocation { block, segment: q.segment, offset: q.offset, size: q.size, segment_was_empty: false };
+                return Ok((alloc, true));
+            }
+            let mut found = state.arenas[arena].engine.allocate(size);
+            let needs_device = match &found {
+                None => true,
+                Some(alloc) => state.unmapped_bytes(arena, alloc) > 0,
+            };
+            if needs_device && !state.arenas[arena].quick.is_empty() {
+                // Coalesce the quick blocks before asking the device for more.
+                if let Some(alloc) = found {
+                    state.arenas[arena].engine.free(alloc.block);
+                }
+                state.drain_quick(arena);
+                found = state.arenas[arena].engine.allocate(size);
+            }
+            if let Some(alloc) = found {
                 let mapped_new = self.ensure_mapped(state, arena, &alloc)?;
                 return Ok((alloc, !mapped_new));
             }
@@ -380,6 +405,24 @@ impl<B: Backend> Pool<B> {
         if missing == 0 {
             return Ok(false);
         }
+        if let Some(slack) = self.config.mapped_slack {
+            // Keep reserved memory near the live set: give back free mapped pages before mapping new ones.
+            let allocated_after = state.stats.allocated_bytes.current + alloc.size;
+            let budget = (allocated_after as f64 * (1.0 + slack)) as u64;
+            let excess = (state.reserved() + missing).saturating_sub(budget).min(missing);
+            if excess > 0 {
+                let round = state.cleanup_round;
+                for a in 0..state.arenas.len() {
+                    if state.arenas[a].virtual_segments {
+                        self.unmap_free_pages(state, a, round, 0, excess);
+                    }
+                }
+                state.mapped_bytes = state.arenas.iter().map(Arena::mapped_bytes).sum();
+                state.update_reserved();
+            }
+        }
+        let pages = state.arenas[arena].entry(alloc.segment).and_then(|e| e.pages.as_ref()).expect("virtual");
+        let missing = pages.unmapped_bytes_in(first, end);
         let limit = *self.limit.lock();
         let over_limit = limit.is_some_and(|l| state.reserved() + missing > l);
         let result = if over_limit {
@@ -434,14 +477,27 @@ impl<B: Backend> Pool<B> {
         if self.config.poison_on_free {
             self.fill(block, 0, block.size, POISON_BYTE)?;
         }
+        let unknown = || Error::UnknownBlock(format!("{block:?} in pool {}", self.backend.name()));
         let mut state = self.state.lock();
         let arena = block.arena as usize;
-        let freed = state
-            .arenas
-            .get_mut(arena)
-            .and_then(|a| a.engine.free(block.block))
-            .ok_or_else(|| Error::UnknownBlock(format!("{block:?} in pool {}", self.backend.name())))?;
-        state.record_free(arena, block, freed.segment_now_empty);
+        let a = state.arenas.get_mut(arena).ok_or_else(unknown)?;
+        // Only small blocks go through the quick cache: they churn most, and live in 2 MiB segments where an
+        // uncoalesced block cannot push a large request into new memory.
+        if self.config.strategy == Strategy::Pooled && a.class == ArenaClass::Small && a.quick.has_room(block.size) {
+            let parked = a.engine.park(block.block).ok_or_else(unknown)?;
+            let kept = a.quick.push(QuickBlock {
+                block: parked,
+                segment: block.segment,
+                offset: block.offset,
+                size: block.size,
+            });
+            debug_assert!(kept, "has_room said so");
+            state.record_free(block);
+            return Ok(());
+        }
+        let freed = a.engine.free(block.block).ok_or_else(unknown)?;
+        state.note_engine_free(arena, freed.segment, freed.segment_now_empty);
+        state.record_free(block);
         if self.config.strategy == Strategy::Direct && freed.segment_now_empty {
             self.destroy_segment(&mut state, arena, freed.segment);
         }
@@ -452,7 +508,7 @@ impl<B: Backend> Pool<B> {
     /// virtual reservations. O(segments + free blocks in virtual reservations).
     pub fn release_cached(&self) -> TrimReport {
         let mut state = self.state.lock();
-        self.release_cached_locked(&mut state, 0)
+        self.release_cached_locked(&mut state, 0, u64::MAX)
     }
 
     /// A periodic cleanup round: releases cached memory that has not been used for at least `idle_rounds`
@@ -461,13 +517,18 @@ impl<B: Backend> Pool<B> {
     pub fn cleanup(&self, idle_rounds: u64) -> TrimReport {
         let mut state = self.state.lock();
         state.cleanup_round += 1;
-        self.release_cached_locked(&mut state, idle_rounds)
+        self.release_cached_locked(&mut state, idle_rounds, u64::MAX)
     }
 
-    fn release_cached_locked(&self, state: &mut State<B::Segment>, idle_rounds: u64) -> TrimReport {
+    /// Releases cached memory idle for `idle_rounds` rounds until `want` bytes are released (`u64::MAX`: all):
+    /// empty plain segments first, then free pages of virtual reservations, highest addresses first.
+    fn release_cached_locked(&self, state: &mut State<B::Segment>, idle_rounds: u64, want: u64) -> TrimReport {
         let start = Instant::now();
         let mut report = TrimReport::default();
         let round = state.cleanup_round;
+        for arena in 0..state.arenas.len() {
+            state.drain_quick(arena);
+        }
         for arena in 0..state.arenas.len() {
             let idle: Vec<SegmentId> = state.arenas[arena]
                 .engine
@@ -478,11 +539,17 @@ impl<B: Backend> Pool<B> {
                 })
                 .collect();
             for id in idle {
+                if report.bytes_released >= want {
+                    break;
+                }
                 report.bytes_released += self.destroy_segment(state, arena, id);
                 report.segments_released += 1;
             }
-            if state.arenas[arena].virtual_segments {
-                let (pages, bytes) = self.unmap_free_pages(state, arena, round, idle_rounds);
+        }
+        for arena in 0..state.arenas.len() {
+            if state.arenas[arena].virtual_segments && report.bytes_released < want {
+                let (pages, bytes) =
+                    self.unmap_free_pages(state, arena, round, idle_rounds, want - report.bytes_released);
                 report.pages_unmapped += pages;
                 report.bytes_released += bytes;
             }
@@ -493,13 +560,15 @@ impl<B: Backend> Pool<B> {
         report
     }
 
-    /// Unmaps every page lying wholly inside a free block of the arena's reservations. Returns (pages, bytes).
+    /// Unmaps pages lying wholly inside free blocks of the arena's reservations, highest addresses first, until
+    /// `want` bytes are unmapped. Returns (pages, bytes).
     fn unmap_free_pages(
         &self,
         state: &mut State<B::Segment>,
         arena: usize,
         round: u64,
         idle_rounds: u64,
+        want: u64,
     ) -> (u64, u64) {
         let arena = &mut state.arenas[arena];
         let (mut pages_released, mut bytes) = (0, 0);
@@ -512,9 +581,15 @@ impl<B: Backend> Pool<B> {
                 continue;
             }
             let Some(pages) = entry.pages.as_mut() else { continue };
-            for (offset, size) in free_ranges {
+            for &(offset, size) in free_ranges.iter().rev() {
                 let (first, end) = pages.inside(offset, size);
-                for (a, b) in pages.runs(first, end, true) {
+                for (a, b) in pages.runs(first, end, true).into_iter().rev() {
+                    if bytes >= want {
+                        return (pages_released, bytes);
+                    }
+                    // Unmap only as many pages of this run as still wanted, from its top.
+                    let needed_pages = (want - bytes).div_ceil(pages.offset_of(1));
+                    let a = a.max(b.saturating_sub(needed_pages));
                     let (off, len) = (pages.offset_of(a), pages.offset_of(b) - pages.offset_of(a));
                     self.backend.unmap_pages(&entry.handle, off, len);
                     pages.set(a, b, false);
@@ -559,7 +634,10 @@ impl<B: Backend> Pool<B> {
 
     /// Every segment with its blocks, and the statistics, taken under one lock. O(segments + blocks).
     pub fn snapshot(&self) -> PoolSnapshot {
-        let state = self.state.lock();
+        let mut state = self.state.lock();
+        for arena in 0..state.arenas.len() {
+            state.drain_quick(arena);
+        }
         let mut segments = Vec::new();
         for &(stream, arenas) in &state.streams {
             for arena_index in arenas {
@@ -743,11 +821,38 @@ impl<S> State<S> {
         }
     }
 
-    fn record_free(&mut self, arena: usize, block: &BlockHandle, segment_now_empty: bool) {
+    /// Accounts for a block the engine has just freed: an emptied plain segment becomes cached, not split.
+    fn note_engine_free(&mut self, arena: usize, segment: SegmentId, segment_now_empty: bool) {
         let a = &self.arenas[arena];
-        if segment_now_empty && a.entry(block.segment).is_some_and(|e| e.pages.is_none()) {
-            self.empty_plain_bytes += a.engine.segment_size(block.segment).expect("segment exists");
+        if segment_now_empty && a.entry(segment).is_some_and(|e| e.pages.is_none()) {
+            self.empty_plain_bytes += a.engine.segment_size(segment).expect("segment exists");
         }
+    }
+
+    /// Bytes of unmapped pages under `alloc` (0 outside virtual reservations). O(pages / 64).
+    fn unmapped_bytes(&self, arena: usize, alloc: &Allocation) -> u64 {
+        match self.arenas[arena].entry(alloc.segment).and_then(|e| e.pages.as_ref()) {
+            Some(pages) => {
+                let (first, end) = pages.covering(alloc.offset, alloc.size);
+                pages.unmapped_bytes_in(first, end)
+            }
+            None => 0,
+        }
+    }
+
+    /// Frees the arena's quick blocks into its engine, coalescing them. O(quick blocks).
+    fn drain_quick(&mut self, arena: usize) {
+        if self.arenas[arena].quick.is_empty() {
+            return;
+        }
+        for q in self.arenas[arena].quick.drain() {
+            let freed = self.arenas[arena].engine.free(q.block).expect("quick blocks are parked");
+            self.note_engine_free(arena, freed.segment, freed.segment_now_empty);
+        }
+        self.update_split();
+    }
+
+    fn record_free(&mut self, block: &BlockHandle) {
         let s = &mut self.stats;
         s.num_frees += 1;
         s.allocated_bytes.sub(block.size);

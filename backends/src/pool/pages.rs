@@ -31,57 +31,73 @@ impl PageMap {
         (first, end.max(first))
     }
 
-    fn is_mapped(&self, page: u64) -> bool {
-        self.words[(page / 64) as usize] >> (page % 64) & 1 == 1
+    /// Mask of the bits of word `w` that fall in pages `[first, end)`.
+    fn mask(w: u64, first: u64, end: u64) -> u64 {
+        let lo = first.max(w * 64) - w * 64;
+        let hi = end.min(w * 64 + 64) - w * 64;
+        if hi <= lo {
+            return 0;
+        }
+        let upper = if hi == 64 { u64::MAX } else { (1u64 << hi) - 1 };
+        upper & !((1u64 << lo) - 1)
     }
 
-    /// Unmapped bytes in pages `[first, end)`. O(pages / 64) when the range is fully mapped.
+    /// Unmapped bytes in pages `[first, end)`. O((end - first) / 64).
     pub(super) fn unmapped_bytes_in(&self, first: u64, end: u64) -> u64 {
+        let end = end.min(self.page_count());
+        if first >= end {
+            return 0;
+        }
         let mut missing = 0;
-        let mut page = first;
-        while page < end {
-            // Skip whole mapped words quickly.
-            if page % 64 == 0 && end - page >= 64 && self.words[(page / 64) as usize] == u64::MAX {
-                page += 64;
-                continue;
-            }
-            missing += u64::from(!self.is_mapped(page));
-            page += 1;
+        for w in first / 64..end.div_ceil(64) {
+            let mask = Self::mask(w, first, end);
+            missing += u64::from((!self.words[w as usize] & mask).count_ones());
         }
         missing * self.page_size
     }
 
     /// Maximal runs of pages in `[first, end)` whose mapped state is `mapped`, as page ranges.
+    /// O((end - first) / 64 + runs).
     pub(super) fn runs(&self, first: u64, end: u64, mapped: bool) -> Vec<(u64, u64)> {
-        let mut runs = Vec::new();
-        let mut page = first;
-        while page < end {
-            if self.is_mapped(page) != mapped {
-                page += 1;
-                continue;
+        let end = end.min(self.page_count());
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        if first >= end {
+            return runs;
+        }
+        for w in first / 64..end.div_ceil(64) {
+            let word = if mapped { self.words[w as usize] } else { !self.words[w as usize] };
+            let mut bits = word & Self::mask(w, first, end);
+            while bits != 0 {
+                let lo = u64::from(bits.trailing_zeros());
+                let len = u64::from((bits >> lo).trailing_ones());
+                let (a, b) = (w * 64 + lo, w * 64 + lo + len);
+                match runs.last_mut() {
+                    Some(last) if last.1 == a => last.1 = b,
+                    _ => runs.push((a, b)),
+                }
+                bits &= if lo + len >= 64 { 0 } else { u64::MAX << (lo + len) };
             }
-            let start = page;
-            while page < end && self.is_mapped(page) == mapped {
-                page += 1;
-            }
-            runs.push((start, page));
         }
         runs
     }
 
-    /// Marks pages `[first, end)` mapped or unmapped.
+    /// Marks pages `[first, end)` mapped or unmapped. O((end - first) / 64).
     pub(super) fn set(&mut self, first: u64, end: u64, mapped: bool) {
-        for page in first..end {
-            let (w, bit) = ((page / 64) as usize, 1u64 << (page % 64));
-            let was = self.words[w] & bit != 0;
-            if was != mapped {
-                self.words[w] ^= bit;
-                if mapped {
-                    self.mapped += 1;
-                } else {
-                    self.mapped -= 1;
-                }
+        let end = end.min(self.page_count());
+        if first >= end {
+            return;
+        }
+        for w in first / 64..end.div_ceil(64) {
+            let mask = Self::mask(w, first, end);
+            let word = &mut self.words[w as usize];
+            let before = u64::from(word.count_ones());
+            if mapped {
+                *word |= mask;
+            } else {
+                *word &= !mask;
             }
+            let after = u64::from(word.count_ones());
+            self.mapped = self.mapped + after - before;
         }
     }
 
@@ -114,5 +130,15 @@ mod tests {
         assert_eq!(m.inside(4096, 8192), (1, 3));
         m.set(0, 10, false);
         assert_eq!(m.mapped_bytes(), 0);
+        // Runs across word boundaries.
+        let mut m = PageMap::new(300 * 4096, 4096);
+        m.set(60, 200, true);
+        assert_eq!(m.runs(0, 300, true), vec![(60, 200)]);
+        assert_eq!(m.runs(0, 300, false), vec![(0, 60), (200, 300)]);
+        assert_eq!(m.runs(100, 130, true), vec![(100, 130)]);
+        assert_eq!(m.unmapped_bytes_in(50, 210), 20 * 4096);
+        m.set(64, 128, false);
+        assert_eq!(m.runs(0, 300, true), vec![(60, 64), (128, 200)]);
+        assert_eq!(m.mapped_bytes(), 76 * 4096);
     }
 }

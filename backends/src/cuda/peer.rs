@@ -1,0 +1,70 @@
+//! Device copies between blocks of two CUDA pools, for migrating buffers without touching the host: within one
+//! context a plain copy (cuMemcpy: unified addressing covers device and pinned memory), between two devices
+//! `cuMemcpyPeer`, after enabling peer access both ways once per pair of contexts where the devices allow it
+//! (NVLink or PCIe P2P; otherwise the driver stages the copy itself).
+
+use super::backend::CudaBackend;
+use super::{interop, raw};
+use crate::{Backend, BlockHandle, Error, Pool, PoolPlacement, Result};
+use parking_lot::Mutex;
+
+/// Pairs of contexts (as addresses) for which peer access has been tried, whatever the outcome.
+static PEER_TRIED: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+
+/// Copies the first `len` bytes of `src_block` (of `src`) to `dst_block` (of `dst`) on the device(s) and waits
+/// for the copy. The pools may belong to one device or to two. Waits for all work queued in the source context
+/// first, so the copy sees what kernels wrote. Read-only destinations are refused (they are filled once, at
+/// allocation); `len` must lie inside both blocks.
+pub fn copy_block(
+    src: &Pool<CudaBackend>,
+    src_block: &BlockHandle,
+    dst: &Pool<CudaBackend>,
+    dst_block: &BlockHandle,
+    len: u64,
+) -> Result<()> {
+    let (from, to) = (src.backend(), dst.backend());
+    if to.placement() == PoolPlacement::ReadOnly {
+        return Err(Error::Unsupported {
+            backend: to.name().to_string(),
+            what: "a device copy into read-only memory: it is filled once, when it is allocated".into(),
+        });
+    }
+    let (src_ptr, _) = interop::range(src, src_block, 0, len)?;
+    let (dst_ptr, _) = interop::range(dst, dst_block, 0, len)?;
+    if len == 0 {
+        return Ok(());
+    }
+    from.synchronize()?;
+    let (src_ctx, dst_ctx) = (from.context().cu_ctx(), to.context().cu_ctx());
+    if src_ctx == dst_ctx {
+        raw::copy(dst_ptr, src_ptr, len).map_err(|f| to.error(f))?;
+        return raw::ctx_synchronize().map_err(|f| to.error(f));
+    }
+    to.synchronize()?;
+    enable_peer_access_once(from, to);
+    to.bind()?;
+    raw::copy_peer(dst_ptr, dst_ctx, src_ptr, src_ctx, len).map_err(|f| to.error(f))?;
+    raw::ctx_synchronize().map_err(|f| to.error(f))
+}
+
+/// Enables peer access from each context to the other, once per pair. Failures only cost speed: they are
+/// logged and the copy goes on without direct access.
+fn enable_peer_access_once(a: &CudaBackend, b: &CudaBackend) {
+    let key = (a.context().cu_ctx() as usize, b.context().cu_ctx() as usize);
+    let mut tried = PEER_TRIED.lock();
+    if tried.contains(&key) {
+        return;
+    }
+    tried.push(key);
+    tried.push((key.1, key.0));
+    for (this, peer) in [(a, b), (b, a)] {
+        let outcome = this.bind().and_then(|()| {
+            raw::enable_peer_access(peer.context().cu_ctx()).map_err(|f| this.error(f))
+        });
+        match outcome {
+            Ok(true) => log::debug!("peer access enabled from {} to {}", this.name(), peer.name()),
+            Ok(false) => log::info!("{} cannot access {} directly: peer copies are staged", this.name(), peer.name()),
+            Err(e) => log::warn!("enabling peer access from {} to {}: {e}", this.name(), peer.name()),
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! The quick cache: blocks freed recently, kept per size class without coalescing so that the next request of
+//! the same size takes one back in O(1) with no split and no merge. Training and inference loops free and
+//! reallocate the same sizes every step, so most of their operations end here.
+//!
+//! Quick blocks are still live to the engine; to the pool they are free. The pool drains the cache into the
+//! engine (coalescing them) before it grows, trims or snapshots, so caching never makes the pool reserve more.
+
+use crate::engine::bins::{bin_of, BIN_COUNT};
+use crate::engine::{BlockId, SegmentId};
+
+/// Most blocks one size class keeps; further frees of that class coalesce at once.
+const PER_CLASS: usize = 64;
+/// Most blocks the whole cache keeps.
+const TOTAL: usize = 4096;
+
+/// A freed block waiting in the quick cache.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct QuickBlock {
+    pub(super) block: BlockId,
+    pub(super) segment: SegmentId,
+    pub(super) offset: u64,
+    pub(super) size: u64,
+}
+
+#[derive(Debug)]
+pub(super) struct QuickCache {
+    classes: Vec<Vec<QuickBlock>>,
+    occupied: [u64; BIN_COUNT.div_ceil(64)],
+    len: usize,
+}
+
+impl QuickCache {
+    pub(super) fn new() -> Self {
+        Self { classes: vec![Vec::new(); BIN_COUNT], occupied: [0; BIN_COUNT.div_ceil(64)], len: 0 }
+    }
+
+    /// Whether a block of `size` bytes would be kept. O(1).
+    pub(super) fn has_room(&self, size: u64) -> bool {
+        self.len < TOTAL && self.classes[bin_of(size)].len() < PER_CLASS
+    }
+
+    /// Keeps `block` unless its class or the cache is full; returns whether it was kept. O(1).
+    pub(super) fn push(&mut self, block: QuickBlock) -> bool {
+        let class = bin_of(block.size);
+        let list = &mut self.classes[class];
+        if list.len() >= PER_CLASS || self.len >= TOTAL {
+            return false;
+        }
+        list.push(block);
+        self.occupied[class / 64] |= 1 << (class % 64);
+        self.len += 1;
+        true
+    }
+
+    /// The most recently freed block of `size`'s class if it is at least `size` bytes (sizes in one class
+    /// differ by under 1/32). O(1).
+    pub(super) fn pop(&mut self, size: u64) -> Option<QuickBlock> {
+        let class = bin_of(size);
+        let list = &mut self.classes[class];
+        if list.last()?.size < size {
+            return None;
+        }
+        let block = list.pop()?;
+        if list.is_empty() {
+            self.occupied[class / 64] &= !(1 << (class % 64));
+        }
+        self.len -= 1;
+        Some(block)
+    }
+
+    /// Takes every block out. O(blocks + classes / 64).
+    pub(super) fn drain(&mut self) -> Vec<QuickBlock> {
+        let mut out = Vec::with_capacity(self.len);
+        for word in 0..self.occupied.len() {
+            let mut bits = self.occupied[word];
+            while bits != 0 {
+                let class = word * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                out.append(&mut self.classes[class]);
+            }
+            self.occupied[word] = 0;
+        }
+        self.len = 0;
+        out
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
