@@ -69,7 +69,13 @@ fn limit_releases_cache_then_retries_then_reports_numbers() {
 
 #[test]
 fn virtual_segments_unmap_free_holes_under_pressure() {
-    let pool = sim_pool(SegmentMode::Virtual, Some(Limit::Bytes(100 * MIB)));
+    let config = PoolConfig {
+        segment_mode: SegmentMode::Virtual,
+        limit: Some(Limit::Bytes(100 * MIB)),
+        mapped_slack: None,
+        ..PoolConfig::default()
+    };
+    let pool = Pool::new(SimBackend::new("sim0", 8 << 30), config).unwrap();
     let blocks: Vec<_> = (0..9).map(|_| pool.allocate(10 * MIB, S0).unwrap()).collect();
     // Free every other block: holes of 10 MiB between live blocks.
     for b in blocks.iter().step_by(2) {
@@ -215,4 +221,25 @@ fn snapshot_lists_segments_and_blocks_in_address_order() {
     assert_eq!(total, large.size);
     pool.free(&a).unwrap();
     pool.free(&b).unwrap();
+}
+
+#[test]
+fn mapped_slack_keeps_reserved_near_the_live_set() {
+    let pool = sim_pool(SegmentMode::Virtual, None);
+    // Shapes that never repeat: without trimming, free mapped holes would pile up.
+    let mut live = Vec::new();
+    for i in 0..400u64 {
+        let size = (3 + (i * 7919) % 61) * MIB + (i % 7) * 4096;
+        live.push(pool.allocate(size, S0).unwrap());
+        if live.len() > 6 {
+            let b = live.remove((i as usize * 13) % live.len());
+            pool.free(&b).unwrap();
+        }
+        let s = pool.stats();
+        let bound = (s.allocated_bytes.current as f64 * 1.05) as u64 + 2 * SimBackend::PAGE * live.len() as u64;
+        assert!(s.reserved_bytes.current <= bound, "step {i}: {s:?}");
+    }
+    for b in live {
+        pool.free(&b).unwrap();
+    }
 }
