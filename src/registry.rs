@@ -93,7 +93,12 @@ impl Device {
     /// Free memory now: the lowest figure among the device's pools and its discovery report.
     pub fn free_memory(&self) -> u64 {
         let pools = self.pools.lock();
-        let from_pools = pools.iter().map(|(_, _, p)| p.free_memory()).min();
+        // Pinned pools report host memory: only device-memory pools speak for an accelerator.
+        let from_pools = pools
+            .iter()
+            .filter(|(_, kind, _)| self.kind == DeviceKind::Host || *kind != PoolKind::HostPinned)
+            .map(|(_, _, p)| p.free_memory())
+            .min();
         let from_info = self.apis.iter().filter_map(|a| a.info.free_memory).min();
         from_pools.or(from_info).unwrap_or(self.total_memory)
     }

@@ -12,7 +12,17 @@ use thiserror::Error;
 use umm_backends::{Backend, BlockHandle, HostBackend, Limit, Pool, PoolConfig, SimBackend, StreamId};
 
 /// Backends `umm replay` knows, in the order they are listed to users.
-pub const BACKENDS: &[&str] = &["sim", "sim-plain", "host"];
+pub const BACKENDS: &[&str] = &[
+    "sim",
+    "sim-plain",
+    "host",
+    #[cfg(feature = "cuda")]
+    "cuda",
+    #[cfg(feature = "opencl")]
+    "opencl",
+    #[cfg(feature = "wgpu")]
+    "wgpu",
+];
 
 /// Default capacity of the simulated device: an H100's 80 GiB.
 pub const SIM_CAPACITY: u64 = 80 << 30;
@@ -122,7 +132,14 @@ pub struct ReplayReport {
 
 /// Replays `trace` on a fresh pool of the backend named `backend` (one of [`BACKENDS`]).
 pub fn replay_on(backend: &str, trace: &Trace, opts: ReplayOptions<'_>) -> Result<ReplayReport, ReplayError> {
-    let config = PoolConfig { limit: opts.limit, ..PoolConfig::default() };
+    // UMM_* pool variables (segment mode, slack, strategy, segment sizes) apply to replays too.
+    let mut umm_config = crate::UmmConfig::default();
+    umm_config.apply_env().map_err(|e| ReplayError::Pool {
+        trace: trace.name.clone(),
+        backend: backend.into(),
+        source: Box::new(umm_backends::Error::InvalidConfig(e.to_string())),
+    })?;
+    let config = PoolConfig { limit: opts.limit.or(umm_config.pool.limit), ..umm_config.pool };
     let sim_capacity = opts.sim_capacity.unwrap_or(SIM_CAPACITY);
     let pool_error =
         |source| ReplayError::Pool { trace: trace.name.clone(), backend: backend.into(), source: Box::new(source) };
@@ -153,13 +170,51 @@ pub fn replay_on(backend: &str, trace: &Trace, opts: ReplayOptions<'_>) -> Resul
             let pool = Pool::new(HostBackend::new("host", available), config).map_err(pool_error)?;
             replay(trace, &pool, backend, &device, opts)
         }
-        // Extension point: backends behind cargo features add their arm here and their name to `BACKENDS`
-        // (for example `#[cfg(feature = "cuda")] "cuda" => { ... replay(trace, &pool, backend, &device, opts) }`).
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            let device = first_device(backend, umm_backends::cuda::discover(), trace)?;
+            let pool = device.pool(umm_backends::PoolPlacement::DeviceLocal, config).map_err(pool_error)?;
+            replay(trace, &pool, backend, &device.info().name, opts)
+        }
+        #[cfg(feature = "opencl")]
+        "opencl" => {
+            let device = first_device(backend, umm_backends::opencl::discover(), trace)?;
+            let pool = device.pool(umm_backends::PoolPlacement::DeviceLocal, config).map_err(pool_error)?;
+            replay(trace, &pool, backend, &device.info().name, opts)
+        }
+        #[cfg(feature = "wgpu")]
+        "wgpu" => {
+            let device = first_device(backend, umm_backends::wgpu_backend::discover(), trace)?;
+            let pool = device.pool(umm_backends::PoolPlacement::DeviceLocal, config).map_err(pool_error)?;
+            replay(trace, &pool, backend, &device.info().name, opts)
+        }
         other => Err(ReplayError::UnknownBackend {
             name: other.into(),
             available: BACKENDS.iter().map(|s| s.to_string()).collect(),
         }),
     }
+}
+
+/// The first device a backend discovered (`UMM_REPLAY_DEVICE=N` picks another), or why there is none.
+#[allow(dead_code)]
+fn first_device<D>(
+    backend: &str,
+    found: umm_backends::Discovery<D>,
+    trace: &Trace,
+) -> Result<D, ReplayError> {
+    let index = std::env::var("UMM_REPLAY_DEVICE").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
+    let count = found.devices.len();
+    found.devices.into_iter().nth(index).ok_or_else(|| ReplayError::Pool {
+        trace: trace.name.clone(),
+        backend: backend.into(),
+        source: Box::new(umm_backends::Error::Unavailable {
+            backend: backend.into(),
+            reason: format!(
+                "device {index} asked for, {count} found{}",
+                if found.skipped.is_empty() { String::new() } else { format!(" ({})", found.skipped.join("; ")) }
+            ),
+        }),
+    })
 }
 
 /// Replays `trace` on `pool`, which should be fresh (its statistics are taken as the cold pass's), then

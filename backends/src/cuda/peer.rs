@@ -58,9 +58,8 @@ fn enable_peer_access_once(a: &CudaBackend, b: &CudaBackend) {
     tried.push(key);
     tried.push((key.1, key.0));
     for (this, peer) in [(a, b), (b, a)] {
-        let outcome = this.bind().and_then(|()| {
-            raw::enable_peer_access(peer.context().cu_ctx()).map_err(|f| this.error(f))
-        });
+        let outcome =
+            this.bind().and_then(|()| raw::enable_peer_access(peer.context().cu_ctx()).map_err(|f| this.error(f)));
         match outcome {
             Ok(true) => log::debug!("peer access enabled from {} to {}", this.name(), peer.name()),
             Ok(false) => log::info!("{} cannot access {} directly: peer copies are staged", this.name(), peer.name()),

@@ -284,13 +284,7 @@ pub(super) fn copy(dst: u64, src: u64, len: u64) -> Raw<()> {
 /// `cuMemcpyPeer`: copy of `len` bytes from `src` in `src_ctx` to `dst` in `dst_ctx` (two devices), ordered
 /// after the legacy default streams of both contexts; returns once the copy is done for most uses (callers
 /// synchronize the destination context afterwards anyway).
-pub(super) fn copy_peer(
-    dst: u64,
-    dst_ctx: sys::CUcontext,
-    src: u64,
-    src_ctx: sys::CUcontext,
-    len: u64,
-) -> Raw<()> {
+pub(super) fn copy_peer(dst: u64, dst_ctx: sys::CUcontext, src: u64, src_ctx: sys::CUcontext, len: u64) -> Raw<()> {
     // SAFETY: the caller checked `[src, src + len)` against a live block of a pool of `src_ctx` and
     // `[dst, dst + len)` against a live block of a pool of `dst_ctx`; both contexts are kept alive by those pools'
     // `Arc<CudaContext>`, and the source context was synchronized, so no queued work still writes the source.

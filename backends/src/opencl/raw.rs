@@ -11,8 +11,8 @@
 #![allow(unsafe_code)]
 
 use opencl3::command_queue::{
-    enqueue_copy_buffer, enqueue_fill_buffer, enqueue_map_buffer, enqueue_read_buffer, enqueue_unmap_mem_object, enqueue_write_buffer,
-    CommandQueue,
+    enqueue_copy_buffer, enqueue_fill_buffer, enqueue_map_buffer, enqueue_read_buffer, enqueue_unmap_mem_object,
+    enqueue_write_buffer, CommandQueue,
 };
 use opencl3::context::Context;
 use opencl3::error_codes::error_text;
@@ -194,10 +194,9 @@ pub(super) fn copy(
 ) -> Result<(), ClFailure> {
     // SAFETY: no host memory is involved: the driver checks both device ranges (CL_INVALID_VALUE) and refuses
     // overlapping ones (CL_MEM_COPY_OVERLAP); `queue`, `src` and `dst` are live handles of one context.
-    let event = unsafe {
-        enqueue_copy_buffer(queue.get(), src.raw(), dst.raw(), src_offset, dst_offset, len, 0, ptr::null())
-    }
-    .map_err(ClFailure::at("clEnqueueCopyBuffer"))?;
+    let event =
+        unsafe { enqueue_copy_buffer(queue.get(), src.raw(), dst.raw(), src_offset, dst_offset, len, 0, ptr::null()) }
+            .map_err(ClFailure::at("clEnqueueCopyBuffer"))?;
     let event = ClEvent(event);
     wait_for_events(&[event.raw()]).map_err(ClFailure::at("clWaitForEvents"))
 }

@@ -65,9 +65,11 @@ pub struct PoolConfig {
     pub small_segment_size: u64,
     /// Size of the shared segments for medium requests (below half of it); larger requests get their own segment.
     pub large_segment_size: u64,
-    /// In virtual reservations, before mapping new pages, unmap free pages so that reserved memory stays within
-    /// `(1 + slack) × allocated`: memory follows the live set closely (varying shapes stop accumulating free
-    /// mapped holes) at the price of a device unmap and map when it trims. `None` never trims early.
+    /// In virtual reservations, before mapping new pages that would raise reserved memory above both its
+    /// previous peak and `(1 + slack) × allocated`, unmap free pages first: the peak of reserved memory follows
+    /// the peak of live memory (varying shapes stop accumulating free mapped holes), at the price of device
+    /// unmaps and maps while the peak is being set. Below the previous peak nothing is trimmed, so a steady
+    /// workload does not churn pages. `None` never trims early.
     pub mapped_slack: Option<f64>,
     /// Zero every block before it is handed out.
     pub zero_on_alloc: bool,

@@ -407,8 +407,10 @@ impl<B: Backend> Pool<B> {
         }
         if let Some(slack) = self.config.mapped_slack {
             // Keep reserved memory near the live set: give back free mapped pages before mapping new ones.
+            // Only when the mapping would set a new high-water mark of reserved memory: below the peak, a
+            // steady workload maps into memory it held before, and trimming there would only churn pages.
             let allocated_after = state.stats.allocated_bytes.current + alloc.size;
-            let budget = (allocated_after as f64 * (1.0 + slack)) as u64;
+            let budget = ((allocated_after as f64 * (1.0 + slack)) as u64).max(state.stats.reserved_bytes.peak);
             let excess = (state.reserved() + missing).saturating_sub(budget).min(missing);
             if excess > 0 {
                 let round = state.cleanup_round;
