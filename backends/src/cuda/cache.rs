@@ -27,7 +27,7 @@ pub fn allocate_batch<B: Backend>(pool: &Pool<B>, sizes: &[u64], stream: StreamI
 pub fn warm_up<B: Backend>(pool: &Pool<B>, sizes: &[(u64, usize)], stream: StreamId) -> Result<()> {
     let mut order: Vec<(u64, usize)> = sizes.to_vec();
     order.sort_by_key(|&(size, _)| std::cmp::Reverse(size));
-    let flat: Vec<u64> = order.iter().flat_map(|&(size, count)| std::iter::repeat(size).take(count)).collect();
+    let flat: Vec<u64> = order.iter().flat_map(|&(size, count)| std::iter::repeat_n(size, count)).collect();
     let blocks = allocate_batch(pool, &flat, stream)?;
     for block in &blocks {
         pool.free(block)?;

@@ -1,0 +1,303 @@
+"""PyTorch's own CUDA allocator against umm (through umm_torch) on real work, in one job on one GPU.
+
+    python3 bindings/torch/bench_train.py                 # everything, then a table
+    python3 bindings/torch/bench_train.py --steps 3 --bert-batches 3   # a smoke run
+
+Workloads (each run twice, once per allocator, each in its own process, because the allocator must be chosen
+before the first CUDA allocation):
+  gpt2    transformers GPT2LMHeadModel(GPT2Config()) (GPT-2 small, 124M), batch 8, sequence 512, AdamW,
+          bf16 autocast, training
+  resnet  torchvision resnet50, batch 64, 224x224, SGD with momentum, bf16 autocast, training
+  bert    transformers BertModel(BertConfig()) (BERT base), inference, bf16 autocast, a random batch of 1-32
+          sequences of 16-512 tokens per call
+
+Same seeds and data for both allocators; deterministic algorithms on (CUBLAS_WORKSPACE_CONFIG=:4096:8), so the
+per-step losses should match bit for bit. GPT-2 uses transformers' eager attention: PyTorch's SDPA picks cuDNN
+attention on Hopper, whose backward is not deterministic (it warns so), and then runs differ by ~1e-5 whatever the
+allocator. --umm-variants adds umm runs with other settings (environment variables) for comparison. Step time: median of the steps after the warm-up steps, each step
+ended with a synchronisation (the loss is read every step). Peak reserved: torch.cuda.max_memory_reserved()
+for PyTorch's allocator, umm's reserved_bytes.peak (umm_stats_json) for umm.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKS = ("gpt2", "resnet", "bert", "alloc")
+ALLOCS = ("pytorch", "umm")
+
+
+def worker(args):
+    import warnings
+
+    import torch
+
+    if args.alloc == "umm":
+        sys.path.insert(0, HERE)
+        import umm_torch
+
+        umm_torch.enable()
+    seen_warnings = []
+    warnings.simplefilter("always")
+    warnings.showwarning = lambda msg, *a, **k: seen_warnings.append(str(msg)[:200])
+    torch.manual_seed(1234)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator().manual_seed(42)  # CPU generator for the data: independent of the allocator
+
+    losses, times, extra, device_allocs, reserved, launched = [], [], {}, [], [], []
+    if args.work == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config()
+        cfg._attn_implementation = args.attn
+        model = GPT2LMHeadModel(cfg).to(dev).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        data = torch.randint(0, cfg.vocab_size, (args.steps, 8, 512), generator=gen)
+
+        def step(i):
+            x = data[i].to(dev)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_ids=x, labels=x).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.detach().float()
+
+        n = args.steps
+    elif args.work == "resnet":
+        import torchvision
+
+        model = torchvision.models.resnet50(weights=None).to(dev).train()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        images = torch.randn(args.steps, 64, 3, 224, 224, generator=gen)
+        labels = torch.randint(0, 1000, (args.steps, 64), generator=gen)
+        lossf = torch.nn.CrossEntropyLoss()
+
+        def step(i):
+            x, y = images[i].to(dev), labels[i].to(dev)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = lossf(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.detach().float()
+
+        n = args.steps
+    elif args.work == "bert":
+        from transformers import BertConfig, BertModel
+
+        cfg = BertConfig()
+        cfg._attn_implementation = "sdpa"  # inference: the forward kernels are deterministic
+        model = BertModel(cfg).to(dev).eval()
+        shapes = [
+            (int(torch.randint(1, 33, (1,), generator=gen)), int(torch.randint(16, 513, (1,), generator=gen)))
+            for _ in range(args.bert_batches)
+        ]
+        batches = [torch.randint(0, cfg.vocab_size, s, generator=gen) for s in shapes]
+        extra["tokens"] = sum(b * s for b, s in shapes)
+
+        def step(i):
+            x = batches[i].to(dev)
+            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+                out = model(input_ids=x, attention_mask=torch.ones_like(x)).last_hidden_state
+            return out.float().abs().mean()
+
+        n = args.bert_batches
+    else:  # alloc: the allocator alone, through torch.empty; one alloc and one free per iteration
+        exps = torch.randint(9, 27, (4096,), generator=gen).tolist()  # 512 B .. 64 MiB
+        fracs = torch.rand(4096, generator=gen).tolist()
+        sizes = [int((1 << e) * (1 + f)) for e, f in zip(exps, fracs)]
+        iters = 100_000
+
+        def step(i):
+            live = []
+            for j in range(iters):
+                live.append(torch.empty(sizes[j % 4096], dtype=torch.uint8, device=dev))
+                if len(live) > 32:
+                    del live[0]
+            del live
+            return torch.zeros((), device=dev)
+
+        n = 3
+        extra["ops_per_step"] = 2 * iters
+
+    for i in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = step(i)
+        launched.append((time.perf_counter() - t0) * 1e3)  # host time to queue the step's work
+        losses.append(loss.item())
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+        if args.alloc == "umm":
+            st = umm_torch.umm_stats(0)
+            device_allocs.append(st["num_device_alloc"])
+            reserved.append(st["reserved_bytes"]["current"])
+        else:
+            st = torch.cuda.memory_stats(0)
+            device_allocs.append(st.get("num_device_alloc", 0))
+            reserved.append(st.get("reserved_bytes.all.current", 0))
+
+    warm = min(args.warmup, max(0, n - 1))
+    result = {
+        "work": args.work,
+        "alloc": args.alloc,
+        "losses": [float(v).hex() for v in losses],
+        "step_ms": times,
+        "median_ms": statistics.median(times[warm:]),
+        "median_launch_ms": statistics.median(launched[warm:]),
+        "total_ms": sum(times),
+        "warnings": sorted(set(seen_warnings))[:10],
+        "device_allocs_per_step": device_allocs,
+        "reserved_per_step": reserved,
+        **extra,
+    }
+    if args.alloc == "umm":
+        s = umm_torch.umm_stats(0)
+        result.update(
+            peak_reserved=s["reserved_bytes"]["peak"],
+            peak_allocated=s["allocated_bytes"]["peak"],
+            num_device_alloc=s["num_device_alloc"],
+            num_alloc_retries=s["num_alloc_retries"],
+            hit_rate=s["hit_rate"],
+            virtual_memory=s["virtual_memory"],
+            allocator_backend=torch.cuda.memory.get_allocator_backend(),
+        )
+    else:
+        st = torch.cuda.memory_stats(0)
+        result.update(
+            peak_reserved=torch.cuda.max_memory_reserved(0),
+            peak_allocated=torch.cuda.max_memory_allocated(0),
+            num_device_alloc=st.get("num_device_alloc"),
+            num_alloc_retries=st.get("num_alloc_retries"),
+            allocator_backend=torch.cuda.memory.get_allocator_backend(),
+        )
+    result["device"] = torch.cuda.get_device_name(0)
+    result["torch"] = torch.__version__
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+
+
+def gib(b):
+    return f"{b / 2**30:.3f}"
+
+
+def driver(args):
+    env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONUNBUFFERED="1")
+    outdir = args.outdir or os.environ.get("OUT") or "/tmp"
+    results = {}
+    runs = list(ALLOCS) + [f"umm:{v}" for v in args.umm_variants.split(";") if v]
+    for work in args.works.split(","):
+        order = [r for rep in range(args.repeats) for r in (runs if rep % 2 == 0 else runs[::-1])]
+        for rep, run in enumerate(order):
+            alloc, _, settings = run.partition(":")
+            run_env = dict(env, **dict(kv.split("=", 1) for kv in settings.split(",") if kv))
+            tag = "".join(c if c.isalnum() else "_" for c in run)
+            out = os.path.join(tempfile.gettempdir(), f"umm_bench_{work}_{tag}_{rep}.json")
+            cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--work", work, "--alloc", alloc,
+                   "--steps", str(args.steps), "--bert-batches", str(args.bert_batches), "--warmup",
+                   str(args.warmup), "--attn", args.attn, "--out", out]
+            t0 = time.time()
+            p = subprocess.run(cmd, env=run_env, capture_output=True, text=True)
+            if p.returncode != 0:
+                print(f"{work}/{run} FAILED rc={p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+                continue
+            with open(out) as f:
+                r = json.load(f)
+            results.setdefault((work, run), []).append(r)
+            print(f"{work}/{run}: {time.time() - t0:.1f}s wall, median {r['median_ms']:.2f} ms "
+                  f"(host launch {r['median_launch_ms']:.2f} ms), "
+                  f"peak reserved {gib(r['peak_reserved'])} GiB, backend {r['allocator_backend']}, "
+                  f"steps ms {[round(x, 1) for x in r['step_ms']]}, device allocs per step "
+                  f"{r['device_allocs_per_step']}, warnings {r['warnings']}", flush=True)
+
+    with open(os.path.join(outdir, "bench_results.json"), "w") as f:
+        json.dump({f"{w}/{r}": v for (w, r), v in results.items()}, f)
+    for (w, r), reps in list(results.items()):
+        # Several repeats: median of the runs' medians; outputs must agree across repeats too.
+        merged = dict(reps[0])
+        merged["median_ms"] = statistics.median(x["median_ms"] for x in reps)
+        merged["median_launch_ms"] = statistics.median(x["median_launch_ms"] for x in reps)
+        merged["all_medians"] = [round(x["median_ms"], 2) for x in reps]
+        merged["consistent"] = all(x["losses"] == reps[0]["losses"] for x in reps)
+        results[(w, r)] = merged
+    if ("alloc", "pytorch") in results and ("alloc", "umm") in results:
+        for r in runs:
+            x = results.get(("alloc", r))
+            if x:
+                print(f"alloc microbench {r}: {x['median_ms'] * 1e6 / x['ops_per_step']:.0f} ns per op "
+                      f"(torch.empty + free, sizes 512 B-128 MiB, 32 live; runs {x['all_medians']} ms)")
+    rows = []
+    for work in args.works.split(","):
+        if work == "alloc":
+            continue
+        a, b = results.get((work, "pytorch")), results.get((work, "umm"))
+        if not a or not b:
+            continue
+        la = [float.fromhex(x) for x in a["losses"]]
+        lb = [float.fromhex(x) for x in b["losses"]]
+        same = a["losses"] == b["losses"] and a["consistent"] and b["consistent"]
+        diff = max(abs(x - y) for x, y in zip(la, lb))
+        rows.append((work, a, b, same, diff))
+    if rows:
+        dev = rows[0][1]["device"]
+        print(f"\n{dev}, torch {rows[0][1]['torch']}; step = median ms after {args.warmup} warm-up steps")
+        print("| workload | steps | PyTorch step ms | umm step ms | umm/PyTorch | PyTorch peak alloc GiB | "
+              "PyTorch peak reserved GiB | umm peak alloc GiB | umm peak reserved GiB | umm/PyTorch reserved | "
+              "outputs |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        for work, a, b, same, diff in rows:
+            outputs = "bit-identical" if same else f"max abs diff {diff:.3g}"
+            print(f"| {work} | {len(a['losses'])} | {a['median_ms']:.2f} | {b['median_ms']:.2f} | "
+                  f"{b['median_ms'] / a['median_ms']:.3f} | {gib(a['peak_allocated'])} | {gib(a['peak_reserved'])} | "
+                  f"{gib(b['peak_allocated'])} | {gib(b['peak_reserved'])} | "
+                  f"{b['peak_reserved'] / a['peak_reserved']:.3f} | {outputs} |")
+        for work, a, b, same, diff in rows:
+            print(f"{work}: PyTorch reserved/allocated {a['peak_reserved'] / a['peak_allocated']:.2f}, "
+                  f"umm reserved/allocated {b['peak_reserved'] / b['peak_allocated']:.2f}; "
+                  f"first losses {[round(float.fromhex(x), 4) for x in a['losses'][:3]]}; "
+                  f"umm hit rate {b.get('hit_rate', 0):.4f}, device allocs {b['num_device_alloc']} vs "
+                  f"{a['num_device_alloc']}, retries {b['num_alloc_retries']} vs {a['num_alloc_retries']}; "
+                  f"host launch ms PyTorch {a['median_launch_ms']:.2f}, umm {b['median_launch_ms']:.2f}; "
+                  f"medians of repeats PyTorch {a['all_medians']}, umm {b['all_medians']}")
+        variants = [r for r in runs if r.startswith("umm:")]
+        if variants:
+            print("\numm variants | workload | step ms | /PyTorch | peak reserved GiB | /PyTorch | outputs")
+            for work, a, _, _, _ in rows:
+                for v in variants:
+                    c = results.get((work, v))
+                    if c:
+                        same = "bit-identical" if c["losses"] == a["losses"] else "differ"
+                        print(f"{v} | {work} | {c['median_ms']:.2f} | {c['median_ms'] / a['median_ms']:.3f} | "
+                              f"{gib(c['peak_reserved'])} | {c['peak_reserved'] / a['peak_reserved']:.3f} | {same}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", action="store_true")
+    ap.add_argument("--work", choices=WORKS)
+    ap.add_argument("--alloc", choices=ALLOCS)
+    ap.add_argument("--works", default="gpt2,resnet,bert")
+    ap.add_argument("--steps", type=int, default=25)
+    ap.add_argument("--bert-batches", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--attn", default="eager", choices=["sdpa", "eager"], help="GPT-2's attention")
+    ap.add_argument("--umm-variants", default="", help="';'-separated settings, e.g. 'UMM_HUGE_MIN=0;UMM_SEGMENT_MODE=plain'")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per allocator, order alternating")
+    ap.add_argument("--out")
+    ap.add_argument("--outdir")
+    args = ap.parse_args()
+    worker(args) if args.worker else driver(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+/*
+ * umm.h: the C ABI of libumm_capi.so, umm's stream-aware caching pools for CUDA device memory.
+ *
+ * umm_alloc and umm_free have the signatures PyTorch's torch.cuda.memory.CUDAPluggableAllocator loads, so
+ *   torch.cuda.memory.change_current_allocator(
+ *       torch.cuda.memory.CUDAPluggableAllocator("libumm_capi.so", "umm_alloc", "umm_free"))
+ * makes umm PyTorch's CUDA allocator (bindings/torch/umm_torch.py does this in one call).
+ *
+ * Devices are discovered on the first call; each has one pool. A block is reused at once on the stream it was
+ * allocated and freed on, and never handed to another stream while cached. Nothing here aborts or throws: a
+ * failing call returns NULL (or -1) and leaves a message that umm_last_error() returns on the same thread.
+ * All functions are thread-safe.
+ *
+ * Environment (read once, at the first call): UMM_SEGMENT_MODE = auto (default: large blocks in one virtual
+ * reservation mapped in 2 MiB pages where the device supports it) | plain | virtual; UMM_STRATEGY = pooled
+ * (default) | direct (no caching, for debugging); UMM_HUGE_MIN = bytes (default 0: off): next to a virtual pool,
+ * requests of at least this size go to a second pool of plain segments, one segment each, which the next request
+ * of the same size reuses whole. An invalid value makes every allocation fail with a message naming it.
+ */
+#ifndef UMM_H
+#define UMM_H
+
+#include <stdint.h>
+#include <sys/types.h> /* ssize_t */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* cudaStream_t and CUstream are both `struct CUstream_st *`; NULL is the legacy default stream. */
+struct CUstream_st;
+typedef struct CUstream_st *umm_stream_t;
+
+/* Allocates `size` bytes on CUDA device `device` for use on `stream`; the address is 256-byte aligned.
+ * NULL (with a message) when size <= 0, when umm has no pool for `device`, or when memory runs out after
+ * cached blocks were given back to the driver. */
+void *umm_alloc(ssize_t size, int device, umm_stream_t stream);
+
+/* Frees memory from umm_alloc. `size` and `device` are not needed (the address identifies the block). If
+ * `stream` is not the stream of the allocation, the memory is reused only once work queued on `stream` before
+ * this call has completed. NULL is ignored; an address umm did not hand out changes nothing and leaves a
+ * message. */
+void umm_free(void *ptr, ssize_t size, int device, umm_stream_t stream);
+
+/* Marks the live allocation `ptr` as used on `stream` too (PyTorch's record_stream): its free then waits for
+ * the work queued on `stream`. 0, or -1 with a message. */
+int umm_record_stream(void *ptr, umm_stream_t stream);
+
+/* Number of CUDA devices umm sees: 0 without a driver or GPU. */
+int umm_device_count(void);
+
+/* This thread's last error message, or NULL if none was stored since umm_clear_error(). Owned by umm; valid
+ * until the next umm call on this thread that fails or clears it. Successful calls leave it unchanged. */
+const char *umm_last_error(void);
+void umm_clear_error(void);
+
+/* Statistics of `device`'s pool as a JSON object, named like torch.cuda.memory_stats(): allocated_bytes,
+ * requested_bytes, reserved_bytes, active_bytes, inactive_split_bytes, active_blocks, segments (each
+ * {"current","peak"}), num_allocs, num_frees, cache_hits, cache_misses, num_device_alloc, num_device_free,
+ * num_alloc_retries, num_ooms, limit_bytes, hit_rate, fragmentation_ratio, live_pointers, pending_frees,
+ * device, device_name, device_total_bytes, virtual_memory, huge_pool_min_bytes, and "pools" with each pool's
+ * own statistics where the device has two (UMM_HUGE_MIN, below); then the peaks are those of the pools added up,
+ * an upper bound of the device's true peak. Free it with umm_string_free. NULL with a message if umm has no pool for
+ * `device`. */
+char *umm_stats_json(int device);
+void umm_string_free(char *s);
+
+/* Gives cached memory of `device` (-1: every device) back to the driver. Bytes released, or -1. */
+int64_t umm_empty_cache(int device);
+
+/* Caps the bytes reserved on `device` (-1: every device); 0 removes the cap. 0, or -1 with a message. */
+int umm_set_limit(int device, uint64_t bytes);
+
+/* Resets peak statistics of `device` (-1: every device) to current values. 0, or -1 with a message. */
+int umm_reset_peaks(int device);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* UMM_H */

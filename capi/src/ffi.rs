@@ -1,0 +1,164 @@
+//! The exported C functions (declared in `capi/include/umm.h`) and every `unsafe` of the crate.
+//!
+//! Each function catches panics (`catch_unwind`), so none crosses the ABI; failures return NULL or -1 and store a
+//! message for [`umm_last_error`]. The work itself is in the safe [`crate::registry`].
+#![allow(unsafe_code)]
+
+use crate::{error, registry};
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::OnceLock;
+use umm_backends::cuda::cudarc::driver::{result, sys};
+
+/// `cudaStream_t` / `CUstream`: an opaque handle, NULL for the legacy default stream.
+pub type Stream = *mut c_void;
+
+/// Runs `body`; a returned error or a panic stores a message and yields `failed`.
+fn guarded<T>(what: &str, failed: T, body: impl FnOnce() -> Result<T, String>) -> T {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(value)) => value,
+        Ok(Err(message)) => {
+            error::set(message);
+            failed
+        }
+        Err(panic) => {
+            let detail = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            error::set(format!("{what}: internal error (panic caught at the C boundary): {detail}"));
+            failed
+        }
+    }
+}
+
+/// Allocates `size` bytes of device memory on CUDA device `device` for use on `stream` (NULL: the legacy
+/// default stream). The signature of PyTorch's `CUDAPluggableAllocator` `alloc_fn`.
+///
+/// Returns NULL with a message for [`umm_last_error`] when `size <= 0`, when umm has no pool for `device`
+/// (no driver, no such device), or when memory runs out after cached blocks were released.
+#[no_mangle]
+pub extern "C" fn umm_alloc(size: isize, device: c_int, stream: Stream) -> *mut c_void {
+    guarded("umm_alloc", std::ptr::null_mut(), || {
+        registry::alloc(size as i64, i64::from(device), stream as usize as u64).map(|p| p as usize as *mut c_void)
+    })
+}
+
+/// Frees memory from [`umm_alloc`]. The signature of PyTorch's `CUDAPluggableAllocator` `free_fn`; `size` and
+/// `device` are not needed (the address identifies the block). `stream` is the stream of the free: if it is not
+/// the allocation's stream, reuse waits for the work queued on it. NULL is ignored; an address umm did not hand
+/// out changes nothing and leaves a message for [`umm_last_error`].
+#[no_mangle]
+pub extern "C" fn umm_free(ptr: *mut c_void, size: isize, device: c_int, stream: Stream) {
+    let _ = size;
+    guarded("umm_free", (), || registry::free(ptr as usize as u64, i64::from(device), stream as usize as u64))
+}
+
+/// Marks the live allocation at `ptr` as used on `stream` too (PyTorch's `record_stream`): its free then waits
+/// for the work queued on `stream` before the memory is reused. Returns 0, or -1 with a message.
+#[no_mangle]
+pub extern "C" fn umm_record_stream(ptr: *mut c_void, stream: Stream) -> c_int {
+    guarded("umm_record_stream", -1, || {
+        registry::record_stream(ptr as usize as u64, stream as usize as u64).map(|()| 0)
+    })
+}
+
+/// The number of CUDA devices umm sees (0 without a driver or GPU). Discovers devices on first use.
+#[no_mangle]
+pub extern "C" fn umm_device_count() -> c_int {
+    guarded("umm_device_count", -1, || Ok(registry::device_count() as c_int))
+}
+
+/// This thread's last error message, or NULL if none was stored since the last [`umm_clear_error`]. The string
+/// belongs to umm and stays valid until the next umm call on this thread that fails or clears it.
+#[no_mangle]
+pub extern "C" fn umm_last_error() -> *const c_char {
+    catch_unwind(error::as_ptr).unwrap_or(std::ptr::null())
+}
+
+/// Forgets this thread's last error.
+#[no_mangle]
+pub extern "C" fn umm_clear_error() {
+    let _ = catch_unwind(error::clear);
+}
+
+/// Statistics of `device`'s pool as a JSON object (`allocated_bytes`, `reserved_bytes`, ... each with `current`
+/// and `peak`; counters; `hit_rate`; `fragmentation_ratio`). The caller frees it with [`umm_string_free`].
+/// NULL with a message if umm has no pool for `device`.
+#[no_mangle]
+pub extern "C" fn umm_stats_json(device: c_int) -> *mut c_char {
+    guarded("umm_stats_json", std::ptr::null_mut(), || {
+        let json = registry::stats_json(i64::from(device))?;
+        let c = CString::new(json).map_err(|e| format!("umm_stats_json: {e}"))?;
+        Ok(c.into_raw())
+    })
+}
+
+/// Frees a string returned by umm ([`umm_stats_json`]). NULL is ignored.
+///
+/// # Safety
+/// `s` is NULL or a pointer returned by [`umm_stats_json`] that was not freed yet.
+#[no_mangle]
+pub unsafe extern "C" fn umm_string_free(s: *mut c_char) {
+    if s.is_null() {
+        return;
+    }
+    // SAFETY: the caller passes a pointer from `CString::into_raw` in `umm_stats_json`, freed once.
+    drop(unsafe { CString::from_raw(s) });
+}
+
+/// Gives the cached (allocated-from-the-driver but unused) memory of `device`, or of every device for -1, back
+/// to the driver. Returns the bytes released, or -1 with a message.
+#[no_mangle]
+pub extern "C" fn umm_empty_cache(device: c_int) -> i64 {
+    guarded("umm_empty_cache", -1, || registry::empty_cache(i64::from(device)).map(|b| b as i64))
+}
+
+/// Caps the bytes umm reserves on `device` (or every device for -1) at `bytes`; 0 removes the cap. Cached
+/// memory above the cap is released now; an allocation that cannot fit under it returns NULL. Returns 0, or -1
+/// with a message.
+#[no_mangle]
+pub extern "C" fn umm_set_limit(device: c_int, bytes: u64) -> c_int {
+    guarded("umm_set_limit", -1, || registry::set_limit(i64::from(device), bytes).map(|()| 0))
+}
+
+/// Resets the peak statistics of `device` (or every device for -1) to the current values. Returns 0, or -1
+/// with a message.
+#[no_mangle]
+pub extern "C" fn umm_reset_peaks(device: c_int) -> c_int {
+    guarded("umm_reset_peaks", -1, || registry::reset_peaks(i64::from(device)).map(|()| 0))
+}
+
+/// Whether the CUDA driver library can be loaded (checked once).
+fn driver_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: `is_culib_present` only tries `dlopen` on cudarc's list of library names; loading libcuda runs no
+    // code that depends on our state.
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+/// Saves the calling thread's current CUDA context and puts it back on drop. umm binds a device's primary
+/// context to make driver calls; the caller (PyTorch, whose current device is the current context) must not see
+/// that change.
+pub(crate) struct ContextGuard {
+    saved: Option<sys::CUcontext>,
+}
+
+impl ContextGuard {
+    pub(crate) fn save() -> Self {
+        let saved = if driver_present() { result::ctx::get_current().ok().flatten() } else { None };
+        Self { saved }
+    }
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        let Some(saved) = self.saved else { return };
+        if result::ctx::get_current().ok().flatten() != Some(saved) {
+            // SAFETY: `saved` was the thread's current context when the guard was made; umm holds every
+            // device's primary context (retained at discovery, never released), so it is still alive.
+            let _ = unsafe { result::ctx::set_current(saved) };
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! Compiles tests/abi_test.c against include/umm.h and the built libumm_capi.so with the system C compiler, and
+//! runs it. Skips with a reason where no C compiler or no built shared library is found.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn shared_library_dir() -> Option<PathBuf> {
+    // Integration tests run from <target>/<profile>/deps; the cdylib is built into deps and <profile>.
+    let deps = std::env::current_exe().ok()?.parent()?.to_path_buf();
+    [deps.clone(), deps.parent()?.to_path_buf()].into_iter().find(|d| d.join("libumm_capi.so").exists())
+}
+
+#[test]
+fn c_program_uses_the_header() {
+    if !cfg!(target_os = "linux") {
+        eprintln!("skipping the C header test: written for Linux");
+        return;
+    }
+    let Some(lib_dir) = shared_library_dir() else {
+        eprintln!("skipping the C header test: libumm_capi.so not found next to the test binary");
+        return;
+    };
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    if Command::new(&cc).arg("--version").output().is_err() {
+        eprintln!("skipping the C header test: no C compiler ({cc})");
+        return;
+    }
+    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let out = std::env::temp_dir().join(format!("umm_abi_test_{}", std::process::id()));
+    let status = Command::new(&cc)
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(crate_dir.join("include"))
+        .arg(crate_dir.join("tests/abi_test.c"))
+        .arg("-L")
+        .arg(&lib_dir)
+        .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
+        .args(["-lumm_capi", "-o"])
+        .arg(&out)
+        .status()
+        .expect("run the C compiler");
+    assert!(status.success(), "compiling tests/abi_test.c failed");
+    let run = Command::new(&out).output().expect("run the C test");
+    let _ = std::fs::remove_file(&out);
+    assert!(
+        run.status.success(),
+        "C test failed: {}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    println!("{}", String::from_utf8_lossy(&run.stdout));
+}
