@@ -15,9 +15,9 @@ mod slab;
 use bins::{bin_of, BinMaps, BIN_COUNT};
 use slab::{Node, NodeState, NIL};
 
-/// How many blocks of one size class are examined for the best fit before settling for the best seen.
-/// Bounds allocation to O(1) even when many equal-class blocks are free.
-const FIT_SCAN_LIMIT: usize = 16;
+/// How many blocks of the request's own size class are examined for the best fit before settling for the best
+/// seen (or moving to the next class). Bounds allocation to O(1) even when many blocks of one class are free.
+const FIT_SCAN_LIMIT: usize = 8;
 
 /// Identifies a segment inside one engine. Ids of removed segments are reused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -253,8 +253,8 @@ impl Engine {
     }
 
     /// Allocates a block of at least `size` bytes (rounded up to the alignment) from the free blocks: best fit
-    /// among a bounded scan of the request's size class, else the best of a bounded scan of the next non-empty
-    /// class; the chosen block is split and the remainder stays free. O(1).
+    /// among a bounded scan of the request's size class, else the first block of the next non-empty class; the
+    /// chosen block is split and the remainder stays free. O(1).
     ///
     /// Returns `None` when `size` is zero or no free block fits (the caller adds a segment and retries).
     pub fn allocate(&mut self, size: u64) -> Option<Allocation> {
@@ -347,9 +347,9 @@ impl Engine {
         if let Some(node) = self.best_in_bin(bin, size) {
             return Some(node);
         }
-        // Every block of a higher class is larger than `size`.
+        // Every block of a higher class is larger than `size`, and they differ by under 1/32: take the head.
         let higher = self.bins.first_at_or_after(bin + 1)?;
-        self.best_in_bin(higher, size)
+        Some(self.bin_heads[higher])
     }
 
     fn best_in_bin(&self, bin: usize, size: u64) -> Option<u32> {
