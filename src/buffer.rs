@@ -1,6 +1,7 @@
 //! [`UniversalBuffer<T>`]: a typed buffer in one pool, returned to it on drop. Its reads and writes feed the
 //! usage tracker.
 
+use crate::migrate::MigrationPath;
 use crate::profiler::Profiler;
 use crate::registry::Device;
 use crate::{Error, Result};
@@ -20,9 +21,11 @@ pub(crate) struct BufferMeta {
 
 /// `len` elements of `T` on one device, in one pool. Dropping it returns the block to its pool.
 pub struct UniversalBuffer<T: bytemuck::Pod> {
-    block: Option<OwnedBlock>,
+    pub(crate) block: Option<OwnedBlock>,
     len: usize,
-    meta: BufferMeta,
+    pub(crate) meta: BufferMeta,
+    /// How the bytes got here, when the buffer was made by a migration.
+    pub(crate) migrated_via: Option<MigrationPath>,
     tracker: Arc<UsageTracker>,
     track: Option<TrackId>,
     profile: (Arc<Profiler>, u64),
@@ -41,7 +44,17 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
         profile: (Arc<Profiler>, u64),
     ) -> Self {
         let filled = filled && meta.read_only;
-        Self { block, len, meta, tracker, track: Some(track), profile, filled, _element: PhantomData }
+        Self {
+            block,
+            len,
+            meta,
+            migrated_via: None,
+            tracker,
+            track: Some(track),
+            profile,
+            filled,
+            _element: PhantomData,
+        }
     }
 
     /// Elements.
@@ -87,6 +100,12 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
     /// The label given at allocation.
     pub fn label(&self) -> Option<&str> {
         self.meta.label.as_deref()
+    }
+
+    /// How the bytes of a buffer made by [`UniversalBuffer::migrate`] or [`UniversalBuffer::copy_to`] were moved
+    /// (`None` for a buffer allocated directly).
+    pub fn migrated_via(&self) -> Option<MigrationPath> {
+        self.migrated_via
     }
 
     /// Whether writes are refused (ReadOnly buffers after their initial fill).

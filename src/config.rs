@@ -10,8 +10,16 @@
 //! | `UMM_PRESSURE` | a fraction in [0, 1] | used share of a device above which Auto avoids it |
 //! | `UMM_ZERO`, `UMM_POISON` | `0`/`1`, `true`/`false`, `on`/`off` | zero every allocation; poison every freed block |
 //! | `UMM_BACKENDS` | a comma list of `cuda`, `opencl`, `wgpu` (or `none`) | which APIs discovery probes |
+//! | `UMM_MAPPED_SLACK` | a fraction >= 0 or `off` | how far reserved may exceed live memory in virtual reservations before free pages are unmapped (default 0.05) |
 //! | `UMM_CLEANUP_IDLE_ROUNDS` | an integer | cleanups a cached segment must sit idle before `cleanup()` frees it |
+//! | `UMM_PROFILE` | `0`/`1`, `true`/`false`, `on`/`off` | record allocation, free and segment events from the start |
+//! | `UMM_PROFILE_CAPACITY` | an integer | events the profiler's ring keeps (default 100000) |
+//! | `UMM_TRACE` | a file path (`{pid}` is replaced by the process id; `.gz` compresses) | write every allocation and free as an `umm-trace v1` file |
+//!
+//! `UMM_PROFILE`, `UMM_PROFILE_CAPACITY` and `UMM_TRACE` are read by every [`crate::Builder`], even without
+//! `from_env`, so that any program using the library can be profiled or traced without changing it.
 
+use crate::profiler::ProfilerConfig;
 use crate::{Error, Result};
 use serde::Serialize;
 use umm_backends::{Limit, PoolConfig, SegmentMode, Strategy};
@@ -35,6 +43,8 @@ pub struct UmmConfig {
     /// How many cleanup rounds a cached segment must sit unused before [`crate::UniversalMemoryManager::cleanup`]
     /// releases it.
     pub cleanup_idle_rounds: u64,
+    /// Event recording and `UMM_TRACE` recording.
+    pub profiler: ProfilerConfig,
 }
 
 impl Default for UmmConfig {
@@ -47,6 +57,7 @@ impl Default for UmmConfig {
             wgpu: true,
             simulated_devices: Vec::new(),
             cleanup_idle_rounds: 2,
+            profiler: ProfilerConfig::default(),
         }
     }
 }
@@ -132,6 +143,18 @@ impl UmmConfig {
             }
             (self.cuda, self.opencl, self.wgpu) = (cuda, opencl, wgpu);
         }
+        if let Some(v) = lookup("UMM_MAPPED_SLACK") {
+            self.pool.mapped_slack = match v.trim().to_ascii_lowercase().as_str() {
+                "off" | "none" => None,
+                other => {
+                    Some(other.parse::<f64>().ok().filter(|f| *f >= 0.0 && f.is_finite()).ok_or(Error::InvalidEnv {
+                        var: "UMM_MAPPED_SLACK",
+                        value: v.clone(),
+                        expected: "a fraction >= 0 (0.05) or off",
+                    })?)
+                }
+            };
+        }
         if let Some(v) = lookup("UMM_CLEANUP_IDLE_ROUNDS") {
             self.cleanup_idle_rounds = v.trim().parse().map_err(|_| Error::InvalidEnv {
                 var: "UMM_CLEANUP_IDLE_ROUNDS",
@@ -139,7 +162,33 @@ impl UmmConfig {
                 expected: "a non-negative integer",
             })?;
         }
+        self.apply_profiler_vars(lookup)?;
         self.validate()
+    }
+
+    /// Applies `UMM_PROFILE`, `UMM_PROFILE_CAPACITY` and `UMM_TRACE` from `lookup`.
+    pub fn apply_profiler_vars(&mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<()> {
+        if let Some(v) = lookup("UMM_PROFILE") {
+            self.profiler.enabled = parse_bool(&v).ok_or(Error::InvalidEnv {
+                var: "UMM_PROFILE",
+                value: v,
+                expected: "0/1, true/false, on/off or yes/no",
+            })?;
+        }
+        if let Some(v) = lookup("UMM_PROFILE_CAPACITY") {
+            self.profiler.capacity = v.trim().parse().map_err(|_| Error::InvalidEnv {
+                var: "UMM_PROFILE_CAPACITY",
+                value: v,
+                expected: "a non-negative integer (events kept)",
+            })?;
+        }
+        if let Some(v) = lookup("UMM_TRACE") {
+            if v.trim().is_empty() {
+                return Err(Error::InvalidEnv { var: "UMM_TRACE", value: v, expected: "a file path" });
+            }
+            self.profiler.trace_path = Some(v.trim().into());
+        }
+        Ok(())
     }
 
     /// Checks the values against each other.
@@ -231,6 +280,13 @@ mod tests {
         assert!(config.pool.zero_on_alloc);
         assert!(!config.cuda && config.opencl && !config.wgpu);
 
+        let vars: HashMap<&str, &str> =
+            [("UMM_PROFILE", "1"), ("UMM_PROFILE_CAPACITY", "64"), ("UMM_TRACE", "/tmp/x.trace")].into();
+        config.apply_vars(|k| vars.get(k).map(|v| v.to_string())).unwrap();
+        assert!(config.profiler.enabled);
+        assert_eq!(config.profiler.capacity, 64);
+        assert_eq!(config.profiler.trace_path.as_deref(), Some(std::path::Path::new("/tmp/x.trace")));
+
         for (var, value) in [
             ("UMM_LIMIT", "lots"),
             ("UMM_STRATEGY", "hoard"),
@@ -240,6 +296,9 @@ mod tests {
             ("UMM_POISON", "maybe"),
             ("UMM_BACKENDS", "cuda,metal"),
             ("UMM_CLEANUP_IDLE_ROUNDS", "-1"),
+            ("UMM_PROFILE", "sometimes"),
+            ("UMM_PROFILE_CAPACITY", "lots"),
+            ("UMM_TRACE", " "),
         ] {
             let err = UmmConfig::default().apply_vars(|k| (k == var).then(|| value.to_string())).unwrap_err();
             let text = err.to_string();

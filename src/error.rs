@@ -66,6 +66,14 @@ pub enum Error {
     /// A malformed or unreadable trace.
     #[error(transparent)]
     Trace(#[from] crate::trace::TraceError),
+    /// JSON that does not parse as what was expected (a snapshot).
+    #[error("{what}: {source}")]
+    Json {
+        /// The file or text.
+        what: String,
+        /// The error.
+        source: serde_json::Error,
+    },
     /// An I/O error with the path involved.
     #[error("{path}: {source}")]
     Io {

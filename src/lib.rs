@@ -22,10 +22,14 @@
 mod buffer;
 mod cleanup;
 pub mod config;
+pub mod device_table;
 mod discovery;
 mod error;
 mod host_info;
 mod manager;
+mod migrate;
+pub mod observe;
+pub mod plot;
 pub mod profiler;
 mod registry;
 pub mod replay;
@@ -35,9 +39,13 @@ pub mod trace;
 pub use buffer::UniversalBuffer;
 pub use cleanup::{CleanupGuard, CleanupReport, DeviceCleanup};
 pub use config::UmmConfig;
+pub use device_table::{DeviceRow, DeviceTable};
 pub use error::{Error, Result};
 pub use host_info::HostInfo;
 pub use manager::{AllocOptions, Builder, UniversalMemoryManager};
+pub use migrate::{MigrateError, MigrateTo, MigrationPath};
+pub use observe::Snapshot;
+pub use profiler::{CallSite, Event, EventKind, LeakReport, LiveAllocation, Profiler, ProfilerConfig};
 pub use registry::{Device, DeviceSummary};
 pub use stats::{DeviceStats, GlobalMemoryStats, PoolStatsEntry};
 

@@ -150,16 +150,35 @@ impl Builder {
         self.config.simulated_devices.push(capacity);
         self
     }
-    /// Discovers devices and builds the manager.
+    /// Records allocation, free and segment events from the start (`UMM_PROFILE=1`); see [`crate::Profiler`].
+    pub fn profile(mut self, on: bool) -> Self {
+        self.config.profiler.enabled = on;
+        self
+    }
+    /// Events the profiler's ring keeps (`UMM_PROFILE_CAPACITY`).
+    pub fn profile_capacity(mut self, events: usize) -> Self {
+        self.config.profiler.capacity = events;
+        self
+    }
+    /// Writes every allocation and free to an `umm-trace v1` file at `path` (`UMM_TRACE`).
+    pub fn record_trace(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.config.profiler.trace_path = Some(path.into());
+        self
+    }
+    /// Discovers devices and builds the manager. `UMM_PROFILE`, `UMM_PROFILE_CAPACITY` and `UMM_TRACE` are read
+    /// even without [`Builder::from_env`], so any program can be profiled or traced without changing it.
     pub fn build(mut self) -> Result<UniversalMemoryManager> {
         if self.read_env {
             self.config.apply_env()?;
+        } else {
+            self.config.apply_profiler_vars(|name| std::env::var(name).ok())?;
         }
         self.config.validate()?;
         let host = HostInfo::discover();
         let found = registry::discover(&self.config, &host);
         let decider = Decider::new(self.config.decision)?;
         let tracker = Arc::new(UsageTracker::new(self.config.decision.thresholds)?);
+        let profiler = Arc::new(Profiler::new(&self.config.profiler)?);
         Ok(UniversalMemoryManager {
             inner: Arc::new(Inner {
                 config: self.config,
@@ -168,7 +187,7 @@ impl Builder {
                 skipped: found.skipped,
                 decider,
                 tracker,
-                profiler: Arc::new(Profiler::default()),
+                profiler,
                 evidence: RwLock::new(None),
                 allocations: AtomicU64::new(0),
             }),
@@ -215,7 +234,7 @@ impl UniversalMemoryManager {
     /// Where a request would go, and why, without allocating.
     pub fn decide(&self, bytes: u64, options: &AllocOptions) -> Result<Decision> {
         let request =
-            Request::new(bytes).placement(options.placement).access(options.access).selector(options.selector.clone());
+            Request::new(bytes).placement(options.placement).access(options.access).selector(options.selector);
         let evidence = self.evidence();
         Ok(self.inner.decider.decide(&request, &self.device_views(), evidence.as_ref())?)
     }
@@ -255,7 +274,7 @@ impl UniversalMemoryManager {
     /// Places and allocates `n` elements; `initial` (exactly `n` elements' bytes) fills the block at allocation,
     /// after which a ReadOnly buffer is sealed.
     #[track_caller]
-    fn allocate_inner<T: bytemuck::Pod>(
+    pub(crate) fn allocate_inner<T: bytemuck::Pod>(
         &self,
         n: usize,
         options: &AllocOptions,
@@ -296,6 +315,7 @@ impl UniversalMemoryManager {
             label: options.label.as_deref(),
             location: std::panic::Location::caller(),
             block_key: block.as_ref().map(|b| b.handle().key()),
+            pool_handle: block.as_ref().map(OwnedBlock::pool),
         });
         if let Some(data) = initial {
             self.inner.tracker.record_host_write(&track, data.len() as u64);
@@ -427,20 +447,11 @@ impl Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        for device in &self.devices {
-            for (_, kind, pool) in device.pools() {
-                let stats = pool.stats();
-                if stats.active_blocks.current > 0 {
-                    log::warn!(
-                        "memory manager dropped while {} buffers ({} bytes) are live in {} ({kind}); they stay \
-                         valid until dropped",
-                        stats.active_blocks.current,
-                        stats.allocated_bytes.current,
-                        pool.name()
-                    );
-                }
-            }
+        let leaks = self.profiler.leak_report();
+        if !leaks.is_empty() {
+            log::warn!("memory manager dropped while buffers are alive (they stay valid until dropped): {leaks}");
         }
+        self.profiler.flush_trace();
     }
 }
 

@@ -1,12 +1,36 @@
-//! Allocation events: who allocated what, where (call site), on which device and pool. Feeds the leak report,
-//! the snapshot's event list and `UMM_TRACE` recording.
+//! Allocation events: who allocated what, where (call site), on which device and pool.
+//!
+//! Two layers with different costs:
+//! - the **live table** is always on: every buffer has an entry (size, device, pool, stream, label, call site)
+//!   from allocation to drop, in a slab behind one mutex. It feeds [`Profiler::leak_report`], the labels and call
+//!   sites of a snapshot's blocks, and the warning logged when a manager is dropped while buffers are alive.
+//! - the **event ring** is opt-in ([`Profiler::set_enabled`], [`crate::Builder::profile`], `UMM_PROFILE=1`): a
+//!   bounded ring of allocation, free and segment events that [`crate::Snapshot`]s carry and `umm plot` draws.
+//!   When off, recording costs one relaxed atomic load per allocation and per free.
+//!
+//! `UMM_TRACE=path` (or [`crate::Builder::record_trace`]) additionally writes every allocation and free as an
+//! `umm-trace v1` file, so a user's own workload can be replayed with `umm replay` and compared.
 
+use crate::trace::{TraceFile, TraceWriter};
+use crate::Error;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::io::Write;
 use std::panic::Location;
-use umm_backends::StreamId;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use umm_backends::{MemoryPool, StreamId};
 use umm_placement::{Api, PoolKind};
 
+/// Events the ring keeps by default (about 100 bytes each, plus labels).
+pub const DEFAULT_CAPACITY: usize = 100_000;
+
 /// What the manager tells the profiler about one allocation.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct AllocEvent<'a> {
     pub(crate) device: usize,
     pub(crate) pool: PoolKind,
@@ -17,23 +41,678 @@ pub(crate) struct AllocEvent<'a> {
     pub(crate) location: &'static Location<'static>,
     /// The pool block's key (`BlockHandle::key`), `None` for an empty buffer.
     pub(crate) block_key: Option<u64>,
+    /// The pool the block came from, `None` for an empty buffer.
+    pub(crate) pool_handle: Option<&'a Arc<dyn MemoryPool>>,
 }
 
-/// Records allocation events (stub: records nothing yet).
-#[derive(Debug, Default)]
-pub struct Profiler {}
+/// Profiler settings: part of [`crate::UmmConfig`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProfilerConfig {
+    /// Record events into the ring from the start (`UMM_PROFILE`).
+    pub enabled: bool,
+    /// Events the ring keeps; older ones are dropped and counted (`UMM_PROFILE_CAPACITY`).
+    pub capacity: usize,
+    /// Write every allocation and free to this `umm-trace v1` file (`UMM_TRACE`; gzip if it ends in `.gz`).
+    /// `{pid}` in the name is replaced by the process id; a second manager of the same process writing to the
+    /// same name gets `.2` (then `.3`, ...) before the extension.
+    pub trace_path: Option<PathBuf>,
+}
 
-impl Profiler {
-    /// Records an allocation; returns the id its free will be recorded with.
-    #[inline]
-    pub(crate) fn on_alloc(&self, event: &AllocEvent<'_>) -> u64 {
-        let _ = event;
-        0
+impl Default for ProfilerConfig {
+    fn default() -> Self {
+        Self { enabled: false, capacity: DEFAULT_CAPACITY, trace_path: None }
+    }
+}
+
+/// A source location: where an allocation was asked for (through `#[track_caller]`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct CallSite {
+    /// Source file, as the compiler names it.
+    pub file: String,
+    /// 1-based line.
+    pub line: u32,
+    /// 1-based column.
+    pub column: u32,
+}
+
+impl From<&Location<'_>> for CallSite {
+    fn from(l: &Location<'_>) -> Self {
+        Self { file: l.file().to_string(), line: l.line(), column: l.column() }
+    }
+}
+
+impl fmt::Display for CallSite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}", self.file, self.line, self.column)
+    }
+}
+
+/// What an [`Event`] records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, strum::Display)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum EventKind {
+    /// A buffer was allocated.
+    Alloc,
+    /// A buffer was dropped.
+    Free,
+    /// A pool took memory from its device (new segments or mapped pages); `bytes` is the growth.
+    SegmentAlloc,
+    /// A pool gave memory back to its device; `bytes` is the shrink.
+    SegmentFree,
+}
+
+/// One recorded event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// What happened.
+    pub kind: EventKind,
+    /// Nanoseconds since the profiler was created.
+    pub time_ns: u64,
+    /// The allocation (unique for the profiler's life; an alloc and its free share it); 0 for segment events.
+    pub id: u64,
+    /// Device index.
+    pub device: usize,
+    /// Kind of pool.
+    pub pool: PoolKind,
+    /// The API asked for, when the allocation named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api: Option<Api>,
+    /// Bytes asked for (alloc, free) or by which the pool's reserved memory changed (segment events).
+    pub bytes: u64,
+    /// Stream number.
+    pub stream: u64,
+    /// The allocation's label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// Where the allocation was asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_site: Option<CallSite>,
+    /// Segment events: the pool's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_name: Option<String>,
+    /// Segment events: the pool's reserved bytes after the change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved_bytes: Option<u64>,
+}
+
+/// A buffer that is alive now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveAllocation {
+    /// The allocation id (as in [`Event::id`]).
+    pub id: u64,
+    /// Device index.
+    pub device: usize,
+    /// Kind of pool.
+    pub pool: PoolKind,
+    /// The API asked for, when the allocation named one.
+    pub api: Option<Api>,
+    /// Bytes asked for.
+    pub bytes: u64,
+    /// Stream number.
+    pub stream: u64,
+    /// Label.
+    pub label: Option<String>,
+    /// Where it was allocated.
+    pub call_site: CallSite,
+}
+
+/// Live allocations that share a call site and label, for a short report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LeakGroup {
+    /// Where they were allocated.
+    pub call_site: CallSite,
+    /// Their label.
+    pub label: Option<String>,
+    /// How many are alive.
+    pub count: usize,
+    /// Their bytes in total.
+    pub bytes: u64,
+}
+
+/// Every buffer alive now, with its label and call site (PyTorch users: the live blocks of
+/// `torch.cuda.memory_snapshot()`, with the allocating line).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeakReport {
+    /// Live allocations, oldest first.
+    pub allocations: Vec<LiveAllocation>,
+    /// Their bytes in total.
+    pub total_bytes: u64,
+}
+
+impl LeakReport {
+    /// Whether nothing is alive.
+    pub fn is_empty(&self) -> bool {
+        self.allocations.is_empty()
     }
 
-    /// Records the free of allocation `id`.
+    /// Number of live allocations.
+    pub fn len(&self) -> usize {
+        self.allocations.len()
+    }
+
+    /// Live allocations grouped by call site and label, most bytes first. O(n log n).
+    pub fn by_call_site(&self) -> Vec<LeakGroup> {
+        let mut groups: HashMap<(&CallSite, &Option<String>), (usize, u64)> = HashMap::new();
+        for a in &self.allocations {
+            let entry = groups.entry((&a.call_site, &a.label)).or_default();
+            entry.0 += 1;
+            entry.1 += a.bytes;
+        }
+        let mut out: Vec<LeakGroup> = groups
+            .into_iter()
+            .map(|((site, label), (count, bytes))| LeakGroup {
+                call_site: site.clone(),
+                label: label.clone(),
+                count,
+                bytes,
+            })
+            .collect();
+        out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.call_site.cmp(&b.call_site)));
+        out
+    }
+}
+
+/// Groups shown by the `Display` of a [`LeakReport`]; the rest are summed in one line.
+const SHOWN_GROUPS: usize = 20;
+
+impl fmt::Display for LeakReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{} live buffer(s), {} ({} bytes):",
+            self.len(),
+            crate::replay::human_bytes(self.total_bytes),
+            self.total_bytes
+        )?;
+        let groups = self.by_call_site();
+        for g in groups.iter().take(SHOWN_GROUPS) {
+            let label = g.label.as_ref().map(|l| format!(" {l:?}")).unwrap_or_default();
+            writeln!(f, "  {:>4} x{label} {} at {}", g.count, crate::replay::human_bytes(g.bytes), g.call_site)?;
+        }
+        if groups.len() > SHOWN_GROUPS {
+            let rest = &groups[SHOWN_GROUPS..];
+            let count: usize = rest.iter().map(|g| g.count).sum();
+            let bytes: u64 = rest.iter().map(|g| g.bytes).sum();
+            writeln!(
+                f,
+                "  and {count} more from {} other call sites ({})",
+                rest.len(),
+                crate::replay::human_bytes(bytes)
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// One live buffer in the slab.
+struct LiveEntry {
+    id: u64,
+    device: usize,
+    pool: PoolKind,
+    api: Option<Api>,
+    bytes: u64,
+    stream: StreamId,
+    label: Option<Box<str>>,
+    location: &'static Location<'static>,
+    /// Identity of the pool (its address) and the block's key in it: joins snapshot blocks to entries.
+    block: Option<(usize, u64)>,
+}
+
+/// The always-on table of live buffers: a slab whose slot numbers are what `on_alloc` returns.
+#[derive(Default)]
+struct LiveTable {
+    slots: Vec<Option<LiveEntry>>,
+    vacant: Vec<u32>,
+    next_id: u64,
+}
+
+/// The opt-in event ring.
+struct Ring {
+    events: VecDeque<Event>,
+    capacity: usize,
+    dropped: u64,
+    /// Reserved bytes last seen per pool (by address), to turn changes into segment events.
+    reserved: HashMap<usize, u64>,
+}
+
+impl Ring {
+    fn push(&mut self, event: Event) {
+        if self.capacity == 0 {
+            self.dropped += 1;
+            return;
+        }
+        if self.events.len() == self.capacity {
+            self.events.pop_front();
+            self.dropped += 1;
+        }
+        self.events.push_back(event);
+    }
+}
+
+/// Records allocations: always the live table (leak report), optionally the event ring and a trace file.
+pub struct Profiler {
+    enabled: AtomicBool,
+    epoch: Instant,
+    live: Mutex<LiveTable>,
+    ring: Mutex<Ring>,
+    trace: Option<TraceRecorder>,
+}
+
+impl Default for Profiler {
+    fn default() -> Self {
+        Self::with_capacity(false, DEFAULT_CAPACITY)
+    }
+}
+
+impl fmt::Debug for Profiler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Profiler")
+            .field("enabled", &self.is_enabled())
+            .field("capacity", &self.capacity())
+            .field("trace", &self.trace.as_ref().map(|t| &t.path))
+            .finish()
+    }
+}
+
+fn pool_address(pool: &Arc<dyn MemoryPool>) -> usize {
+    Arc::as_ptr(pool) as *const () as usize
+}
+
+impl Profiler {
+    /// A profiler as `config` says; opens the trace file if one is asked for.
+    pub(crate) fn new(config: &ProfilerConfig) -> crate::Result<Self> {
+        let mut profiler = Self::with_capacity(config.enabled, config.capacity);
+        if let Some(path) = &config.trace_path {
+            profiler.trace = Some(TraceRecorder::create(path)?);
+        }
+        Ok(profiler)
+    }
+
+    fn with_capacity(enabled: bool, capacity: usize) -> Self {
+        Self {
+            enabled: AtomicBool::new(enabled),
+            epoch: Instant::now(),
+            live: Mutex::new(LiveTable::default()),
+            ring: Mutex::new(Ring { events: VecDeque::new(), capacity, dropped: 0, reserved: HashMap::new() }),
+            trace: None,
+        }
+    }
+
+    /// Whether events are being recorded into the ring.
+    pub fn is_enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    /// Starts or stops recording events (PyTorch's `_record_memory_history(enabled=...)`). Recorded events stay
+    /// until [`Profiler::clear`].
+    pub fn set_enabled(&self, on: bool) {
+        self.enabled.store(on, Ordering::Relaxed);
+    }
+
+    /// Events the ring keeps.
+    pub fn capacity(&self) -> usize {
+        self.ring.lock().capacity
+    }
+
+    /// Changes how many events the ring keeps, dropping the oldest if it shrinks.
+    pub fn set_capacity(&self, capacity: usize) {
+        let mut ring = self.ring.lock();
+        ring.capacity = capacity;
+        while ring.events.len() > capacity {
+            ring.events.pop_front();
+            ring.dropped += 1;
+        }
+    }
+
+    /// The recorded events, oldest first. O(events).
+    pub fn events(&self) -> Vec<Event> {
+        self.ring.lock().events.iter().cloned().collect()
+    }
+
+    /// Events dropped because the ring was full (or had no room).
+    pub fn dropped_events(&self) -> u64 {
+        self.ring.lock().dropped
+    }
+
+    /// Forgets the recorded events and the dropped count.
+    pub fn clear(&self) {
+        let mut ring = self.ring.lock();
+        ring.events.clear();
+        ring.dropped = 0;
+    }
+
+    /// The `umm-trace v1` file being written, if any.
+    pub fn trace_path(&self) -> Option<&Path> {
+        self.trace.as_ref().map(|t| t.path.as_path())
+    }
+
+    /// Flushes the trace file, if any, so that it holds every op so far.
+    pub fn flush_trace(&self) {
+        if let Some(trace) = &self.trace {
+            trace.flush();
+        }
+    }
+
+    /// Every live buffer with its label and call site, oldest first. O(live log live).
+    pub fn leak_report(&self) -> LeakReport {
+        let live = self.live.lock();
+        let mut allocations: Vec<LiveAllocation> = live.slots.iter().flatten().map(live_allocation).collect();
+        drop(live);
+        allocations.sort_by_key(|a| a.id);
+        let total_bytes = allocations.iter().map(|a| a.bytes).sum();
+        LeakReport { allocations, total_bytes }
+    }
+
+    /// Live buffers by (pool address, block key), for labelling a snapshot's blocks. O(live).
+    pub(crate) fn live_blocks(&self) -> HashMap<(usize, u64), LiveAllocation> {
+        let live = self.live.lock();
+        live.slots.iter().flatten().filter_map(|e| Some((e.block?, live_allocation(e)))).collect()
+    }
+
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Records an allocation; returns the id its free will be recorded with. O(1) (amortised), one mutex; the
+    /// ring and trace only when on.
     #[inline]
-    pub(crate) fn on_free(&self, id: u64) {
-        let _ = id;
+    pub(crate) fn on_alloc(&self, event: &AllocEvent<'_>) -> u64 {
+        let entry = LiveEntry {
+            id: 0,
+            device: event.device,
+            pool: event.pool,
+            api: event.api,
+            bytes: event.bytes,
+            stream: event.stream,
+            label: event.label.map(Box::from),
+            location: event.location,
+            block: event.block_key.zip(event.pool_handle.map(pool_address)).map(|(key, addr)| (addr, key)),
+        };
+        let (slot, id) = {
+            let mut live = self.live.lock();
+            live.next_id += 1;
+            let id = live.next_id;
+            let entry = Some(LiveEntry { id, ..entry });
+            let slot = match live.vacant.pop() {
+                Some(slot) => {
+                    live.slots[slot as usize] = entry;
+                    slot
+                }
+                None => {
+                    live.slots.push(entry);
+                    (live.slots.len() - 1) as u32
+                }
+            };
+            (slot, id)
+        };
+        if let Some(trace) = &self.trace {
+            if event.bytes > 0 {
+                trace.alloc(id, event.bytes, event.stream.0);
+            }
+        }
+        if self.is_enabled() {
+            self.record_alloc(id, event);
+        }
+        u64::from(slot)
+    }
+
+    #[cold]
+    fn record_alloc(&self, id: u64, event: &AllocEvent<'_>) {
+        let segment = event.pool_handle.map(|pool| (pool_address(pool), pool.stats().reserved_bytes.current, pool));
+        let mut ring = self.ring.lock();
+        let time_ns = self.now_ns();
+        if let Some((addr, reserved, pool)) = segment {
+            let before = ring.reserved.insert(addr, reserved).unwrap_or(0);
+            if before != reserved {
+                ring.push(segment_event(time_ns, event.device, event.pool, pool.name(), before, reserved));
+            }
+        }
+        ring.push(Event {
+            kind: EventKind::Alloc,
+            time_ns,
+            id,
+            device: event.device,
+            pool: event.pool,
+            api: event.api,
+            bytes: event.bytes,
+            stream: event.stream.0,
+            label: event.label.map(str::to_string),
+            call_site: Some(event.location.into()),
+            pool_name: None,
+            reserved_bytes: None,
+        });
+    }
+
+    /// Records the free of the allocation `on_alloc` returned `slot` for. O(1), one mutex.
+    #[inline]
+    pub(crate) fn on_free(&self, slot: u64) {
+        let entry = {
+            let mut live = self.live.lock();
+            let entry = live.slots.get_mut(slot as usize).and_then(Option::take);
+            if entry.is_some() {
+                live.vacant.push(slot as u32);
+            }
+            entry
+        };
+        let Some(entry) = entry else { return };
+        if let Some(trace) = &self.trace {
+            if entry.bytes > 0 {
+                trace.free(entry.id);
+            }
+        }
+        if self.is_enabled() {
+            self.record_free(entry);
+        }
+    }
+
+    #[cold]
+    fn record_free(&self, entry: LiveEntry) {
+        let mut ring = self.ring.lock();
+        let time_ns = self.now_ns();
+        ring.push(Event {
+            kind: EventKind::Free,
+            time_ns,
+            id: entry.id,
+            device: entry.device,
+            pool: entry.pool,
+            api: entry.api,
+            bytes: entry.bytes,
+            stream: entry.stream.0,
+            label: entry.label.map(String::from),
+            call_site: Some(entry.location.into()),
+            pool_name: None,
+            reserved_bytes: None,
+        });
+    }
+
+    /// Records a segment event for every pool whose reserved bytes changed since last seen (segments are
+    /// otherwise seen at allocations only; this catches releases by cleanup and frees). Only when recording.
+    pub(crate) fn observe_pools(&self, pools: &[(usize, PoolKind, Arc<dyn MemoryPool>)]) {
+        if !self.is_enabled() {
+            return;
+        }
+        let seen: Vec<_> = pools.iter().map(|(d, k, p)| (*d, *k, p, p.stats().reserved_bytes.current)).collect();
+        let mut ring = self.ring.lock();
+        let time_ns = self.now_ns();
+        for (device, kind, pool, reserved) in seen {
+            let before = ring.reserved.insert(pool_address(pool), reserved).unwrap_or(0);
+            if before != reserved {
+                ring.push(segment_event(time_ns, device, kind, pool.name(), before, reserved));
+            }
+        }
+    }
+}
+
+fn segment_event(time_ns: u64, device: usize, pool: PoolKind, name: &str, before: u64, after: u64) -> Event {
+    Event {
+        kind: if after > before { EventKind::SegmentAlloc } else { EventKind::SegmentFree },
+        time_ns,
+        id: 0,
+        device,
+        pool,
+        api: None,
+        bytes: after.abs_diff(before),
+        stream: 0,
+        label: None,
+        call_site: None,
+        pool_name: Some(name.to_string()),
+        reserved_bytes: Some(after),
+    }
+}
+
+fn live_allocation(e: &LiveEntry) -> LiveAllocation {
+    LiveAllocation {
+        id: e.id,
+        device: e.device,
+        pool: e.pool,
+        api: e.api,
+        bytes: e.bytes,
+        stream: e.stream.0,
+        label: e.label.as_deref().map(str::to_string),
+        call_site: e.location.into(),
+    }
+}
+
+/// Writes allocations and frees to an `umm-trace v1` file (the lines [`TraceWriter`] writes). A write error is
+/// logged once and stops recording.
+struct TraceRecorder {
+    path: PathBuf,
+    file: Mutex<Option<TraceFile>>,
+    failed: AtomicBool,
+    ops: AtomicU64,
+}
+
+/// Trace paths taken by managers of this process, so that a second manager does not overwrite the first's.
+static TRACE_PATHS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+impl TraceRecorder {
+    fn create(asked: &Path) -> crate::Result<Self> {
+        let path = unique_trace_path(asked);
+        let io_error = |source| Error::Io { path: path.display().to_string(), source };
+        let mut writer = TraceWriter::create(&path).map_err(io_error)?;
+        let program = std::env::args().next().unwrap_or_default();
+        writer
+            .comment(&format!(
+                "recorded by umm {} (UMM_TRACE) from {program}, process {}\nsizes are requested bytes; every device \
+                 and pool of one manager in one trace",
+                env!("CARGO_PKG_VERSION"),
+                std::process::id()
+            ))
+            .map_err(io_error)?;
+        let file = writer.finish().map_err(io_error)?;
+        log::info!("umm: recording allocations to {}", path.display());
+        Ok(Self { path, file: Mutex::new(Some(file)), failed: AtomicBool::new(false), ops: AtomicU64::new(0) })
+    }
+
+    fn alloc(&self, id: u64, bytes: u64, stream: u64) {
+        self.write(format_args!("a {id} {bytes} {stream}\n"));
+    }
+
+    fn free(&self, id: u64) {
+        self.write(format_args!("f {id}\n"));
+    }
+
+    fn write(&self, line: fmt::Arguments<'_>) {
+        if self.failed.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut guard = self.file.lock();
+        let Some(file) = guard.as_mut() else { return };
+        match file.write_fmt(line) {
+            Ok(()) => {
+                self.ops.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => self.fail(&e),
+        }
+    }
+
+    fn flush(&self) {
+        if let Some(file) = self.file.lock().as_mut() {
+            if let Err(e) = file.flush() {
+                self.fail(&e);
+            }
+        }
+    }
+
+    fn fail(&self, e: &std::io::Error) {
+        if !self.failed.swap(true, Ordering::Relaxed) {
+            log::error!("umm: writing the trace {} failed ({e}); recording stopped", self.path.display());
+        }
+    }
+}
+
+impl Drop for TraceRecorder {
+    fn drop(&mut self) {
+        let Some(file) = self.file.get_mut().take() else { return };
+        let closed = match file {
+            TraceFile::Plain(mut w) => w.flush(),
+            TraceFile::Gzip(w) => w.finish().and_then(|mut w| w.flush()),
+        };
+        match closed {
+            Ok(()) => log::info!("umm: wrote {} ops to {}", self.ops.load(Ordering::Relaxed), self.path.display()),
+            Err(e) => self.fail(&e),
+        }
+    }
+}
+
+/// `asked` with `{pid}` replaced; if this process already writes a trace there, `.2` (`.3`, ...) goes before
+/// the extension (`run.trace.gz` → `run.2.trace.gz`).
+fn unique_trace_path(asked: &Path) -> PathBuf {
+    let text = asked.to_string_lossy().replace("{pid}", &std::process::id().to_string());
+    let base = PathBuf::from(&text);
+    let mut taken = TRACE_PATHS.lock();
+    let mut candidate = base.clone();
+    let mut n = 1;
+    while taken.contains(&candidate) {
+        n += 1;
+        let file = base.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+        let split = ["trace.gz", "trace", "gz"]
+            .iter()
+            .find_map(|ext| file.strip_suffix(&format!(".{ext}")).map(|stem| (stem.to_string(), format!(".{ext}"))))
+            .unwrap_or((file.clone(), String::new()));
+        candidate = base.with_file_name(format!("{}.{n}{}", split.0, split.1));
+    }
+    taken.push(candidate.clone());
+    candidate
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn second_trace_of_a_process_gets_a_number() {
+        let a = unique_trace_path(Path::new("/tmp/umm-unit-{pid}.trace.gz"));
+        let b = unique_trace_path(Path::new("/tmp/umm-unit-{pid}.trace.gz"));
+        assert!(!a.to_string_lossy().contains("{pid}"));
+        assert!(b.to_string_lossy().ends_with(".2.trace.gz"), "{}", b.display());
+    }
+
+    #[test]
+    fn ring_drops_the_oldest_and_counts() {
+        let p = Profiler::with_capacity(true, 2);
+        let loc = Location::caller();
+        for bytes in 1..=3 {
+            let event = AllocEvent {
+                device: 0,
+                pool: PoolKind::Host,
+                api: None,
+                bytes,
+                stream: StreamId(0),
+                label: None,
+                location: loc,
+                block_key: None,
+                pool_handle: None,
+            };
+            p.on_alloc(&event);
+        }
+        let events = p.events();
+        assert_eq!(events.iter().map(|e| e.bytes).collect::<Vec<_>>(), [2, 3]);
+        assert_eq!(p.dropped_events(), 1);
+        assert_eq!(p.leak_report().total_bytes, 6);
+        p.on_free(0);
+        assert_eq!(p.leak_report().total_bytes, 5);
+        assert_eq!(p.events().last().map(|e| (e.kind, e.id)), Some((EventKind::Free, 1)));
     }
 }

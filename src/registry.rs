@@ -16,6 +16,9 @@ use umm_placement::{Api, DeviceKind, DeviceView, PoolKind};
 pub(crate) type PoolFactory =
     Box<dyn Fn(PoolPlacement, &PoolConfig) -> umm_backends::Result<Arc<dyn MemoryPool>> + Send + Sync>;
 
+/// A pool made for a device, with the API and kind it was made for.
+pub type DevicePool = (Api, PoolKind, Arc<dyn MemoryPool>);
+
 /// One device as one API sees it, with the means to make its pools.
 pub(crate) struct ApiEntry {
     pub(crate) api: Api,
@@ -34,7 +37,7 @@ pub struct Device {
     total_memory: u64,
     pci_bus_id: Option<String>,
     apis: Vec<ApiEntry>,
-    pools: Mutex<Vec<(Api, PoolKind, Arc<dyn MemoryPool>)>>,
+    pools: Mutex<Vec<DevicePool>>,
 }
 
 /// A serialisable summary of a device (for `umm devices --json` and statistics).
@@ -104,7 +107,7 @@ impl Device {
     }
 
     /// The pools created so far, with their API and kind.
-    pub fn pools(&self) -> Vec<(Api, PoolKind, Arc<dyn MemoryPool>)> {
+    pub fn pools(&self) -> Vec<DevicePool> {
         self.pools.lock().clone()
     }
 

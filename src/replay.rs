@@ -197,11 +197,7 @@ pub fn replay_on(backend: &str, trace: &Trace, opts: ReplayOptions<'_>) -> Resul
 
 /// The first device a backend discovered (`UMM_REPLAY_DEVICE=N` picks another), or why there is none.
 #[allow(dead_code)]
-fn first_device<D>(
-    backend: &str,
-    found: umm_backends::Discovery<D>,
-    trace: &Trace,
-) -> Result<D, ReplayError> {
+fn first_device<D>(backend: &str, found: umm_backends::Discovery<D>, trace: &Trace) -> Result<D, ReplayError> {
     let index = std::env::var("UMM_REPLAY_DEVICE").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
     let count = found.devices.len();
     found.devices.into_iter().nth(index).ok_or_else(|| ReplayError::Pool {

@@ -1,5 +1,6 @@
 //! The `umm` command line: `umm replay` replays allocation traces through umm's pools and reports memory and
-//! time per op. Structured as subcommands so that others (`devices`, `snapshot`, `plot`) slot in beside it.
+//! time per op; `umm devices` lists every device; `umm snapshot` replays a trace with the profiler on and writes
+//! a snapshot; `umm plot` draws a snapshot or a trace as a timeline SVG.
 
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -8,6 +9,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use umm::backends::Limit;
+use umm::observe::{self, SnapshotAt};
+use umm::plot::{PlotOptions, Timeline};
 use umm::replay::{self, human_bytes, ReplayOptions, ReplayReport};
 use umm::trace::Trace;
 
@@ -22,6 +25,58 @@ struct Cli {
 enum Command {
     /// Replay allocation traces (umm-trace v1, plain or gzip) through a pool and report memory and time per op.
     Replay(ReplayArgs),
+    /// List every device with its APIs, memory, limits and pool usage (nvidia-smi and clinfo in one table).
+    Devices(DevicesArgs),
+    /// Replay a trace on a simulated device with the profiler on and write a snapshot (segments, blocks, events).
+    Snapshot(SnapshotArgs),
+    /// Draw a snapshot (JSON) or a trace as a timeline of live memory per device: a self-contained SVG.
+    Plot(PlotArgs),
+}
+
+#[derive(Args)]
+struct DevicesArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Add a simulated device of this capacity (repeatable), as UMM's tests and replays do.
+    #[arg(long = "sim", value_parser = replay::parse_size)]
+    simulated: Vec<u64>,
+}
+
+#[derive(Args)]
+struct SnapshotArgs {
+    /// The trace (umm-trace v1, plain or gzip).
+    trace: PathBuf,
+    /// Where to write the snapshot JSON.
+    #[arg(short, long, default_value = "snapshot.json")]
+    output: PathBuf,
+    /// Capacity of the simulated device (default 80GiB, an H100).
+    #[arg(long, value_parser = replay::parse_size)]
+    capacity: Option<u64>,
+    /// Cap on the pool's reserved memory: a size or a fraction of the device.
+    #[arg(long, value_parser = replay::parse_limit)]
+    limit: Option<Limit>,
+    /// When to take the snapshot: `end` (after the last op) or `peak` (when live bytes first reach the peak).
+    #[arg(long, default_value = "end")]
+    at: SnapshotAt,
+}
+
+#[derive(Args)]
+struct PlotArgs {
+    /// A snapshot (JSON, from `umm snapshot` or `mm.snapshot()`) or a trace.
+    input: PathBuf,
+    /// Where to write the SVG.
+    #[arg(short, long, default_value = "timeline.svg")]
+    output: PathBuf,
+    /// Width in pixels.
+    #[arg(long, default_value_t = PlotOptions::default().width)]
+    width: u32,
+    /// Height of each device's panel in pixels.
+    #[arg(long, default_value_t = PlotOptions::default().panel_height)]
+    height: u32,
+    /// Allocations drawn as bands of their own (the largest); smaller ones are merged into one grey band.
+    #[arg(long, default_value_t = PlotOptions::default().max_shapes)]
+    max_shapes: usize,
 }
 
 #[derive(Args)]
@@ -52,7 +107,76 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Replay(args) => replay_command(&args),
+        Command::Devices(args) => report(devices_command(&args)),
+        Command::Snapshot(args) => report(snapshot_command(&args)),
+        Command::Plot(args) => report(plot_command(&args)),
     }
+}
+
+fn report(result: Result<(), umm::Error>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn devices_command(args: &DevicesArgs) -> Result<(), umm::Error> {
+    let mut builder = umm::UniversalMemoryManager::builder().from_env();
+    for &capacity in &args.simulated {
+        builder = builder.simulated_device(capacity);
+    }
+    let table = builder.build()?.device_table();
+    if args.json {
+        let json = serde_json::to_string_pretty(&table)
+            .map_err(|source| umm::Error::Json { what: "devices".into(), source })?;
+        println!("{json}");
+    } else {
+        print!("{table}");
+    }
+    Ok(())
+}
+
+fn snapshot_command(args: &SnapshotArgs) -> Result<(), umm::Error> {
+    let trace = Trace::load(&args.trace)?;
+    let capacity = args.capacity.unwrap_or(replay::SIM_CAPACITY);
+    let (snapshot, ooms) = observe::snapshot_trace(&trace, capacity, args.limit, args.at)?;
+    snapshot.save(&args.output)?;
+    let segments: usize = snapshot.pools.iter().map(|p| p.segments.len()).sum();
+    println!(
+        "{}: {} ops replayed on a simulated {} device; snapshot at the {} ({} segments, {} live, {} events{}) \
+         written to {}",
+        trace.name,
+        trace.ops.len(),
+        human_bytes(capacity),
+        args.at,
+        segments,
+        human_bytes(snapshot.live_bytes()),
+        snapshot.events.len(),
+        if ooms > 0 { format!(", {ooms} allocations out of memory") } else { String::new() },
+        args.output.display()
+    );
+    Ok(())
+}
+
+fn plot_command(args: &PlotArgs) -> Result<(), umm::Error> {
+    let timeline = Timeline::load(&args.input)?;
+    let options = PlotOptions { width: args.width, panel_height: args.height, max_shapes: args.max_shapes };
+    umm::plot::write_svg(&timeline, &options, &args.output)?;
+    for panel in &timeline.panels {
+        let (step, bytes) = panel.peak();
+        println!(
+            "{}: {} allocations, peak {} at {} {step}",
+            panel.name,
+            panel.spans.len(),
+            human_bytes(bytes),
+            timeline.step_name
+        );
+    }
+    println!("wrote {}", args.output.display());
+    Ok(())
 }
 
 fn replay_command(args: &ReplayArgs) -> ExitCode {

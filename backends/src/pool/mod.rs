@@ -20,8 +20,8 @@ pub use config::{Limit, PoolConfig, SegmentMode, Strategy};
 use crate::engine::{Allocation, Engine, SegmentId};
 use crate::{Backend, BlockHandle, Error, PoolStats, Result, StreamId};
 use pages::PageMap;
-use quick::{QuickBlock, QuickCache};
 use parking_lot::Mutex;
+use quick::{QuickBlock, QuickCache};
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
