@@ -6,19 +6,7 @@ use crate::{Backend, BlockHandle, Pool, Result, StreamId};
 /// Allocates one block per size on `stream`. On failure frees the blocks it allocated and returns the error.
 /// O(sizes) pool allocations (the pool's lock is taken once per block).
 pub fn allocate_batch<B: Backend>(pool: &Pool<B>, sizes: &[u64], stream: StreamId) -> Result<Vec<BlockHandle>> {
-    let mut blocks = Vec::with_capacity(sizes.len());
-    for &size in sizes {
-        match pool.allocate(size, stream) {
-            Ok(block) => blocks.push(block),
-            Err(e) => {
-                for block in &blocks {
-                    let _ = pool.free(block);
-                }
-                return Err(e);
-            }
-        }
-    }
-    Ok(blocks)
+    pool.allocate_batch(sizes, stream)
 }
 
 /// Pre-populates the cache of `stream`: allocates `count` blocks of each `(size, count)`, then frees them all,

@@ -258,3 +258,20 @@ fn mapped_slack_keeps_reserved_near_the_live_set() {
         pool.free(&b).unwrap();
     }
 }
+
+#[test]
+fn batch_allocation_is_all_or_nothing() {
+    let pool = sim_pool(SegmentMode::Plain, Some(Limit::Bytes(64 * MIB)));
+    let blocks = pool.allocate_batch(&[1000, 4 * MIB, 30 * MIB], S0).unwrap();
+    assert_eq!(blocks.len(), 3);
+    assert!(blocks[2].size() >= 30 * MIB);
+    for b in &blocks {
+        pool.free(b).unwrap();
+    }
+    let before = pool.stats().num_allocs;
+    let err = pool.allocate_batch(&[1000, 40 * MIB, 40 * MIB], S0).unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
+    let s = pool.stats();
+    assert_eq!((s.allocated_bytes.current, s.num_allocs - s.num_frees), (0, 0), "nothing stays allocated");
+    assert_eq!(s.num_allocs, before + 2);
+}
