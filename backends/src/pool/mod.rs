@@ -352,11 +352,8 @@ impl<B: Backend> Pool<B> {
                 return Ok((alloc, true));
             }
             let mut found = state.arenas[arena].engine.allocate(size);
-            let needs_device = match &found {
-                None => true,
-                Some(alloc) => state.unmapped_bytes(arena, alloc) > 0,
-            };
-            if needs_device && !state.arenas[arena].quick.is_empty() {
+            let has_quick = !state.arenas[arena].quick.is_empty();
+            if has_quick && found.as_ref().is_none_or(|alloc| state.unmapped_bytes(arena, alloc) > 0) {
                 // Coalesce the quick blocks before asking the device for more.
                 if let Some(alloc) = found {
                     state.arenas[arena].engine.free(alloc.block);
