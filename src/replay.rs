@@ -336,65 +336,7 @@ fn median(times: &mut [Duration]) -> Duration {
     }
 }
 
-/// Parses a byte size: plain bytes (`1048576`), binary suffixes (`KiB`, `MiB`, `GiB`, `TiB`), decimal ones
-/// (`KB`, `MB`, `GB`, `TB`) or `B`; suffixes are case-insensitive and may follow a fraction (`1.5GB`).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let accepted = "a size in bytes such as 1048576, 512MiB, 2GiB or 1.5GB \
-                    (suffixes B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)";
-    let text = text.trim();
-    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
-    let (number, suffix) = text.split_at(split);
-    let unit: u64 = match suffix.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "kib" => 1 << 10,
-        "mib" => 1 << 20,
-        "gib" => 1 << 30,
-        "tib" => 1 << 40,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        _ => return Err(format!("unknown unit `{}` in `{text}`: expected {accepted}", suffix.trim())),
-    };
-    if text.starts_with('-') {
-        return Err(format!("`{text}` is negative: expected {accepted}"));
-    }
-    if number.is_empty() {
-        return Err(format!("no number in `{text}`: expected {accepted}"));
-    }
-    let bytes = if let Ok(n) = number.parse::<u64>() {
-        n.checked_mul(unit).ok_or_else(|| format!("`{text}` does not fit in 64 bits"))?
-    } else {
-        let value: f64 = number.parse().map_err(|_| format!("`{text}` is not {accepted}"))?;
-        let bytes = (value * unit as f64).round();
-        if bytes >= u64::MAX as f64 {
-            return Err(format!("`{text}` does not fit in 64 bits"));
-        }
-        bytes as u64
-    };
-    Ok(bytes)
-}
-
-/// Parses a pool limit: a size as [`parse_size`] reads it, or a fraction of the device's capacity in `(0, 1]`
-/// written with a decimal point and no unit (`0.9`).
-pub fn parse_limit(text: &str) -> Result<Limit, String> {
-    let t = text.trim();
-    if t.contains('.') && t.chars().all(|c| c.is_ascii_digit() || c == '.') {
-        let fraction: f64 = t.parse().map_err(|_| format!("`{t}` is not a number"))?;
-        if fraction > 0.0 && fraction <= 1.0 {
-            return Ok(Limit::Fraction(fraction));
-        }
-        return Err(format!(
-            "`{t}` is a fraction outside (0, 1]: give a fraction of the device's capacity such as 0.9, \
-             or a size such as 2GiB"
-        ));
-    }
-    let bytes = parse_size(t).map_err(|e| format!("{e}; or a fraction of the device's capacity such as 0.9"))?;
-    match bytes {
-        0 => Err("a limit of zero bytes allows nothing: give a size such as 2GiB or a fraction such as 0.9".into()),
-        bytes => Ok(Limit::Bytes(bytes)),
-    }
-}
+pub use crate::config::{parse_limit, parse_size};
 
 /// `bytes` in binary units with two decimals (`7.19 GiB`), or plain bytes below 1 KiB.
 pub fn human_bytes(bytes: u64) -> String {
