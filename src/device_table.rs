@@ -79,7 +79,7 @@ impl UniversalMemoryManager {
                     shares_memory_with_host: d.shares_memory_with_host(),
                     alignment: infos.iter().map(|i| i.alignment).collect(),
                     max_allocation: infos.iter().map(|i| i.max_allocation).collect(),
-                    pci_bus_id: infos.iter().find_map(|i| i.pci_bus_id.clone()),
+                    pci_bus_id: d.pci_bus_id().map(str::to_string),
                     pools: d
                         .pools()
                         .into_iter()

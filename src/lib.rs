@@ -46,7 +46,7 @@ pub use manager::{AllocOptions, Builder, UniversalMemoryManager};
 pub use migrate::{MigrateError, MigrateTo, MigrationPath};
 pub use observe::Snapshot;
 pub use profiler::{CallSite, Event, EventKind, LeakReport, LiveAllocation, Profiler, ProfilerConfig};
-pub use registry::{Device, DeviceSummary};
+pub use registry::Device;
 pub use stats::{DeviceStats, GlobalMemoryStats, PoolStatsEntry};
 
 pub use umm_backends::{Limit, PoolStats, SegmentMode, Strategy, StreamId};

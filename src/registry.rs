@@ -4,7 +4,6 @@
 use crate::host_info::HostInfo;
 use crate::UmmConfig;
 use parking_lot::Mutex;
-use serde::Serialize;
 use std::fmt;
 use std::sync::Arc;
 use umm_backends::{
@@ -40,29 +39,6 @@ pub struct Device {
     pools: Mutex<Vec<DevicePool>>,
 }
 
-/// A serialisable summary of a device (for `umm devices --json` and statistics).
-#[derive(Debug, Clone, Serialize)]
-pub struct DeviceSummary {
-    /// Index in [`crate::UniversalMemoryManager::devices`].
-    pub index: usize,
-    /// Name.
-    pub name: String,
-    /// Kind.
-    pub kind: DeviceKind,
-    /// APIs it is seen through.
-    pub apis: Vec<Api>,
-    /// Total memory in bytes.
-    pub total_memory: u64,
-    /// Free memory in bytes now.
-    pub free_memory: u64,
-    /// Whether device memory is host memory.
-    pub shares_memory_with_host: bool,
-    /// PCI bus id, when known.
-    pub pci_bus_id: Option<String>,
-    /// Per API: what it reports (alignment, limits, details).
-    pub per_api: Vec<DeviceInfo>,
-}
-
 impl Device {
     /// Index among the manager's devices (0 is the host).
     pub fn index(&self) -> usize {
@@ -87,6 +63,10 @@ impl Device {
     /// Total memory in bytes.
     pub fn total_memory(&self) -> u64 {
         self.total_memory
+    }
+    /// PCI bus id (`dddd:bb:dd.f`), when any API reports it.
+    pub fn pci_bus_id(&self) -> Option<&str> {
+        self.pci_bus_id.as_deref()
     }
     /// What each API reports about the device.
     pub fn api_infos(&self) -> Vec<&DeviceInfo> {
@@ -139,21 +119,6 @@ impl Device {
             total_bytes: self.total_memory,
             free_bytes: self.free_memory(),
             pools: self.pool_kinds(),
-        }
-    }
-
-    /// A serialisable summary.
-    pub fn summary(&self) -> DeviceSummary {
-        DeviceSummary {
-            index: self.index,
-            name: self.name.clone(),
-            kind: self.kind,
-            apis: self.apis(),
-            total_memory: self.total_memory,
-            free_memory: self.free_memory(),
-            shares_memory_with_host: self.shares_memory_with_host,
-            pci_bus_id: self.pci_bus_id.clone(),
-            per_api: self.apis.iter().map(|a| a.info.clone()).collect(),
         }
     }
 
