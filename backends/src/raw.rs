@@ -2,6 +2,8 @@
 
 #![allow(unsafe_code)]
 
+pub(crate) mod lock;
+
 use crate::OwnedBlock;
 
 /// The `len` bytes at `addr`, borrowed for as long as `owner`.

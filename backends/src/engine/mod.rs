@@ -147,6 +147,7 @@ impl Engine {
     }
 
     /// `size` rounded up to the alignment; `None` on overflow. Zero stays zero. O(1).
+    #[inline]
     pub fn round_size(&self, size: u64) -> Option<u64> {
         size.checked_add(self.alignment - 1).map(|s| s & !(self.alignment - 1))
     }
@@ -241,6 +242,7 @@ impl Engine {
     }
 
     /// The live block `id`, if it is live. O(1).
+    #[inline]
     pub fn block(&self, id: BlockId) -> Option<Allocation> {
         let node = self.nodes.get(id.index)?;
         (node.state == NodeState::Live && node.generation == id.generation).then_some(Allocation {
@@ -257,6 +259,7 @@ impl Engine {
     /// chosen block is split and the remainder stays free. O(1).
     ///
     /// Returns `None` when `size` is zero or no free block fits (the caller adds a segment and retries).
+    #[inline]
     pub fn allocate(&mut self, size: u64) -> Option<Allocation> {
         let size = self.round_size(size).filter(|&s| s > 0)?;
         let node = self.find_fit(size)?;
@@ -276,6 +279,7 @@ impl Engine {
 
     /// Parks a live block: it keeps its range but stops being live, so a later free or park of its old id is
     /// refused. Returns the id to [`Engine::unpark`] or [`Engine::free`] it with. O(1).
+    #[inline]
     pub fn park(&mut self, id: BlockId) -> Option<BlockId> {
         let node = self.nodes.get(id.index)?;
         if node.state != NodeState::Live || node.generation != id.generation {
@@ -289,6 +293,7 @@ impl Engine {
     }
 
     /// Makes a parked block live again (same id). O(1).
+    #[inline]
     pub fn unpark(&mut self, id: BlockId) -> Option<BlockId> {
         let node = self.nodes.get(id.index)?;
         if node.state != NodeState::Parked || node.generation != id.generation {
@@ -302,6 +307,7 @@ impl Engine {
     ///
     /// Returns `None` (and changes nothing) for a block that is neither: never handed out, already freed, or
     /// a stale id whose slot now holds another block.
+    #[inline]
     pub fn free(&mut self, id: BlockId) -> Option<Freed> {
         let node = self.nodes.get(id.index)?;
         if !matches!(node.state, NodeState::Live | NodeState::Parked) || node.generation != id.generation {
@@ -336,11 +342,13 @@ impl Engine {
         Some(Freed { segment: SegmentId(segment), offset, size, segment_now_empty: now_empty })
     }
 
+    #[inline]
     fn segment(&self, id: SegmentId) -> Option<Segment> {
         self.segments.get(id.0 as usize).copied().flatten()
     }
 
     /// Finds a free block of at least `size` bytes. O(1): two bounded scans and two bitmap searches.
+    #[inline]
     fn find_fit(&self, size: u64) -> Option<u32> {
         let bin = bin_of(size);
         // The request's own class holds blocks both smaller and larger than `size`.
@@ -352,6 +360,7 @@ impl Engine {
         Some(self.bin_heads[higher])
     }
 
+    #[inline]
     fn best_in_bin(&self, bin: usize, size: u64) -> Option<u32> {
         let mut cursor = self.bin_heads[bin];
         let mut best: Option<(u32, u64)> = None;
@@ -372,6 +381,7 @@ impl Engine {
     }
 
     /// Takes free block `index` for a request of `size` bytes, splitting off the remainder.
+    #[inline]
     fn take(&mut self, index: u32, size: u64) -> Allocation {
         self.unlink_free(index);
         let node = self.nodes[index];
@@ -406,6 +416,7 @@ impl Engine {
     }
 
     /// Merges the physical successor of `index` (already unlinked from its class) into it.
+    #[inline]
     fn absorb_next(&mut self, index: u32) {
         let next = self.nodes[index].next_phys;
         let (next_size, after) = (self.nodes[next].size, self.nodes[next].next_phys);
@@ -417,6 +428,7 @@ impl Engine {
         self.nodes.remove(next);
     }
 
+    #[inline]
     fn push_free(&mut self, index: u32) {
         let bin = bin_of(self.nodes[index].size);
         let head = self.bin_heads[bin];
@@ -432,6 +444,7 @@ impl Engine {
         self.stats.free_blocks += 1;
     }
 
+    #[inline]
     fn unlink_free(&mut self, index: u32) {
         let Node { prev_free, next_free, size, .. } = self.nodes[index];
         if prev_free != NIL {

@@ -55,6 +55,7 @@ pub(super) struct Slab {
 
 impl Slab {
     /// Stores `node` in a vacant slot (keeping that slot's generation moving forward) or a new one. O(1) amortised.
+    #[inline]
     pub(super) fn insert(&mut self, mut node: Node) -> u32 {
         match self.vacant.pop() {
             Some(index) => {
@@ -70,12 +71,14 @@ impl Slab {
     }
 
     /// Marks slot `index` vacant. O(1).
+    #[inline]
     pub(super) fn remove(&mut self, index: u32) {
         self.nodes[index as usize].state = NodeState::Vacant;
         self.vacant.push(index);
     }
 
     /// The node at `index` unless the slot is out of range or vacant. O(1).
+    #[inline]
     pub(super) fn get(&self, index: u32) -> Option<&Node> {
         self.nodes.get(index as usize).filter(|n| n.state != NodeState::Vacant)
     }

@@ -19,6 +19,7 @@ pub use config::{Limit, PoolConfig, SegmentMode, Strategy};
 
 use crate::engine::{Allocation, Engine, SegmentId};
 use crate::{Backend, BlockHandle, Error, PoolStats, Result, StreamId};
+use crate::raw::lock::PoolMutex;
 use pages::PageMap;
 use parking_lot::Mutex;
 use quick::{QuickBlock, QuickCache};
@@ -145,7 +146,7 @@ pub struct Pool<B: Backend> {
     page_size: Option<u64>,
     max_reservation: u64,
     limit: Mutex<Option<u64>>,
-    state: Mutex<State<B::Segment>>,
+    state: PoolMutex<State<B::Segment>>,
 }
 
 impl<B: Backend> Pool<B> {
@@ -187,7 +188,7 @@ impl<B: Backend> Pool<B> {
             page_size,
             max_reservation,
             limit: Mutex::new(limit),
-            state: Mutex::new(State {
+            state: PoolMutex::new(State {
                 arenas: Vec::new(),
                 streams: Vec::new(),
                 stats,

@@ -20,6 +20,7 @@ impl PageMap {
     }
 
     /// The page range `[first, end)` covering the byte range `[offset, offset + len)`.
+    #[inline]
     pub(super) fn covering(&self, offset: u64, len: u64) -> (u64, u64) {
         (offset / self.page_size, (offset + len).div_ceil(self.page_size))
     }
@@ -32,6 +33,7 @@ impl PageMap {
     }
 
     /// Mask of the bits of word `w` that fall in pages `[first, end)`.
+    #[inline]
     fn mask(w: u64, first: u64, end: u64) -> u64 {
         let lo = first.max(w * 64) - w * 64;
         let hi = end.min(w * 64 + 64) - w * 64;
@@ -43,6 +45,7 @@ impl PageMap {
     }
 
     /// Unmapped bytes in pages `[first, end)`. O((end - first) / 64).
+    #[inline]
     pub(super) fn unmapped_bytes_in(&self, first: u64, end: u64) -> u64 {
         let end = end.min(self.page_count());
         if first >= end {

@@ -35,11 +35,13 @@ impl QuickCache {
     }
 
     /// Whether a block of `size` bytes would be kept. O(1).
+    #[inline]
     pub(super) fn has_room(&self, size: u64) -> bool {
         self.len < TOTAL && self.classes[bin_of(size)].len() < PER_CLASS
     }
 
     /// Keeps `block` unless its class or the cache is full; returns whether it was kept. O(1).
+    #[inline]
     pub(super) fn push(&mut self, block: QuickBlock) -> bool {
         let class = bin_of(block.size);
         let list = &mut self.classes[class];
@@ -54,6 +56,7 @@ impl QuickCache {
 
     /// The most recently freed block of `size`'s class if it is at least `size` bytes (sizes in one class
     /// differ by under 1/32). O(1).
+    #[inline]
     pub(super) fn pop(&mut self, size: u64) -> Option<QuickBlock> {
         let class = bin_of(size);
         let list = &mut self.classes[class];
@@ -84,6 +87,7 @@ impl QuickCache {
         out
     }
 
+    #[inline]
     pub(super) fn is_empty(&self) -> bool {
         self.len == 0
     }
