@@ -354,7 +354,7 @@ impl<B: Backend> Pool<B> {
             }
             let mut found = state.arenas[arena].engine.allocate(size);
             let has_quick = !state.arenas[arena].quick.is_empty();
-            if has_quick && found.as_ref().is_none_or(|alloc| state.unmapped_bytes(arena, alloc) > 0) {
+            if has_quick && found.as_ref().is_none_or(|alloc| state.needs_mapping(arena, alloc)) {
                 // Coalesce the quick blocks before asking the device for more.
                 if let Some(alloc) = found {
                     state.arenas[arena].engine.free(alloc.block);
@@ -438,10 +438,10 @@ impl<B: Backend> Pool<B> {
             return Ok(false);
         };
         let (first, end) = pages.covering(alloc.offset, alloc.size);
-        let missing = pages.unmapped_bytes_in(first, end);
-        if missing == 0 {
+        if !pages.any_unmapped(first, end) {
             return Ok(false);
         }
+        let missing = pages.unmapped_bytes_in(first, end);
         if let Some(slack) = self.config.mapped_slack {
             // Keep reserved memory near the live set: give back free mapped pages before mapping new ones.
             // Only when the mapping would set a new high-water mark of reserved memory: below the peak, a
@@ -868,15 +868,12 @@ impl<S> State<S> {
         }
     }
 
-    /// Bytes of unmapped pages under `alloc` (0 outside virtual reservations). O(pages / 64).
-    fn unmapped_bytes(&self, arena: usize, alloc: &Allocation) -> u64 {
-        match self.arenas[arena].entry(alloc.segment).and_then(|e| e.pages.as_ref()) {
-            Some(pages) => {
-                let (first, end) = pages.covering(alloc.offset, alloc.size);
-                pages.unmapped_bytes_in(first, end)
-            }
-            None => 0,
-        }
+    /// Whether some page under `alloc` is unmapped (never outside virtual reservations). O(pages / 64).
+    fn needs_mapping(&self, arena: usize, alloc: &Allocation) -> bool {
+        self.arenas[arena].entry(alloc.segment).and_then(|e| e.pages.as_ref()).is_some_and(|pages| {
+            let (first, end) = pages.covering(alloc.offset, alloc.size);
+            pages.any_unmapped(first, end)
+        })
     }
 
     /// Frees the arena's quick blocks into its engine, coalescing them. O(quick blocks).
