@@ -19,6 +19,9 @@ use slab::{Node, NodeState, NIL};
 /// seen (or moving to the next class). Bounds allocation to O(1) even when many blocks of one class are free.
 const FIT_SCAN_LIMIT: usize = 8;
 
+/// How many other free blocks [`Engine::allocate_preferring`] offers to its predicate after the best fit.
+pub const PREFERENCE_SCAN_LIMIT: usize = 32;
+
 /// Identifies a segment inside one engine. Ids of removed segments are reused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SegmentId(pub u32);
@@ -264,6 +267,46 @@ impl Engine {
         let size = self.round_size(size).filter(|&s| s > 0)?;
         let node = self.find_fit(size)?;
         Some(self.take(node, size))
+    }
+
+    /// Like [`Engine::allocate`], but when `accept(segment, offset)` refuses the best fit's placement, looks at
+    /// up to [`PREFERENCE_SCAN_LIMIT`] other free blocks that fit, smallest classes first, and takes the first
+    /// one `accept` likes; the best fit when none does. A pool passes "already backed by physical memory", so
+    /// that a request is placed in mapped memory rather than mapping new pages while mapped holes sit free.
+    /// O(1): bounded scans.
+    pub fn allocate_preferring(
+        &mut self,
+        size: u64,
+        mut accept: impl FnMut(SegmentId, u64) -> bool,
+    ) -> Option<Allocation> {
+        let size = self.round_size(size).filter(|&s| s > 0)?;
+        let best = self.find_fit(size)?;
+        let placement = |node: &Node| (SegmentId(node.segment), node.offset);
+        let (segment, offset) = placement(&self.nodes[best]);
+        if accept(segment, offset) {
+            return Some(self.take(best, size));
+        }
+        let mut examined = 0;
+        let mut bin = bin_of(size);
+        while let Some(class) = self.bins.first_at_or_after(bin) {
+            let mut cursor = self.bin_heads[class];
+            while cursor != NIL {
+                if examined == PREFERENCE_SCAN_LIMIT {
+                    return Some(self.take(best, size));
+                }
+                examined += 1;
+                let node = &self.nodes[cursor];
+                if cursor != best && node.size >= size {
+                    let (segment, offset) = placement(node);
+                    if accept(segment, offset) {
+                        return Some(self.take(cursor, size));
+                    }
+                }
+                cursor = node.next_free;
+            }
+            bin = class + 1;
+        }
+        Some(self.take(best, size))
     }
 
     /// Allocates `size` bytes from the start of an entirely free segment, bypassing the size-class search

@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 #[derive(Debug, Clone)]
 enum Op {
     Alloc(u64),
+    /// Allocate preferring offsets whose 4 KiB page number is a multiple of the second value.
+    AllocPreferring(u64, u64),
     Free(usize),
     AddSegment(u64),
     RemoveEmpty,
@@ -18,6 +20,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (1u64..200_000).prop_map(Op::Alloc),
         2 => (1u64..64).prop_map(|k| Op::Alloc(k << 12)),
+        2 => (1u64..200_000, 1u64..8).prop_map(|(size, k)| Op::AllocPreferring(size, k)),
         6 => any::<usize>().prop_map(Op::Free),
         1 => (1u64..(1 << 21)).prop_map(Op::AddSegment),
         1 => Just(Op::RemoveEmpty),
@@ -91,6 +94,20 @@ fn run(ops: &[Op], alignment: u64, check_every: usize) {
                     shadow.live.push(engine.allocate(size).expect("fits in a fresh segment"));
                 }
             },
+            Op::AllocPreferring(size, k) => {
+                let prefer = |_: SegmentId, offset: u64| (offset >> 12) % k == 0;
+                match engine.allocate_preferring(size, prefer) {
+                    Some(a) => {
+                        assert!(a.size >= size && a.size < size + alignment);
+                        shadow.live.push(a);
+                    }
+                    None => {
+                        let seg = engine.add_segment(size.max(1 << 20)).unwrap();
+                        shadow.segments.insert(seg, engine.segment_size(seg).unwrap());
+                        shadow.live.push(engine.allocate_preferring(size, prefer).expect("fits in a fresh segment"));
+                    }
+                }
+            }
             Op::Free(k) if !shadow.live.is_empty() => {
                 let a = shadow.live.swap_remove(k % shadow.live.len());
                 let freed = engine.free(a.block).expect("live block frees");
@@ -211,4 +228,22 @@ fn parked_blocks_refuse_their_old_id_and_free_with_the_new_one() {
     let freed = e.free(parked).unwrap();
     assert!(freed.segment_now_empty);
     assert_eq!(e.stats().allocated_bytes, 0);
+}
+
+#[test]
+fn preferring_takes_an_accepted_block_over_the_best_fit() {
+    let mut e = Engine::new(256).unwrap();
+    let seg = e.add_segment(1 << 20).unwrap();
+    // Holes of 4 KiB at 0 and 64 KiB at 8 KiB, separated by live blocks.
+    let blocks: Vec<_> = [4096, 4096, 65536, 4096].iter().map(|&s| e.allocate(s).unwrap()).collect();
+    e.free(blocks[0].block).unwrap();
+    e.free(blocks[2].block).unwrap();
+    // Best fit for 4 KiB is the hole at 0; the predicate wants offset 8 KiB.
+    let a = e.allocate_preferring(4096, |s, off| s == seg && off == 8192).unwrap();
+    assert_eq!(a.offset, 8192);
+    // Nothing acceptable: the best fit.
+    let b = e.allocate_preferring(4096, |_, _| false).unwrap();
+    assert_eq!(b.offset, 0);
+    // No fit at all: none, whatever the predicate says.
+    assert!(e.allocate_preferring(1 << 21, |_, _| true).is_none());
 }

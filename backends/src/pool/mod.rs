@@ -18,8 +18,8 @@ mod quick;
 pub use config::{Limit, PoolConfig, SegmentMode, Strategy};
 
 use crate::engine::{Allocation, Engine, SegmentId};
-use crate::{Backend, BlockHandle, Error, PoolStats, Result, StreamId};
 use crate::raw::lock::PoolMutex;
+use crate::{Backend, BlockHandle, Error, PoolStats, Result, StreamId};
 use pages::PageMap;
 use parking_lot::Mutex;
 use quick::{QuickBlock, QuickCache};
@@ -116,6 +116,22 @@ struct Arena<S> {
 }
 
 impl<S> Arena<S> {
+    /// A free block for `size` bytes from the engine. In a virtual reservation, a block whose pages are already
+    /// mapped is preferred over the best fit: mapping costs a device call (tens of microseconds per page on CUDA),
+    /// and at the reserved peak it also forces unmapping elsewhere.
+    fn allocate(&mut self, size: u64) -> Option<Allocation> {
+        if !self.virtual_segments {
+            return self.engine.allocate(size);
+        }
+        let segments = &self.segments;
+        self.engine.allocate_preferring(size, |segment, offset| {
+            segments[segment.0 as usize].as_ref().and_then(|e| e.pages.as_ref()).is_some_and(|pages| {
+                let (first, end) = pages.covering(offset, size);
+                !pages.any_unmapped(first, end)
+            })
+        })
+    }
+
     fn entry(&self, id: SegmentId) -> Option<&SegmentEntry<S>> {
         self.segments.get(id.0 as usize).and_then(Option::as_ref)
     }
@@ -352,7 +368,7 @@ impl<B: Backend> Pool<B> {
                     Allocation { block, segment: q.segment, offset: q.offset, size: q.size, segment_was_empty: false };
                 return Ok((alloc, true));
             }
-            let mut found = state.arenas[arena].engine.allocate(size);
+            let mut found = state.arenas[arena].allocate(size);
             let has_quick = !state.arenas[arena].quick.is_empty();
             if has_quick && found.as_ref().is_none_or(|alloc| state.needs_mapping(arena, alloc)) {
                 // Coalesce the quick blocks before asking the device for more.
@@ -360,7 +376,7 @@ impl<B: Backend> Pool<B> {
                     state.arenas[arena].engine.free(alloc.block);
                 }
                 state.drain_quick(arena);
-                found = state.arenas[arena].engine.allocate(size);
+                found = state.arenas[arena].allocate(size);
             }
             if let Some(alloc) = found {
                 let mapped_new = self.ensure_mapped(state, arena, &alloc)?;

@@ -97,6 +97,25 @@ fn virtual_segments_unmap_free_holes_under_pressure() {
 }
 
 #[test]
+fn virtual_segments_prefer_mapped_holes_to_mapping_new_pages() {
+    let config = PoolConfig { segment_mode: SegmentMode::Virtual, mapped_slack: None, ..PoolConfig::default() };
+    let pool = Pool::new(SimBackend::new("sim0", 8 << 30), config).unwrap();
+    let [a, b, c, d] = [6 * MIB, 2 * MIB, 10 * MIB, 2 * MIB].map(|size| pool.allocate(size, S0).unwrap());
+    // a's hole loses its pages; c's hole keeps them.
+    pool.free(&a).unwrap();
+    assert_eq!(pool.release_cached().bytes_released, 6 * MIB);
+    pool.free(&c).unwrap();
+    let maps = pool.stats().num_device_alloc;
+    // a's unmapped hole is the best fit for 6 MiB; c's mapped one is taken instead, with no device call.
+    let e = pool.allocate(6 * MIB, S0).unwrap();
+    assert_eq!(e.offset, c.offset);
+    assert_eq!(pool.stats().num_device_alloc, maps);
+    for block in [b, d, e] {
+        pool.free(&block).unwrap();
+    }
+}
+
+#[test]
 fn cleanup_releases_only_idle_segments() {
     let pool = sim_pool(SegmentMode::Plain, None);
     let a = pool.allocate(30 * MIB, S0).unwrap();
