@@ -144,16 +144,11 @@ impl UmmConfig {
             (self.cuda, self.opencl, self.wgpu) = (cuda, opencl, wgpu);
         }
         if let Some(v) = lookup("UMM_MAPPED_SLACK") {
-            self.pool.mapped_slack = match v.trim().to_ascii_lowercase().as_str() {
-                "off" | "none" => None,
-                other => {
-                    Some(other.parse::<f64>().ok().filter(|f| *f >= 0.0 && f.is_finite()).ok_or(Error::InvalidEnv {
-                        var: "UMM_MAPPED_SLACK",
-                        value: v.clone(),
-                        expected: "a fraction >= 0 (0.05) or off",
-                    })?)
-                }
-            };
+            self.pool.mapped_slack = PoolConfig::parse_mapped_slack(&v).ok_or_else(|| Error::InvalidEnv {
+                var: "UMM_MAPPED_SLACK",
+                value: v.clone(),
+                expected: "a fraction >= 0 (0.05) or off",
+            })?;
         }
         if let Some(v) = lookup("UMM_CLEANUP_IDLE_ROUNDS") {
             self.cleanup_idle_rounds = v.trim().parse().map_err(|_| Error::InvalidEnv {

@@ -14,9 +14,10 @@
 use crate::ffi::ContextGuard;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use umm_backends::cuda::{self, CudaPool};
+use umm_backends::cuda::{self, ContextScope, CudaPool};
 use umm_backends::{
     BlockHandle, Limit, MemoryPool, PoolConfig, PoolPlacement, PoolStats, SegmentMode, Strategy, StreamId,
 };
@@ -51,10 +52,10 @@ impl Slot {
     }
 
     /// The pool for a request of `size` bytes and whether it is the huge one.
-    fn pool_for(&self, main: &Arc<CudaPool>, size: u64, huge_min: u64) -> (Arc<CudaPool>, bool) {
+    fn pool_for<'a>(&'a self, main: &'a Arc<CudaPool>, size: u64, huge_min: u64) -> (&'a Arc<CudaPool>, bool) {
         match &self.huge {
-            Some(h) if size >= huge_min && !self.limited.load(Ordering::Relaxed) => (h.clone(), true),
-            _ => (main.clone(), false),
+            Some(h) if size >= huge_min && !self.limited.load(Ordering::Relaxed) => (h, true),
+            _ => (main, false),
         }
     }
 
@@ -82,7 +83,32 @@ struct Registry {
     /// Why discovery found nothing, or skipped devices (empty when all went well).
     skipped: Vec<String>,
     /// Device address → block. One lock: PyTorch calls from its main and autograd threads, few at once.
-    live: Mutex<HashMap<u64, Live>>,
+    live: Mutex<LiveMap>,
+}
+
+/// Live blocks by device address.
+type LiveMap = HashMap<u64, Live, BuildHasherDefault<AddressHasher>>;
+
+/// Hashes a device address with one multiplication (Fibonacci hashing). Addresses are not attacker-chosen and
+/// are multiples of the alignment, so SipHash's protection buys nothing here and costs ~20 ns per call, twice
+/// per allocation and free; the multiply spreads the aligned low bits over the high ones hashbrown uses.
+#[derive(Default)]
+struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
 }
 
 static REGISTRY: OnceLock<Registry> = OnceLock::new();
@@ -96,13 +122,18 @@ fn registry() -> &'static Registry {
 }
 
 /// The pool configuration: PyTorch's segment policy (the default), with `UMM_SEGMENT_MODE` (auto, plain,
-/// virtual) and `UMM_STRATEGY` (pooled, direct) read from the environment.
+/// virtual), `UMM_MAPPED_SLACK` (a fraction or off) and `UMM_STRATEGY` (pooled, direct) read from the
+/// environment.
 fn pool_config() -> Result<PoolConfig, String> {
     let mut config = PoolConfig::default();
     if let Ok(v) = std::env::var("UMM_SEGMENT_MODE") {
         config.segment_mode = v
             .parse::<SegmentMode>()
             .map_err(|_| format!("UMM_SEGMENT_MODE={v:?} is not one of auto, plain, virtual"))?;
+    }
+    if let Ok(v) = std::env::var("UMM_MAPPED_SLACK") {
+        config.mapped_slack = PoolConfig::parse_mapped_slack(&v)
+            .ok_or_else(|| format!("UMM_MAPPED_SLACK={v:?} is not a fraction >= 0 (0.05) or off"))?;
     }
     if let Ok(v) = std::env::var("UMM_STRATEGY") {
         config.strategy =
@@ -154,7 +185,7 @@ impl Registry {
                 limited: AtomicBool::new(false),
             });
         }
-        Registry { devices, huge_min, skipped: found.skipped, live: Mutex::new(HashMap::new()) }
+        Registry { devices, huge_min, skipped: found.skipped, live: Mutex::new(LiveMap::default()) }
     }
 
     /// The device's slot and main pool.
@@ -198,7 +229,7 @@ pub(crate) fn alloc(size: i64, device: i64, stream: u64) -> Result<u64, String> 
     let reg = registry();
     let (slot, main) = reg.pool(device)?;
     let (pool, huge) = slot.pool_for(main, size as u64, reg.huge_min);
-    let _guard = ContextGuard::save();
+    let _scope = ContextScope::enter();
     let stream = StreamId(stream);
     let block = pool.allocate(size as u64, stream).map_err(|e| format!("umm_alloc: {e}"))?;
     let ptr = match pool.device_ptr(&block) {
@@ -229,7 +260,7 @@ pub(crate) fn free(ptr: u64, device: i64, stream: u64) -> Result<(), String> {
         format!("umm_free: {ptr:#x} (device {device}) was not allocated by umm or was already freed; nothing done")
     })?;
     let pool = live_pool(reg, &live)?;
-    let _guard = ContextGuard::save();
+    let _scope = ContextScope::enter();
     if stream != live.stream.0 {
         pool.record_stream(&live.block, StreamId(stream)).map_err(|e| format!("umm_free: {e}"))?;
     }
@@ -250,7 +281,7 @@ pub(crate) fn record_stream(ptr: u64, stream: u64) -> Result<(), String> {
     if StreamId(stream) == entry.stream {
         return Ok(());
     }
-    let _guard = ContextGuard::save();
+    let _scope = ContextScope::enter();
     pool.record_stream(&entry.block, StreamId(stream)).map_err(|e| format!("umm_record_stream: {e}"))
 }
 

@@ -104,6 +104,7 @@ impl CudaBackend {
 
     /// Makes the context current on this thread.
     pub(super) fn bind(&self) -> Result<()> {
+        super::scope::before_bind();
         self.ctx.bind_to_thread().map_err(|e| Error::Driver {
             backend: self.name.clone(),
             call: "cuCtxSetCurrent".into(),

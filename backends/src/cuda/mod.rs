@@ -23,6 +23,7 @@ mod cache;
 mod interop;
 mod peer;
 mod raw;
+mod scope;
 mod streams;
 
 /// The cudarc this crate was built with, so that callers launch kernels with the same version.
@@ -33,6 +34,7 @@ pub use buffer::CudaBuffer;
 pub use cache::{allocate_batch, warm_up};
 pub use interop::{BlockView, BlockViewMut, CudaPoolExt};
 pub use peer::copy_block;
+pub use scope::ContextScope;
 pub use streams::CudaPool;
 
 use crate::{BackendKind, DeviceInfo, DeviceType, Discovery, Error, Pool, PoolConfig, PoolPlacement, Result, StreamId};

@@ -354,3 +354,23 @@ pub(super) fn event_record(event: &CudaEvent, stream: StreamId) -> Raw<()> {
     // contract for StreamId values: a live CUstream of this device's context, or 0).
     check(unsafe { sys::cuEventRecord(event.cu_event(), cu_stream(stream)) }, "cuEventRecord")
 }
+
+// ----- the calling thread's current context -----
+
+/// The context current on the calling thread (`None`: none is). `Err` when the driver cannot say.
+pub(super) fn current_context() -> Raw<Option<sys::CUcontext>> {
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: `ctx` is a valid place for one context handle.
+    check(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
+    Ok((!ctx.is_null()).then_some(ctx))
+}
+
+/// Makes `ctx` current on the calling thread again (`None`: unbinds).
+///
+/// Only for a context read with [`current_context`] on this thread at the start of a call into umm and
+/// restored at its end: the caller made it current, so it keeps it alive for the whole call (umm never destroys
+/// a context it did not create, and keeps every primary context it uses retained).
+pub(super) fn restore_context(ctx: Option<sys::CUcontext>) -> Raw<()> {
+    // SAFETY: per this function's contract, `ctx` is a live context (or null, which unbinds).
+    check(unsafe { sys::cuCtxSetCurrent(ctx.unwrap_or(std::ptr::null_mut())) }, "cuCtxSetCurrent")
+}

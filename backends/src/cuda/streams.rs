@@ -113,7 +113,9 @@ impl CudaPool {
     /// extra streams complete; any other block goes back to its stream's free list at once.
     pub fn free(&self, block: &BlockHandle) -> Result<()> {
         let mut uses = self.uses.lock();
-        let Some(streams) = uses.extra.remove(&block.key()) else {
+        // Most blocks are used on one stream only: skip the hash lookup when nothing was recorded.
+        let recorded = if uses.extra.is_empty() { None } else { uses.extra.remove(&block.key()) };
+        let Some(streams) = recorded else {
             return self.pool.free(block);
         };
         if self.pool.segment_of(block).is_none() {

@@ -95,6 +95,15 @@ impl Default for PoolConfig {
 }
 
 impl PoolConfig {
+    /// Parses a `mapped_slack` setting as users write it (`UMM_MAPPED_SLACK`): a fraction >= 0 (`0.05`), or
+    /// `off`/`none` for no early trimming. `None` when the text is neither.
+    pub fn parse_mapped_slack(text: &str) -> Option<Option<f64>> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "off" | "none" => Some(None),
+            other => other.parse::<f64>().ok().filter(|f| *f >= 0.0 && f.is_finite()).map(Some),
+        }
+    }
+
     /// Checks the values against each other.
     pub fn validate(&self) -> Result<()> {
         if self.small_request_max == 0 || self.small_segment_size == 0 || self.large_segment_size == 0 {
