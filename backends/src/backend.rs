@@ -93,9 +93,16 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// Releases the physical memory behind `[offset, offset + len)` of a virtual segment (page-aligned range).
+    /// A backend may keep the released pages' physical memory for the next [`Backend::map_pages`] until
+    /// [`Backend::release_spare_pages`]: a pool that unmaps pages to map as many elsewhere then pays for moving
+    /// pages, not for freeing and creating them.
     fn unmap_pages(&self, segment: &Self::Segment, offset: u64, len: u64) {
         let _ = (segment, offset, len);
     }
+
+    /// Frees the physical memory of pages unmapped but kept for reuse. A pool calls it at the end of every
+    /// operation that unmapped pages, so that kept pages never outlive the operation.
+    fn release_spare_pages(&self) {}
 
     /// Copies `src` into the segment at `offset`. Called without the pool lock.
     fn write(&self, segment: &Self::Segment, offset: u64, src: &[u8]) -> Result<()>;

@@ -57,6 +57,9 @@ pub struct CudaBackend {
     capacity: u64,
     /// Page size of virtual memory management, when the device supports it and the placement uses device memory.
     vmm: Option<VirtualMemory>,
+    /// Physical pages unmapped during the current pool operation, kept for its next mapping: moving a page
+    /// costs cuMemUnmap + cuMemMap, while freeing and creating one adds cuMemRelease + cuMemCreate.
+    spare_pages: Mutex<Vec<u64>>,
 }
 
 impl CudaBackend {
@@ -85,7 +88,15 @@ impl CudaBackend {
                 Some(VirtualMemory { page_size: page, max_reservation: device_memory.div_ceil(page) * page })
             }
         };
-        Self { ctx, ordinal, name: format!("cuda:{ordinal} {placement} ({device_name})"), placement, capacity, vmm }
+        Self {
+            ctx,
+            ordinal,
+            name: format!("cuda:{ordinal} {placement} ({device_name})"),
+            placement,
+            capacity,
+            vmm,
+            spare_pages: Mutex::new(Vec::new()),
+        }
     }
 
     /// The device's context (shared by all pools of the device).
@@ -156,13 +167,41 @@ impl CudaBackend {
     }
 
     /// Unmaps and releases every page of a reservation that is still mapped (used before freeing it).
+    /// Unmaps every mapped page of a reservation and frees its memory. The caller synchronized.
     fn unmap_all(&self, segment: &CudaSegment, page: u64) {
-        if let Some(pages) = &segment.pages {
-            let mapped: Vec<u64> =
-                pages.lock().iter().enumerate().filter(|(_, &h)| h != 0).map(|(i, _)| i as u64).collect();
-            for index in mapped {
-                self.unmap_pages(segment, index * page, page);
+        self.unmap_range(segment, 0, segment.size, page, false);
+    }
+
+    /// Unmaps the mapped pages of `[offset, offset + len)`; their memory is kept in `spare_pages` (`keep`) or
+    /// freed. The caller synchronized: nothing queued may still touch the range.
+    fn unmap_range(&self, segment: &CudaSegment, offset: u64, len: u64, page: u64, keep: bool) {
+        let Some(pages) = segment.pages.as_ref() else { return };
+        let mut table = pages.lock();
+        let first = (offset / page) as usize;
+        let end = (offset + len).div_ceil(page).min(table.len() as u64) as usize;
+        let mut spare = self.spare_pages.lock();
+        for i in first..end {
+            let handle = std::mem::take(&mut table[i]);
+            if handle == 0 {
+                continue;
             }
+            if let Err(f) = raw::mem_unmap(segment.device_ptr + i as u64 * page, page) {
+                log::error!("{}: {}", self.name, self.error(f));
+            }
+            if keep {
+                spare.push(handle);
+            } else if let Err(f) = raw::mem_release(handle) {
+                log::error!("{}: {}", self.name, self.error(f));
+            }
+        }
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // A pool releases spare pages at the end of each operation; this only covers one that panicked midway.
+        if !self.spare_pages.get_mut().is_empty() && self.bind().is_ok() {
+            self.release_spare_pages();
         }
     }
 }
@@ -285,9 +324,14 @@ impl Backend for CudaBackend {
         }
         let mut done = 0;
         let mut failure = None;
+        let mut spare = self.spare_pages.lock();
         for i in first..first + count {
             let at = segment.device_ptr + i as u64 * page;
-            let handle = match raw::mem_create(page, self.ordinal) {
+            let created = match spare.pop() {
+                Some(h) => Ok(h),
+                None => raw::mem_create(page, self.ordinal),
+            };
+            let handle = match created {
                 Ok(h) => h,
                 Err(f) => {
                     failure = Some(f);
@@ -319,22 +363,16 @@ impl Backend for CudaBackend {
 
     fn unmap_pages(&self, segment: &CudaSegment, offset: u64, len: u64) {
         let (Some(vm), Some(pages)) = (self.vmm, segment.pages.as_ref()) else { return };
-        let page = vm.page_size;
+        let _ = pages;
         // Blocks over these pages were freed on their streams; work queued before that may still run.
         if let Err(e) = self.synchronize() {
             log::error!("{}: synchronizing before unmapping pages failed: {e}", self.name);
         }
-        let mut table = pages.lock();
-        let first = (offset / page) as usize;
-        let end = (offset + len).div_ceil(page).min(table.len() as u64) as usize;
-        for i in first..end {
-            let handle = std::mem::take(&mut table[i]);
-            if handle == 0 {
-                continue;
-            }
-            if let Err(f) = raw::mem_unmap(segment.device_ptr + i as u64 * page, page) {
-                log::error!("{}: {}", self.name, self.error(f));
-            }
+        self.unmap_range(segment, offset, len, vm.page_size, true);
+    }
+
+    fn release_spare_pages(&self) {
+        for handle in self.spare_pages.lock().drain(..) {
             if let Err(f) = raw::mem_release(handle) {
                 log::error!("{}: {}", self.name, self.error(f));
             }

@@ -500,6 +500,8 @@ impl<B: Backend> Pool<B> {
             state.update_reserved();
             result
         };
+        // Pages the trim above unmapped and the mapping did not take back are freed now.
+        self.backend.release_spare_pages();
         if result.is_err() {
             state.arenas[arena].engine.free(alloc.block);
         }
@@ -611,6 +613,7 @@ impl<B: Backend> Pool<B> {
         }
         state.mapped_bytes = state.arenas.iter().map(Arena::mapped_bytes).sum();
         state.update_reserved();
+        self.backend.release_spare_pages();
         report.elapsed = start.elapsed();
         report
     }
@@ -675,6 +678,7 @@ impl<B: Backend> Pool<B> {
             }
         }
         self.backend.destroy_segment(entry.handle);
+        self.backend.release_spare_pages();
         state.stats.num_device_free += 1;
         state.stats.segments.sub(1);
         state.mapped_bytes = state.arenas.iter().map(Arena::mapped_bytes).sum();
@@ -810,6 +814,7 @@ impl<B: Backend> Drop for Pool<B> {
                 self.backend.destroy_segment(entry.handle);
             }
         }
+        self.backend.release_spare_pages();
     }
 }
 
