@@ -10,7 +10,7 @@
 //! | `UMM_PRESSURE` | a fraction in [0, 1] | used share of a device above which Auto avoids it |
 //! | `UMM_ZERO`, `UMM_POISON` | `0`/`1`, `true`/`false`, `on`/`off` | zero every allocation; poison every freed block |
 //! | `UMM_BACKENDS` | a comma list of `cuda`, `opencl`, `wgpu` (or `none`) | which APIs discovery probes |
-//! | `UMM_MAPPED_SLACK` | a fraction >= 0 or `off` | how far reserved may exceed live memory in virtual reservations before free pages are unmapped (default 0.05) |
+//! | `UMM_MAPPED_SLACK` | a fraction >= 0 or `off` | how far reserved may exceed live memory in virtual reservations before free pages are unmapped (default 0.03) |
 //! | `UMM_CLEANUP_IDLE_ROUNDS` | an integer | cleanups a cached segment must sit idle before `cleanup()` frees it |
 //! | `UMM_PROFILE` | `0`/`1`, `true`/`false`, `on`/`off` | record allocation, free and segment events from the start |
 //! | `UMM_PROFILE_CAPACITY` | an integer | events the profiler's ring keeps (default 100000) |
@@ -147,7 +147,7 @@ impl UmmConfig {
             self.pool.mapped_slack = PoolConfig::parse_mapped_slack(&v).ok_or_else(|| Error::InvalidEnv {
                 var: "UMM_MAPPED_SLACK",
                 value: v.clone(),
-                expected: "a fraction >= 0 (0.05) or off",
+                expected: "a fraction >= 0 (0.03) or off",
             })?;
         }
         if let Some(v) = lookup("UMM_CLEANUP_IDLE_ROUNDS") {

@@ -133,7 +133,7 @@ fn pool_config() -> Result<PoolConfig, String> {
     }
     if let Ok(v) = std::env::var("UMM_MAPPED_SLACK") {
         config.mapped_slack = PoolConfig::parse_mapped_slack(&v)
-            .ok_or_else(|| format!("UMM_MAPPED_SLACK={v:?} is not a fraction >= 0 (0.05) or off"))?;
+            .ok_or_else(|| format!("UMM_MAPPED_SLACK={v:?} is not a fraction >= 0 (0.03) or off"))?;
     }
     if let Ok(v) = std::env::var("UMM_STRATEGY") {
         config.strategy =

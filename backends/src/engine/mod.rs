@@ -19,7 +19,7 @@ use slab::{Node, NodeState, NIL};
 /// seen (or moving to the next class). Bounds allocation to O(1) even when many blocks of one class are free.
 const FIT_SCAN_LIMIT: usize = 8;
 
-/// How many other free blocks [`Engine::allocate_preferring`] offers to its predicate after the best fit.
+/// How many other free blocks [`Engine::allocate_placed`] offers to its chooser after the best fit.
 pub const PREFERENCE_SCAN_LIMIT: usize = 32;
 
 /// Identifies a segment inside one engine. Ids of removed segments are reused.
@@ -269,44 +269,72 @@ impl Engine {
         Some(self.take(node, size))
     }
 
-    /// Like [`Engine::allocate`], but when `accept(segment, offset)` refuses the best fit's placement, looks at
-    /// up to [`PREFERENCE_SCAN_LIMIT`] other free blocks that fit, smallest classes first, and takes the first
-    /// one `accept` likes; the best fit when none does. A pool passes "already backed by physical memory", so
-    /// that a request is placed in mapped memory rather than mapping new pages while mapped holes sit free.
-    /// O(1): bounded scans.
-    pub fn allocate_preferring(
+    /// Like [`Engine::allocate`], but lets `place` choose where inside a free block the request goes:
+    /// `place(segment, block_offset, block_size)` returns an offset inside the block (aligned, with the request
+    /// fitting before the block's end) or `None` to pass. The best fit is offered first, then up to
+    /// [`PREFERENCE_SCAN_LIMIT`] other free blocks that fit, smallest classes first; when `place` passes on all,
+    /// the best fit is taken at its start. Free space before and after the placed block stays free. A pool over
+    /// virtual reservations passes "a range already backed by physical memory", so that a request lands in
+    /// mapped memory rather than mapping new pages while mapped space sits free. O(1): bounded scans (plus what
+    /// `place` costs).
+    pub fn allocate_placed(
         &mut self,
         size: u64,
-        mut accept: impl FnMut(SegmentId, u64) -> bool,
+        mut place: impl FnMut(SegmentId, u64, u64) -> Option<u64>,
     ) -> Option<Allocation> {
         let size = self.round_size(size).filter(|&s| s > 0)?;
         let best = self.find_fit(size)?;
-        let placement = |node: &Node| (SegmentId(node.segment), node.offset);
-        let (segment, offset) = placement(&self.nodes[best]);
-        if accept(segment, offset) {
-            return Some(self.take(best, size));
+        let mut ask = |engine: &Self, index: u32| {
+            let node = &engine.nodes[index];
+            let at = place(SegmentId(node.segment), node.offset, node.size)?;
+            let inside = at >= node.offset && at % engine.alignment == 0 && at + size <= node.offset + node.size;
+            debug_assert!(inside, "place chose {at} outside the free block {}+{}", node.offset, node.size);
+            inside.then_some(at)
+        };
+        if let Some(at) = ask(self, best) {
+            return Some(self.take_at(best, at, size));
         }
         let mut examined = 0;
         let mut bin = bin_of(size);
         while let Some(class) = self.bins.first_at_or_after(bin) {
             let mut cursor = self.bin_heads[class];
-            while cursor != NIL {
-                if examined == PREFERENCE_SCAN_LIMIT {
-                    return Some(self.take(best, size));
-                }
+            while cursor != NIL && examined < PREFERENCE_SCAN_LIMIT {
                 examined += 1;
-                let node = &self.nodes[cursor];
-                if cursor != best && node.size >= size {
-                    let (segment, offset) = placement(node);
-                    if accept(segment, offset) {
-                        return Some(self.take(cursor, size));
+                if cursor != best && self.nodes[cursor].size >= size {
+                    if let Some(at) = ask(self, cursor) {
+                        return Some(self.take_at(cursor, at, size));
                     }
                 }
-                cursor = node.next_free;
+                cursor = self.nodes[cursor].next_free;
+            }
+            if examined == PREFERENCE_SCAN_LIMIT {
+                break;
             }
             bin = class + 1;
         }
         Some(self.take(best, size))
+    }
+
+    /// Takes `size` bytes at offset `at` inside free block `index`: the space before `at` stays a free block.
+    fn take_at(&mut self, index: u32, at: u64, size: u64) -> Allocation {
+        let offset = self.nodes[index].offset;
+        if at == offset {
+            return self.take(index, size);
+        }
+        // Split the block at `at`: `index` keeps the front, a new node the rest, which is then taken.
+        self.unlink_free(index);
+        let node = self.nodes[index];
+        let rest = self.nodes.insert(Node::free(node.segment, at, node.offset + node.size - at));
+        self.nodes[rest].prev_phys = index;
+        self.nodes[rest].next_phys = node.next_phys;
+        if node.next_phys != NIL {
+            self.nodes[node.next_phys].prev_phys = rest;
+        }
+        self.nodes[index].next_phys = rest;
+        self.nodes[index].size = at - offset;
+        self.push_free(index);
+        self.push_free(rest);
+        self.take(rest, size)
     }
 
     /// Allocates `size` bytes from the start of an entirely free segment, bypassing the size-class search

@@ -77,6 +77,11 @@ fn check(engine: &Engine, shadow: &Shadow) {
     assert_eq!(stats.free_blocks, free_blocks);
 }
 
+/// `size` rounded up to `alignment`, as the engine rounds requests.
+fn engine_size(size: u64, alignment: u64) -> u64 {
+    size.next_multiple_of(alignment)
+}
+
 fn run(ops: &[Op], alignment: u64, check_every: usize) {
     let mut engine = Engine::new(alignment).unwrap();
     let mut shadow = Shadow::default();
@@ -95,8 +100,13 @@ fn run(ops: &[Op], alignment: u64, check_every: usize) {
                 }
             },
             Op::AllocPreferring(size, k) => {
-                let prefer = |_: SegmentId, offset: u64| (offset >> 12) % k == 0;
-                match engine.allocate_preferring(size, prefer) {
+                // Place at the first 4 KiB page inside the block whose number is a multiple of k, if it fits.
+                let prefer = |_: SegmentId, offset: u64, block: u64| {
+                    let page = (offset >> 12).next_multiple_of(k) << 12;
+                    let at = page.max(offset).next_multiple_of(alignment);
+                    (at + engine_size(size, alignment) <= offset + block).then_some(at)
+                };
+                match engine.allocate_placed(size, prefer) {
                     Some(a) => {
                         assert!(a.size >= size && a.size < size + alignment);
                         shadow.live.push(a);
@@ -104,7 +114,7 @@ fn run(ops: &[Op], alignment: u64, check_every: usize) {
                     None => {
                         let seg = engine.add_segment(size.max(1 << 20)).unwrap();
                         shadow.segments.insert(seg, engine.segment_size(seg).unwrap());
-                        shadow.live.push(engine.allocate_preferring(size, prefer).expect("fits in a fresh segment"));
+                        shadow.live.push(engine.allocate_placed(size, prefer).expect("fits in a fresh segment"));
                     }
                 }
             }
@@ -231,19 +241,21 @@ fn parked_blocks_refuse_their_old_id_and_free_with_the_new_one() {
 }
 
 #[test]
-fn preferring_takes_an_accepted_block_over_the_best_fit() {
+fn placed_allocation_goes_where_the_chooser_says() {
     let mut e = Engine::new(256).unwrap();
     let seg = e.add_segment(1 << 20).unwrap();
     // Holes of 4 KiB at 0 and 64 KiB at 8 KiB, separated by live blocks.
     let blocks: Vec<_> = [4096, 4096, 65536, 4096].iter().map(|&s| e.allocate(s).unwrap()).collect();
     e.free(blocks[0].block).unwrap();
     e.free(blocks[2].block).unwrap();
-    // Best fit for 4 KiB is the hole at 0; the predicate wants offset 8 KiB.
-    let a = e.allocate_preferring(4096, |s, off| s == seg && off == 8192).unwrap();
-    assert_eq!(a.offset, 8192);
-    // Nothing acceptable: the best fit.
-    let b = e.allocate_preferring(4096, |_, _| false).unwrap();
+    // Best fit for 4 KiB is the hole at 0; the chooser passes on it and asks for the middle of the other hole.
+    let a = e.allocate_placed(4096, |s, off, _| (s == seg && off == 8192).then_some(8192 + 16384)).unwrap();
+    assert_eq!(a.offset, 8192 + 16384);
+    let free: Vec<_> = e.blocks_in(seg).filter(|b| b.free).map(|b| (b.offset, b.size)).collect();
+    assert_eq!(&free[..3], &[(0, 4096), (8192, 16384), (8192 + 16384 + 4096, 65536 - 16384 - 4096)]);
+    // The chooser passes everywhere: the best fit, at its start.
+    let b = e.allocate_placed(4096, |_, _, _| None).unwrap();
     assert_eq!(b.offset, 0);
-    // No fit at all: none, whatever the predicate says.
-    assert!(e.allocate_preferring(1 << 21, |_, _| true).is_none());
+    // No fit at all: none, whatever the chooser says.
+    assert!(e.allocate_placed(1 << 21, |_, off, _| Some(off)).is_none());
 }

@@ -87,7 +87,7 @@ impl Default for PoolConfig {
             small_request_max: 1 << 20,
             small_segment_size: 2 << 20,
             large_segment_size: 20 << 20,
-            mapped_slack: Some(0.05),
+            mapped_slack: Some(0.03),
             zero_on_alloc: false,
             poison_on_free: false,
         }
@@ -95,7 +95,7 @@ impl Default for PoolConfig {
 }
 
 impl PoolConfig {
-    /// Parses a `mapped_slack` setting as users write it (`UMM_MAPPED_SLACK`): a fraction >= 0 (`0.05`), or
+    /// Parses a `mapped_slack` setting as users write it (`UMM_MAPPED_SLACK`): a fraction >= 0 (`0.03`), or
     /// `off`/`none` for no early trimming. `None` when the text is neither.
     pub fn parse_mapped_slack(text: &str) -> Option<Option<f64>> {
         match text.trim().to_ascii_lowercase().as_str() {
