@@ -116,20 +116,10 @@ struct Arena<S> {
 }
 
 /// Where inside the free block `[block_offset, block_offset + block_size)` a request of `size` bytes lies
-/// entirely on mapped pages: the block's start if it does, else the start of the first mapped run long enough.
+/// entirely on mapped pages: the lowest such offset (the block's start when its first pages are mapped).
 /// O(pages of the block / 64 + runs).
 fn mapped_placement(pages: &PageMap, block_offset: u64, block_size: u64, size: u64, alignment: u64) -> Option<u64> {
-    let block_end = block_offset + block_size;
-    let (first, end) = pages.covering(block_offset, size);
-    if !pages.any_unmapped(first, end) {
-        return Some(block_offset);
-    }
-    let (first, end) = pages.covering(block_offset, block_size);
-    pages.runs(first, end, true).into_iter().find_map(|(a, b)| {
-        let start = pages.offset_of(a).max(block_offset).next_multiple_of(alignment);
-        let run_end = pages.offset_of(b).min(block_end);
-        (start + size <= run_end).then_some(start)
-    })
+    pages.mapped_span(block_offset, block_offset + block_size, size, alignment)
 }
 
 impl<S> Arena<S> {

@@ -70,6 +70,34 @@ impl PageMap {
         missing * self.page_size
     }
 
+    /// The lowest offset `p >= lo`, a multiple of `align`, such that `[p, p + size)` lies inside `[lo, hi)` and
+    /// on mapped pages only. O((hi - lo) / page / 64 + runs), without allocating: the pool asks this of every
+    /// candidate block when a request would otherwise map new pages.
+    pub(super) fn mapped_span(&self, lo: u64, hi: u64, size: u64, align: u64) -> Option<u64> {
+        let (first, end) = self.covering(lo, hi.checked_sub(lo)?);
+        let end = end.min(self.mapped_end);
+        let mut run_start: Option<u64> = None;
+        let mut page = first;
+        while page < end {
+            let bit = page % 64;
+            let word = self.words[(page / 64) as usize] >> bit;
+            let left_in_word = 64 - bit;
+            if word & 1 == 1 {
+                let ones = u64::from(word.trailing_ones()).min(left_in_word);
+                let start = *run_start.get_or_insert(page);
+                page += ones;
+                let p = self.offset_of(start).max(lo).next_multiple_of(align);
+                if p.checked_add(size).is_some_and(|e| e <= self.offset_of(page.min(end)).min(hi)) {
+                    return Some(p);
+                }
+            } else {
+                run_start = None;
+                page += if word == 0 { left_in_word } else { u64::from(word.trailing_zeros()).min(left_in_word) };
+            }
+        }
+        None
+    }
+
     /// Maximal runs of pages in `[first, end)` whose mapped state is `mapped`, as page ranges.
     /// O((end - first) / 64 + runs).
     pub(super) fn runs(&self, first: u64, end: u64, mapped: bool) -> Vec<(u64, u64)> {
@@ -164,6 +192,14 @@ mod tests {
         assert_eq!(m.unmapped_bytes_in(50, 210), 20 * 4096);
         assert!(m.any_unmapped(50, 210) && m.any_unmapped(199, 201) && m.any_unmapped(0, 1));
         assert!(!m.any_unmapped(60, 200) && !m.any_unmapped(64, 128) && !m.any_unmapped(70, 70));
+        // Spans on mapped pages (4 KiB pages; pages 60..200 mapped).
+        let page = 4096;
+        assert_eq!(m.mapped_span(0, 300 * page, 10 * page, 256), Some(60 * page));
+        assert_eq!(m.mapped_span(100 * page + 1, 300 * page, page, 256), Some(100 * page + 256));
+        assert_eq!(m.mapped_span(0, 300 * page, 140 * page, 256), Some(60 * page));
+        assert_eq!(m.mapped_span(0, 300 * page, 141 * page, 256), None);
+        assert_eq!(m.mapped_span(0, 150 * page, 100 * page, 256), None, "must end inside [lo, hi)");
+        assert_eq!(m.mapped_span(190 * page, 400 * page, 10 * page, 256), Some(190 * page));
         m.set(64, 128, false);
         assert_eq!(m.runs(0, 300, true), vec![(60, 64), (128, 200)]);
         assert_eq!(m.mapped_bytes(), 76 * 4096);
