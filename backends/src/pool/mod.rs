@@ -130,6 +130,10 @@ impl<S> Arena<S> {
         if !self.virtual_segments {
             return self.engine.allocate(size);
         }
+        // Not enough free mapped memory for any placement to avoid mapping: skip the search.
+        if self.mapped_bytes().saturating_sub(self.engine.stats().allocated_bytes) < size {
+            return self.engine.allocate(size);
+        }
         let segments = &self.segments;
         let alignment = self.engine.alignment();
         self.engine.allocate_placed(size, |segment, block_offset, block_size| {
