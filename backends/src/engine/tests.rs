@@ -82,41 +82,41 @@ fn engine_size(size: u64, alignment: u64) -> u64 {
     size.next_multiple_of(alignment)
 }
 
+/// Allocates with `allocate`; when nothing fits, grows like a pool does (a segment of at least 1 MiB), and then
+/// the allocation must succeed. Checks the rounding and records the block in the shadow.
+fn alloc_or_grow(
+    engine: &mut Engine,
+    shadow: &mut Shadow,
+    size: u64,
+    mut allocate: impl FnMut(&mut Engine) -> Option<Allocation>,
+) {
+    let a = match allocate(engine) {
+        Some(a) => a,
+        None => {
+            let seg = engine.add_segment(size.max(1 << 20)).unwrap();
+            shadow.segments.insert(seg, engine.segment_size(seg).unwrap());
+            allocate(engine).expect("fits in a fresh segment")
+        }
+    };
+    let alignment = engine.alignment();
+    assert!(a.size >= size && a.size < size + alignment);
+    shadow.live.push(a);
+}
+
 fn run(ops: &[Op], alignment: u64, check_every: usize) {
     let mut engine = Engine::new(alignment).unwrap();
     let mut shadow = Shadow::default();
     for (i, op) in ops.iter().enumerate() {
         match *op {
-            Op::Alloc(size) => match engine.allocate(size) {
-                Some(a) => {
-                    assert!(a.size >= size && a.size < size + alignment);
-                    shadow.live.push(a);
-                }
-                None => {
-                    // No fit: grow like a pool does, then the allocation must succeed in the new segment.
-                    let seg = engine.add_segment(size.max(1 << 20)).unwrap();
-                    shadow.segments.insert(seg, engine.segment_size(seg).unwrap());
-                    shadow.live.push(engine.allocate(size).expect("fits in a fresh segment"));
-                }
-            },
+            Op::Alloc(size) => alloc_or_grow(&mut engine, &mut shadow, size, |e| e.allocate(size)),
             Op::AllocPreferring(size, k) => {
                 // Place at the first 4 KiB page inside the block whose number is a multiple of k, if it fits.
-                let prefer = |_: SegmentId, offset: u64, block: u64| {
+                let prefer = move |_: SegmentId, offset: u64, block: u64| {
                     let page = (offset >> 12).next_multiple_of(k) << 12;
                     let at = page.max(offset).next_multiple_of(alignment);
                     (at + engine_size(size, alignment) <= offset + block).then_some(at)
                 };
-                match engine.allocate_placed(size, prefer) {
-                    Some(a) => {
-                        assert!(a.size >= size && a.size < size + alignment);
-                        shadow.live.push(a);
-                    }
-                    None => {
-                        let seg = engine.add_segment(size.max(1 << 20)).unwrap();
-                        shadow.segments.insert(seg, engine.segment_size(seg).unwrap());
-                        shadow.live.push(engine.allocate_placed(size, prefer).expect("fits in a fresh segment"));
-                    }
-                }
+                alloc_or_grow(&mut engine, &mut shadow, size, |e| e.allocate_placed(size, prefer));
             }
             Op::Free(k) if !shadow.live.is_empty() => {
                 let a = shadow.live.swap_remove(k % shadow.live.len());

@@ -115,17 +115,11 @@ struct Arena<S> {
     quick: QuickCache,
 }
 
-/// Where inside the free block `[block_offset, block_offset + block_size)` a request of `size` bytes lies
-/// entirely on mapped pages: the lowest such offset (the block's start when its first pages are mapped).
-/// O(pages of the block / 64 + runs).
-fn mapped_placement(pages: &PageMap, block_offset: u64, block_size: u64, size: u64, alignment: u64) -> Option<u64> {
-    pages.mapped_span(block_offset, block_offset + block_size, size, alignment)
-}
-
 impl<S> Arena<S> {
-    /// A free block for `size` bytes from the engine. In a virtual reservation, a block whose pages are already
-    /// mapped is preferred over the best fit: mapping costs a device call (tens of microseconds per page on CUDA),
-    /// and at the reserved peak it also forces unmapping elsewhere.
+    /// A free block for `size` bytes from the engine. In a virtual reservation the request goes on mapped pages
+    /// inside a free block when one of the candidates has them (the lowest such offset), rather than at the best
+    /// fit's start on unmapped pages: mapping costs device calls (tens of microseconds per page on CUDA), and at
+    /// the reserved peak it also forces unmapping elsewhere.
     fn allocate(&mut self, size: u64) -> Option<Allocation> {
         if !self.virtual_segments {
             return self.engine.allocate(size);
@@ -138,7 +132,7 @@ impl<S> Arena<S> {
         let alignment = self.engine.alignment();
         self.engine.allocate_placed(size, |segment, block_offset, block_size| {
             let pages = segments[segment.0 as usize].as_ref().and_then(|e| e.pages.as_ref())?;
-            mapped_placement(pages, block_offset, block_size, size, alignment)
+            pages.mapped_span(block_offset, block_offset + block_size, size, alignment)
         })
     }
 
