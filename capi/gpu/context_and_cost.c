@@ -1,19 +1,12 @@
 /* On a CUDA machine: checks that umm_alloc/umm_free leave the caller's current context alone (a context of the
  * caller's own, not umm's primary one), then times cached alloc+free pairs through the C ABI. Build and run:
- *   cc -O2 -I capi/include capi/gpu/context_and_cost.c -L DIR -lumm_capi -lcuda -Wl,-rpath,DIR -o ctx && ./ctx
+ *   cc -O2 -I capi/include -I capi/tests capi/gpu/context_and_cost.c -L DIR -lumm_capi -lcuda -Wl,-rpath,DIR -o ctx && ./ctx
  * Exit code 0 on success. Prints ns per alloc+free pair for a few sizes. */
+#include "check.h"
 #include "umm.h"
 #include <cuda.h>
 #include <stdio.h>
 #include <time.h>
-
-#define CHECK(cond)                                                              \
-    do {                                                                         \
-        if (!(cond)) {                                                           \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-            return 1;                                                            \
-        }                                                                        \
-    } while (0)
 
 static double now_ns(void) {
     struct timespec t;

@@ -1,15 +1,8 @@
 /* The C ABI through the header, compiled with `cc` by tests/c_header.rs. Exit code 0 on success. */
+#include "check.h"
 #include "umm.h"
 #include <stdio.h>
 #include <string.h>
-
-#define CHECK(cond)                                                          \
-    do {                                                                     \
-        if (!(cond)) {                                                       \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-            return 1;                                                        \
-        }                                                                    \
-    } while (0)
 
 int main(void) {
     int devices = umm_device_count();

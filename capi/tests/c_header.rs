@@ -30,6 +30,8 @@ fn c_program_uses_the_header() {
     let status = Command::new(&cc)
         .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-I"])
         .arg(crate_dir.join("include"))
+        .arg("-I")
+        .arg(crate_dir.join("tests"))
         .arg(crate_dir.join("tests/abi_test.c"))
         .arg("-L")
         .arg(&lib_dir)
