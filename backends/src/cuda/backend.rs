@@ -362,8 +362,7 @@ impl Backend for CudaBackend {
     }
 
     fn unmap_pages(&self, segment: &CudaSegment, offset: u64, len: u64) {
-        let (Some(vm), Some(pages)) = (self.vmm, segment.pages.as_ref()) else { return };
-        let _ = pages;
+        let (Some(vm), true) = (self.vmm, segment.is_virtual()) else { return };
         // Blocks over these pages were freed on their streams; work queued before that may still run.
         if let Err(e) = self.synchronize() {
             log::error!("{}: synchronizing before unmapping pages failed: {e}", self.name);

@@ -53,7 +53,7 @@ impl Drop for ContextScope {
         let Some(saved) = saved else { return };
         if raw::current_context().is_ok_and(|now| now != saved) {
             if let Err(f) = raw::restore_context(saved) {
-                log::error!("restoring the caller's CUDA context failed: {:?}", f.message());
+                log::error!("restoring the caller's CUDA context failed: {}", f.message());
             }
         }
     }

@@ -333,8 +333,7 @@ impl Engine {
         self.nodes[index].next_phys = rest;
         self.nodes[index].size = at - offset;
         self.push_free(index);
-        self.push_free(rest);
-        self.take(rest, size)
+        self.carve(rest, size)
     }
 
     /// Allocates `size` bytes from the start of an entirely free segment, bypassing the size-class search
@@ -455,6 +454,12 @@ impl Engine {
     #[inline]
     fn take(&mut self, index: u32, size: u64) -> Allocation {
         self.unlink_free(index);
+        self.carve(index, size)
+    }
+
+    /// Makes block `index` (already out of the free index) live for `size` bytes, splitting off the remainder.
+    #[inline]
+    fn carve(&mut self, index: u32, size: u64) -> Allocation {
         let node = self.nodes[index];
         debug_assert!(node.size >= size);
         if node.size > size {
