@@ -110,6 +110,8 @@ impl EngineStats {
 struct Segment {
     size: u64,
     first_block: u32,
+    /// The block at the segment's end: trims walk blocks from the top.
+    last_block: u32,
     live_blocks: u32,
 }
 
@@ -173,7 +175,7 @@ impl Engine {
             }
         };
         let node = self.nodes.insert(Node::free(id, 0, size));
-        self.segments[id as usize] = Some(Segment { size, first_block: node, live_blocks: 0 });
+        self.segments[id as usize] = Some(Segment { size, first_block: node, last_block: node, live_blocks: 0 });
         self.push_free(node);
         self.stats.reserved_bytes += size;
         self.stats.empty_segment_bytes += size;
@@ -240,6 +242,25 @@ impl Engine {
                 block: (node.state == NodeState::Live).then_some(BlockId { index: next, generation: node.generation }),
             };
             next = node.next_phys;
+            Some(info)
+        })
+    }
+
+    /// The blocks of a segment from its end down to its start. O(blocks visited).
+    pub fn blocks_in_rev(&self, id: SegmentId) -> impl Iterator<Item = BlockInfo> + '_ {
+        let mut next = self.segment(id).map_or(NIL, |s| s.last_block);
+        std::iter::from_fn(move || {
+            if next == NIL {
+                return None;
+            }
+            let node = &self.nodes[next];
+            let info = BlockInfo {
+                offset: node.offset,
+                size: node.size,
+                free: node.state == NodeState::Free,
+                block: (node.state == NodeState::Live).then_some(BlockId { index: next, generation: node.generation }),
+            };
+            next = node.prev_phys;
             Some(info)
         })
     }
@@ -329,6 +350,8 @@ impl Engine {
         self.nodes[rest].next_phys = node.next_phys;
         if node.next_phys != NIL {
             self.nodes[node.next_phys].prev_phys = rest;
+        } else {
+            self.set_last_block(node.segment, rest);
         }
         self.nodes[index].next_phys = rest;
         self.nodes[index].size = at - offset;
@@ -468,6 +491,8 @@ impl Engine {
             self.nodes[rest].next_phys = node.next_phys;
             if node.next_phys != NIL {
                 self.nodes[node.next_phys].prev_phys = rest;
+            } else {
+                self.set_last_block(node.segment, rest);
             }
             self.nodes[index].next_phys = rest;
             self.nodes[index].size = size;
@@ -500,8 +525,15 @@ impl Engine {
         self.nodes[index].next_phys = after;
         if after != NIL {
             self.nodes[after].prev_phys = index;
+        } else {
+            let segment = self.nodes[index].segment;
+            self.set_last_block(segment, index);
         }
         self.nodes.remove(next);
+    }
+
+    fn set_last_block(&mut self, segment: u32, index: u32) {
+        self.segments[segment as usize].as_mut().expect("block in a missing segment").last_block = index;
     }
 
     #[inline]

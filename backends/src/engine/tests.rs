@@ -73,6 +73,9 @@ fn check(engine: &Engine, shadow: &Shadow) {
             end += b.size;
         }
         assert_eq!(end, size);
+        let mut backwards: Vec<_> = engine.blocks_in_rev(id).collect();
+        backwards.reverse();
+        assert_eq!(backwards, engine.blocks_in(id).collect::<Vec<_>>(), "walking down from the top of {id:?}");
     }
     assert_eq!(stats.free_blocks, free_blocks);
 }

@@ -113,6 +113,8 @@ struct Arena<S> {
     virtual_segments: bool,
     segments: Vec<Option<SegmentEntry<S>>>,
     quick: QuickCache,
+    /// Mapped bytes of this arena's virtual reservations.
+    mapped: u64,
 }
 
 impl<S> Arena<S> {
@@ -125,15 +127,16 @@ impl<S> Arena<S> {
             return self.engine.allocate(size);
         }
         // Not enough free mapped memory for any placement to avoid mapping: skip the search.
-        if self.mapped_bytes().saturating_sub(self.engine.stats().allocated_bytes) < size {
-            return self.engine.allocate(size);
+        if self.mapped.saturating_sub(self.engine.stats().allocated_bytes) < size {
+            self.engine.allocate(size)
+        } else {
+            let segments = &self.segments;
+            let alignment = self.engine.alignment();
+            self.engine.allocate_placed(size, |segment, block_offset, block_size| {
+                let pages = segments[segment.0 as usize].as_ref().and_then(|e| e.pages.as_ref())?;
+                pages.mapped_span(block_offset, block_offset + block_size, size, alignment)
+            })
         }
-        let segments = &self.segments;
-        let alignment = self.engine.alignment();
-        self.engine.allocate_placed(size, |segment, block_offset, block_size| {
-            let pages = segments[segment.0 as usize].as_ref().and_then(|e| e.pages.as_ref())?;
-            pages.mapped_span(block_offset, block_offset + block_size, size, alignment)
-        })
     }
 
     fn entry(&self, id: SegmentId) -> Option<&SegmentEntry<S>> {
@@ -349,6 +352,7 @@ impl<B: Backend> Pool<B> {
                 virtual_segments: class == ArenaClass::Large && self.page_size.is_some(),
                 segments: Vec::new(),
                 quick: QuickCache::new(),
+                mapped: 0,
             });
         }
         state.streams.push((stream, [first, first + 1]));
@@ -412,10 +416,7 @@ impl<B: Backend> Pool<B> {
             let seg = state.add_segment(arena, reservation, entry);
             state.stats.segments.add(1);
             let alloc = state.arenas[arena].engine.allocate_in(seg, size).expect("fresh reservation fits");
-            if let Err(e) = self.ensure_mapped(state, arena, &alloc) {
-                state.arenas[arena].engine.free(alloc.block);
-                return Err(e);
-            }
+            self.ensure_mapped(state, arena, &alloc)?;
             return Ok(alloc);
         }
         let preferred = match state.arenas[arena].class {
@@ -448,6 +449,7 @@ impl<B: Backend> Pool<B> {
     }
 
     /// Maps the unmapped pages under `alloc` if it lies in a virtual reservation. Returns whether it mapped any.
+    /// On failure the block goes back to the engine.
     fn ensure_mapped(
         &self,
         state: &mut State<B::Segment>,
@@ -476,40 +478,47 @@ impl<B: Backend> Pool<B> {
                         self.unmap_free_pages(state, a, round, 0, excess);
                     }
                 }
-                state.mapped_bytes = state.arenas.iter().map(Arena::mapped_bytes).sum();
                 state.update_reserved();
             }
         }
-        let pages = state.arenas[arena].entry(alloc.segment).and_then(|e| e.pages.as_ref()).expect("virtual");
-        let missing = pages.unmapped_bytes_in(first, end);
         let limit = *self.limit.lock();
-        let over_limit = limit.is_some_and(|l| state.reserved() + missing > l);
-        let result = if over_limit {
+        let result = if limit.is_some_and(|l| state.reserved() + missing > l) {
             Err(Shortfall::Limit)
         } else {
-            let runs = pages.runs(first, end, false);
-            let entry = state.arenas[arena].segments[alloc.segment.0 as usize].as_mut().expect("segment exists");
-            let pages = entry.pages.as_mut().expect("virtual segment");
-            let mut result = Ok(true);
-            for (a, b) in runs {
-                let (offset, len) = (pages.offset_of(a), pages.offset_of(b) - pages.offset_of(a));
-                if let Err(e) = self.backend.map_pages(&entry.handle, offset, len) {
-                    result = Err(Shortfall::Device(e));
-                    break;
-                }
-                pages.set(a, b, true);
-                state.stats.num_device_alloc += 1;
-            }
-            state.mapped_bytes = state.arenas.iter().map(Arena::mapped_bytes).sum();
-            state.update_reserved();
-            result
+            self.map_range(state, arena, alloc.segment, first, end)
         };
+        state.update_reserved();
         // Pages the trim above unmapped and the mapping did not take back are freed now.
         self.backend.release_spare_pages();
         if result.is_err() {
             state.arenas[arena].engine.free(alloc.block);
         }
-        result
+        result.map(|()| true)
+    }
+
+    /// Maps every unmapped page in `[first, end)` of a reservation, one backend call per run of them.
+    fn map_range(
+        &self,
+        state: &mut State<B::Segment>,
+        arena: usize,
+        segment: SegmentId,
+        first: u64,
+        end: u64,
+    ) -> std::result::Result<(), Shortfall> {
+        let a = &mut state.arenas[arena];
+        let entry = a.segments[segment.0 as usize].as_mut().expect("segment exists");
+        let pages = entry.pages.as_mut().expect("virtual segment");
+        let mut from = first;
+        while let Some((lo, hi)) = pages.next_unmapped_run(from, end) {
+            let (offset, len) = (pages.offset_of(lo), pages.bytes(hi - lo));
+            self.backend.map_pages(&entry.handle, offset, len).map_err(Shortfall::Device)?;
+            pages.set(lo, hi, true);
+            a.mapped += len;
+            state.mapped_bytes += len;
+            state.stats.num_device_alloc += 1;
+            from = hi;
+        }
+        Ok(())
     }
 
     fn out_of_memory(&self, state: &mut State<B::Segment>, size: u64, shortfall: Shortfall) -> Error {
@@ -615,7 +624,6 @@ impl<B: Backend> Pool<B> {
                 report.bytes_released += bytes;
             }
         }
-        state.mapped_bytes = state.arenas.iter().map(Arena::mapped_bytes).sum();
         state.update_reserved();
         self.backend.release_spare_pages();
         report.elapsed = start.elapsed();
@@ -623,7 +631,7 @@ impl<B: Backend> Pool<B> {
     }
 
     /// Unmaps pages lying wholly inside free blocks of the arena's reservations, highest addresses first, until
-    /// `want` bytes are unmapped. Returns (pages, bytes).
+    /// `want` bytes are unmapped. Returns (pages, bytes). O(mapped pages / 64 + runs unmapped) per reservation.
     fn unmap_free_pages(
         &self,
         state: &mut State<B::Segment>,
@@ -632,60 +640,70 @@ impl<B: Backend> Pool<B> {
         idle_rounds: u64,
         want: u64,
     ) -> (u64, u64) {
-        let arena = &mut state.arenas[arena];
+        let a = &mut state.arenas[arena];
         let (mut pages_released, mut bytes) = (0, 0);
-        let ids: Vec<SegmentId> = arena.engine.segment_ids().collect();
-        for id in ids {
-            let free_ranges: Vec<(u64, u64)> =
-                arena.engine.blocks_in(id).filter(|b| b.free).map(|b| (b.offset, b.size)).collect();
-            let entry = arena.segments[id.0 as usize].as_mut().expect("segment exists");
+        for (index, slot) in a.segments.iter_mut().enumerate() {
+            let Some(entry) = slot.as_mut() else { continue };
             if round.saturating_sub(entry.last_used_round) < idle_rounds {
                 continue;
             }
             let Some(pages) = entry.pages.as_mut() else { continue };
-            for &(offset, size) in free_ranges.iter().rev() {
-                let (first, end) = pages.inside(offset, size);
-                for (a, b) in pages.runs(first, end, true).into_iter().rev() {
-                    if bytes >= want {
-                        return (pages_released, bytes);
-                    }
+            for block in a.engine.blocks_in_rev(SegmentId(index as u32)) {
+                if bytes >= want || pages.mapped_end() == 0 {
+                    break;
+                }
+                if !block.free {
+                    continue;
+                }
+                let (first, mut below) = pages.inside(block.offset, block.size);
+                while bytes < want {
+                    let Some((lo, hi)) = pages.prev_mapped_run(first, below) else { break };
                     // Unmap only as many pages of this run as still wanted, from its top.
-                    let needed_pages = (want - bytes).div_ceil(pages.offset_of(1));
-                    let a = a.max(b.saturating_sub(needed_pages));
-                    let (off, len) = (pages.offset_of(a), pages.offset_of(b) - pages.offset_of(a));
-                    self.backend.unmap_pages(&entry.handle, off, len);
-                    pages.set(a, b, false);
-                    pages_released += b - a;
+                    let lo = lo.max(hi.saturating_sub(pages.pages_for(want - bytes)));
+                    let (offset, len) = (pages.offset_of(lo), pages.bytes(hi - lo));
+                    self.backend.unmap_pages(&entry.handle, offset, len);
+                    pages.set(lo, hi, false);
+                    pages_released += hi - lo;
                     bytes += len;
                     state.stats.num_device_free += 1;
+                    below = lo;
                 }
             }
         }
+        a.mapped -= bytes;
+        state.mapped_bytes -= bytes;
         (pages_released, bytes)
+    }
+
+    /// Unmaps every mapped page of a reservation (before it is destroyed or dropped).
+    fn unmap_all(backend: &B, entry: &mut SegmentEntry<B::Segment>) -> u64 {
+        let Some(pages) = entry.pages.as_mut() else { return 0 };
+        let released = pages.mapped_bytes();
+        while let Some((lo, hi)) = pages.next_mapped_run(0) {
+            backend.unmap_pages(&entry.handle, pages.offset_of(lo), pages.bytes(hi - lo));
+            pages.set(lo, hi, false);
+        }
+        released
     }
 
     /// Destroys an empty segment; returns the physical bytes it held.
     fn destroy_segment(&self, state: &mut State<B::Segment>, arena: usize, id: SegmentId) -> u64 {
         let size = state.arenas[arena].engine.remove_segment(id).expect("segment is empty");
-        let entry = state.arenas[arena].segments[id.0 as usize].take().expect("segment exists");
-        let released = match &entry.pages {
-            Some(pages) => pages.mapped_bytes(),
-            None => {
-                state.plain_bytes -= size;
-                state.empty_plain_bytes -= size;
-                size
-            }
+        let mut entry = state.arenas[arena].segments[id.0 as usize].take().expect("segment exists");
+        let released = if entry.pages.is_some() {
+            let unmapped = Self::unmap_all(&self.backend, &mut entry);
+            state.arenas[arena].mapped -= unmapped;
+            state.mapped_bytes -= unmapped;
+            unmapped
+        } else {
+            state.plain_bytes -= size;
+            state.empty_plain_bytes -= size;
+            size
         };
-        if let Some(pages) = &entry.pages {
-            for (a, b) in pages.runs(0, pages.covering(0, size).1, true) {
-                self.backend.unmap_pages(&entry.handle, pages.offset_of(a), pages.offset_of(b) - pages.offset_of(a));
-            }
-        }
         self.backend.destroy_segment(entry.handle);
         self.backend.release_spare_pages();
         state.stats.num_device_free += 1;
         state.stats.segments.sub(1);
-        state.mapped_bytes = state.arenas.iter().map(Arena::mapped_bytes).sum();
         state.update_reserved();
         released
     }
@@ -805,26 +823,12 @@ impl<B: Backend> Drop for Pool<B> {
             );
         }
         for arena in &mut state.arenas {
-            for entry in arena.segments.iter_mut().filter_map(Option::take) {
-                if let Some(pages) = &entry.pages {
-                    for (a, b) in pages.runs(0, pages.page_count(), true) {
-                        self.backend.unmap_pages(
-                            &entry.handle,
-                            pages.offset_of(a),
-                            pages.offset_of(b) - pages.offset_of(a),
-                        );
-                    }
-                }
+            for mut entry in arena.segments.iter_mut().filter_map(Option::take) {
+                Self::unmap_all(&self.backend, &mut entry);
                 self.backend.destroy_segment(entry.handle);
             }
         }
         self.backend.release_spare_pages();
-    }
-}
-
-impl<S> Arena<S> {
-    fn mapped_bytes(&self) -> u64 {
-        self.segments.iter().flatten().filter_map(|e| e.pages.as_ref()).map(PageMap::mapped_bytes).sum()
     }
 }
 
