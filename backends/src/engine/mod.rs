@@ -6,11 +6,18 @@
 //! best of a bounded scan of the next non-empty class (every block there fits). Allocation splits the chosen
 //! block; freeing coalesces it with its free address neighbours, so a segment whose blocks are all free is again
 //! one block and can be released whole.
+//!
+//! Parts of a segment can be *withheld* ([`withheld`]): address ranges with no memory behind them (a virtual
+//! reservation's unmapped pages). They sit in the segment between blocks but in an index of their own, so every
+//! block the free index hands out has memory behind it and allocation never has to ask.
 
 #![deny(unsafe_code)]
 
 pub(crate) mod bins;
 mod slab;
+mod withheld;
+
+pub use withheld::Restore;
 
 use bins::{bin_of, BinMaps, BIN_COUNT};
 use slab::{Node, NodeState, NIL};
@@ -18,9 +25,6 @@ use slab::{Node, NodeState, NIL};
 /// How many blocks of the request's own size class are examined for the best fit before settling for the best
 /// seen (or moving to the next class). Bounds allocation to O(1) even when many blocks of one class are free.
 const FIT_SCAN_LIMIT: usize = 8;
-
-/// How many other free blocks [`Engine::allocate_placed`] offers to its chooser after the best fit.
-pub const PREFERENCE_SCAN_LIMIT: usize = 32;
 
 /// Identifies a segment inside one engine. Ids of removed segments are reused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -77,6 +81,8 @@ pub struct BlockInfo {
     pub size: u64,
     /// Whether the block is free.
     pub free: bool,
+    /// Whether the range is withheld (no memory behind it; neither free nor live).
+    pub withheld: bool,
     /// The block id when live.
     pub block: Option<BlockId>,
 }
@@ -94,6 +100,8 @@ pub struct EngineStats {
     pub live_blocks: u64,
     /// Free blocks (after coalescing).
     pub free_blocks: u64,
+    /// Bytes in withheld ranges (counted in `reserved_bytes`, not allocatable).
+    pub withheld_bytes: u64,
     /// Segments.
     pub segments: u64,
 }
@@ -122,9 +130,23 @@ pub struct Engine {
     nodes: slab::Slab,
     segments: Vec<Option<Segment>>,
     vacant_segments: Vec<u32>,
-    bin_heads: Box<[u32; BIN_COUNT]>,
-    bins: BinMaps,
+    free: SizeIndex,
+    withheld: SizeIndex,
     stats: EngineStats,
+}
+
+/// Nodes of one kind (free blocks, or withheld ranges) by size class: a list head per class and the classes'
+/// occupancy bitmaps.
+#[derive(Debug, Clone)]
+struct SizeIndex {
+    heads: Box<[u32; BIN_COUNT]>,
+    bins: BinMaps,
+}
+
+impl SizeIndex {
+    fn new() -> Self {
+        Self { heads: Box::new([NIL; BIN_COUNT]), bins: BinMaps::new() }
+    }
 }
 
 impl Engine {
@@ -140,8 +162,8 @@ impl Engine {
             nodes: slab::Slab::default(),
             segments: Vec::new(),
             vacant_segments: Vec::new(),
-            bin_heads: Box::new([NIL; BIN_COUNT]),
-            bins: BinMaps::new(),
+            free: SizeIndex::new(),
+            withheld: SizeIndex::new(),
             stats: EngineStats::default(),
         })
     }
@@ -183,7 +205,8 @@ impl Engine {
         Some(SegmentId(id))
     }
 
-    /// Removes an entirely free segment and returns its size. O(1).
+    /// Removes a segment with no live block and returns its size. O(1) for a segment that is one free block;
+    /// O(ranges) when parts of it are withheld.
     ///
     /// Returns `None` if the segment does not exist or still holds live blocks.
     pub fn remove_segment(&mut self, id: SegmentId) -> Option<u64> {
@@ -191,10 +214,16 @@ impl Engine {
         if seg.live_blocks != 0 {
             return None;
         }
-        let node = seg.first_block;
-        debug_assert_eq!(self.nodes[node].size, seg.size);
-        self.unlink_free(node);
-        self.nodes.remove(node);
+        let mut node = seg.first_block;
+        while node != NIL {
+            let next = self.nodes[node].next_phys;
+            if self.nodes[node].state == NodeState::Withheld {
+                self.stats.withheld_bytes -= self.nodes[node].size;
+            }
+            self.unlink(node);
+            self.nodes.remove(node);
+            node = next;
+        }
         self.segments[id.0 as usize] = None;
         self.vacant_segments.push(id.0);
         self.stats.reserved_bytes -= seg.size;
@@ -239,6 +268,7 @@ impl Engine {
                 offset: node.offset,
                 size: node.size,
                 free: node.state == NodeState::Free,
+                withheld: node.state == NodeState::Withheld,
                 block: (node.state == NodeState::Live).then_some(BlockId { index: next, generation: node.generation }),
             };
             next = node.next_phys;
@@ -258,6 +288,7 @@ impl Engine {
                 offset: node.offset,
                 size: node.size,
                 free: node.state == NodeState::Free,
+                withheld: node.state == NodeState::Withheld,
                 block: (node.state == NodeState::Live).then_some(BlockId { index: next, generation: node.generation }),
             };
             next = node.prev_phys;
@@ -290,81 +321,13 @@ impl Engine {
         Some(self.take(node, size))
     }
 
-    /// Like [`Engine::allocate`], but lets `place` choose where inside a free block the request goes:
-    /// `place(segment, block_offset, block_size)` returns an offset inside the block (aligned, with the request
-    /// fitting before the block's end) or `None` to pass. The best fit is offered first, then up to
-    /// [`PREFERENCE_SCAN_LIMIT`] other free blocks that fit, smallest classes first; when `place` passes on all,
-    /// the best fit is taken at its start. Free space before and after the placed block stays free. A pool over
-    /// virtual reservations passes "a range already backed by physical memory", so that a request lands in
-    /// mapped memory rather than mapping new pages while mapped space sits free. O(1): bounded scans (plus what
-    /// `place` costs).
-    pub fn allocate_placed(
-        &mut self,
-        size: u64,
-        mut place: impl FnMut(SegmentId, u64, u64) -> Option<u64>,
-    ) -> Option<Allocation> {
-        let size = self.round_size(size).filter(|&s| s > 0)?;
-        let best = self.find_fit(size)?;
-        let mut ask = |engine: &Self, index: u32| {
-            let node = &engine.nodes[index];
-            let at = place(SegmentId(node.segment), node.offset, node.size)?;
-            let inside = at >= node.offset && at % engine.alignment == 0 && at + size <= node.offset + node.size;
-            debug_assert!(inside, "place chose {at} outside the free block {}+{}", node.offset, node.size);
-            inside.then_some(at)
-        };
-        if let Some(at) = ask(self, best) {
-            return Some(self.take_at(best, at, size));
-        }
-        let mut examined = 0;
-        let mut bin = bin_of(size);
-        while let Some(class) = self.bins.first_at_or_after(bin) {
-            let mut cursor = self.bin_heads[class];
-            while cursor != NIL && examined < PREFERENCE_SCAN_LIMIT {
-                examined += 1;
-                if cursor != best && self.nodes[cursor].size >= size {
-                    if let Some(at) = ask(self, cursor) {
-                        return Some(self.take_at(cursor, at, size));
-                    }
-                }
-                cursor = self.nodes[cursor].next_free;
-            }
-            if examined == PREFERENCE_SCAN_LIMIT {
-                break;
-            }
-            bin = class + 1;
-        }
-        Some(self.take(best, size))
-    }
-
-    /// Takes `size` bytes at offset `at` inside free block `index`: the space before `at` stays a free block.
-    fn take_at(&mut self, index: u32, at: u64, size: u64) -> Allocation {
-        let offset = self.nodes[index].offset;
-        if at == offset {
-            return self.take(index, size);
-        }
-        // Split the block at `at`: `index` keeps the front, a new node the rest, which is then taken.
-        self.unlink_free(index);
-        let node = self.nodes[index];
-        let rest = self.nodes.insert(Node::free(node.segment, at, node.offset + node.size - at));
-        self.nodes[rest].prev_phys = index;
-        self.nodes[rest].next_phys = node.next_phys;
-        if node.next_phys != NIL {
-            self.nodes[node.next_phys].prev_phys = rest;
-        } else {
-            self.set_last_block(node.segment, rest);
-        }
-        self.nodes[index].next_phys = rest;
-        self.nodes[index].size = at - offset;
-        self.push_free(index);
-        self.carve(rest, size)
-    }
-
     /// Allocates `size` bytes from the start of an entirely free segment, bypassing the size-class search
     /// (used right after [`Engine::add_segment`]). O(1).
     pub fn allocate_in(&mut self, segment: SegmentId, size: u64) -> Option<Allocation> {
         let size = self.round_size(size).filter(|&s| s > 0)?;
         let seg = self.segment(segment)?;
-        if seg.live_blocks != 0 || seg.size < size {
+        let first = &self.nodes[seg.first_block];
+        if seg.live_blocks != 0 || first.state != NodeState::Free || first.size < size {
             return None;
         }
         Some(self.take(seg.first_block, size))
@@ -449,13 +412,24 @@ impl Engine {
             return Some(node);
         }
         // Every block of a higher class is larger than `size`, and they differ by under 1/32: take the head.
-        let higher = self.bins.first_at_or_after(bin + 1)?;
-        Some(self.bin_heads[higher])
+        if let Some(higher) = self.free.bins.first_at_or_after(bin + 1) {
+            return Some(self.free.heads[higher]);
+        }
+        // Nothing larger: the rest of the request's own class, so that a miss means no free block fits (callers
+        // map or reserve new memory on a miss).
+        let mut cursor = self.free.heads[bin];
+        while cursor != NIL {
+            if self.nodes[cursor].size >= size {
+                return Some(cursor);
+            }
+            cursor = self.nodes[cursor].next_free;
+        }
+        None
     }
 
     #[inline]
     fn best_in_bin(&self, bin: usize, size: u64) -> Option<u32> {
-        let mut cursor = self.bin_heads[bin];
+        let mut cursor = self.free.heads[bin];
         let mut best: Option<(u32, u64)> = None;
         for _ in 0..FIT_SCAN_LIMIT {
             if cursor == NIL {
@@ -486,16 +460,7 @@ impl Engine {
         let node = self.nodes[index];
         debug_assert!(node.size >= size);
         if node.size > size {
-            let rest = self.nodes.insert(Node::free(node.segment, node.offset + size, node.size - size));
-            self.nodes[rest].prev_phys = index;
-            self.nodes[rest].next_phys = node.next_phys;
-            if node.next_phys != NIL {
-                self.nodes[node.next_phys].prev_phys = rest;
-            } else {
-                self.set_last_block(node.segment, rest);
-            }
-            self.nodes[index].next_phys = rest;
-            self.nodes[index].size = size;
+            let rest = self.split(index, node.offset + size);
             self.push_free(rest);
         }
         self.nodes[index].state = NodeState::Live;
@@ -536,38 +501,76 @@ impl Engine {
         self.segments[segment as usize].as_mut().expect("block in a missing segment").last_block = index;
     }
 
+    /// Splits node `index` at offset `at` (inside it): the node keeps `[offset, at)`, a new free node (in no
+    /// index) gets the rest, and is returned. The caller links whichever needs linking.
+    #[inline]
+    fn split(&mut self, index: u32, at: u64) -> u32 {
+        let node = self.nodes[index];
+        debug_assert!(at > node.offset && at < node.offset + node.size);
+        let rest = self.nodes.insert(Node::free(node.segment, at, node.offset + node.size - at));
+        self.nodes[rest].prev_phys = index;
+        self.nodes[rest].next_phys = node.next_phys;
+        if node.next_phys != NIL {
+            self.nodes[node.next_phys].prev_phys = rest;
+        } else {
+            self.set_last_block(node.segment, rest);
+        }
+        self.nodes[index].next_phys = rest;
+        self.nodes[index].size = at - node.offset;
+        rest
+    }
+
     #[inline]
     fn push_free(&mut self, index: u32) {
-        let bin = bin_of(self.nodes[index].size);
-        let head = self.bin_heads[bin];
+        self.nodes[index].state = NodeState::Free;
+        self.link(index);
+    }
+
+    /// Puts node `index` into the index its state belongs to (free or withheld), at the head of its class.
+    #[inline]
+    fn link(&mut self, index: u32) {
+        let Node { size, state, .. } = self.nodes[index];
+        let list = if state == NodeState::Withheld { &mut self.withheld } else { &mut self.free };
+        let bin = bin_of(size);
+        let head = list.heads[bin];
+        list.heads[bin] = index;
+        list.bins.set(bin);
         let node = &mut self.nodes[index];
-        node.state = NodeState::Free;
         node.prev_free = NIL;
         node.next_free = head;
         if head != NIL {
             self.nodes[head].prev_free = index;
         }
-        self.bin_heads[bin] = index;
-        self.bins.set(bin);
-        self.stats.free_blocks += 1;
+        if state == NodeState::Free {
+            self.stats.free_blocks += 1;
+        }
     }
 
     #[inline]
     fn unlink_free(&mut self, index: u32) {
-        let Node { prev_free, next_free, size, .. } = self.nodes[index];
+        self.unlink(index);
+    }
+
+    /// Takes node `index` out of the index its state belongs to.
+    #[inline]
+    fn unlink(&mut self, index: u32) {
+        let Node { prev_free, next_free, size, state, .. } = self.nodes[index];
         if prev_free != NIL {
             self.nodes[prev_free].next_free = next_free;
         } else {
+            let list = if state == NodeState::Withheld { &mut self.withheld } else { &mut self.free };
             let bin = bin_of(size);
-            self.bin_heads[bin] = next_free;
+            list.heads[bin] = next_free;
             if next_free == NIL {
-                self.bins.clear(bin);
+                list.bins.clear(bin);
             }
         }
         if next_free != NIL {
             self.nodes[next_free].prev_free = prev_free;
         }
-        self.stats.free_blocks -= 1;
+        if state == NodeState::Free {
+            self.stats.free_blocks -= 1;
+        }
     }
 }
 

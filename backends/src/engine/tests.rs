@@ -1,37 +1,64 @@
 //! The engine against a shadow model: random operation sequences, checking after every step that live blocks
-//! never overlap, lie inside their segment and are aligned, and that the statistics equal the shadow's.
+//! never overlap, lie inside their segment and are aligned, never touch withheld ranges, and that the statistics
+//! equal the shadow's.
 
 use super::*;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Granule of withheld ranges in these tests.
+const GRANULE: u64 = 4096;
 
 #[derive(Debug, Clone)]
 enum Op {
     Alloc(u64),
-    /// Allocate preferring offsets whose 4 KiB page number is a multiple of the second value.
-    AllocPreferring(u64, u64),
     Free(usize),
     AddSegment(u64),
     RemoveEmpty,
+    /// Withhold up to this many bytes of free space from the top of a segment (picked by the first value).
+    Withhold(usize, u64),
+    /// Allocate from withheld space, as a pool does on a miss in a virtual reservation.
+    AllocWithheld(u64),
+    AddWithheldSegment(u64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (1u64..200_000).prop_map(Op::Alloc),
         2 => (1u64..64).prop_map(|k| Op::Alloc(k << 12)),
-        2 => (1u64..200_000, 1u64..8).prop_map(|(size, k)| Op::AllocPreferring(size, k)),
         6 => any::<usize>().prop_map(Op::Free),
         1 => (1u64..(1 << 21)).prop_map(Op::AddSegment),
         1 => Just(Op::RemoveEmpty),
+        2 => (any::<usize>(), 1u64..(1 << 19)).prop_map(|(k, want)| Op::Withhold(k, want)),
+        2 => (1u64..200_000).prop_map(Op::AllocWithheld),
+        1 => (1u64..(1 << 21)).prop_map(Op::AddWithheldSegment),
     ]
 }
 
-/// The shadow: live blocks by (segment, offset) and segment sizes.
+/// The shadow: live blocks by (segment, offset), segment sizes, and the withheld granules of each segment.
 #[derive(Default)]
 struct Shadow {
     live: Vec<Allocation>,
     segments: BTreeMap<SegmentId, u64>,
+    withheld: BTreeMap<SegmentId, BTreeSet<u64>>,
+}
+
+impl Shadow {
+    fn withhold(&mut self, segment: SegmentId, offset: u64, len: u64) {
+        assert!(offset % GRANULE == 0 && len % GRANULE == 0 && len > 0, "withheld {offset}+{len}");
+        let set = self.withheld.entry(segment).or_default();
+        for g in (offset..offset + len).step_by(GRANULE as usize) {
+            assert!(set.insert(g), "granule {g} of {segment:?} withheld twice");
+        }
+    }
+
+    fn restore(&mut self, segment: SegmentId, offset: u64, len: u64) {
+        let set = self.withheld.entry(segment).or_default();
+        for g in (offset..offset + len).step_by(GRANULE as usize) {
+            assert!(set.remove(&g), "granule {g} of {segment:?} restored but not withheld");
+        }
+    }
 }
 
 fn check(engine: &Engine, shadow: &Shadow) {
@@ -60,29 +87,33 @@ fn check(engine: &Engine, shadow: &Shadow) {
     assert_eq!(stats.empty_segment_bytes, empty);
     assert_eq!(stats.live_blocks, shadow.live.len() as u64);
     assert_eq!(stats.segments, shadow.segments.len() as u64);
-    // Blocks of every segment tile it exactly, and no two free blocks are neighbours (coalescing happened).
+    // Blocks of every segment tile it exactly, no two free blocks (or withheld ranges) are neighbours
+    // (coalescing happened), and the withheld ranges are the shadow's granules.
     let mut free_blocks = 0;
     for (&id, &size) in &shadow.segments {
         let mut end = 0;
-        let mut last_free = false;
+        let (mut last_free, mut last_withheld) = (false, false);
+        let mut withheld = BTreeSet::new();
         for b in engine.blocks_in(id) {
             assert_eq!(b.offset, end, "gap or overlap in segment {id:?}");
             assert!(!(last_free && b.free), "uncoalesced free neighbours in {id:?}");
-            last_free = b.free;
+            assert!(!(last_withheld && b.withheld), "unmerged withheld neighbours in {id:?}");
+            (last_free, last_withheld) = (b.free, b.withheld);
             free_blocks += b.free as u64;
+            if b.withheld {
+                withheld.extend((b.offset..b.offset + b.size).step_by(GRANULE as usize));
+            }
             end += b.size;
         }
         assert_eq!(end, size);
+        assert_eq!(&withheld, shadow.withheld.get(&id).unwrap_or(&BTreeSet::new()), "withheld granules of {id:?}");
         let mut backwards: Vec<_> = engine.blocks_in_rev(id).collect();
         backwards.reverse();
         assert_eq!(backwards, engine.blocks_in(id).collect::<Vec<_>>(), "walking down from the top of {id:?}");
     }
     assert_eq!(stats.free_blocks, free_blocks);
-}
-
-/// `size` rounded up to `alignment`, as the engine rounds requests.
-fn engine_size(size: u64, alignment: u64) -> u64 {
-    size.next_multiple_of(alignment)
+    let withheld: usize = shadow.withheld.values().map(BTreeSet::len).sum();
+    assert_eq!(stats.withheld_bytes, withheld as u64 * GRANULE);
 }
 
 /// Allocates with `allocate`; when nothing fits, grows like a pool does (a segment of at least 1 MiB), and then
@@ -112,14 +143,35 @@ fn run(ops: &[Op], alignment: u64, check_every: usize) {
     for (i, op) in ops.iter().enumerate() {
         match *op {
             Op::Alloc(size) => alloc_or_grow(&mut engine, &mut shadow, size, |e| e.allocate(size)),
-            Op::AllocPreferring(size, k) => {
-                // Place at the first 4 KiB page inside the block whose number is a multiple of k, if it fits.
-                let prefer = move |_: SegmentId, offset: u64, block: u64| {
-                    let page = (offset >> 12).next_multiple_of(k) << 12;
-                    let at = page.max(offset).next_multiple_of(alignment);
-                    (at + engine_size(size, alignment) <= offset + block).then_some(at)
-                };
-                alloc_or_grow(&mut engine, &mut shadow, size, |e| e.allocate_placed(size, prefer));
+            Op::Withhold(k, want) if !shadow.segments.is_empty() => {
+                let id = *shadow.segments.keys().nth(k % shadow.segments.len()).unwrap();
+                let mut released = Vec::new();
+                let got = engine.withhold_from_top(id, GRANULE, want, |offset, len| released.push((offset, len)));
+                assert!(got >= want.min(got) && got < want + GRANULE, "withheld {got} for {want}");
+                assert_eq!(released.iter().map(|r| r.1).sum::<u64>(), got);
+                assert!(released.windows(2).all(|w| w[1].0 + w[1].1 <= w[0].0), "highest ranges first");
+                for (offset, len) in released {
+                    shadow.withhold(id, offset, len);
+                }
+            }
+            Op::Withhold(..) => {}
+            Op::AllocWithheld(size) => {
+                // As a pool does: the free index first, withheld space on a miss.
+                if let Some(a) = engine.allocate(size) {
+                    shadow.live.push(a);
+                } else if let Some(r) = engine.find_withheld(size, GRANULE) {
+                    let a = engine.restore_and_allocate(&r, size).expect("restores what it found");
+                    assert!(a.size >= size && a.size < size + alignment);
+                    assert!(a.offset <= r.offset + r.len && a.offset + a.size > r.offset, "{a:?} uses {r:?}");
+                    shadow.restore(r.segment, r.offset, r.len);
+                    shadow.live.push(a);
+                }
+            }
+            Op::AddWithheldSegment(size) => {
+                let seg = engine.add_withheld_segment(size.next_multiple_of(GRANULE)).unwrap();
+                let size = engine.segment_size(seg).unwrap();
+                shadow.segments.insert(seg, size);
+                shadow.withhold(seg, 0, size);
             }
             Op::Free(k) if !shadow.live.is_empty() => {
                 let a = shadow.live.swap_remove(k % shadow.live.len());
@@ -137,6 +189,7 @@ fn run(ops: &[Op], alignment: u64, check_every: usize) {
                 for id in empty {
                     assert!(engine.remove_segment(id).is_some());
                     shadow.segments.remove(&id);
+                    shadow.withheld.remove(&id);
                 }
             }
         }
@@ -144,15 +197,18 @@ fn run(ops: &[Op], alignment: u64, check_every: usize) {
             check(&engine, &shadow);
         }
     }
-    // After freeing everything only whole, empty segments remain, each one free block.
+    // After freeing everything only empty segments remain, each one free block where nothing is withheld.
     for a in shadow.live.drain(..) {
         engine.free(a.block).unwrap();
     }
     check(&engine, &shadow);
     for (&id, &size) in &shadow.segments {
         let blocks: Vec<_> = engine.blocks_in(id).collect();
-        assert_eq!(blocks.len(), 1);
-        assert!(blocks[0].free && blocks[0].size == size);
+        if shadow.withheld.get(&id).is_none_or(BTreeSet::is_empty) {
+            assert_eq!(blocks.len(), 1);
+            assert!(blocks[0].free && blocks[0].size == size);
+        }
+        assert!(blocks.iter().all(|b| b.free || b.withheld));
         assert!(engine.is_segment_empty(id));
     }
     assert_eq!(engine.stats().empty_segment_bytes, engine.stats().reserved_bytes);
@@ -244,21 +300,53 @@ fn parked_blocks_refuse_their_old_id_and_free_with_the_new_one() {
 }
 
 #[test]
-fn placed_allocation_goes_where_the_chooser_says() {
+fn withheld_space_is_never_handed_out_and_comes_back_where_least_is_needed() {
     let mut e = Engine::new(256).unwrap();
-    let seg = e.add_segment(1 << 20).unwrap();
-    // Holes of 4 KiB at 0 and 64 KiB at 8 KiB, separated by live blocks.
-    let blocks: Vec<_> = [4096, 4096, 65536, 4096].iter().map(|&s| e.allocate(s).unwrap()).collect();
-    e.free(blocks[0].block).unwrap();
-    e.free(blocks[2].block).unwrap();
-    // Best fit for 4 KiB is the hole at 0; the chooser passes on it and asks for the middle of the other hole.
-    let a = e.allocate_placed(4096, |s, off, _| (s == seg && off == 8192).then_some(8192 + 16384)).unwrap();
-    assert_eq!(a.offset, 8192 + 16384);
-    let free: Vec<_> = e.blocks_in(seg).filter(|b| b.free).map(|b| (b.offset, b.size)).collect();
-    assert_eq!(&free[..3], &[(0, 4096), (8192, 16384), (8192 + 16384 + 4096, 65536 - 16384 - 4096)]);
-    // The chooser passes everywhere: the best fit, at its start.
-    let b = e.allocate_placed(4096, |_, _, _| None).unwrap();
-    assert_eq!(b.offset, 0);
-    // No fit at all: none, whatever the chooser says.
-    assert!(e.allocate_placed(1 << 21, |_, off, _| Some(off)).is_none());
+    let seg = e.add_withheld_segment(64 * GRANULE).unwrap();
+    assert!(e.allocate(100).is_none(), "nothing is backed yet");
+    // The first request restores just the granules it needs, from the start.
+    let r = e.find_withheld(GRANULE + 1, GRANULE).unwrap();
+    assert_eq!((r.segment, r.offset, r.len), (seg, 0, 2 * GRANULE));
+    let a = e.restore_and_allocate(&r, GRANULE + 1).unwrap();
+    assert_eq!(a.offset, 0);
+    assert_eq!(e.stats().withheld_bytes, 62 * GRANULE);
+    // The rest of the second granule is backed and free: a small request fits there without restoring.
+    let b = e.allocate(1000).unwrap();
+    assert_eq!(b.offset, a.offset + a.size);
+    // A request larger than the free tail restores from the withheld range and runs on from the free block.
+    let r = e.find_withheld(3 * GRANULE, GRANULE).unwrap();
+    assert_eq!((r.offset, r.len), (2 * GRANULE, 3 * GRANULE), "the free tail of granule 1 counts");
+    let c = e.restore_and_allocate(&r, 3 * GRANULE).unwrap();
+    assert_eq!(c.offset, b.offset + b.size);
+    assert!(e.restore_and_allocate(&r, 3 * GRANULE).is_none(), "a used description is refused");
+    // Give back: only granules wholly inside free blocks go, highest first. Granule 4 holds c's last bytes.
+    e.free(a.block).unwrap();
+    let mut released = Vec::new();
+    let got = e.withhold_from_top(seg, GRANULE, u64::MAX, |o, l| released.push((o, l)));
+    assert_eq!((released, got), (vec![(0, GRANULE)], GRANULE));
+    assert!(!e.withhold_range(seg, 0, GRANULE, GRANULE), "already withheld");
+    assert!(!e.withhold_range(seg, GRANULE, GRANULE, GRANULE), "b and c are live there");
+    assert_eq!(e.backed_ranges(seg).collect::<Vec<_>>(), vec![(GRANULE, 4 * GRANULE)]);
+    assert_eq!(e.stats().withheld_bytes, 60 * GRANULE);
+}
+
+#[test]
+fn a_short_withheld_hole_between_free_blocks_is_restored_whole() {
+    let mut e = Engine::new(256).unwrap();
+    let seg = e.add_segment(16 * GRANULE).unwrap();
+    // Live | free 2 granules | withheld 2 | free 2 | live | rest.
+    let live1 = e.allocate(GRANULE).unwrap();
+    let hole = e.allocate(6 * GRANULE).unwrap();
+    let _live2 = e.allocate(GRANULE).unwrap();
+    let _rest = e.allocate(8 * GRANULE).unwrap();
+    e.free(hole.block).unwrap();
+    assert!(e.withhold_range(seg, 3 * GRANULE, 2 * GRANULE, GRANULE));
+    assert_eq!(live1.offset, 0);
+    // 5 granules fit only across the hole: the whole withheld range (2 granules) comes back, not 5.
+    assert!(e.allocate(5 * GRANULE).is_none());
+    let r = e.find_withheld(5 * GRANULE, GRANULE).unwrap();
+    assert_eq!((r.offset, r.len), (3 * GRANULE, 2 * GRANULE));
+    let a = e.restore_and_allocate(&r, 5 * GRANULE).unwrap();
+    assert_eq!(a.offset, GRANULE);
+    assert_eq!(e.stats().withheld_bytes, 0);
 }

@@ -5,22 +5,22 @@
 //! requests share 20 MiB segments when under 10 MiB and get a segment of their own (rounded to the backend's
 //! granularity) above that. Where the backend supports virtual memory, large blocks instead go into one big
 //! address reservation whose pages are mapped on first use and unmapped under pressure, so free holes between
-//! live blocks cost no physical memory once trimmed.
+//! live blocks cost no physical memory once trimmed. Unmapped pages are withheld from the engine's free index
+//! (see [`crate::engine`]), so a block from the index is always backed and allocation never checks pages; only
+//! a miss maps, choosing the withheld range that needs the fewest new pages.
 //!
 //! Blocks freed on a stream go back to that stream's free index and are reused at once on it; each stream has
 //! its own arenas, so a block is never handed to another stream while work queued before its free may still
 //! touch it.
 
 mod config;
-mod pages;
 mod quick;
 
 pub use config::{Limit, PoolConfig, SegmentMode, Strategy};
 
-use crate::engine::{Allocation, Engine, SegmentId};
+use crate::engine::{Allocation, Engine, Restore, SegmentId};
 use crate::raw::lock::PoolMutex;
 use crate::{Backend, BlockHandle, Error, PoolStats, Result, StreamId};
-use pages::PageMap;
 use parking_lot::Mutex;
 use quick::{QuickBlock, QuickCache};
 use serde::Serialize;
@@ -100,8 +100,8 @@ enum ArenaClass {
 
 struct SegmentEntry<S> {
     handle: S,
-    /// `Some` for a virtual reservation: which pages are backed.
-    pages: Option<PageMap>,
+    /// `Some` for a virtual reservation: its mapped bytes (everything its engine segment does not withhold).
+    mapped: Option<u64>,
     /// Cleanup round in which a block was last taken from this segment.
     last_used_round: u64,
 }
@@ -113,32 +113,9 @@ struct Arena<S> {
     virtual_segments: bool,
     segments: Vec<Option<SegmentEntry<S>>>,
     quick: QuickCache,
-    /// Mapped bytes of this arena's virtual reservations.
-    mapped: u64,
 }
 
 impl<S> Arena<S> {
-    /// A free block for `size` bytes from the engine. In a virtual reservation the request goes on mapped pages
-    /// inside a free block when one of the candidates has them (the lowest such offset), rather than at the best
-    /// fit's start on unmapped pages: mapping costs device calls (tens of microseconds per page on CUDA), and at
-    /// the reserved peak it also forces unmapping elsewhere.
-    fn allocate(&mut self, size: u64) -> Option<Allocation> {
-        if !self.virtual_segments {
-            return self.engine.allocate(size);
-        }
-        // Not enough free mapped memory for any placement to avoid mapping: skip the search.
-        if self.mapped.saturating_sub(self.engine.stats().allocated_bytes) < size {
-            self.engine.allocate(size)
-        } else {
-            let segments = &self.segments;
-            let alignment = self.engine.alignment();
-            self.engine.allocate_placed(size, |segment, block_offset, block_size| {
-                let pages = segments[segment.0 as usize].as_ref().and_then(|e| e.pages.as_ref())?;
-                pages.mapped_span(block_offset, block_offset + block_size, size, alignment)
-            })
-        }
-    }
-
     fn entry(&self, id: SegmentId) -> Option<&SegmentEntry<S>> {
         self.segments.get(id.0 as usize).and_then(Option::as_ref)
     }
@@ -352,7 +329,6 @@ impl<B: Backend> Pool<B> {
                 virtual_segments: class == ArenaClass::Large && self.page_size.is_some(),
                 segments: Vec::new(),
                 quick: QuickCache::new(),
-                mapped: 0,
             });
         }
         state.streams.push((stream, [first, first + 1]));
@@ -376,19 +352,20 @@ impl<B: Backend> Pool<B> {
                     Allocation { block, segment: q.segment, offset: q.offset, size: q.size, segment_was_empty: false };
                 return Ok((alloc, true));
             }
-            let mut found = state.arenas[arena].allocate(size);
-            let has_quick = !state.arenas[arena].quick.is_empty();
-            if has_quick && found.as_ref().is_none_or(|alloc| state.needs_mapping(arena, alloc)) {
+            let a = &mut state.arenas[arena];
+            let mut found = a.engine.allocate(size);
+            if found.is_none() && !a.quick.is_empty() {
                 // Coalesce the quick blocks before asking the device for more.
-                if let Some(alloc) = found {
-                    state.arenas[arena].engine.free(alloc.block);
-                }
                 state.drain_quick(arena);
-                found = state.arenas[arena].allocate(size);
+                found = state.arenas[arena].engine.allocate(size);
             }
             if let Some(alloc) = found {
-                let mapped_new = self.ensure_mapped(state, arena, &alloc)?;
-                return Ok((alloc, !mapped_new));
+                return Ok((alloc, true));
+            }
+            if state.arenas[arena].virtual_segments {
+                if let Some(alloc) = self.map_withheld(state, arena, size)? {
+                    return Ok((alloc, false));
+                }
             }
         }
         let alloc = self.grow(state, arena, size)?;
@@ -408,15 +385,10 @@ impl<B: Backend> Pool<B> {
             let page = self.page_size.unwrap_or(granularity);
             let reservation = self.max_reservation.max(size.div_ceil(page) * page);
             let handle = self.backend.reserve_virtual(reservation).map_err(Shortfall::Device)?;
-            let entry = SegmentEntry {
-                handle,
-                pages: Some(PageMap::new(reservation, page)),
-                last_used_round: state.cleanup_round,
-            };
-            let seg = state.add_segment(arena, reservation, entry);
+            let entry = SegmentEntry { handle, mapped: Some(0), last_used_round: state.cleanup_round };
+            state.add_segment(arena, reservation, entry, true);
             state.stats.segments.add(1);
-            let alloc = state.arenas[arena].engine.allocate_in(seg, size).expect("fresh reservation fits");
-            self.ensure_mapped(state, arena, &alloc)?;
+            let alloc = self.map_withheld(state, arena, size)?.expect("a fresh reservation holds the request");
             return Ok(alloc);
         }
         let preferred = match state.arenas[arena].class {
@@ -439,8 +411,8 @@ impl<B: Backend> Pool<B> {
         };
         let handle = self.backend.create_segment(seg_size).map_err(Shortfall::Device)?;
         state.stats.num_device_alloc += 1;
-        let entry = SegmentEntry { handle, pages: None, last_used_round: state.cleanup_round };
-        let seg = state.add_segment(arena, seg_size, entry);
+        let entry = SegmentEntry { handle, mapped: None, last_used_round: state.cleanup_round };
+        let seg = state.add_segment(arena, seg_size, entry, false);
         state.plain_bytes += seg_size;
         state.empty_plain_bytes += seg_size;
         state.stats.segments.add(1);
@@ -448,22 +420,21 @@ impl<B: Backend> Pool<B> {
         Ok(state.arenas[arena].engine.allocate_in(seg, size).expect("fresh segment fits"))
     }
 
-    /// Maps the unmapped pages under `alloc` if it lies in a virtual reservation. Returns whether it mapped any.
-    /// On failure the block goes back to the engine.
-    fn ensure_mapped(
+    /// Serves `size` bytes from withheld (unmapped) space of the arena's reservations: restores the range that
+    /// needs the fewest new pages, takes the block, gives back free mapped pages elsewhere when the mapping would
+    /// push reserved memory past its budget, then maps. `Ok(None)` when no reservation has room.
+    fn map_withheld(
         &self,
         state: &mut State<B::Segment>,
         arena: usize,
-        alloc: &Allocation,
-    ) -> std::result::Result<bool, Shortfall> {
-        let Some(pages) = state.arenas[arena].entry(alloc.segment).and_then(|e| e.pages.as_ref()) else {
-            return Ok(false);
-        };
-        let (first, end) = pages.covering(alloc.offset, alloc.size);
-        if !pages.any_unmapped(first, end) {
-            return Ok(false);
-        }
-        let missing = pages.unmapped_bytes_in(first, end);
+        size: u64,
+    ) -> std::result::Result<Option<Allocation>, Shortfall> {
+        let page = self.page_size.expect("virtual arenas exist only with virtual memory");
+        let engine = &mut state.arenas[arena].engine;
+        let Some(restore) = engine.find_withheld(size, page) else { return Ok(None) };
+        // The block is taken before its pages are mapped, so the trim below cannot give them back.
+        let alloc = engine.restore_and_allocate(&restore, size).expect("found just now");
+        let missing = restore.len;
         if let Some(slack) = self.config.mapped_slack {
             // Keep reserved memory near the live set: give back free mapped pages before mapping new ones.
             // Only when the mapping would set a new high-water mark of reserved memory: below the peak, a
@@ -472,10 +443,10 @@ impl<B: Backend> Pool<B> {
             let budget = ((allocated_after as f64 * (1.0 + slack)) as u64).max(state.stats.reserved_bytes.peak);
             let excess = (state.reserved() + missing).saturating_sub(budget).min(missing);
             if excess > 0 {
-                let round = state.cleanup_round;
+                let (round, mut trimmed) = (state.cleanup_round, 0);
                 for a in 0..state.arenas.len() {
-                    if state.arenas[a].virtual_segments {
-                        self.unmap_free_pages(state, a, round, 0, excess);
+                    if state.arenas[a].virtual_segments && trimmed < excess {
+                        trimmed += self.unmap_free_pages(state, a, round, 0, excess - trimmed).1;
                     }
                 }
                 state.update_reserved();
@@ -485,40 +456,30 @@ impl<B: Backend> Pool<B> {
         let result = if limit.is_some_and(|l| state.reserved() + missing > l) {
             Err(Shortfall::Limit)
         } else {
-            self.map_range(state, arena, alloc.segment, first, end)
+            let entry = state.arenas[arena].segments[restore.segment.0 as usize].as_mut().expect("segment exists");
+            self.backend.map_pages(&entry.handle, restore.offset, restore.len).map_err(Shortfall::Device).map(|()| {
+                *entry.mapped.as_mut().expect("virtual segment") += restore.len;
+                state.mapped_bytes += restore.len;
+                state.stats.num_device_alloc += 1;
+            })
         };
         state.update_reserved();
         // Pages the trim above unmapped and the mapping did not take back are freed now.
         self.backend.release_spare_pages();
-        if result.is_err() {
-            state.arenas[arena].engine.free(alloc.block);
+        match result {
+            Ok(()) => Ok(Some(alloc)),
+            Err(shortfall) => {
+                Self::undo_restore(&mut state.arenas[arena].engine, &alloc, &restore, page);
+                Err(shortfall)
+            }
         }
-        result.map(|()| true)
     }
 
-    /// Maps every unmapped page in `[first, end)` of a reservation, one backend call per run of them.
-    fn map_range(
-        &self,
-        state: &mut State<B::Segment>,
-        arena: usize,
-        segment: SegmentId,
-        first: u64,
-        end: u64,
-    ) -> std::result::Result<(), Shortfall> {
-        let a = &mut state.arenas[arena];
-        let entry = a.segments[segment.0 as usize].as_mut().expect("segment exists");
-        let pages = entry.pages.as_mut().expect("virtual segment");
-        let mut from = first;
-        while let Some((lo, hi)) = pages.next_unmapped_run(from, end) {
-            let (offset, len) = (pages.offset_of(lo), pages.bytes(hi - lo));
-            self.backend.map_pages(&entry.handle, offset, len).map_err(Shortfall::Device)?;
-            pages.set(lo, hi, true);
-            a.mapped += len;
-            state.mapped_bytes += len;
-            state.stats.num_device_alloc += 1;
-            from = hi;
-        }
-        Ok(())
+    /// Gives back a block taken on withheld pages that could not be mapped, and withholds the pages again.
+    fn undo_restore(engine: &mut Engine, alloc: &Allocation, restore: &Restore, page: u64) {
+        engine.free(alloc.block).expect("the block was just taken");
+        let withheld = engine.withhold_range(restore.segment, restore.offset, restore.len, page);
+        debug_assert!(withheld, "the restored range is free again");
     }
 
     fn out_of_memory(&self, state: &mut State<B::Segment>, size: u64, shortfall: Shortfall) -> Error {
@@ -631,7 +592,7 @@ impl<B: Backend> Pool<B> {
     }
 
     /// Unmaps pages lying wholly inside free blocks of the arena's reservations, highest addresses first, until
-    /// `want` bytes are unmapped. Returns (pages, bytes). O(mapped pages / 64 + runs unmapped) per reservation.
+    /// `want` bytes are unmapped, and withholds them from the engine. Returns (pages, bytes). O(blocks visited).
     fn unmap_free_pages(
         &self,
         state: &mut State<B::Segment>,
@@ -640,59 +601,48 @@ impl<B: Backend> Pool<B> {
         idle_rounds: u64,
         want: u64,
     ) -> (u64, u64) {
+        let page = self.page_size.expect("virtual arenas exist only with virtual memory");
         let a = &mut state.arenas[arena];
-        let (mut pages_released, mut bytes) = (0, 0);
+        let (mut calls, mut bytes) = (0, 0);
         for (index, slot) in a.segments.iter_mut().enumerate() {
             let Some(entry) = slot.as_mut() else { continue };
-            if round.saturating_sub(entry.last_used_round) < idle_rounds {
+            let Some(mapped) = entry.mapped.as_mut() else { continue };
+            if bytes >= want || round.saturating_sub(entry.last_used_round) < idle_rounds {
                 continue;
             }
-            let Some(pages) = entry.pages.as_mut() else { continue };
-            for block in a.engine.blocks_in_rev(SegmentId(index as u32)) {
-                if bytes >= want || pages.mapped_end() == 0 {
-                    break;
-                }
-                if !block.free {
-                    continue;
-                }
-                let (first, mut below) = pages.inside(block.offset, block.size);
-                while bytes < want {
-                    let Some((lo, hi)) = pages.prev_mapped_run(first, below) else { break };
-                    // Unmap only as many pages of this run as still wanted, from its top.
-                    let lo = lo.max(hi.saturating_sub(pages.pages_for(want - bytes)));
-                    let (offset, len) = (pages.offset_of(lo), pages.bytes(hi - lo));
-                    self.backend.unmap_pages(&entry.handle, offset, len);
-                    pages.set(lo, hi, false);
-                    pages_released += hi - lo;
-                    bytes += len;
-                    state.stats.num_device_free += 1;
-                    below = lo;
-                }
-            }
+            let handle = &entry.handle;
+            let got = a.engine.withhold_from_top(SegmentId(index as u32), page, want - bytes, |offset, len| {
+                self.backend.unmap_pages(handle, offset, len);
+                calls += 1;
+            });
+            *mapped -= got;
+            bytes += got;
         }
-        a.mapped -= bytes;
         state.mapped_bytes -= bytes;
-        (pages_released, bytes)
+        state.stats.num_device_free += calls;
+        (bytes / page, bytes)
     }
 
-    /// Unmaps every mapped page of a reservation (before it is destroyed or dropped).
-    fn unmap_all(backend: &B, entry: &mut SegmentEntry<B::Segment>) -> u64 {
-        let Some(pages) = entry.pages.as_mut() else { return 0 };
-        let released = pages.mapped_bytes();
-        while let Some((lo, hi)) = pages.next_mapped_run(0) {
-            backend.unmap_pages(&entry.handle, pages.offset_of(lo), pages.bytes(hi - lo));
-            pages.set(lo, hi, false);
+    /// Unmaps every mapped range of a reservation (before it is destroyed or dropped); returns the bytes.
+    fn unmap_all(backend: &B, engine: &Engine, id: SegmentId, entry: &SegmentEntry<B::Segment>) -> u64 {
+        if entry.mapped.is_none() {
+            return 0;
         }
+        let mut released = 0;
+        for (offset, len) in engine.backed_ranges(id) {
+            backend.unmap_pages(&entry.handle, offset, len);
+            released += len;
+        }
+        debug_assert_eq!(Some(released), entry.mapped, "mapped bytes follow the engine's backed ranges");
         released
     }
 
     /// Destroys an empty segment; returns the physical bytes it held.
     fn destroy_segment(&self, state: &mut State<B::Segment>, arena: usize, id: SegmentId) -> u64 {
+        let entry = state.arenas[arena].segments[id.0 as usize].take().expect("segment exists");
+        let unmapped = Self::unmap_all(&self.backend, &state.arenas[arena].engine, id, &entry);
         let size = state.arenas[arena].engine.remove_segment(id).expect("segment is empty");
-        let mut entry = state.arenas[arena].segments[id.0 as usize].take().expect("segment exists");
-        let released = if entry.pages.is_some() {
-            let unmapped = Self::unmap_all(&self.backend, &mut entry);
-            state.arenas[arena].mapped -= unmapped;
+        let released = if entry.mapped.is_some() {
             state.mapped_bytes -= unmapped;
             unmapped
         } else {
@@ -726,23 +676,27 @@ impl<B: Backend> Pool<B> {
                 for id in arena.engine.segment_ids() {
                     let entry = arena.entry(id).expect("segment exists");
                     let size = arena.engine.segment_size(id).expect("segment exists");
-                    let blocks = arena
-                        .engine
-                        .blocks_in(id)
-                        .map(|b| BlockSnapshot {
-                            offset: b.offset,
-                            size: b.size,
-                            free: b.free,
-                            key: b.block.map(|blk| (u64::from(arena_index) << 32) | u64::from(blk.index())),
-                        })
-                        .collect();
+                    // Withheld (unmapped) ranges are free address space: shown joined with free neighbours.
+                    let mut blocks: Vec<BlockSnapshot> = Vec::new();
+                    for b in arena.engine.blocks_in(id) {
+                        let free = b.free || b.withheld;
+                        match blocks.last_mut() {
+                            Some(last) if free && last.free => last.size += b.size,
+                            _ => blocks.push(BlockSnapshot {
+                                offset: b.offset,
+                                size: b.size,
+                                free,
+                                key: b.block.map(|blk| (u64::from(arena_index) << 32) | u64::from(blk.index())),
+                            }),
+                        }
+                    }
                     segments.push(SegmentSnapshot {
                         stream,
                         class: if arena.class == ArenaClass::Small { "small" } else { "large" },
                         index: id.0,
                         size,
-                        virtual_reservation: entry.pages.is_some(),
-                        physical_bytes: entry.pages.as_ref().map_or(size, PageMap::mapped_bytes),
+                        virtual_reservation: entry.mapped.is_some(),
+                        physical_bytes: entry.mapped.unwrap_or(size),
                         blocks,
                     });
                 }
@@ -823,8 +777,9 @@ impl<B: Backend> Drop for Pool<B> {
             );
         }
         for arena in &mut state.arenas {
-            for mut entry in arena.segments.iter_mut().filter_map(Option::take) {
-                Self::unmap_all(&self.backend, &mut entry);
+            for (index, slot) in arena.segments.iter_mut().enumerate() {
+                let Some(entry) = slot.take() else { continue };
+                Self::unmap_all(&self.backend, &arena.engine, SegmentId(index as u32), &entry);
                 self.backend.destroy_segment(entry.handle);
             }
         }
@@ -848,9 +803,11 @@ impl<S> State<S> {
         self.stats.inactive_split_bytes.set(split);
     }
 
-    fn add_segment(&mut self, arena: usize, size: u64, entry: SegmentEntry<S>) -> SegmentId {
+    /// Registers a new segment; a virtual reservation (`withheld`) starts with nothing mapped.
+    fn add_segment(&mut self, arena: usize, size: u64, entry: SegmentEntry<S>, withheld: bool) -> SegmentId {
         let arena = &mut self.arenas[arena];
-        let id = arena.engine.add_segment(size).expect("segment size is non-zero and rounded");
+        let id = if withheld { arena.engine.add_withheld_segment(size) } else { arena.engine.add_segment(size) }
+            .expect("segment size is non-zero and rounded");
         let slot = id.0 as usize;
         if arena.segments.len() <= slot {
             arena.segments.resize_with(slot + 1, || None);
@@ -864,7 +821,7 @@ impl<S> State<S> {
         let a = &mut self.arenas[arena];
         let entry = a.segments[alloc.segment.0 as usize].as_mut().expect("segment exists");
         entry.last_used_round = round;
-        if alloc.segment_was_empty && entry.pages.is_none() {
+        if alloc.segment_was_empty && entry.mapped.is_none() {
             self.empty_plain_bytes -= a.engine.segment_size(alloc.segment).expect("segment exists");
         }
         let s = &mut self.stats;
@@ -892,17 +849,9 @@ impl<S> State<S> {
     /// Accounts for a block the engine has just freed: an emptied plain segment becomes cached, not split.
     fn note_engine_free(&mut self, arena: usize, segment: SegmentId, segment_now_empty: bool) {
         let a = &self.arenas[arena];
-        if segment_now_empty && a.entry(segment).is_some_and(|e| e.pages.is_none()) {
+        if segment_now_empty && a.entry(segment).is_some_and(|e| e.mapped.is_none()) {
             self.empty_plain_bytes += a.engine.segment_size(segment).expect("segment exists");
         }
-    }
-
-    /// Whether some page under `alloc` is unmapped (never outside virtual reservations). O(pages / 64).
-    fn needs_mapping(&self, arena: usize, alloc: &Allocation) -> bool {
-        self.arenas[arena].entry(alloc.segment).and_then(|e| e.pages.as_ref()).is_some_and(|pages| {
-            let (first, end) = pages.covering(alloc.offset, alloc.size);
-            pages.any_unmapped(first, end)
-        })
     }
 
     /// Frees the arena's quick blocks into its engine, coalescing them. O(quick blocks).

@@ -318,3 +318,137 @@ fn batch_allocation_is_all_or_nothing() {
     assert_eq!((s.allocated_bytes.current, s.num_allocs - s.num_frees), (0, 0), "nothing stays allocated");
     assert_eq!(s.num_allocs, before + 2);
 }
+
+/// A sim device that tracks every mapped page: mapping a mapped page, unmapping an unmapped one, or a range off
+/// the page grid fails the test at once.
+struct PageChecked {
+    inner: SimBackend,
+    mapped: parking_lot::Mutex<std::collections::BTreeSet<(u64, u64)>>,
+}
+
+impl PageChecked {
+    fn pages(segment: &crate::sim::SimSegment, offset: u64, len: u64) -> impl Iterator<Item = (u64, u64)> {
+        assert!(offset % SimBackend::PAGE == 0 && len % SimBackend::PAGE == 0 && len > 0, "{offset}+{len}");
+        assert!(offset + len <= segment.size, "range past the reservation");
+        let base = segment.base;
+        (offset / SimBackend::PAGE..(offset + len) / SimBackend::PAGE).map(move |p| (base, p))
+    }
+
+    fn is_mapped(&self, segment: &crate::sim::SimSegment, offset: u64, len: u64) -> bool {
+        let (first, end) = (offset / SimBackend::PAGE, (offset + len).div_ceil(SimBackend::PAGE));
+        let mapped = self.mapped.lock();
+        (first..end).all(|p| mapped.contains(&(segment.base, p)))
+    }
+}
+
+impl Backend for PageChecked {
+    type Segment = crate::sim::SimSegment;
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn kind(&self) -> crate::BackendKind {
+        self.inner.kind()
+    }
+    fn alignment(&self) -> u64 {
+        self.inner.alignment()
+    }
+    fn segment_granularity(&self) -> u64 {
+        self.inner.segment_granularity()
+    }
+    fn max_segment_size(&self) -> u64 {
+        self.inner.max_segment_size()
+    }
+    fn capacity(&self) -> u64 {
+        self.inner.capacity()
+    }
+    fn free_memory(&self) -> u64 {
+        self.inner.free_memory()
+    }
+    fn create_segment(&self, size: u64) -> Result<Self::Segment> {
+        self.inner.create_segment(size)
+    }
+    fn destroy_segment(&self, segment: Self::Segment) {
+        assert!(!self.mapped.lock().iter().any(|&(base, _)| base == segment.base), "destroyed while mapped");
+        self.inner.destroy_segment(segment)
+    }
+    fn virtual_memory(&self) -> Option<crate::VirtualMemory> {
+        // Small reservations, so that a test also sees a pool with several of them.
+        self.inner.virtual_memory().map(|vm| crate::VirtualMemory { max_reservation: 256 * MIB, ..vm })
+    }
+    fn reserve_virtual(&self, size: u64) -> Result<Self::Segment> {
+        self.inner.reserve_virtual(size)
+    }
+    fn map_pages(&self, segment: &Self::Segment, offset: u64, len: u64) -> Result<()> {
+        let mut mapped = self.mapped.lock();
+        for page in Self::pages(segment, offset, len) {
+            assert!(mapped.insert(page), "page {page:?} mapped twice");
+        }
+        drop(mapped);
+        self.inner.map_pages(segment, offset, len)
+    }
+    fn unmap_pages(&self, segment: &Self::Segment, offset: u64, len: u64) {
+        let mut mapped = self.mapped.lock();
+        for page in Self::pages(segment, offset, len) {
+            assert!(mapped.remove(&page), "page {page:?} unmapped but not mapped");
+        }
+        drop(mapped);
+        self.inner.unmap_pages(segment, offset, len)
+    }
+    fn write(&self, segment: &Self::Segment, offset: u64, src: &[u8]) -> Result<()> {
+        self.inner.write(segment, offset, src)
+    }
+    fn read(&self, segment: &Self::Segment, offset: u64, dst: &mut [u8]) -> Result<()> {
+        self.inner.read(segment, offset, dst)
+    }
+}
+
+/// Random allocations and frees on virtual reservations under a limit, with trims and cleanups in between:
+/// every live block lies on mapped pages, no page is mapped or unmapped twice, reserved memory equals the mapped
+/// pages and stays under the limit, and everything is unmapped at the end.
+#[test]
+fn virtual_reservations_keep_live_blocks_mapped_under_random_pressure() {
+    use proptest::prelude::*;
+    use proptest::strategy::ValueTree;
+    let ops = prop::collection::vec((0u8..10, 1u64..(48 * MIB), any::<usize>()), 6000);
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    for (round, slack) in [Some(0.03), None, Some(0.0)].into_iter().enumerate() {
+        let limit = 400 * MIB;
+        let backend = PageChecked { inner: SimBackend::new("checked", 8 << 30), mapped: Default::default() };
+        let config = PoolConfig {
+            segment_mode: SegmentMode::Virtual,
+            limit: Some(Limit::Bytes(limit)),
+            mapped_slack: slack,
+            ..PoolConfig::default()
+        };
+        let pool = Pool::new(backend, config).unwrap();
+        let mut live: Vec<BlockHandle> = Vec::new();
+        for (kind, size, pick) in ops.new_tree(&mut runner).unwrap().current() {
+            let stream = StreamId(u64::from(kind % 2));
+            match kind {
+                0..=4 => match pool.allocate(size, stream) {
+                    Ok(block) => live.push(block),
+                    Err(Error::OutOfMemory { .. }) => {}
+                    Err(e) => panic!("round {round}: {e}"),
+                },
+                5..=8 if !live.is_empty() => pool.free(&live.swap_remove(pick % live.len())).unwrap(),
+                9 if pick % 8 == 0 => drop(pool.release_cached()),
+                _ => drop(pool.cleanup(1)),
+            }
+            let s = pool.stats();
+            let mapped_pages = pool.backend().mapped.lock().len() as u64;
+            let plain: u64 = pool.snapshot().segments.iter().filter(|g| !g.virtual_reservation).map(|g| g.size).sum();
+            assert_eq!(s.reserved_bytes.current, mapped_pages * SimBackend::PAGE + plain, "round {round}");
+            assert!(s.reserved_bytes.current <= limit, "round {round}: over the limit");
+            for block in &live {
+                let (segment, offset) = pool.segment_of(block).unwrap();
+                assert!(!segment.reservation || pool.backend().is_mapped(&segment, offset, block.size));
+            }
+        }
+        for block in live.drain(..) {
+            pool.free(&block).unwrap();
+        }
+        pool.release_cached();
+        assert_eq!(pool.backend().mapped.lock().len(), 0, "round {round}: pages left mapped");
+        assert_eq!(pool.stats().reserved_bytes.current, 0);
+    }
+}

@@ -1,0 +1,258 @@
+//! Withheld ranges: parts of a segment with no memory behind them, such as the unmapped pages of a virtual
+//! reservation. A pool withholds free pages when it unmaps them and restores withheld pages when it maps them;
+//! the engine keeps the ranges in the segment's address order (between blocks, merged with withheld neighbours)
+//! and in an index by size of their own, so the free index only ever holds memory that is backed.
+//!
+//! Withheld ranges are multiples of a granule (the page size) chosen by the caller, and start on one.
+
+use super::bins::bin_of;
+use super::slab::{Node, NodeState, NIL};
+use super::{Allocation, Engine, Segment, SegmentId, FIT_SCAN_LIMIT};
+
+/// How many withheld ranges [`Engine::find_withheld`] weighs, besides the smallest that holds a request alone.
+const WITHHELD_SCAN_LIMIT: usize = 32;
+
+/// Withheld bytes to restore for a request: found by [`Engine::find_withheld`], used by
+/// [`Engine::restore_and_allocate`] (with nothing changing the engine in between).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Restore {
+    /// The segment.
+    pub segment: SegmentId,
+    /// First byte to restore: the start of a withheld range, a multiple of the granule.
+    pub offset: u64,
+    /// Bytes to restore from there, a multiple of the granule.
+    pub len: u64,
+    node: u32,
+}
+
+impl Engine {
+    /// Adds a segment of `size` bytes (rounded up to the alignment) that is withheld from end to end: nothing in it
+    /// is allocatable until restored. O(1) amortised. Returns `None` for a zero size.
+    pub fn add_withheld_segment(&mut self, size: u64) -> Option<SegmentId> {
+        let id = self.add_segment(size)?;
+        let node = self.segments[id.0 as usize].expect("just added").first_block;
+        self.unlink(node);
+        self.nodes[node].state = NodeState::Withheld;
+        self.link(node);
+        self.stats.withheld_bytes += self.nodes[node].size;
+        Some(id)
+    }
+
+    /// Withholds free space of `segment` from its top down, `granule` (a power of two, at least the alignment)
+    /// at a time: the granules lying wholly inside each free block, highest first, until `want` bytes are
+    /// withheld (rounded up to the granule). Calls `release(offset, len)` for each range just before withholding
+    /// it, so the caller can give its memory back. Returns the bytes withheld. O(blocks visited).
+    pub fn withhold_from_top(
+        &mut self,
+        segment: SegmentId,
+        granule: u64,
+        want: u64,
+        mut release: impl FnMut(u64, u64),
+    ) -> u64 {
+        debug_assert!(granule.is_power_of_two() && granule >= self.alignment);
+        let Some(seg) = self.segment(segment) else { return 0 };
+        let mut withheld = 0;
+        let mut cursor = seg.last_block;
+        while cursor != NIL && withheld < want {
+            let node = self.nodes[cursor];
+            let below = node.prev_phys;
+            if node.state == NodeState::Free {
+                let lo = node.offset.next_multiple_of(granule);
+                let hi = (node.offset + node.size) & !(granule - 1);
+                if hi > lo {
+                    let wanted = (want - withheld).checked_next_multiple_of(granule).unwrap_or(u64::MAX);
+                    let len = (hi - lo).min(wanted);
+                    release(hi - len, len);
+                    self.withhold_part(cursor, hi - len, hi);
+                    withheld += len;
+                }
+            }
+            // The node below is untouched by the withholding above (at most it absorbed the new range).
+            cursor = below;
+        }
+        withheld
+    }
+
+    /// Withholds `[offset, offset + len)` of `segment`, which must lie inside one free block and be a whole
+    /// number of `granule`s. Returns whether it did. O(blocks in the segment): for undoing a restore, a rare path.
+    pub fn withhold_range(&mut self, segment: SegmentId, offset: u64, len: u64, granule: u64) -> bool {
+        let Some(seg) = self.segment(segment) else { return false };
+        if len == 0 || offset % granule != 0 || len % granule != 0 {
+            return false;
+        }
+        let mut cursor = seg.first_block;
+        while cursor != NIL {
+            let node = self.nodes[cursor];
+            if node.offset + node.size > offset {
+                let inside = node.state == NodeState::Free && node.offset <= offset;
+                if !inside || offset + len > node.offset + node.size {
+                    return false;
+                }
+                self.withhold_part(cursor, offset, offset + len);
+                return true;
+            }
+            cursor = node.next_phys;
+        }
+        false
+    }
+
+    /// Where to restore withheld memory for a request of `size` bytes, restoring as little as possible: a
+    /// withheld range is weighed with the free block before it (the request starts there and runs into the
+    /// range) or, when the range is too short for that, with the free blocks on both sides (the whole range is
+    /// restored and joins them). Weighs the smallest range that holds the request alone and a bounded number of
+    /// others, smallest classes first. O(1). `None` when nothing withheld can serve the request.
+    pub fn find_withheld(&self, size: u64, granule: u64) -> Option<Restore> {
+        let size = self.round_size(size).filter(|&s| s > 0)?;
+        let mut best: Option<Restore> = None;
+        let mut weigh = |index: u32| {
+            if let Some(r) = self.restore_for(index, size, granule) {
+                if best.is_none_or(|b| r.len < b.len) {
+                    best = Some(r);
+                }
+            }
+        };
+        // The smallest ranges that hold the request alone: a bounded scan of its class, then the next class.
+        let own = bin_of(size);
+        let mut cursor = self.withheld.heads[own];
+        for _ in 0..FIT_SCAN_LIMIT {
+            if cursor == NIL {
+                break;
+            }
+            weigh(cursor);
+            cursor = self.nodes[cursor].next_free;
+        }
+        if let Some(higher) = self.withheld.bins.first_at_or_after(own + 1) {
+            weigh(self.withheld.heads[higher]);
+        }
+        // Smaller ranges between free blocks, which may need fewer bytes restored.
+        let mut examined = 0;
+        let mut bin = 0;
+        while let Some(class) = self.withheld.bins.first_at_or_after(bin).filter(|&c| c < own) {
+            let mut cursor = self.withheld.heads[class];
+            while cursor != NIL && examined < WITHHELD_SCAN_LIMIT {
+                weigh(cursor);
+                examined += 1;
+                cursor = self.nodes[cursor].next_free;
+            }
+            if examined == WITHHELD_SCAN_LIMIT {
+                break;
+            }
+            bin = class + 1;
+        }
+        best
+    }
+
+    /// What restoring withheld range `index` for a request of `size` bytes takes, if it can serve it.
+    fn restore_for(&self, index: u32, size: u64, granule: u64) -> Option<Restore> {
+        let w = &self.nodes[index];
+        let free_size =
+            |i: u32| if i != NIL && self.nodes[i].state == NodeState::Free { self.nodes[i].size } else { 0 };
+        let (before, after) = (free_size(w.prev_phys), free_size(w.next_phys));
+        let start = if before > 0 { self.nodes[w.prev_phys].offset } else { w.offset };
+        let len = if start + size <= w.offset + w.size {
+            // At least a granule: a request that a free block holds alone needs no restore, but callers ask
+            // only after the free index missed.
+            (start + size).next_multiple_of(granule).saturating_sub(w.offset).max(granule).min(w.size)
+        } else if before + w.size + after >= size {
+            w.size
+        } else {
+            return None;
+        };
+        Some(Restore { segment: SegmentId(w.segment), offset: w.offset, len, node: index })
+    }
+
+    /// Restores what [`Engine::find_withheld`] chose (the caller has put memory behind it) and allocates `size`
+    /// bytes from the free block it joins, at that block's start. O(1).
+    ///
+    /// Returns `None` (changing nothing) when `restore` no longer describes a withheld range.
+    pub fn restore_and_allocate(&mut self, restore: &Restore, size: u64) -> Option<Allocation> {
+        let size = self.round_size(size).filter(|&s| s > 0)?;
+        let node = self.nodes.get(restore.node)?;
+        let valid = node.state == NodeState::Withheld
+            && node.segment == restore.segment.0
+            && node.offset == restore.offset
+            && node.size >= restore.len
+            && restore.len > 0;
+        if !valid {
+            return None;
+        }
+        let mut index = restore.node;
+        self.unlink(index);
+        if restore.len < self.nodes[index].size {
+            let rest = self.split(index, restore.offset + restore.len);
+            self.nodes[rest].state = NodeState::Withheld;
+            self.link(rest);
+        }
+        self.stats.withheld_bytes -= restore.len;
+        self.nodes[index].state = NodeState::Free;
+        let next = self.nodes[index].next_phys;
+        if next != NIL && self.nodes[next].state == NodeState::Free {
+            self.unlink(next);
+            self.absorb_next(index);
+        }
+        let prev = self.nodes[index].prev_phys;
+        if prev != NIL && self.nodes[prev].state == NodeState::Free {
+            self.unlink(prev);
+            self.absorb_next(prev);
+            index = prev;
+        }
+        if self.nodes[index].size < size {
+            // Not what find_withheld promised: keep the restored range free rather than fail half-way.
+            self.push_free(index);
+            return None;
+        }
+        Some(self.carve(index, size))
+    }
+
+    /// The ranges of `segment` that are not withheld (blocks, live or free, in runs), in address order: what has
+    /// memory behind it. O(blocks in the segment).
+    pub fn backed_ranges(&self, segment: SegmentId) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let mut cursor = self.segment(segment).map_or(NIL, |s: Segment| s.first_block);
+        std::iter::from_fn(move || {
+            while cursor != NIL && self.nodes[cursor].state == NodeState::Withheld {
+                cursor = self.nodes[cursor].next_phys;
+            }
+            if cursor == NIL {
+                return None;
+            }
+            let start = self.nodes[cursor].offset;
+            let mut end = start;
+            while cursor != NIL && self.nodes[cursor].state != NodeState::Withheld {
+                end += self.nodes[cursor].size;
+                cursor = self.nodes[cursor].next_phys;
+            }
+            Some((start, end - start))
+        })
+    }
+
+    /// Withholds `[r0, r1)` of free block `index` (inside it, non-empty): what lies before and after stays free,
+    /// and the range joins withheld neighbours.
+    fn withhold_part(&mut self, index: u32, r0: u64, r1: u64) {
+        let Node { offset, size, .. } = self.nodes[index];
+        debug_assert!(offset <= r0 && r0 < r1 && r1 <= offset + size);
+        self.unlink(index);
+        if r1 < offset + size {
+            let back = self.split(index, r1);
+            self.push_free(back);
+        }
+        let mut range = index;
+        if r0 > offset {
+            range = self.split(index, r0);
+            self.push_free(index);
+        }
+        self.nodes[range].state = NodeState::Withheld;
+        let next = self.nodes[range].next_phys;
+        if next != NIL && self.nodes[next].state == NodeState::Withheld {
+            self.unlink(next);
+            self.absorb_next(range);
+        }
+        let prev = self.nodes[range].prev_phys;
+        if prev != NIL && self.nodes[prev].state == NodeState::Withheld {
+            self.unlink(prev);
+            self.absorb_next(prev);
+            range = prev;
+        }
+        self.link(range);
+        self.stats.withheld_bytes += r1 - r0;
+    }
+}
