@@ -146,10 +146,17 @@ fn run(ops: &[Op], alignment: u64, check_every: usize) {
             Op::Withhold(k, want) if !shadow.segments.is_empty() => {
                 let id = *shadow.segments.keys().nth(k % shadow.segments.len()).unwrap();
                 let mut released = Vec::new();
-                let got = engine.withhold_from_top(id, GRANULE, want, |offset, len| released.push((offset, len)));
-                assert!(got >= want.min(got) && got < want + GRANULE, "withheld {got} for {want}");
+                let got = engine.withhold_free(
+                    GRANULE,
+                    want,
+                    |s| s == id,
+                    |s, offset, len| {
+                        assert_eq!(s, id, "only the eligible segment");
+                        released.push((offset, len));
+                    },
+                );
+                assert!(got < want + GRANULE, "withheld {got} for {want}");
                 assert_eq!(released.iter().map(|r| r.1).sum::<u64>(), got);
-                assert!(released.windows(2).all(|w| w[1].0 + w[1].1 <= w[0].0), "highest ranges first");
                 for (offset, len) in released {
                     shadow.withhold(id, offset, len);
                 }
@@ -319,10 +326,10 @@ fn withheld_space_is_never_handed_out_and_comes_back_where_least_is_needed() {
     let c = e.restore_and_allocate(&r, 3 * GRANULE).unwrap();
     assert_eq!(c.offset, b.offset + b.size);
     assert!(e.restore_and_allocate(&r, 3 * GRANULE).is_none(), "a used description is refused");
-    // Give back: only granules wholly inside free blocks go, highest first. Granule 4 holds c's last bytes.
+    // Give back: only granules wholly inside free blocks go. Granule 4 holds c's last bytes.
     e.free(a.block).unwrap();
     let mut released = Vec::new();
-    let got = e.withhold_from_top(seg, GRANULE, u64::MAX, |o, l| released.push((o, l)));
+    let got = e.withhold_free(GRANULE, u64::MAX, |_| true, |_, o, l| released.push((o, l)));
     assert_eq!((released, got), (vec![(0, GRANULE)], GRANULE));
     assert!(!e.withhold_range(seg, 0, GRANULE, GRANULE), "already withheld");
     assert!(!e.withhold_range(seg, GRANULE, GRANULE, GRANULE), "b and c are live there");
@@ -349,4 +356,24 @@ fn a_short_withheld_hole_between_free_blocks_is_restored_whole() {
     let a = e.restore_and_allocate(&r, 5 * GRANULE).unwrap();
     assert_eq!(a.offset, GRANULE);
     assert_eq!(e.stats().withheld_bytes, 0);
+}
+
+#[test]
+fn withholding_takes_the_smallest_free_blocks_first_from_their_top() {
+    let mut e = Engine::new(256).unwrap();
+    let seg = e.add_segment(64 * GRANULE).unwrap();
+    // Free holes of 8 and 3 granules between live blocks; the rest of the segment is live.
+    let blocks: Vec<_> =
+        [GRANULE, 8 * GRANULE, GRANULE, 3 * GRANULE, 51 * GRANULE].iter().map(|&s| e.allocate(s).unwrap()).collect();
+    e.free(blocks[1].block).unwrap();
+    e.free(blocks[3].block).unwrap();
+    let mut released = Vec::new();
+    let got = e.withhold_free(GRANULE, 2 * GRANULE, |_| true, |s, o, l| released.push((s, o, l)));
+    assert_eq!(got, 2 * GRANULE);
+    assert_eq!(released, vec![(seg, 11 * GRANULE, 2 * GRANULE)], "top of the 3-granule hole");
+    // Segments the caller excludes are left alone.
+    assert_eq!(e.withhold_free(GRANULE, u64::MAX, |_| false, |_, _, _| panic!("excluded")), 0);
+    let got = e.withhold_free(GRANULE, u64::MAX, |_| true, |_, _, _| {});
+    assert_eq!(got, 9 * GRANULE, "the rest of both holes");
+    assert_eq!(e.stats().withheld_bytes, 11 * GRANULE);
 }

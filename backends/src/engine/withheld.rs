@@ -10,7 +10,7 @@ use super::slab::{Node, NodeState, NIL};
 use super::{Allocation, Engine, Segment, SegmentId, FIT_SCAN_LIMIT};
 
 /// How many withheld ranges [`Engine::find_withheld`] weighs, besides the smallest that holds a request alone.
-const WITHHELD_SCAN_LIMIT: usize = 32;
+const WITHHELD_SCAN_LIMIT: usize = 8;
 
 /// Withheld bytes to restore for a request: found by [`Engine::find_withheld`], used by
 /// [`Engine::restore_and_allocate`] (with nothing changing the engine in between).
@@ -38,37 +38,41 @@ impl Engine {
         Some(id)
     }
 
-    /// Withholds free space of `segment` from its top down, `granule` (a power of two, at least the alignment)
-    /// at a time: the granules lying wholly inside each free block, highest first, until `want` bytes are
-    /// withheld (rounded up to the granule). Calls `release(offset, len)` for each range just before withholding
-    /// it, so the caller can give its memory back. Returns the bytes withheld. O(blocks visited).
-    pub fn withhold_from_top(
+    /// Withholds free space, `granule` (a power of two, at least the alignment) at a time: the granules lying
+    /// wholly inside free blocks of the segments `eligible` accepts, smallest free blocks first (the large ones
+    /// are what future requests fit in), each from its top, until `want` bytes are withheld (rounded up to the
+    /// granule). Calls `release(segment, offset, len)` for each range just before withholding it, so the caller
+    /// can give its memory back. Returns the bytes withheld. O(free blocks of a granule or more visited).
+    pub fn withhold_free(
         &mut self,
-        segment: SegmentId,
         granule: u64,
         want: u64,
-        mut release: impl FnMut(u64, u64),
+        mut eligible: impl FnMut(SegmentId) -> bool,
+        mut release: impl FnMut(SegmentId, u64, u64),
     ) -> u64 {
         debug_assert!(granule.is_power_of_two() && granule >= self.alignment);
-        let Some(seg) = self.segment(segment) else { return 0 };
         let mut withheld = 0;
-        let mut cursor = seg.last_block;
-        while cursor != NIL && withheld < want {
-            let node = self.nodes[cursor];
-            let below = node.prev_phys;
-            if node.state == NodeState::Free {
+        let mut bin = bin_of(granule);
+        while withheld < want {
+            let Some(class) = self.free.bins.first_at_or_after(bin) else { break };
+            let mut cursor = self.free.heads[class];
+            while cursor != NIL && withheld < want {
+                let node = self.nodes[cursor];
+                // Withholding `cursor` leaves its free neighbours alone (there are none: free blocks coalesce)
+                // and puts what is left of it, under a granule unless the request is met, in lower classes.
+                let next = node.next_free;
                 let lo = node.offset.next_multiple_of(granule);
                 let hi = (node.offset + node.size) & !(granule - 1);
-                if hi > lo {
+                if hi > lo && eligible(SegmentId(node.segment)) {
                     let wanted = (want - withheld).checked_next_multiple_of(granule).unwrap_or(u64::MAX);
                     let len = (hi - lo).min(wanted);
-                    release(hi - len, len);
+                    release(SegmentId(node.segment), hi - len, len);
                     self.withhold_part(cursor, hi - len, hi);
                     withheld += len;
                 }
+                cursor = next;
             }
-            // The node below is untouched by the withholding above (at most it absorbed the new range).
-            cursor = below;
+            bin = class + 1;
         }
         withheld
     }
@@ -124,18 +128,22 @@ impl Engine {
         if let Some(higher) = self.withheld.bins.first_at_or_after(own + 1) {
             weigh(self.withheld.heads[higher]);
         }
-        // Smaller ranges between free blocks, which may need fewer bytes restored.
+        // Smaller ranges between free blocks, which may need fewer bytes restored: the whole range comes back,
+        // so in ascending size the first that serves is the best of them.
         let mut examined = 0;
         let mut bin = 0;
-        while let Some(class) = self.withheld.bins.first_at_or_after(bin).filter(|&c| c < own) {
+        'classes: while let Some(class) = self.withheld.bins.first_at_or_after(bin).filter(|&c| c < own) {
             let mut cursor = self.withheld.heads[class];
-            while cursor != NIL && examined < WITHHELD_SCAN_LIMIT {
-                weigh(cursor);
+            while cursor != NIL {
+                if examined == WITHHELD_SCAN_LIMIT || best.is_some_and(|b| b.len <= self.nodes[cursor].size) {
+                    break 'classes;
+                }
                 examined += 1;
+                if let Some(r) = self.restore_for(cursor, size, granule) {
+                    best = Some(r);
+                    break 'classes;
+                }
                 cursor = self.nodes[cursor].next_free;
-            }
-            if examined == WITHHELD_SCAN_LIMIT {
-                break;
             }
             bin = class + 1;
         }

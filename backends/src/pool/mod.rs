@@ -591,8 +591,9 @@ impl<B: Backend> Pool<B> {
         report
     }
 
-    /// Unmaps pages lying wholly inside free blocks of the arena's reservations, highest addresses first, until
-    /// `want` bytes are unmapped, and withholds them from the engine. Returns (pages, bytes). O(blocks visited).
+    /// Unmaps pages lying wholly inside free blocks of the arena's reservations (those idle for `idle_rounds`
+    /// cleanup rounds), smallest free blocks first, until `want` bytes are unmapped, and withholds them from the
+    /// engine. Returns (pages, bytes). O(free blocks of a page or more visited).
     fn unmap_free_pages(
         &self,
         state: &mut State<B::Segment>,
@@ -603,21 +604,21 @@ impl<B: Backend> Pool<B> {
     ) -> (u64, u64) {
         let page = self.page_size.expect("virtual arenas exist only with virtual memory");
         let a = &mut state.arenas[arena];
-        let (mut calls, mut bytes) = (0, 0);
-        for (index, slot) in a.segments.iter_mut().enumerate() {
-            let Some(entry) = slot.as_mut() else { continue };
-            let Some(mapped) = entry.mapped.as_mut() else { continue };
-            if bytes >= want || round.saturating_sub(entry.last_used_round) < idle_rounds {
-                continue;
-            }
-            let handle = &entry.handle;
-            let got = a.engine.withhold_from_top(SegmentId(index as u32), page, want - bytes, |offset, len| {
-                self.backend.unmap_pages(handle, offset, len);
-                calls += 1;
-            });
-            *mapped -= got;
-            bytes += got;
-        }
+        let idle: Vec<bool> = if idle_rounds == 0 {
+            Vec::new()
+        } else {
+            let idle = |e: &SegmentEntry<_>| round.saturating_sub(e.last_used_round) >= idle_rounds;
+            a.segments.iter().map(|slot| slot.as_ref().is_some_and(idle)).collect()
+        };
+        let eligible = |id: SegmentId| idle_rounds == 0 || idle[id.0 as usize];
+        let segments = &mut a.segments;
+        let mut calls = 0;
+        let bytes = a.engine.withhold_free(page, want, eligible, |id, offset, len| {
+            let entry = segments[id.0 as usize].as_mut().expect("segment exists");
+            self.backend.unmap_pages(&entry.handle, offset, len);
+            *entry.mapped.as_mut().expect("virtual segment") -= len;
+            calls += 1;
+        });
         state.mapped_bytes -= bytes;
         state.stats.num_device_free += calls;
         (bytes / page, bytes)
