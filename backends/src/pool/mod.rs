@@ -226,8 +226,13 @@ impl<B: Backend> Pool<B> {
     /// Allocates a block of at least `bytes` bytes on `stream`, reusing cached memory first. O(1) when served
     /// from cache; otherwise one backend call (plus a release of cached memory and a retry when the limit or the
     /// device is exhausted).
+    #[inline(always)]
     pub fn allocate(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
-        self.allocate_inner(bytes, stream, self.config.zero_on_alloc)
+        if self.config.zero_on_alloc {
+            return self.allocate_inner(bytes, stream, true);
+        }
+        let mut state = self.state.lock();
+        self.allocate_locked(&mut state, bytes, stream)
     }
 
     /// Like [`Pool::allocate`], with every byte of the block set to zero before it is returned.
@@ -282,9 +287,42 @@ impl<B: Backend> Pool<B> {
         Ok(blocks)
     }
 
-    /// The allocation itself, with the lock held: validate, pick the arena, try, release cached memory and retry
-    /// once on a shortfall, record.
+    /// The allocation itself, with the lock held: validate, pick the arena, take a cached block (inline: the
+    /// common case), else go the slow way (new memory, retry, errors). O(1) on a hit.
+    #[inline(always)]
     fn allocate_locked(&self, state: &mut State<B::Segment>, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
+        let align = self.backend.alignment();
+        let size = bytes.wrapping_add(align - 1) & !(align - 1);
+        // Zero, overflow while rounding, and sizes past the backend's maximum all land in the slow path.
+        let max = if self.page_size.is_some() { u64::MAX } else { self.backend.max_segment_size() };
+        if bytes == 0 || size < bytes || size > max || self.config.strategy != Strategy::Pooled {
+            return self.allocate_slow(state, bytes, stream);
+        }
+        let class = if size <= self.config.small_request_max { ArenaClass::Small } else { ArenaClass::Large };
+        let Some(arena) = state.arena_of(stream, class) else { return self.allocate_slow(state, bytes, stream) };
+        let a = &mut state.arenas[arena];
+        let alloc = match a.quick.pop(size) {
+            // Its pages stayed mapped: the cache is drained before any trim.
+            Some(q) => Allocation {
+                block: a.engine.unpark(q.block).expect("quick blocks are parked"),
+                segment: q.segment,
+                offset: q.offset,
+                size: q.size,
+                segment_was_empty: false,
+            },
+            None => match a.engine.allocate(size) {
+                Some(alloc) => alloc,
+                None => return self.allocate_slow(state, bytes, stream),
+            },
+        };
+        Ok(state.record_alloc(arena, &alloc, bytes, true))
+    }
+
+    /// Everything [`Pool::allocate_locked`] does not do inline: validation errors, the first use of a stream,
+    /// draining the quick cache, mapping or growing, releasing cached memory and retrying once on a shortfall.
+    #[cold]
+    #[inline(never)]
+    fn allocate_slow(&self, state: &mut State<B::Segment>, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
         if bytes == 0 {
             return Err(Error::ZeroSize { device: self.backend.name().to_string() });
         }
@@ -317,10 +355,10 @@ impl<B: Backend> Pool<B> {
 
     /// The arena of `stream` for `class`, created on the stream's first use. O(streams), a handful.
     fn arena_for(&self, state: &mut State<B::Segment>, stream: StreamId, class: ArenaClass) -> usize {
-        let slot = usize::from(class == ArenaClass::Large);
-        if let Some((_, arenas)) = state.streams.iter().find(|(s, _)| *s == stream) {
-            return arenas[slot] as usize;
+        if let Some(arena) = state.arena_of(stream, class) {
+            return arena;
         }
+        let slot = usize::from(class == ArenaClass::Large);
         let first = state.arenas.len() as u32;
         for class in [ArenaClass::Small, ArenaClass::Large] {
             state.arenas.push(Arena {
@@ -504,6 +542,7 @@ impl<B: Backend> Pool<B> {
     ///
     /// Errors with [`Error::UnknownBlock`] for a block that this pool did not hand out or that was already freed;
     /// nothing changes then.
+    #[inline(always)]
     pub fn free(&self, block: &BlockHandle) -> Result<()> {
         if self.config.poison_on_free {
             self.fill(block, 0, block.size, POISON_BYTE)?;
@@ -514,15 +553,17 @@ impl<B: Backend> Pool<B> {
         let a = state.arenas.get_mut(arena).ok_or_else(unknown)?;
         // Only small blocks go through the quick cache: they churn most, and live in 2 MiB segments where an
         // uncoalesced block cannot push a large request into new memory.
-        if self.config.strategy == Strategy::Pooled && a.class == ArenaClass::Small && a.quick.has_room(block.size) {
+        let room = if self.config.strategy == Strategy::Pooled && a.class == ArenaClass::Small {
+            a.quick.room_for(block.size)
+        } else {
+            None
+        };
+        if let Some(class) = room {
             let parked = a.engine.park(block.block).ok_or_else(unknown)?;
-            let kept = a.quick.push(QuickBlock {
-                block: parked,
-                segment: block.segment,
-                offset: block.offset,
-                size: block.size,
-            });
-            debug_assert!(kept, "has_room said so");
+            a.quick.push(
+                class,
+                QuickBlock { block: parked, segment: block.segment, offset: block.offset, size: block.size },
+            );
             state.record_free(block);
             return Ok(());
         }
@@ -789,6 +830,13 @@ impl<B: Backend> Drop for Pool<B> {
 }
 
 impl<S> State<S> {
+    /// The arena of `stream` for `class`, if the stream has been used. O(streams), a handful.
+    #[inline(always)]
+    fn arena_of(&self, stream: StreamId, class: ArenaClass) -> Option<usize> {
+        let slot = usize::from(class == ArenaClass::Large);
+        self.streams.iter().find(|(s, _)| *s == stream).map(|(_, arenas)| arenas[slot] as usize)
+    }
+
     fn reserved(&self) -> u64 {
         self.plain_bytes + self.mapped_bytes
     }
@@ -817,6 +865,7 @@ impl<S> State<S> {
         id
     }
 
+    #[inline(always)]
     fn record_alloc(&mut self, arena: usize, alloc: &Allocation, requested: u64, hit: bool) -> BlockHandle {
         let round = self.cleanup_round;
         let a = &mut self.arenas[arena];
@@ -867,6 +916,7 @@ impl<S> State<S> {
         self.update_split();
     }
 
+    #[inline(always)]
     fn record_free(&mut self, block: &BlockHandle) {
         let s = &mut self.stats;
         s.num_frees += 1;

@@ -34,29 +34,26 @@ impl QuickCache {
         Self { classes: vec![Vec::new(); BIN_COUNT], occupied: [0; BIN_COUNT.div_ceil(64)], len: 0 }
     }
 
-    /// Whether a block of `size` bytes would be kept. O(1).
-    #[inline]
-    pub(super) fn has_room(&self, size: u64) -> bool {
-        self.len < TOTAL && self.classes[bin_of(size)].len() < PER_CLASS
+    /// The class a freed block of `size` bytes would be kept in, or `None` when that class or the cache is
+    /// full. O(1).
+    #[inline(always)]
+    pub(super) fn room_for(&self, size: u64) -> Option<usize> {
+        let class = bin_of(size);
+        (self.len < TOTAL && self.classes[class].len() < PER_CLASS).then_some(class)
     }
 
-    /// Keeps `block` unless its class or the cache is full; returns whether it was kept. O(1).
-    #[inline]
-    pub(super) fn push(&mut self, block: QuickBlock) -> bool {
-        let class = bin_of(block.size);
-        let list = &mut self.classes[class];
-        if list.len() >= PER_CLASS || self.len >= TOTAL {
-            return false;
-        }
-        list.push(block);
+    /// Keeps `block` in `class`, which [`QuickCache::room_for`] returned for its size. O(1).
+    #[inline(always)]
+    pub(super) fn push(&mut self, class: usize, block: QuickBlock) {
+        debug_assert_eq!(Some(class), self.room_for(block.size));
+        self.classes[class].push(block);
         self.occupied[class / 64] |= 1 << (class % 64);
         self.len += 1;
-        true
     }
 
     /// The most recently freed block of `size`'s class if it is at least `size` bytes (sizes in one class
     /// differ by under 1/32). O(1).
-    #[inline]
+    #[inline(always)]
     pub(super) fn pop(&mut self, size: u64) -> Option<QuickBlock> {
         let class = bin_of(size);
         let list = &mut self.classes[class];
