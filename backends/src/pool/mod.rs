@@ -392,10 +392,18 @@ impl<B: Backend> Pool<B> {
             }
             let a = &mut state.arenas[arena];
             let mut found = a.engine.allocate(size);
-            if found.is_none() && !a.quick.is_empty() {
-                // Coalesce the quick blocks before asking the device for more.
-                state.drain_quick(arena);
-                found = state.arenas[arena].engine.allocate(size);
+            if found.is_none() {
+                // A larger quick block serves the request once it is back in the engine; failing that, coalesce
+                // all of them before asking the device for more.
+                if let Some(q) = a.quick.pop_larger(size) {
+                    let freed = a.engine.free(q.block).expect("quick blocks are parked");
+                    state.note_engine_free(arena, freed.segment, freed.segment_now_empty);
+                    found = state.arenas[arena].engine.allocate(size);
+                }
+                if found.is_none() && !state.arenas[arena].quick.is_empty() {
+                    state.drain_quick(arena);
+                    found = state.arenas[arena].engine.allocate(size);
+                }
             }
             if let Some(alloc) = found {
                 return Ok((alloc, true));
@@ -909,10 +917,18 @@ impl<S> State<S> {
         if self.arenas[arena].quick.is_empty() {
             return;
         }
-        for q in self.arenas[arena].quick.drain() {
-            let freed = self.arenas[arena].engine.free(q.block).expect("quick blocks are parked");
-            self.note_engine_free(arena, freed.segment, freed.segment_now_empty);
-        }
+        let a = &mut self.arenas[arena];
+        let mut emptied = 0;
+        a.quick.drain(|q| {
+            let freed = a.engine.free(q.block).expect("quick blocks are parked");
+            // Quick blocks live in plain segments (small arenas only); an emptied one becomes cached.
+            if freed.segment_now_empty
+                && a.segments[freed.segment.0 as usize].as_ref().is_some_and(|e| e.mapped.is_none())
+            {
+                emptied += a.engine.segment_size(freed.segment).expect("segment exists");
+            }
+        });
+        self.empty_plain_bytes += emptied;
         self.update_split();
     }
 

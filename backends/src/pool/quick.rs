@@ -68,20 +68,38 @@ impl QuickCache {
         Some(block)
     }
 
-    /// Takes every block out. O(blocks + classes / 64).
-    pub(super) fn drain(&mut self) -> Vec<QuickBlock> {
-        let mut out = Vec::with_capacity(self.len);
+    /// The most recently freed block of the smallest class above `size`'s, if any: every block there is larger
+    /// than `size`. O(classes / 64).
+    pub(super) fn pop_larger(&mut self, size: u64) -> Option<QuickBlock> {
+        let from = bin_of(size) + 1;
+        let mut word = from / 64;
+        let mut bits = self.occupied.get(word)? & (u64::MAX << (from % 64));
+        while bits == 0 {
+            word += 1;
+            bits = *self.occupied.get(word)?;
+        }
+        let class = word * 64 + bits.trailing_zeros() as usize;
+        let list = &mut self.classes[class];
+        let block = list.pop().expect("occupied classes hold blocks");
+        if list.is_empty() {
+            self.occupied[class / 64] &= !(1 << (class % 64));
+        }
+        self.len -= 1;
+        Some(block)
+    }
+
+    /// Takes every block out, handing each to `take`. O(blocks + classes / 64), without allocating.
+    pub(super) fn drain(&mut self, mut take: impl FnMut(QuickBlock)) {
         for word in 0..self.occupied.len() {
             let mut bits = self.occupied[word];
             while bits != 0 {
                 let class = word * 64 + bits.trailing_zeros() as usize;
                 bits &= bits - 1;
-                out.append(&mut self.classes[class]);
+                self.classes[class].drain(..).for_each(&mut take);
             }
             self.occupied[word] = 0;
         }
         self.len = 0;
-        out
     }
 
     #[inline]

@@ -452,3 +452,25 @@ fn virtual_reservations_keep_live_blocks_mapped_under_random_pressure() {
         assert_eq!(pool.stats().reserved_bytes.current, 0);
     }
 }
+
+#[test]
+fn a_miss_reuses_a_larger_quick_block_before_growing() {
+    let pool = sim_pool(SegmentMode::Plain, None);
+    // Fill one 2 MiB small segment exactly: 512 KiB + 1 MiB + 512 KiB.
+    let blocks: Vec<_> = [512 * 1024, MIB, 512 * 1024].iter().map(|&s| pool.allocate(s, S0).unwrap()).collect();
+    assert_eq!(pool.stats().reserved_bytes.current, 2 * MIB);
+    // The 1 MiB block waits in the quick cache; a 300 KiB request has no class of its own there and the engine
+    // has nothing free, so it is served from the larger quick block instead of a new segment.
+    pool.free(&blocks[1]).unwrap();
+    let small = pool.allocate(300 * 1024, S0).unwrap();
+    assert_eq!(small.offset, blocks[1].offset);
+    let s = pool.stats();
+    assert_eq!((s.reserved_bytes.current, s.num_device_alloc), (2 * MIB, 1));
+    // The rest of that block went back to the engine: a 600 KiB request fits after it, still without growing.
+    let rest = pool.allocate(600 * 1024, S0).unwrap();
+    assert_eq!(rest.offset, small.offset + small.size);
+    assert_eq!(pool.stats().reserved_bytes.current, 2 * MIB);
+    for block in [&blocks[0], &blocks[2], &small, &rest] {
+        pool.free(block).unwrap();
+    }
+}
