@@ -118,8 +118,6 @@ impl EngineStats {
 struct Segment {
     size: u64,
     first_block: u32,
-    /// The block at the segment's end: trims walk blocks from the top.
-    last_block: u32,
     live_blocks: u32,
 }
 
@@ -197,7 +195,7 @@ impl Engine {
             }
         };
         let node = self.nodes.insert(Node::free(id, 0, size));
-        self.segments[id as usize] = Some(Segment { size, first_block: node, last_block: node, live_blocks: 0 });
+        self.segments[id as usize] = Some(Segment { size, first_block: node, live_blocks: 0 });
         self.push_free(node);
         self.stats.reserved_bytes += size;
         self.stats.empty_segment_bytes += size;
@@ -272,26 +270,6 @@ impl Engine {
                 block: (node.state == NodeState::Live).then_some(BlockId { index: next, generation: node.generation }),
             };
             next = node.next_phys;
-            Some(info)
-        })
-    }
-
-    /// The blocks of a segment from its end down to its start. O(blocks visited).
-    pub fn blocks_in_rev(&self, id: SegmentId) -> impl Iterator<Item = BlockInfo> + '_ {
-        let mut next = self.segment(id).map_or(NIL, |s| s.last_block);
-        std::iter::from_fn(move || {
-            if next == NIL {
-                return None;
-            }
-            let node = &self.nodes[next];
-            let info = BlockInfo {
-                offset: node.offset,
-                size: node.size,
-                free: node.state == NodeState::Free,
-                withheld: node.state == NodeState::Withheld,
-                block: (node.state == NodeState::Live).then_some(BlockId { index: next, generation: node.generation }),
-            };
-            next = node.prev_phys;
             Some(info)
         })
     }
@@ -490,15 +468,8 @@ impl Engine {
         self.nodes[index].next_phys = after;
         if after != NIL {
             self.nodes[after].prev_phys = index;
-        } else {
-            let segment = self.nodes[index].segment;
-            self.set_last_block(segment, index);
         }
         self.nodes.remove(next);
-    }
-
-    fn set_last_block(&mut self, segment: u32, index: u32) {
-        self.segments[segment as usize].as_mut().expect("block in a missing segment").last_block = index;
     }
 
     /// Splits node `index` at offset `at` (inside it): the node keeps `[offset, at)`, a new free node (in no
@@ -512,25 +483,44 @@ impl Engine {
         self.nodes[rest].next_phys = node.next_phys;
         if node.next_phys != NIL {
             self.nodes[node.next_phys].prev_phys = rest;
-        } else {
-            self.set_last_block(node.segment, rest);
         }
         self.nodes[index].next_phys = rest;
         self.nodes[index].size = at - node.offset;
         rest
     }
 
-    #[inline]
+    /// Makes node `index` a free block at the head of its class.
+    #[inline(always)]
     fn push_free(&mut self, index: u32) {
         self.nodes[index].state = NodeState::Free;
-        self.link(index);
+        self.link_into(index, false);
+    }
+
+    /// Takes free block `index` out of the free index.
+    #[inline(always)]
+    fn unlink_free(&mut self, index: u32) {
+        debug_assert_eq!(self.nodes[index].state, NodeState::Free);
+        self.unlink_from(index, false);
     }
 
     /// Puts node `index` into the index its state belongs to (free or withheld), at the head of its class.
     #[inline]
     fn link(&mut self, index: u32) {
-        let Node { size, state, .. } = self.nodes[index];
-        let list = if state == NodeState::Withheld { &mut self.withheld } else { &mut self.free };
+        self.link_into(index, self.nodes[index].state == NodeState::Withheld);
+    }
+
+    /// Takes node `index` out of the index its state belongs to.
+    #[inline]
+    fn unlink(&mut self, index: u32) {
+        self.unlink_from(index, self.nodes[index].state == NodeState::Withheld);
+    }
+
+    /// Links node `index` into the free index or, when `withheld`, the withheld index. Inlined with a constant
+    /// `withheld` on the allocation paths, so they pay nothing for withheld ranges existing.
+    #[inline(always)]
+    fn link_into(&mut self, index: u32, withheld: bool) {
+        let size = self.nodes[index].size;
+        let list = if withheld { &mut self.withheld } else { &mut self.free };
         let bin = bin_of(size);
         let head = list.heads[bin];
         list.heads[bin] = index;
@@ -541,24 +531,18 @@ impl Engine {
         if head != NIL {
             self.nodes[head].prev_free = index;
         }
-        if state == NodeState::Free {
+        if !withheld {
             self.stats.free_blocks += 1;
         }
     }
 
-    #[inline]
-    fn unlink_free(&mut self, index: u32) {
-        self.unlink(index);
-    }
-
-    /// Takes node `index` out of the index its state belongs to.
-    #[inline]
-    fn unlink(&mut self, index: u32) {
-        let Node { prev_free, next_free, size, state, .. } = self.nodes[index];
+    #[inline(always)]
+    fn unlink_from(&mut self, index: u32, withheld: bool) {
+        let Node { prev_free, next_free, size, .. } = self.nodes[index];
         if prev_free != NIL {
             self.nodes[prev_free].next_free = next_free;
         } else {
-            let list = if state == NodeState::Withheld { &mut self.withheld } else { &mut self.free };
+            let list = if withheld { &mut self.withheld } else { &mut self.free };
             let bin = bin_of(size);
             list.heads[bin] = next_free;
             if next_free == NIL {
@@ -568,7 +552,7 @@ impl Engine {
         if next_free != NIL {
             self.nodes[next_free].prev_free = prev_free;
         }
-        if state == NodeState::Free {
+        if !withheld {
             self.stats.free_blocks -= 1;
         }
     }
