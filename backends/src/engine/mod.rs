@@ -376,6 +376,31 @@ impl Engine {
         Some(Freed { segment: SegmentId(segment), offset, size, segment_now_empty: now_empty })
     }
 
+    /// Checks that every free block and withheld range sits in the list of its own size class, with consistent
+    /// links, and that the class bitmaps and the free-block count agree (tests only). O(nodes).
+    #[cfg(test)]
+    pub(crate) fn check_index(&self) {
+        for (list, state) in [(&self.free, NodeState::Free), (&self.withheld, NodeState::Withheld)] {
+            let mut count = 0;
+            for bin in 0..BIN_COUNT {
+                let mut cursor = list.heads[bin];
+                assert_eq!(cursor != NIL, list.bins.first_at_or_after(bin) == Some(bin), "bitmap of class {bin}");
+                let mut prev = NIL;
+                while cursor != NIL {
+                    let node = &self.nodes[cursor];
+                    assert_eq!(node.state, state, "node {cursor} in the wrong index");
+                    assert_eq!(bin_of(node.size), bin, "node {cursor} of {} bytes in class {bin}", node.size);
+                    assert_eq!(node.prev_free, prev, "back link of node {cursor}");
+                    (prev, cursor) = (cursor, node.next_free);
+                    count += 1;
+                }
+            }
+            if state == NodeState::Free {
+                assert_eq!(count, self.stats.free_blocks, "free blocks in the index");
+            }
+        }
+    }
+
     #[inline]
     fn segment(&self, id: SegmentId) -> Option<Segment> {
         self.segments.get(id.0 as usize).copied().flatten()

@@ -62,6 +62,7 @@ impl Shadow {
 }
 
 fn check(engine: &Engine, shadow: &Shadow) {
+    engine.check_index();
     let align = engine.alignment();
     let mut by_segment: BTreeMap<SegmentId, Vec<(u64, u64)>> = BTreeMap::new();
     for a in &shadow.live {
