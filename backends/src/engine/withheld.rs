@@ -184,7 +184,7 @@ impl Engine {
         if !valid {
             return None;
         }
-        let mut index = restore.node;
+        let index = restore.node;
         self.unlink(index);
         if restore.len < self.nodes[index].size {
             let rest = self.split(index, restore.offset + restore.len);
@@ -192,18 +192,7 @@ impl Engine {
             self.link(rest);
         }
         self.stats.withheld_bytes -= restore.len;
-        self.nodes[index].state = NodeState::Free;
-        let next = self.nodes[index].next_phys;
-        if next != NIL && self.nodes[next].state == NodeState::Free {
-            self.unlink(next);
-            self.absorb_next(index);
-        }
-        let prev = self.nodes[index].prev_phys;
-        if prev != NIL && self.nodes[prev].state == NodeState::Free {
-            self.unlink(prev);
-            self.absorb_next(prev);
-            index = prev;
-        }
+        let index = self.join_neighbours(index, NodeState::Free);
         if self.nodes[index].size < size {
             // Not what find_withheld promised: keep the restored range free rather than fail half-way.
             self.push_free(index);
@@ -248,19 +237,26 @@ impl Engine {
             range = self.split(index, r0);
             self.push_free(index);
         }
-        self.nodes[range].state = NodeState::Withheld;
-        let next = self.nodes[range].next_phys;
-        if next != NIL && self.nodes[next].state == NodeState::Withheld {
-            self.unlink(next);
-            self.absorb_next(range);
-        }
-        let prev = self.nodes[range].prev_phys;
-        if prev != NIL && self.nodes[prev].state == NodeState::Withheld {
-            self.unlink(prev);
-            self.absorb_next(prev);
-            range = prev;
-        }
+        let range = self.join_neighbours(range, NodeState::Withheld);
         self.link(range);
         self.stats.withheld_bytes += r1 - r0;
+    }
+
+    /// Gives node `index` (in no index) the state `state` and merges it with its address neighbours in that
+    /// state, taking them out of their index. Returns the node that spans the result, still in no index.
+    fn join_neighbours(&mut self, index: u32, state: NodeState) -> u32 {
+        self.nodes[index].state = state;
+        let next = self.nodes[index].next_phys;
+        if next != NIL && self.nodes[next].state == state {
+            self.unlink(next);
+            self.absorb_next(index);
+        }
+        let prev = self.nodes[index].prev_phys;
+        if prev != NIL && self.nodes[prev].state == state {
+            self.unlink(prev);
+            self.absorb_next(prev);
+            return prev;
+        }
+        index
     }
 }
