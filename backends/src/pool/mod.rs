@@ -710,7 +710,7 @@ impl<B: Backend> Pool<B> {
 
     /// Statistics now. O(1).
     pub fn stats(&self) -> PoolStats {
-        self.state.lock().stats.clone()
+        self.state.lock().stats_now()
     }
 
     /// Every segment with its blocks, and the statistics, taken under one lock. O(segments + blocks).
@@ -752,18 +752,18 @@ impl<B: Backend> Pool<B> {
                 }
             }
         }
-        PoolSnapshot { name: self.backend.name().to_string(), segments, stats: state.stats.clone() }
+        PoolSnapshot { name: self.backend.name().to_string(), segments, stats: state.stats_now() }
     }
 
     /// Sets every peak to its current value (PyTorch's `reset_peak_memory_stats`).
     pub fn reset_peaks(&self) {
         let mut state = self.state.lock();
+        state.update_split();
         let s = &mut state.stats;
         for stat in [
             &mut s.allocated_bytes,
             &mut s.requested_bytes,
             &mut s.reserved_bytes,
-            &mut s.active_bytes,
             &mut s.inactive_split_bytes,
             &mut s.active_blocks,
             &mut s.segments,
@@ -845,6 +845,22 @@ impl<S> State<S> {
         self.streams.iter().find(|(s, _)| *s == stream).map(|(_, arenas)| arenas[slot] as usize)
     }
 
+    /// The statistics, with the ones derived from others filled in rather than counted on every operation:
+    /// `active_bytes` is `allocated_bytes` in a pool (a freed block is reusable at once on its stream),
+    /// `num_allocs` is hits plus misses, and the current split bytes follow from reserved, allocated and cached.
+    fn stats_now(&self) -> PoolStats {
+        let mut stats = self.stats.clone();
+        stats.active_bytes = stats.allocated_bytes;
+        stats.num_allocs = stats.cache_hits + stats.cache_misses;
+        stats.inactive_split_bytes.current = self.split_bytes();
+        stats
+    }
+
+    /// Free bytes in segments that also hold live blocks (plus free mapped pages of reservations).
+    fn split_bytes(&self) -> u64 {
+        self.reserved() - self.stats.allocated_bytes.current - self.empty_plain_bytes
+    }
+
     fn reserved(&self) -> u64 {
         self.plain_bytes + self.mapped_bytes
     }
@@ -856,7 +872,7 @@ impl<S> State<S> {
     }
 
     fn update_split(&mut self) {
-        let split = self.reserved() - self.stats.allocated_bytes.current - self.empty_plain_bytes;
+        let split = self.split_bytes();
         self.stats.inactive_split_bytes.set(split);
     }
 
@@ -883,7 +899,6 @@ impl<S> State<S> {
             self.empty_plain_bytes -= a.engine.segment_size(alloc.segment).expect("segment exists");
         }
         let s = &mut self.stats;
-        s.num_allocs += 1;
         if hit {
             s.cache_hits += 1;
         } else {
@@ -891,9 +906,12 @@ impl<S> State<S> {
         }
         s.allocated_bytes.add(alloc.size);
         s.requested_bytes.add(requested);
-        s.active_bytes.add(alloc.size);
         s.active_blocks.add(1);
-        self.update_split();
+        // Taking bytes lowers the split bytes (read off at stats time), unless the block came out of an empty
+        // plain segment, which stops counting as cached: only then can their peak move.
+        if alloc.segment_was_empty {
+            self.update_split();
+        }
         BlockHandle {
             arena: arena as u32,
             segment: alloc.segment,
@@ -938,7 +956,6 @@ impl<S> State<S> {
         s.num_frees += 1;
         s.allocated_bytes.sub(block.size);
         s.requested_bytes.sub(block.requested);
-        s.active_bytes.sub(block.size);
         s.active_blocks.sub(1);
         self.update_split();
     }

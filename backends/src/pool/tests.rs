@@ -474,3 +474,27 @@ fn a_miss_reuses_a_larger_quick_block_before_growing() {
         pool.free(block).unwrap();
     }
 }
+
+#[test]
+fn derived_statistics_follow_every_operation() {
+    let pool = sim_pool(SegmentMode::Plain, None);
+    let a = pool.allocate(4096, S0).unwrap();
+    let b = pool.allocate(4096, S0).unwrap();
+    let s = pool.stats();
+    assert_eq!(s.inactive_split_bytes.current, 2 * MIB - 8192, "free bytes beside live blocks");
+    assert_eq!((s.num_allocs, s.active_bytes), (2, s.allocated_bytes));
+    pool.free(&a).unwrap();
+    let s = pool.stats();
+    assert_eq!(s.inactive_split_bytes.current, 2 * MIB - 4096);
+    assert_eq!(s.inactive_split_bytes.peak, 2 * MIB - 4096, "the peak follows frees");
+    assert_eq!(s.active_bytes, s.allocated_bytes);
+    let c = pool.allocate(4096, S0).unwrap();
+    assert_eq!(pool.stats().inactive_split_bytes.current, 2 * MIB - 8192);
+    pool.reset_peaks();
+    let s = pool.stats();
+    assert_eq!(s.inactive_split_bytes.peak, s.inactive_split_bytes.current, "reset to the current value");
+    assert_eq!(s.num_allocs, s.cache_hits + s.cache_misses);
+    for block in [b, c] {
+        pool.free(&block).unwrap();
+    }
+}
