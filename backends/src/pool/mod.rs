@@ -298,8 +298,9 @@ impl<B: Backend> Pool<B> {
         if bytes == 0 || size < bytes || size > max || self.config.strategy != Strategy::Pooled {
             return self.allocate_slow(state, bytes, stream);
         }
-        let class = if size <= self.config.small_request_max { ArenaClass::Small } else { ArenaClass::Large };
-        let Some(arena) = state.arena_of(stream, class) else { return self.allocate_slow(state, bytes, stream) };
+        let Some(arena) = state.arena_of(stream, self.class_of(size)) else {
+            return self.allocate_slow(state, bytes, stream);
+        };
         let a = &mut state.arenas[arena];
         let alloc = match a.quick.pop(size) {
             // Its pages stayed mapped: the cache is drained before any trim.
@@ -316,6 +317,17 @@ impl<B: Backend> Pool<B> {
             },
         };
         Ok(state.record_alloc(arena, &alloc, bytes, true))
+    }
+
+    /// The arena class of a request of `size` (rounded) bytes: small requests share small segments, except in the
+    /// `direct` strategy, which caches nothing.
+    #[inline(always)]
+    fn class_of(&self, size: u64) -> ArenaClass {
+        if size <= self.config.small_request_max && self.config.strategy == Strategy::Pooled {
+            ArenaClass::Small
+        } else {
+            ArenaClass::Large
+        }
     }
 
     /// Everything [`Pool::allocate_locked`] does not do inline: validation errors, the first use of a stream,
@@ -335,12 +347,7 @@ impl<B: Backend> Pool<B> {
         if size > max {
             return Err(Error::TooLarge { device: self.backend.name().to_string(), requested: size, max });
         }
-        let class = if size <= self.config.small_request_max && self.config.strategy == Strategy::Pooled {
-            ArenaClass::Small
-        } else {
-            ArenaClass::Large
-        };
-        let arena = self.arena_for(state, stream, class);
+        let arena = self.arena_for(state, stream, self.class_of(size));
         let mut result = self.try_allocate(state, arena, size);
         if matches!(result, Err(Shortfall::Limit | Shortfall::Device(_))) {
             state.stats.num_alloc_retries += 1;
@@ -495,7 +502,6 @@ impl<B: Backend> Pool<B> {
                         trimmed += self.unmap_free_pages(state, a, round, 0, excess - trimmed).1;
                     }
                 }
-                state.update_reserved();
             }
         }
         let limit = *self.limit.lock();
