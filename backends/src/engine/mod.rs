@@ -26,6 +26,9 @@ use slab::{Node, NodeState, NIL};
 /// seen (or moving to the next class). Bounds allocation to O(1) even when many blocks of one class are free.
 const FIT_SCAN_LIMIT: usize = 8;
 
+// Nodes remember their size class in a u16.
+const _: () = assert!(BIN_COUNT <= u16::MAX as usize + 1);
+
 /// Identifies a segment inside one engine. Ids of removed segments are reused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SegmentId(pub u32);
@@ -390,6 +393,7 @@ impl Engine {
                     let node = &self.nodes[cursor];
                     assert_eq!(node.state, state, "node {cursor} in the wrong index");
                     assert_eq!(bin_of(node.size), bin, "node {cursor} of {} bytes in class {bin}", node.size);
+                    assert_eq!(usize::from(node.bin), bin, "node {cursor} remembers its class");
                     assert_eq!(node.prev_free, prev, "back link of node {cursor}");
                     (prev, cursor) = (cursor, node.next_free);
                     count += 1;
@@ -460,14 +464,17 @@ impl Engine {
     /// Makes block `index` (already out of the free index) live for `size` bytes, splitting off the remainder.
     #[inline]
     fn carve(&mut self, index: u32, size: u64) -> Allocation {
-        let node = self.nodes[index];
-        debug_assert!(node.size >= size);
-        if node.size > size {
-            let rest = self.split(index, node.offset + size);
+        // Fields are read one by one, not as a copy of the node: its fields were just stored one by one, and a
+        // wide load over narrow stores still in flight stalls (no store forwarding).
+        let (offset, block_size, segment) =
+            (self.nodes[index].offset, self.nodes[index].size, self.nodes[index].segment);
+        debug_assert!(block_size >= size);
+        if block_size > size {
+            let rest = self.split(index, offset + size);
             self.push_free(rest);
         }
         self.nodes[index].state = NodeState::Live;
-        let seg = self.segments[node.segment as usize].as_mut().expect("free block in a missing segment");
+        let seg = self.segments[segment as usize].as_mut().expect("free block in a missing segment");
         let was_empty = seg.live_blocks == 0;
         if was_empty {
             self.stats.empty_segment_bytes -= seg.size;
@@ -477,8 +484,8 @@ impl Engine {
         self.stats.live_blocks += 1;
         Allocation {
             block: BlockId { index, generation: self.nodes[index].generation },
-            segment: SegmentId(node.segment),
-            offset: node.offset,
+            segment: SegmentId(segment),
+            offset,
             size,
             segment_was_empty: was_empty,
         }
@@ -501,16 +508,18 @@ impl Engine {
     /// index) gets the rest, and is returned. The caller links whichever needs linking.
     #[inline]
     fn split(&mut self, index: u32, at: u64) -> u32 {
-        let node = self.nodes[index];
-        debug_assert!(at > node.offset && at < node.offset + node.size);
-        let rest = self.nodes.insert(Node::free(node.segment, at, node.offset + node.size - at));
-        self.nodes[rest].prev_phys = index;
-        self.nodes[rest].next_phys = node.next_phys;
-        if node.next_phys != NIL {
-            self.nodes[node.next_phys].prev_phys = rest;
+        let n = &self.nodes[index];
+        let (offset, end, segment, next_phys) = (n.offset, n.offset + n.size, n.segment, n.next_phys);
+        debug_assert!(at > offset && at < end);
+        let mut rest_node = Node::free(segment, at, end - at);
+        rest_node.prev_phys = index;
+        rest_node.next_phys = next_phys;
+        let rest = self.nodes.insert(rest_node);
+        if next_phys != NIL {
+            self.nodes[next_phys].prev_phys = rest;
         }
         self.nodes[index].next_phys = rest;
-        self.nodes[index].size = at - node.offset;
+        self.nodes[index].size = at - offset;
         rest
     }
 
@@ -553,6 +562,7 @@ impl Engine {
         let node = &mut self.nodes[index];
         node.prev_free = NIL;
         node.next_free = head;
+        node.bin = bin as u16;
         if head != NIL {
             self.nodes[head].prev_free = index;
         }
@@ -563,12 +573,12 @@ impl Engine {
 
     #[inline(always)]
     fn unlink_from(&mut self, index: u32, withheld: bool) {
-        let Node { prev_free, next_free, size, .. } = self.nodes[index];
+        let Node { prev_free, next_free, bin, .. } = self.nodes[index];
         if prev_free != NIL {
             self.nodes[prev_free].next_free = next_free;
         } else {
             let list = if withheld { &mut self.withheld } else { &mut self.free };
-            let bin = bin_of(size);
+            let bin = usize::from(bin);
             list.heads[bin] = next_free;
             if next_free == NIL {
                 list.bins.clear(bin);

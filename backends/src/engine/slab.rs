@@ -30,6 +30,8 @@ pub(super) struct Node {
     pub next_phys: u32,
     pub prev_free: u32,
     pub next_free: u32,
+    /// The size class whose list holds the node, while it is in one (saves recomputing it on unlink).
+    pub bin: u16,
     pub state: NodeState,
 }
 
@@ -44,6 +46,7 @@ impl Node {
             next_phys: NIL,
             prev_free: NIL,
             next_free: NIL,
+            bin: 0,
             state: NodeState::Free,
         }
     }
