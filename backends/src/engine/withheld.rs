@@ -66,8 +66,14 @@ impl Engine {
                 if hi > lo && eligible(SegmentId(node.segment)) {
                     let wanted = (want - withheld).checked_next_multiple_of(granule).unwrap_or(u64::MAX);
                     let len = (hi - lo).min(wanted);
-                    release(SegmentId(node.segment), hi - len, len);
-                    self.withhold_part(cursor, hi - len, hi);
+                    // From the top, unless only the bottom touches a withheld range: the withheld space then
+                    // grows in place rather than starting a new range between two free pieces.
+                    let bottom = lo == node.offset
+                        && self.is_withheld(node.prev_phys)
+                        && !(hi == node.offset + node.size && self.is_withheld(node.next_phys));
+                    let start = if bottom { lo } else { hi - len };
+                    release(SegmentId(node.segment), start, len);
+                    self.withhold_part(cursor, start, start + len);
                     withheld += len;
                 }
                 cursor = next;
@@ -185,6 +191,20 @@ impl Engine {
             return None;
         }
         let index = restore.node;
+        let before = self.nodes[index].prev_phys;
+        if restore.len < self.nodes[index].size && before != NIL && self.nodes[before].state == NodeState::Free {
+            // The common case, in place: the free block before grows over the restored bytes and the withheld
+            // range shrinks from its start; no node is added or removed.
+            self.unlink_free(before);
+            self.nodes[before].size += restore.len;
+            self.resize_withheld(index, restore.offset + restore.len, self.nodes[index].size - restore.len);
+            self.stats.withheld_bytes -= restore.len;
+            if self.nodes[before].size < size {
+                self.push_free(before);
+                return None;
+            }
+            return Some(self.carve(before, size));
+        }
         self.unlink(index);
         if restore.len < self.nodes[index].size {
             let rest = self.split(index, restore.offset + restore.len);
@@ -225,8 +245,31 @@ impl Engine {
     /// Withholds `[r0, r1)` of free block `index` (inside it, non-empty): what lies before and after stays free,
     /// and the range joins withheld neighbours.
     fn withhold_part(&mut self, index: u32, r0: u64, r1: u64) {
-        let Node { offset, size, .. } = self.nodes[index];
-        debug_assert!(offset <= r0 && r0 < r1 && r1 <= offset + size);
+        let Node { offset, size, prev_phys, next_phys, .. } = self.nodes[index];
+        let end = offset + size;
+        debug_assert!(offset <= r0 && r0 < r1 && r1 <= end);
+        // The common cases, in place: the part borders a withheld range and the rest of the block stays free, so
+        // the block shrinks and the range grows; no node is added or removed.
+        if r1 == end && r0 > offset && self.is_withheld(next_phys) {
+            self.unlink_free(index);
+            self.nodes[index].size = r0 - offset;
+            self.push_free(index);
+            let (w_size, w_offset) = (self.nodes[next_phys].size, r0);
+            self.resize_withheld(next_phys, w_offset, w_size + (r1 - r0));
+            self.stats.withheld_bytes += r1 - r0;
+            return;
+        }
+        if r0 == offset && r1 < end && self.is_withheld(prev_phys) {
+            self.unlink_free(index);
+            self.nodes[index].offset = r1;
+            self.nodes[index].size = end - r1;
+            self.push_free(index);
+            let w_size = self.nodes[prev_phys].size;
+            let w_offset = self.nodes[prev_phys].offset;
+            self.resize_withheld(prev_phys, w_offset, w_size + (r1 - r0));
+            self.stats.withheld_bytes += r1 - r0;
+            return;
+        }
         self.unlink(index);
         if r1 < offset + size {
             let back = self.split(index, r1);
@@ -240,6 +283,20 @@ impl Engine {
         let range = self.join_neighbours(range, NodeState::Withheld);
         self.link(range);
         self.stats.withheld_bytes += r1 - r0;
+    }
+
+    /// Whether node `index` exists and is a withheld range.
+    fn is_withheld(&self, index: u32) -> bool {
+        index != NIL && self.nodes[index].state == NodeState::Withheld
+    }
+
+    /// Moves withheld range `index` to `[offset, offset + size)` (its neighbours have moved their edges to
+    /// match) and refiles it under its new size class.
+    fn resize_withheld(&mut self, index: u32, offset: u64, size: u64) {
+        self.unlink_from(index, true);
+        self.nodes[index].offset = offset;
+        self.nodes[index].size = size;
+        self.link_into(index, true);
     }
 
     /// Gives node `index` (in no index) the state `state` and merges it with its address neighbours in that
