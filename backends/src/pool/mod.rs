@@ -296,10 +296,10 @@ impl<B: Backend> Pool<B> {
         // Zero, overflow while rounding, and sizes past the backend's maximum all land in the slow path.
         let max = if self.page_size.is_some() { u64::MAX } else { self.backend.max_segment_size() };
         if bytes == 0 || size < bytes || size > max || self.config.strategy != Strategy::Pooled {
-            return self.allocate_slow(state, bytes, stream);
+            return self.allocate_slow(state, bytes, stream, false);
         }
         let Some(arena) = state.arena_of(stream, self.class_of(size)) else {
-            return self.allocate_slow(state, bytes, stream);
+            return self.allocate_slow(state, bytes, stream, false);
         };
         let a = &mut state.arenas[arena];
         let alloc = match a.quick.pop(size) {
@@ -313,7 +313,7 @@ impl<B: Backend> Pool<B> {
             },
             None => match a.engine.allocate(size) {
                 Some(alloc) => alloc,
-                None => return self.allocate_slow(state, bytes, stream),
+                None => return self.allocate_slow(state, bytes, stream, true),
             },
         };
         Ok(state.record_alloc(arena, &alloc, bytes, true))
@@ -332,9 +332,16 @@ impl<B: Backend> Pool<B> {
 
     /// Everything [`Pool::allocate_locked`] does not do inline: validation errors, the first use of a stream,
     /// draining the quick cache, mapping or growing, releasing cached memory and retrying once on a shortfall.
+    /// `cache_missed`: the inline path already looked for a quick block and a free block, and found none.
     #[cold]
     #[inline(never)]
-    fn allocate_slow(&self, state: &mut State<B::Segment>, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
+    fn allocate_slow(
+        &self,
+        state: &mut State<B::Segment>,
+        bytes: u64,
+        stream: StreamId,
+        cache_missed: bool,
+    ) -> Result<BlockHandle> {
         if bytes == 0 {
             return Err(Error::ZeroSize { device: self.backend.name().to_string() });
         }
@@ -348,11 +355,11 @@ impl<B: Backend> Pool<B> {
             return Err(Error::TooLarge { device: self.backend.name().to_string(), requested: size, max });
         }
         let arena = self.arena_for(state, stream, self.class_of(size));
-        let mut result = self.try_allocate(state, arena, size);
+        let mut result = self.try_allocate(state, arena, size, cache_missed);
         if matches!(result, Err(Shortfall::Limit | Shortfall::Device(_))) {
             state.stats.num_alloc_retries += 1;
             self.release_cached_locked(state, 0, size);
-            result = self.try_allocate(state, arena, size);
+            result = self.try_allocate(state, arena, size, false);
         }
         match result {
             Ok((alloc, hit)) => Ok(state.record_alloc(arena, &alloc, bytes, hit)),
@@ -381,24 +388,33 @@ impl<B: Backend> Pool<B> {
     }
 
     /// One attempt: a cached block, else new memory within the limit. Returns the block and whether it was a
-    /// cache hit.
+    /// cache hit. `cache_missed`: the caller just found no quick block of the request's class and no free block
+    /// in the engine (with the lock held since), so those two lookups are not repeated.
     fn try_allocate(
         &self,
         state: &mut State<B::Segment>,
         arena: usize,
         size: u64,
+        cache_missed: bool,
     ) -> std::result::Result<(Allocation, bool), Shortfall> {
         if self.config.strategy == Strategy::Pooled {
             let a = &mut state.arenas[arena];
-            if let Some(q) = a.quick.pop(size) {
-                // Its pages stayed mapped: the cache is drained before any trim.
-                let block = a.engine.unpark(q.block).expect("quick blocks are parked");
-                let alloc =
-                    Allocation { block, segment: q.segment, offset: q.offset, size: q.size, segment_was_empty: false };
-                return Ok((alloc, true));
+            if !cache_missed {
+                if let Some(q) = a.quick.pop(size) {
+                    // Its pages stayed mapped: the cache is drained before any trim.
+                    let block = a.engine.unpark(q.block).expect("quick blocks are parked");
+                    let alloc = Allocation {
+                        block,
+                        segment: q.segment,
+                        offset: q.offset,
+                        size: q.size,
+                        segment_was_empty: false,
+                    };
+                    return Ok((alloc, true));
+                }
             }
             let a = &mut state.arenas[arena];
-            let mut found = a.engine.allocate(size);
+            let mut found = if cache_missed { None } else { a.engine.allocate(size) };
             if found.is_none() {
                 // A larger quick block serves the request once it is back in the engine; failing that, coalesce
                 // all of them before asking the device for more.
