@@ -380,7 +380,7 @@ impl<B: Backend> Pool<B> {
                 class,
                 virtual_segments: class == ArenaClass::Large && self.page_size.is_some(),
                 segments: Vec::new(),
-                quick: QuickCache::new(),
+                quick: QuickCache::new(self.config.small_request_max),
             });
         }
         state.streams.push((stream, [first, first + 1]));
@@ -424,6 +424,7 @@ impl<B: Backend> Pool<B> {
                     found = state.arenas[arena].engine.allocate(size);
                 }
                 if found.is_none() && !state.arenas[arena].quick.is_empty() {
+                    state.arenas[arena].quick.shrink();
                     state.drain_quick(arena);
                     found = state.arenas[arena].engine.allocate(size);
                 }
