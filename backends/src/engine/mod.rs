@@ -351,17 +351,18 @@ impl Engine {
             return None;
         }
         let (segment, offset, size) = (node.segment, node.offset, node.size);
+        // The block's next neighbour stays the merged block's next neighbour when the previous one absorbs it.
+        let (prev, next) = (node.prev_phys, node.next_phys);
         let mut merged = id.index;
-        self.nodes[merged].state = NodeState::Free;
-        self.nodes[merged].generation = self.nodes[merged].generation.wrapping_add(1);
+        let node = &mut self.nodes.as_mut_slice()[merged as usize];
+        node.state = NodeState::Free;
+        node.generation = node.generation.wrapping_add(1);
 
-        let prev = self.nodes[merged].prev_phys;
         if prev != NIL && self.nodes[prev].state == NodeState::Free {
             self.unlink_free(prev);
             self.absorb_next(prev);
             merged = prev;
         }
-        let next = self.nodes[merged].next_phys;
         if next != NIL && self.nodes[next].state == NodeState::Free {
             self.unlink_free(next);
             self.absorb_next(merged);
@@ -473,7 +474,9 @@ impl Engine {
             let rest = self.split(index, offset + size);
             self.push_free(rest);
         }
-        self.nodes[index].state = NodeState::Live;
+        let node = &mut self.nodes[index];
+        node.state = NodeState::Live;
+        let generation = node.generation;
         let seg = self.segments[segment as usize].as_mut().expect("free block in a missing segment");
         let was_empty = seg.live_blocks == 0;
         if was_empty {
@@ -483,7 +486,7 @@ impl Engine {
         self.stats.allocated_bytes += size;
         self.stats.live_blocks += 1;
         Allocation {
-            block: BlockId { index, generation: self.nodes[index].generation },
+            block: BlockId { index, generation },
             segment: SegmentId(segment),
             offset,
             size,
@@ -494,12 +497,14 @@ impl Engine {
     /// Merges the physical successor of `index` (already unlinked from its class) into it.
     #[inline]
     fn absorb_next(&mut self, index: u32) {
-        let next = self.nodes[index].next_phys;
-        let (next_size, after) = (self.nodes[next].size, self.nodes[next].next_phys);
-        self.nodes[index].size += next_size;
-        self.nodes[index].next_phys = after;
+        let nodes = self.nodes.as_mut_slice();
+        let next = nodes[index as usize].next_phys;
+        let (next_size, after) = (nodes[next as usize].size, nodes[next as usize].next_phys);
+        let node = &mut nodes[index as usize];
+        node.size += next_size;
+        node.next_phys = after;
         if after != NIL {
-            self.nodes[after].prev_phys = index;
+            nodes[after as usize].prev_phys = index;
         }
         self.nodes.remove(next);
     }
@@ -515,11 +520,13 @@ impl Engine {
         rest_node.prev_phys = index;
         rest_node.next_phys = next_phys;
         let rest = self.nodes.insert(rest_node);
+        let nodes = self.nodes.as_mut_slice();
         if next_phys != NIL {
-            self.nodes[next_phys].prev_phys = rest;
+            nodes[next_phys as usize].prev_phys = rest;
         }
-        self.nodes[index].next_phys = rest;
-        self.nodes[index].size = at - offset;
+        let node = &mut nodes[index as usize];
+        node.next_phys = rest;
+        node.size = at - offset;
         rest
     }
 
@@ -553,18 +560,18 @@ impl Engine {
     /// `withheld` on the allocation paths, so they pay nothing for withheld ranges existing.
     #[inline(always)]
     fn link_into(&mut self, index: u32, withheld: bool) {
-        let size = self.nodes[index].size;
+        let nodes = self.nodes.as_mut_slice();
         let list = if withheld { &mut self.withheld } else { &mut self.free };
-        let bin = bin_of(size);
+        let node = &mut nodes[index as usize];
+        let bin = bin_of(node.size);
         let head = list.heads[bin];
         list.heads[bin] = index;
         list.bins.set(bin);
-        let node = &mut self.nodes[index];
         node.prev_free = NIL;
         node.next_free = head;
         node.bin = bin as u16;
         if head != NIL {
-            self.nodes[head].prev_free = index;
+            nodes[head as usize].prev_free = index;
         }
         if !withheld {
             self.stats.free_blocks += 1;
@@ -573,9 +580,11 @@ impl Engine {
 
     #[inline(always)]
     fn unlink_from(&mut self, index: u32, withheld: bool) {
-        let Node { prev_free, next_free, bin, .. } = self.nodes[index];
+        let nodes = self.nodes.as_mut_slice();
+        let node = &nodes[index as usize];
+        let (prev_free, next_free, bin) = (node.prev_free, node.next_free, node.bin);
         if prev_free != NIL {
-            self.nodes[prev_free].next_free = next_free;
+            nodes[prev_free as usize].next_free = next_free;
         } else {
             let list = if withheld { &mut self.withheld } else { &mut self.free };
             let bin = usize::from(bin);
@@ -585,7 +594,7 @@ impl Engine {
             }
         }
         if next_free != NIL {
-            self.nodes[next_free].prev_free = prev_free;
+            nodes[next_free as usize].prev_free = prev_free;
         }
         if !withheld {
             self.stats.free_blocks -= 1;

@@ -82,6 +82,13 @@ impl Slab {
         self.vacant.push(index);
     }
 
+    /// All slots, vacant ones included. A caller that touches several nodes takes the slice once: the vector's
+    /// pointer and length then stay in registers instead of being reloaded (and rechecked) after every store.
+    #[inline(always)]
+    pub(super) fn as_mut_slice(&mut self) -> &mut [Node] {
+        &mut self.nodes
+    }
+
     /// The node at `index` unless the slot is out of range or vacant. O(1).
     #[inline]
     pub(super) fn get(&self, index: u32) -> Option<&Node> {
