@@ -533,7 +533,6 @@ impl Engine {
     /// Makes node `index` a free block at the head of its class.
     #[inline(always)]
     fn push_free(&mut self, index: u32) {
-        self.nodes[index].state = NodeState::Free;
         self.link_into(index, false);
     }
 
@@ -556,13 +555,15 @@ impl Engine {
         self.unlink_from(index, self.nodes[index].state == NodeState::Withheld);
     }
 
-    /// Links node `index` into the free index or, when `withheld`, the withheld index. Inlined with a constant
-    /// `withheld` on the allocation paths, so they pay nothing for withheld ranges existing.
+    /// Links node `index` into the free index or, when `withheld`, the withheld index, and gives it the state
+    /// that index holds. Inlined with a constant `withheld` on the allocation paths, so they pay nothing for
+    /// withheld ranges existing.
     #[inline(always)]
     fn link_into(&mut self, index: u32, withheld: bool) {
         let nodes = self.nodes.as_mut_slice();
         let list = if withheld { &mut self.withheld } else { &mut self.free };
         let node = &mut nodes[index as usize];
+        node.state = if withheld { NodeState::Withheld } else { NodeState::Free };
         let bin = bin_of(node.size);
         let head = list.heads[bin];
         list.heads[bin] = index;
