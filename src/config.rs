@@ -11,6 +11,7 @@
 //! | `UMM_ZERO`, `UMM_POISON` | `0`/`1`, `true`/`false`, `on`/`off` | zero every allocation; poison every freed block |
 //! | `UMM_BACKENDS` | a comma list of `cuda`, `opencl`, `wgpu` (or `none`) | which APIs discovery probes |
 //! | `UMM_MAPPED_SLACK` | a fraction >= 0 or `off` | how far reserved may exceed live memory in virtual reservations before free pages are unmapped (default 0.03) |
+//! | `UMM_PAGE_SIZE` | bytes, a power of two (`8MiB`) | page size of virtual reservations (default the device's own, 2 MiB on CUDA): larger pages map and unmap with fewer driver calls, at some memory |
 //! | `UMM_CLEANUP_IDLE_ROUNDS` | an integer | cleanups a cached segment must sit idle before `cleanup()` frees it |
 //! | `UMM_PROFILE` | `0`/`1`, `true`/`false`, `on`/`off` | record allocation, free and segment events from the start |
 //! | `UMM_PROFILE_CAPACITY` | an integer | events the profiler's ring keeps (default 100000) |
@@ -150,6 +151,14 @@ impl UmmConfig {
                 expected: "a fraction >= 0 (0.03) or off",
             })?;
         }
+        if let Some(v) = lookup("UMM_PAGE_SIZE") {
+            self.pool.page_size =
+                Some(parse_size(&v).ok().filter(|b| b.is_power_of_two()).ok_or(Error::InvalidEnv {
+                    var: "UMM_PAGE_SIZE",
+                    value: v,
+                    expected: "a power of two of bytes (2MiB, 8MiB, 8388608)",
+                })?);
+        }
         if let Some(v) = lookup("UMM_CLEANUP_IDLE_ROUNDS") {
             self.cleanup_idle_rounds = v.trim().parse().map_err(|_| Error::InvalidEnv {
                 var: "UMM_CLEANUP_IDLE_ROUNDS",
@@ -194,44 +203,7 @@ impl UmmConfig {
     }
 }
 
-/// Parses a byte size: plain bytes (`1048576`), binary suffixes (`KiB`, `MiB`, `GiB`, `TiB`), decimal ones
-/// (`KB`, `MB`, `GB`, `TB`) or `B`; suffixes are case-insensitive and may follow a fraction (`1.5GB`).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let accepted = "a size in bytes such as 1048576, 512MiB, 2GiB or 1.5GB \
-                    (suffixes B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)";
-    let text = text.trim();
-    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
-    let (number, suffix) = text.split_at(split);
-    let unit: u64 = match suffix.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "kib" => 1 << 10,
-        "mib" => 1 << 20,
-        "gib" => 1 << 30,
-        "tib" => 1 << 40,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        _ => return Err(format!("unknown unit `{}` in `{text}`: expected {accepted}", suffix.trim())),
-    };
-    if text.starts_with('-') {
-        return Err(format!("`{text}` is negative: expected {accepted}"));
-    }
-    if number.is_empty() {
-        return Err(format!("no number in `{text}`: expected {accepted}"));
-    }
-    let bytes = if let Ok(n) = number.parse::<u64>() {
-        n.checked_mul(unit).ok_or_else(|| format!("`{text}` does not fit in 64 bits"))?
-    } else {
-        let value: f64 = number.parse().map_err(|_| format!("`{text}` is not {accepted}"))?;
-        let bytes = (value * unit as f64).round();
-        if bytes >= u64::MAX as f64 {
-            return Err(format!("`{text}` does not fit in 64 bits"));
-        }
-        bytes as u64
-    };
-    Ok(bytes)
-}
+pub use umm_backends::parse_size;
 
 /// Parses a pool limit: a size as [`parse_size`] reads it, or a fraction of the device's capacity in `(0, 1]`
 /// written with a decimal point and no unit (`0.9`).
@@ -269,11 +241,18 @@ mod tests {
 
     #[test]
     fn env_values_apply_and_errors_name_the_variable() {
-        let vars: HashMap<&str, &str> =
-            [("UMM_LIMIT", "1GiB"), ("UMM_STRATEGY", "direct"), ("UMM_ZERO", "on"), ("UMM_BACKENDS", "opencl")].into();
+        let vars: HashMap<&str, &str> = [
+            ("UMM_LIMIT", "1GiB"),
+            ("UMM_STRATEGY", "direct"),
+            ("UMM_ZERO", "on"),
+            ("UMM_BACKENDS", "opencl"),
+            ("UMM_PAGE_SIZE", "8MiB"),
+        ]
+        .into();
         let mut config = UmmConfig::default();
         config.apply_vars(|k| vars.get(k).map(|v| v.to_string())).unwrap();
         assert_eq!(config.pool.limit, Some(Limit::Bytes(1 << 30)));
+        assert_eq!(config.pool.page_size, Some(8 << 20));
         assert_eq!(config.pool.strategy, Strategy::Direct);
         assert!(config.pool.zero_on_alloc);
         assert!(!config.cuda && config.opencl && !config.wgpu);
@@ -294,6 +273,7 @@ mod tests {
             ("UMM_POISON", "maybe"),
             ("UMM_BACKENDS", "cuda,metal"),
             ("UMM_CLEANUP_IDLE_ROUNDS", "-1"),
+            ("UMM_PAGE_SIZE", "3MiB"),
             ("UMM_PROFILE", "sometimes"),
             ("UMM_PROFILE_CAPACITY", "lots"),
             ("UMM_TRACE", " "),

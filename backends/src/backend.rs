@@ -80,6 +80,15 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
+    /// Maps virtual reservations `page` bytes at a time from now on (one physical allocation per page), for a
+    /// pool configured with [`PoolConfig::page_size`](crate::PoolConfig::page_size). `page` is a power of two
+    /// above the page [`Backend::virtual_memory`] reports; [`Pool::new`](crate::Pool::new) checks that and calls
+    /// this before anything is reserved. Backends without virtual memory refuse.
+    fn set_page_size(&mut self, page: u64) -> Result<()> {
+        let _ = page;
+        Err(crate::Error::Unsupported { backend: self.name().to_string(), what: "a page size of its own".into() })
+    }
+
     /// Reserves `size` bytes of address space without physical memory behind it.
     fn reserve_virtual(&self, size: u64) -> Result<Self::Segment> {
         let _ = size;

@@ -30,7 +30,8 @@ pub use device::{DeviceInfo, DeviceType, Discovery, PoolPlacement};
 pub use error::{Error, Result};
 pub use host::HostBackend;
 pub use pool::{
-    BlockSnapshot, Limit, Pool, PoolConfig, PoolSnapshot, SegmentMode, SegmentSnapshot, Strategy, TrimReport,
+    parse_size, BlockSnapshot, Limit, Pool, PoolConfig, PoolSnapshot, SegmentMode, SegmentSnapshot, Strategy,
+    TrimReport,
 };
 pub use sim::SimBackend;
 pub use stats::{PoolStats, Stat};

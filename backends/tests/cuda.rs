@@ -514,33 +514,39 @@ fn trims_move_free_pages_to_new_blocks_and_leave_live_data_alone() {
         return;
     }
     const MIB: u64 = 1 << 20;
-    // No slack: any mapping above the live set first unmaps free pages (which the backend then maps again).
-    let config = PoolConfig { mapped_slack: Some(0.0), ..config(SegmentMode::Virtual) };
-    let pool = dev.pool(PoolPlacement::DeviceLocal, config).unwrap();
-    let s = StreamId(0);
-    let pattern =
-        |seed: u8, len: u64| (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect::<Vec<u8>>();
-    let [a, b, c] = [20 * MIB, 20 * MIB, 20 * MIB].map(|size| pool.allocate(size, s).unwrap());
-    pool.write(&a, 0, &pattern(1, 20 * MIB)).unwrap();
-    pool.write(&c, 0, &pattern(3, 20 * MIB)).unwrap();
-    pool.free(&b).unwrap();
-    let before = pool.stats();
-    // 30 MiB fits no mapped hole: b's 20 MiB of pages move to the new block.
-    let d = pool.allocate(30 * MIB, s).unwrap();
-    let after = pool.stats();
-    assert!(after.num_device_free > before.num_device_free, "a trim unmapped b's pages: {after:?}");
-    assert!(after.reserved_bytes.current <= 70 * MIB + 2 * MIB, "reserved follows the live set: {after:?}");
-    pool.write(&d, 0, &pattern(4, 30 * MIB)).unwrap();
-    for (block, seed, len) in [(&a, 1, 20 * MIB), (&c, 3, 20 * MIB), (&d, 4, 30 * MIB)] {
-        let mut back = vec![0u8; len as usize];
-        pool.read(block, 0, &mut back).unwrap();
-        assert!(back == pattern(seed, len), "block with seed {seed} changed");
+    // The device's own 2 MiB pages, and 8 MiB pages (one cuMemCreate each) as `page_size` asks for.
+    for page_size in [None, Some(8 * MIB)] {
+        // No slack: any mapping above the live set first unmaps free pages (which the backend then maps again).
+        let config = PoolConfig { mapped_slack: Some(0.0), page_size, ..config(SegmentMode::Virtual) };
+        let pool = dev.pool(PoolPlacement::DeviceLocal, config).unwrap();
+        let page = pool.backend().virtual_memory().expect("virtual memory").page_size;
+        assert_eq!(page, page_size.unwrap_or(2 * MIB));
+        let s = StreamId(0);
+        let pattern =
+            |seed: u8, len: u64| (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect::<Vec<u8>>();
+        let [a, b, c] = [20 * MIB, 20 * MIB, 20 * MIB].map(|size| pool.allocate(size, s).unwrap());
+        pool.write(&a, 0, &pattern(1, 20 * MIB)).unwrap();
+        pool.write(&c, 0, &pattern(3, 20 * MIB)).unwrap();
+        pool.free(&b).unwrap();
+        let before = pool.stats();
+        // 30 MiB fits no mapped hole: b's pages move to the new block.
+        let d = pool.allocate(30 * MIB, s).unwrap();
+        let after = pool.stats();
+        assert!(after.num_device_free > before.num_device_free, "a trim unmapped b's pages: {after:?}");
+        // Pages shared by a live block and free space stay mapped: up to two pages above the live set.
+        assert!(after.reserved_bytes.current <= 70 * MIB + 2 * page, "reserved follows the live set: {after:?}");
+        pool.write(&d, 0, &pattern(4, 30 * MIB)).unwrap();
+        for (block, seed, len) in [(&a, 1, 20 * MIB), (&c, 3, 20 * MIB), (&d, 4, 30 * MIB)] {
+            let mut back = vec![0u8; len as usize];
+            pool.read(block, 0, &mut back).unwrap();
+            assert!(back == pattern(seed, len), "block with seed {seed} changed ({page}-byte pages)");
+        }
+        for block in [a, c, d] {
+            pool.free(&block).unwrap();
+        }
+        let released = pool.release_cached();
+        assert_eq!(pool.stats().reserved_bytes.current, 0, "{released:?}");
     }
-    for block in [a, c, d] {
-        pool.free(&block).unwrap();
-    }
-    let released = pool.release_cached();
-    assert_eq!(pool.stats().reserved_bytes.current, 0, "{released:?}");
 }
 
 #[test]

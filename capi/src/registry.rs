@@ -122,8 +122,8 @@ fn registry() -> &'static Registry {
 }
 
 /// The pool configuration: PyTorch's segment policy (the default), with `UMM_SEGMENT_MODE` (auto, plain,
-/// virtual), `UMM_MAPPED_SLACK` (a fraction or off) and `UMM_STRATEGY` (pooled, direct) read from the
-/// environment.
+/// virtual), `UMM_MAPPED_SLACK` (a fraction or off), `UMM_PAGE_SIZE` (a power of two of bytes: the page size of
+/// virtual reservations) and `UMM_STRATEGY` (pooled, direct) read from the environment.
 fn pool_config() -> Result<PoolConfig, String> {
     let mut config = PoolConfig::default();
     if let Ok(v) = std::env::var("UMM_SEGMENT_MODE") {
@@ -134,6 +134,11 @@ fn pool_config() -> Result<PoolConfig, String> {
     if let Ok(v) = std::env::var("UMM_MAPPED_SLACK") {
         config.mapped_slack = PoolConfig::parse_mapped_slack(&v)
             .ok_or_else(|| format!("UMM_MAPPED_SLACK={v:?} is not a fraction >= 0 (0.03) or off"))?;
+    }
+    if let Ok(v) = std::env::var("UMM_PAGE_SIZE") {
+        let page = umm_backends::parse_size(&v).ok().filter(|p| p.is_power_of_two());
+        config.page_size =
+            Some(page.ok_or_else(|| format!("UMM_PAGE_SIZE={v:?} is not a power of two of bytes (8MiB)"))?);
     }
     if let Ok(v) = std::env::var("UMM_STRATEGY") {
         config.strategy =

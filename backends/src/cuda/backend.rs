@@ -57,6 +57,8 @@ pub struct CudaBackend {
     capacity: u64,
     /// Page size of virtual memory management, when the device supports it and the placement uses device memory.
     vmm: Option<VirtualMemory>,
+    /// What plain segments round to: the device's own page even when reservations map larger pages.
+    granularity: u64,
     /// Physical pages unmapped during the current pool operation, kept for its next mapping: moving a page
     /// costs cuMemUnmap + cuMemMap, while freeing and creating one adds cuMemRelease + cuMemCreate.
     spare_pages: Mutex<Vec<u64>>,
@@ -88,6 +90,11 @@ impl CudaBackend {
                 Some(VirtualMemory { page_size: page, max_reservation: device_memory.div_ceil(page) * page })
             }
         };
+        let granularity = match (placement, vmm) {
+            (PoolPlacement::HostPinned, _) => Self::HOST_GRANULARITY,
+            (_, Some(vm)) => vm.page_size,
+            _ => Self::DEVICE_GRANULARITY,
+        };
         Self {
             ctx,
             ordinal,
@@ -95,6 +102,7 @@ impl CudaBackend {
             placement,
             capacity,
             vmm,
+            granularity,
             spare_pages: Mutex::new(Vec::new()),
         }
     }
@@ -235,11 +243,7 @@ impl Backend for CudaBackend {
     }
 
     fn segment_granularity(&self) -> u64 {
-        match (self.placement, self.vmm) {
-            (PoolPlacement::HostPinned, _) => Self::HOST_GRANULARITY,
-            (_, Some(vm)) => vm.page_size,
-            _ => Self::DEVICE_GRANULARITY,
-        }
+        self.granularity
     }
 
     fn max_segment_size(&self) -> u64 {
@@ -291,6 +295,16 @@ impl Backend for CudaBackend {
 
     fn virtual_memory(&self) -> Option<VirtualMemory> {
         self.vmm
+    }
+
+    /// Each page becomes one cuMemCreate of `page` bytes (a multiple of the device's granularity, being a power
+    /// of two at least as large).
+    fn set_page_size(&mut self, page: u64) -> Result<()> {
+        let Some(vm) = self.vmm else {
+            return Err(Error::Unsupported { backend: self.name.clone(), what: "a page size of its own".into() });
+        };
+        self.vmm = Some(VirtualMemory { page_size: page, max_reservation: vm.max_reservation.div_ceil(page) * page });
+        Ok(())
     }
 
     fn reserve_virtual(&self, size: u64) -> Result<CudaSegment> {

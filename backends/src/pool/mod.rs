@@ -16,7 +16,7 @@
 mod config;
 mod quick;
 
-pub use config::{Limit, PoolConfig, SegmentMode, Strategy};
+pub use config::{parse_size, Limit, PoolConfig, SegmentMode, Strategy};
 
 use crate::engine::{Allocation, Engine, Restore, SegmentId};
 use crate::raw::lock::PoolMutex;
@@ -153,7 +153,7 @@ impl<B: Backend> Pool<B> {
     /// A pool over `backend`. O(1).
     ///
     /// Errors on an invalid configuration, or `SegmentMode::Virtual` on a backend without virtual memory.
-    pub fn new(backend: B, config: PoolConfig) -> Result<Self> {
+    pub fn new(mut backend: B, config: PoolConfig) -> Result<Self> {
         config.validate()?;
         let align = backend.alignment();
         let granularity = backend.segment_granularity();
@@ -164,7 +164,7 @@ impl<B: Backend> Pool<B> {
                 backend.name()
             )));
         }
-        let vm = backend.virtual_memory();
+        let mut vm = backend.virtual_memory();
         let use_virtual = match config.segment_mode {
             SegmentMode::Plain => false,
             SegmentMode::Auto => vm.is_some(),
@@ -176,6 +176,19 @@ impl<B: Backend> Pool<B> {
             }
             SegmentMode::Virtual => true,
         } && config.strategy == Strategy::Pooled;
+        if let (Some(native), Some(page), true) = (vm, config.page_size, use_virtual) {
+            if page < native.page_size {
+                return Err(Error::InvalidConfig(format!(
+                    "page_size {page} is below the {}-byte pages {} maps",
+                    native.page_size,
+                    backend.name()
+                )));
+            }
+            if page != native.page_size {
+                backend.set_page_size(page)?;
+                vm = backend.virtual_memory();
+            }
+        }
         let (page_size, max_reservation) = match vm {
             Some(vm) if use_virtual => (Some(vm.page_size), vm.max_reservation),
             _ => (None, 0),

@@ -97,6 +97,46 @@ fn virtual_segments_unmap_free_holes_under_pressure() {
 }
 
 #[test]
+fn a_larger_page_size_maps_and_trims_whole_pages() {
+    const PAGE: u64 = 8 * MIB;
+    let config = PoolConfig {
+        segment_mode: SegmentMode::Virtual,
+        page_size: Some(PAGE),
+        mapped_slack: None,
+        ..PoolConfig::default()
+    };
+    let pool = Pool::new(SimBackend::new("sim0", 8 << 30), config).unwrap();
+    assert_eq!(pool.backend().virtual_memory().map(|vm| vm.page_size), Some(PAGE));
+    let sizes = [3 * MIB, 21 * MIB, 9 * MIB + 4096, 40 * MIB];
+    let blocks: Vec<_> = sizes.iter().map(|&s| pool.allocate(s, S0).unwrap()).collect();
+    let physical = pool.backend().physical_in_use();
+    let live: u64 = blocks.iter().map(|b| b.size()).sum();
+    assert_eq!(physical % PAGE, 0, "{physical} bytes mapped");
+    assert!(physical >= live && physical < live + sizes.len() as u64 * PAGE, "{physical} mapped for {live} live");
+    assert_eq!(pool.stats().reserved_bytes.current, physical);
+    for b in &blocks {
+        pool.free(b).unwrap();
+    }
+    assert_eq!(pool.release_cached().bytes_released, physical);
+    assert_eq!(pool.backend().physical_in_use(), 0);
+}
+
+#[test]
+fn page_sizes_that_are_not_powers_of_two_or_below_the_device_page_are_refused() {
+    let with_page =
+        |page| PoolConfig { segment_mode: SegmentMode::Virtual, page_size: Some(page), ..Default::default() };
+    let err = Pool::new(SimBackend::new("sim0", 8 << 30), with_page(3 * MIB)).err().expect("refused");
+    assert!(matches!(&err, Error::InvalidConfig(m) if m.contains("power of two")), "{err}");
+    let err = Pool::new(SimBackend::new("sim0", 8 << 30), with_page(MIB)).err().expect("refused");
+    assert!(matches!(&err, Error::InvalidConfig(m) if m.contains("below")), "{err}");
+    // Pools without virtual reservations have no pages: the setting does not apply to them.
+    let config = PoolConfig { page_size: Some(8 * MIB), ..PoolConfig::default() };
+    let pool = Pool::new(SimBackend::plain("plain", 8 << 30), config).unwrap();
+    assert!(!pool.uses_virtual_memory());
+    pool.free(&pool.allocate(5 * MIB, S0).unwrap()).unwrap();
+}
+
+#[test]
 fn virtual_segments_prefer_mapped_holes_to_mapping_new_pages() {
     let config = PoolConfig { segment_mode: SegmentMode::Virtual, mapped_slack: None, ..PoolConfig::default() };
     let pool = Pool::new(SimBackend::new("sim0", 8 << 30), config).unwrap();

@@ -28,6 +28,8 @@ pub struct SimBackend {
     name: String,
     capacity: u64,
     virtual_memory: bool,
+    /// Page size of virtual reservations ([`SimBackend::PAGE`] unless a pool asked for larger pages).
+    page: u64,
     usage: Mutex<Usage>,
 }
 
@@ -39,7 +41,13 @@ impl SimBackend {
 
     /// A simulated device of `capacity` bytes with virtual memory support.
     pub fn new(name: impl Into<String>, capacity: u64) -> Self {
-        Self { name: name.into(), capacity, virtual_memory: true, usage: Mutex::new(Usage::default()) }
+        Self {
+            name: name.into(),
+            capacity,
+            virtual_memory: true,
+            page: Self::PAGE,
+            usage: Mutex::new(Usage::default()),
+        }
     }
 
     /// A simulated device without virtual memory: segments only, as OpenCL and wgpu devices are.
@@ -117,9 +125,16 @@ impl Backend for SimBackend {
     }
     fn virtual_memory(&self) -> Option<VirtualMemory> {
         self.virtual_memory.then_some(VirtualMemory {
-            page_size: Self::PAGE,
-            max_reservation: self.capacity.div_ceil(Self::PAGE) * Self::PAGE * 2,
+            page_size: self.page,
+            max_reservation: self.capacity.div_ceil(self.page) * self.page * 2,
         })
+    }
+    fn set_page_size(&mut self, page: u64) -> Result<()> {
+        if !self.virtual_memory {
+            return Err(Error::Unsupported { backend: self.name.clone(), what: "a page size of its own".into() });
+        }
+        self.page = page;
+        Ok(())
     }
     fn reserve_virtual(&self, size: u64) -> Result<SimSegment> {
         Ok(self.addresses(size, true))
