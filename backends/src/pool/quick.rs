@@ -105,8 +105,11 @@ impl QuickCache {
     }
 
     /// The most recently freed block of the smallest class above `size`'s, if any: every block there is larger
-    /// than `size`. O(classes / 64).
+    /// than `size`. O(1) when the cache is empty (always, in arenas of large blocks), else O(classes / 64).
     pub(super) fn pop_larger(&mut self, size: u64) -> Option<QuickBlock> {
+        if self.len == 0 {
+            return None;
+        }
         let from = bin_of(size) + 1;
         let mut word = from / 64;
         let mut bits = self.occupied.get(word)? & (u64::MAX << (from % 64));
