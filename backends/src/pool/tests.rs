@@ -415,10 +415,15 @@ impl Backend for PageChecked {
         // Small reservations, so that a test also sees a pool with several of them.
         self.inner.virtual_memory().map(|vm| crate::VirtualMemory { max_reservation: 256 * MIB, ..vm })
     }
+    fn set_page_size(&mut self, page: u64) -> Result<()> {
+        self.inner.set_page_size(page)
+    }
     fn reserve_virtual(&self, size: u64) -> Result<Self::Segment> {
         self.inner.reserve_virtual(size)
     }
     fn map_pages(&self, segment: &Self::Segment, offset: u64, len: u64) -> Result<()> {
+        let page = self.virtual_memory().expect("virtual").page_size;
+        assert!(offset % page == 0 && len % page == 0, "mapping of {len} bytes at {offset}: not whole pages");
         let mut mapped = self.mapped.lock();
         for page in Self::pages(segment, offset, len) {
             assert!(mapped.insert(page), "page {page:?} mapped twice");
@@ -427,6 +432,8 @@ impl Backend for PageChecked {
         self.inner.map_pages(segment, offset, len)
     }
     fn unmap_pages(&self, segment: &Self::Segment, offset: u64, len: u64) {
+        let page = self.virtual_memory().expect("virtual").page_size;
+        assert!(offset % page == 0 && len % page == 0, "unmapping of {len} bytes at {offset}: not whole pages");
         let mut mapped = self.mapped.lock();
         for page in Self::pages(segment, offset, len) {
             assert!(mapped.remove(&page), "page {page:?} unmapped but not mapped");
@@ -444,20 +451,24 @@ impl Backend for PageChecked {
 
 /// Random allocations and frees on virtual reservations under a limit, with trims and cleanups in between:
 /// every live block lies on mapped pages, no page is mapped or unmapped twice, reserved memory equals the mapped
-/// pages and stays under the limit, and everything is unmapped at the end.
+/// pages and stays under the limit, and everything is unmapped at the end; with the device's pages and with larger
+/// ones (mapped and unmapped whole).
 #[test]
 fn virtual_reservations_keep_live_blocks_mapped_under_random_pressure() {
     use proptest::prelude::*;
     use proptest::strategy::ValueTree;
     let ops = prop::collection::vec((0u8..10, 1u64..(48 * MIB), any::<usize>()), 6000);
     let mut runner = proptest::test_runner::TestRunner::deterministic();
-    for (round, slack) in [Some(0.03), None, Some(0.0)].into_iter().enumerate() {
+    let rounds =
+        [(Some(0.03), None), (None, None), (Some(0.0), None), (Some(0.03), Some(8 * MIB)), (None, Some(8 * MIB))];
+    for (round, (slack, page_size)) in rounds.into_iter().enumerate() {
         let limit = 400 * MIB;
         let backend = PageChecked { inner: SimBackend::new("checked", 8 << 30), mapped: Default::default() };
         let config = PoolConfig {
             segment_mode: SegmentMode::Virtual,
             limit: Some(Limit::Bytes(limit)),
             mapped_slack: slack,
+            page_size,
             ..PoolConfig::default()
         };
         let pool = Pool::new(backend, config).unwrap();
