@@ -119,6 +119,12 @@ impl Builder {
         self.config.pool.strategy = strategy;
         self
     }
+    /// Page size of virtual reservations (`UMM_PAGE_SIZE`): a power of two of at least the device's own page.
+    /// Larger pages remap with fewer driver calls, at some memory; see [`umm_backends::PoolConfig::page_size`].
+    pub fn page_size(mut self, bytes: u64) -> Self {
+        self.config.pool.page_size = Some(bytes);
+        self
+    }
     /// Zero every allocation.
     pub fn zero_on_alloc(mut self, on: bool) -> Self {
         self.config.pool.zero_on_alloc = on;

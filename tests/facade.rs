@@ -165,6 +165,24 @@ fn auto_places_medium_buffers_on_an_accelerator_and_small_ones_pinned() {
 }
 
 #[test]
+fn a_larger_page_size_maps_device_memory_in_whole_pages() {
+    let mm = UniversalMemoryManager::builder()
+        .backends(false, false, false)
+        .simulated_device(8 << 30)
+        .page_size(8 << 20)
+        .build()
+        .unwrap();
+    let buffer =
+        mm.allocate_universal_with::<u8>(20 << 20, AllocOptions::new().placement(Placement::DeviceLocal)).unwrap();
+    assert_eq!(buffer.device().index(), 1);
+    let reserved = mm.global_memory_stats().devices[1].total.reserved_bytes.current;
+    assert!(reserved >= 20 << 20 && reserved % (8 << 20) == 0, "{reserved} bytes reserved");
+
+    let err = UniversalMemoryManager::builder().backends(false, false, false).page_size(3 << 20).build().unwrap_err();
+    assert!(err.to_string().contains("page_size"), "{err}");
+}
+
+#[test]
 fn auto_avoids_a_device_under_pressure() {
     let mm = UniversalMemoryManager::builder()
         .backends(false, false, false)
