@@ -48,10 +48,12 @@ impl BinMaps {
     #[inline]
     pub(super) fn clear(&mut self, bin: usize) {
         let (fl, sl) = (bin / SL_COUNT, bin % SL_COUNT);
-        self.second[fl] &= !(1 << sl);
-        if self.second[fl] == 0 {
-            self.first &= !(1 << fl);
-        }
+        let second = self.second[fl] & !(1 << sl);
+        self.second[fl] = second;
+        // Without a branch: whether the level empties depends on the data, and a mispredicted branch here cost
+        // a third of a mispredict per op on the variable trace (cachegrind), more than the rest of the op's
+        // branches together.
+        self.first &= !(u64::from(second == 0) << fl);
     }
 
     /// The smallest non-empty class `>= bin`, if any. O(1).
