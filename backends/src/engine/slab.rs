@@ -52,34 +52,43 @@ impl Node {
     }
 }
 
-#[derive(Debug, Clone, Default)]
+/// Vacant slots form a list threaded through their own `next_free` links (a stack: the slot vacated last is
+/// reused first, while its cache line is warm), so vacating and reusing a slot touch no second vector.
+#[derive(Debug, Clone)]
 pub(super) struct Slab {
     nodes: Vec<Node>,
-    vacant: Vec<u32>,
+    vacant_head: u32,
+}
+
+impl Default for Slab {
+    fn default() -> Self {
+        Self { nodes: Vec::new(), vacant_head: NIL }
+    }
 }
 
 impl Slab {
     /// Stores `node` in a vacant slot (keeping that slot's generation moving forward) or a new one. O(1) amortised.
     #[inline]
     pub(super) fn insert(&mut self, mut node: Node) -> u32 {
-        match self.vacant.pop() {
-            Some(index) => {
-                node.generation = self.nodes[index as usize].generation.wrapping_add(1);
-                self.nodes[index as usize] = node;
-                index
-            }
-            None => {
-                self.nodes.push(node);
-                (self.nodes.len() - 1) as u32
-            }
+        let index = self.vacant_head;
+        if index == NIL {
+            self.nodes.push(node);
+            return (self.nodes.len() - 1) as u32;
         }
+        let slot = &mut self.nodes[index as usize];
+        self.vacant_head = slot.next_free;
+        node.generation = slot.generation.wrapping_add(1);
+        *slot = node;
+        index
     }
 
     /// Marks slot `index` vacant. O(1).
     #[inline]
     pub(super) fn remove(&mut self, index: u32) {
-        self.nodes[index as usize].state = NodeState::Vacant;
-        self.vacant.push(index);
+        let node = &mut self.nodes[index as usize];
+        node.state = NodeState::Vacant;
+        node.next_free = self.vacant_head;
+        self.vacant_head = index;
     }
 
     /// All slots, vacant ones included. A caller that touches several nodes takes the slice once: the vector's
