@@ -15,13 +15,12 @@ pub(crate) const BIN_COUNT: usize = FL_COUNT * SL_COUNT;
 /// The size class of `size`: sizes in one class differ by less than 1/32 of the class's lower bound. O(1).
 #[inline]
 pub(crate) fn bin_of(size: u64) -> usize {
-    if size < SL_COUNT as u64 {
-        return size as usize;
-    }
-    let msb = 63 - size.leading_zeros();
-    let fl = (msb - SL_BITS + 1) as usize;
-    let sl = (size >> (msb - SL_BITS)) as usize & (SL_COUNT - 1);
-    fl * SL_COUNT + sl
+    // With `msb` the top bit of a size of at least SL_COUNT and `s = msb - SL_BITS`, the class is the first level
+    // (`s + 1`) times SL_COUNT plus the sub-class, the SL_BITS bits below the top one: `size >> s` holds the top
+    // bit too, worth SL_COUNT, which stands in for the `+ 1`. OR-ing SL_COUNT into the size makes `s` zero
+    // below SL_COUNT, where the class is the size itself. Branch-free: it runs two or three times per op.
+    let s = (63 - SL_BITS) - (size | SL_COUNT as u64).leading_zeros();
+    ((s as usize) << SL_BITS) + (size >> s) as usize
 }
 
 /// Occupancy bitmaps of the size classes.
@@ -92,6 +91,29 @@ mod tests {
         // sizes in one class are within 1/32 of each other
         assert_eq!(bin_of(1024), bin_of(1024 + 31));
         assert_ne!(bin_of(1024), bin_of(1024 + 32));
+    }
+
+    #[test]
+    fn classes_follow_the_two_level_definition() {
+        // The textbook form: linear below SL_COUNT, then first level from the top bit, second from the next bits.
+        let reference = |size: u64| -> usize {
+            if size < SL_COUNT as u64 {
+                return size as usize;
+            }
+            let msb = 63 - size.leading_zeros();
+            let fl = (msb - SL_BITS + 1) as usize;
+            fl * SL_COUNT + (size >> (msb - SL_BITS)) as usize % SL_COUNT
+        };
+        let mut sizes: Vec<u64> = (0..5000).collect();
+        for bit in 5..64 {
+            let p = 1u64 << bit;
+            sizes.extend([p - 1, p, p + 1, p + p / 3, p | (p - 1)]);
+        }
+        sizes.extend([u64::MAX, u64::MAX - 1, 3 << 62]);
+        for size in sizes {
+            assert_eq!(bin_of(size), reference(size), "class of {size}");
+        }
+        assert_eq!(bin_of(u64::MAX), BIN_COUNT - 1);
     }
 
     #[test]
