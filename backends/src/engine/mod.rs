@@ -196,6 +196,16 @@ impl Engine {
         size.checked_add(self.alignment - 1).map(|s| s & !(self.alignment - 1))
     }
 
+    /// The size of a block for a request of `size` bytes: rounded up to the alignment; `None` for zero and on
+    /// overflow, both caught by one compare (zero minus one wraps to the largest value; an overflowed sum
+    /// rounds below the request). O(1).
+    #[inline(always)]
+    fn block_size(&self, size: u64) -> Option<u64> {
+        let mask = self.alignment - 1;
+        let rounded = size.wrapping_add(mask) & !mask;
+        (size.wrapping_sub(1) < rounded).then_some(rounded)
+    }
+
     /// Current counts. O(1).
     pub fn stats(&self) -> EngineStats {
         self.stats
@@ -205,7 +215,7 @@ impl Engine {
     ///
     /// Returns `None` for a zero size or one that overflows when rounded.
     pub fn add_segment(&mut self, size: u64) -> Option<SegmentId> {
-        let size = self.round_size(size).filter(|&s| s > 0)?;
+        let size = self.block_size(size)?;
         let id = match self.vacant_segments.pop() {
             Some(id) => id,
             None => {
@@ -313,7 +323,7 @@ impl Engine {
     /// Returns `None` when `size` is zero or no free block fits (the caller adds a segment and retries).
     #[inline]
     pub fn allocate(&mut self, size: u64) -> Option<Allocation> {
-        let size = self.round_size(size).filter(|&s| s > 0)?;
+        let size = self.block_size(size)?;
         let node = self.find_fit(size)?;
         Some(self.take(node, size))
     }
@@ -321,7 +331,7 @@ impl Engine {
     /// Allocates `size` bytes from the start of an entirely free segment, bypassing the size-class search
     /// (used right after [`Engine::add_segment`]). O(1).
     pub fn allocate_in(&mut self, segment: SegmentId, size: u64) -> Option<Allocation> {
-        let size = self.round_size(size).filter(|&s| s > 0)?;
+        let size = self.block_size(size)?;
         let seg = self.segment(segment)?;
         let first = &self.nodes[seg.first_block];
         if seg.live_blocks != 0 || first.state != NodeState::Free || first.size < size {

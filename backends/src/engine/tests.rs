@@ -255,7 +255,12 @@ fn rejects_bad_alignment_and_zero_sizes() {
     assert!(e.add_segment(u64::MAX).is_none(), "rounding overflow is refused");
     let seg = e.add_segment(4096).unwrap();
     assert!(e.allocate(0).is_none());
+    assert!(e.allocate(u64::MAX).is_none(), "rounding overflow is refused");
+    assert!(e.allocate(u64::MAX - 254).is_none(), "rounding overflow is refused");
+    assert!(e.allocate_in(seg, 0).is_none());
     assert!(e.allocate_in(seg, 8192).is_none());
+    assert_eq!(e.allocate(1).map(|a| a.size), Some(256), "one byte takes one aligned unit");
+    assert_eq!(e.find_withheld(0, 4096), None);
     assert!(e.remove_segment(SegmentId(99)).is_none());
 }
 

@@ -112,7 +112,7 @@ impl Engine {
     /// restored and joins them). Weighs the smallest range that holds the request alone and a bounded number of
     /// others, smallest classes first. O(1). `None` when nothing withheld can serve the request.
     pub fn find_withheld(&self, size: u64, granule: u64) -> Option<Restore> {
-        let size = self.round_size(size).filter(|&s| s > 0)?;
+        let size = self.block_size(size)?;
         let mut best: Option<Restore> = None;
         let mut weigh = |index: u32| {
             if let Some(r) = self.restore_for(index, size, granule) {
@@ -180,7 +180,7 @@ impl Engine {
     ///
     /// Returns `None` (changing nothing) when `restore` no longer describes a withheld range.
     pub fn restore_and_allocate(&mut self, restore: &Restore, size: u64) -> Option<Allocation> {
-        let size = self.round_size(size).filter(|&s| s > 0)?;
+        let size = self.block_size(size)?;
         let node = self.nodes.get(restore.node)?;
         let valid = node.state == NodeState::Withheld
             && node.segment == restore.segment.0
