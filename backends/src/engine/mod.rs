@@ -370,7 +370,9 @@ impl Engine {
     ///
     /// Returns `None` (and changes nothing) for a block that is neither: never handed out, already freed, or
     /// a stale id whose slot now holds another block.
-    #[inline]
+    // Always inlined: as a call, its Freed came back through memory and the call's register saves cost more
+    // than the rest of a same-size free (alternating in one process: 12.3 -> 10.3 ns per op).
+    #[inline(always)]
     pub fn free(&mut self, id: BlockId) -> Option<Freed> {
         let node = self.nodes.get(id.index())?;
         if !matches!(node.state, NodeState::Live | NodeState::Parked) || node.generation != id.generation() {
