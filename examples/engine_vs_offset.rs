@@ -24,21 +24,22 @@ fn main() {
     let per_op = |d: std::time::Duration| d.as_nanos() as f64 / ops.len() as f64;
 
     let (run_engine, run_offset) = (a[2] != "offset", a[2] != "engine");
-    let mut engine = loops::engine_for(scale);
-    let mut engine_slots = vec![None; trace.slots as usize];
-    let mut allocator = loops::offset_allocator_for(&trace, scale);
-    let mut offset_slots = vec![None; trace.slots as usize];
+    // Only what runs is built, so a single-allocator run under cachegrind counts nothing of the other.
+    let mut engine = run_engine.then(|| loops::engine_for(scale));
+    let mut engine_slots = vec![None; if run_engine { trace.slots as usize } else { 0 }];
+    let mut allocator = run_offset.then(|| loops::offset_allocator_for(&trace, scale));
+    let mut offset_slots = vec![None; if run_offset { trace.slots as usize } else { 0 }];
     let mut failures = 0;
     let (mut engine_best, mut offset_best) = (f64::MAX, f64::MAX);
     let (mut engine_total, mut offset_total) = (0.0, 0.0);
     for pass in 0..passes {
         // Alternate which goes first, so neither always runs on the other's leftovers.
         for turn in [pass % 2 == 0, pass % 2 == 1] {
-            if turn && run_engine {
-                let t = per_op(loops::engine_pass(&mut engine, &ops, &mut engine_slots, scale));
+            if let (true, Some(engine)) = (turn, engine.as_mut()) {
+                let t = per_op(loops::engine_pass(engine, &ops, &mut engine_slots, scale));
                 (engine_best, engine_total) = (engine_best.min(t), engine_total + t);
-            } else if !turn && run_offset {
-                let t = per_op(loops::offset_pass(&mut allocator, &ops, &mut offset_slots, &mut failures));
+            } else if let (false, Some(allocator)) = (turn, allocator.as_mut()) {
+                let t = per_op(loops::offset_pass(allocator, &ops, &mut offset_slots, &mut failures));
                 (offset_best, offset_total) = (offset_best.min(t), offset_total + t);
             }
         }

@@ -49,9 +49,8 @@ impl BinMaps {
         let (fl, sl) = (bin / SL_COUNT, bin % SL_COUNT);
         let second = self.second[fl] & !(1 << sl);
         self.second[fl] = second;
-        // Without a branch: whether the level empties depends on the data, and a mispredicted branch here cost
-        // a third of a mispredict per op on the variable trace (cachegrind), more than the rest of the op's
-        // branches together.
+        // Without a branch: whether the level empties depends on the data; as a branch it cost a third of a
+        // mispredict per op on the variable trace (cachegrind's branch simulation: 2.34 -> 1.96 per op).
         self.first &= !(u64::from(second == 0) << fl);
     }
 

@@ -38,8 +38,8 @@ pub struct SegmentId(pub u32);
 /// Slot index and generation are packed in one `u64` (index in the low half) so that an id is always written and
 /// read as one 8-byte word. As two `u32` fields, an id returned through memory (an `Allocation` from a call that
 /// is not inlined) was stored as two 4-byte halves and read back as one 8-byte load, which the CPU cannot forward
-/// from the store buffer: a stall of a dozen cycles on every allocation, a third of the engine's time per op on
-/// the same-size traces.
+/// from the store buffer: a stall on every allocation (criterion, same_size_4kib: 3.7 ms per pass before, 2.7
+/// after, with the change to `Freed`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BlockId(u64);
 

@@ -260,8 +260,27 @@ fn rejects_bad_alignment_and_zero_sizes() {
     assert!(e.allocate_in(seg, 0).is_none());
     assert!(e.allocate_in(seg, 8192).is_none());
     assert_eq!(e.allocate(1).map(|a| a.size), Some(256), "one byte takes one aligned unit");
-    assert_eq!(e.find_withheld(0, 4096), None);
     assert!(e.remove_segment(SegmentId(99)).is_none());
+    // A zero request finds nothing withheld even where a real one would.
+    e.add_withheld_segment(8192).unwrap();
+    assert_eq!(e.find_withheld(0, 4096), None);
+    assert!(e.find_withheld(256, 4096).is_some());
+}
+
+#[test]
+fn block_size_refuses_zero_and_overflow_and_rounds_up() {
+    // The huge requests above fail for want of room as much as for overflow; this checks the rounding itself.
+    let e = Engine::new(256).unwrap();
+    assert_eq!(e.block_size(0), None);
+    assert_eq!(e.block_size(1), Some(256));
+    assert_eq!(e.block_size(256), Some(256));
+    assert_eq!(e.block_size(257), Some(512));
+    assert_eq!(e.block_size(u64::MAX - 255), Some(u64::MAX - 255), "the largest aligned size");
+    assert_eq!(e.block_size(u64::MAX - 254), None, "rounding overflow");
+    assert_eq!(e.block_size(u64::MAX), None, "rounding overflow");
+    let unit = Engine::new(1).unwrap();
+    assert_eq!(unit.block_size(0), None);
+    assert_eq!(unit.block_size(u64::MAX), Some(u64::MAX));
 }
 
 #[test]
