@@ -308,7 +308,7 @@ impl UniversalMemoryManager {
                 None => OwnedBlock::allocate(pool, bytes, options.stream, options.zeroed)?,
             })
         };
-        if self.inner.allocations.fetch_add(1, Ordering::Relaxed) % EVIDENCE_REFRESH_EVERY == 0 {
+        if self.inner.allocations.fetch_add(1, Ordering::Relaxed).is_multiple_of(EVIDENCE_REFRESH_EVERY) {
             self.refresh_evidence();
         }
         let track = self.inner.tracker.register(bytes, options.placement, options.access, decision.pool);

@@ -176,7 +176,7 @@ fn a_larger_page_size_maps_device_memory_in_whole_pages() {
         mm.allocate_universal_with::<u8>(20 << 20, AllocOptions::new().placement(Placement::DeviceLocal)).unwrap();
     assert_eq!(buffer.device().index(), 1);
     let reserved = mm.global_memory_stats().devices[1].total.reserved_bytes.current;
-    assert!(reserved >= 20 << 20 && reserved % (8 << 20) == 0, "{reserved} bytes reserved");
+    assert!(reserved >= 20 << 20 && reserved.is_multiple_of(8 << 20), "{reserved} bytes reserved");
 
     let err = UniversalMemoryManager::builder().backends(false, false, false).page_size(3 << 20).build().unwrap_err();
     assert!(err.to_string().contains("page_size"), "{err}");

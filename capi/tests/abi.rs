@@ -116,7 +116,7 @@ fn round_trip_on_a_gpu_when_present() {
         return;
     }
     let a = umm_alloc(1000, 0, ptr::null_mut());
-    assert!(!a.is_null() && a as usize % 256 == 0);
+    assert!(!a.is_null() && (a as usize).is_multiple_of(256));
     umm_free(a, 1000, 0, ptr::null_mut());
     let b = umm_alloc(1000, 0, ptr::null_mut());
     assert_eq!(a, b, "a block freed on a stream is reused at once on it");

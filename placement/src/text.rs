@@ -12,7 +12,7 @@ pub(crate) fn bytes(bytes: u64) -> String {
         unit += 1;
         scale *= 1024;
     }
-    if bytes % scale == 0 {
+    if bytes.is_multiple_of(scale) {
         format!("{} {}", bytes / scale, UNITS[unit])
     } else {
         // Precision loss in the cast is irrelevant for a one-decimal display.

@@ -325,7 +325,7 @@ impl Backend for CudaBackend {
             return Err(Error::Unsupported { backend: self.name.clone(), what: "page mapping".into() });
         };
         let page = vm.page_size;
-        if offset % page != 0 || len % page != 0 {
+        if !offset.is_multiple_of(page) || !len.is_multiple_of(page) {
             return Err(Error::OutOfBounds(format!("page mapping of {len} bytes at {offset}: not {page}-aligned")));
         }
         self.check(segment, offset, len)?;

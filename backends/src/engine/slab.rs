@@ -94,6 +94,11 @@ impl Slab {
     /// All slots, vacant ones included. A caller that touches several nodes takes the slice once: the vector's
     /// pointer and length then stay in registers instead of being reloaded (and rechecked) after every store.
     #[inline(always)]
+    pub(super) fn as_slice(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    #[inline(always)]
     pub(super) fn as_mut_slice(&mut self) -> &mut [Node] {
         &mut self.nodes
     }

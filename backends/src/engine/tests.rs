@@ -46,7 +46,7 @@ struct Shadow {
 
 impl Shadow {
     fn withhold(&mut self, segment: SegmentId, offset: u64, len: u64) {
-        assert!(offset % GRANULE == 0 && len % GRANULE == 0 && len > 0, "withheld {offset}+{len}");
+        assert!(offset.is_multiple_of(GRANULE) && len.is_multiple_of(GRANULE) && len > 0, "withheld {offset}+{len}");
         let set = self.withheld.entry(segment).or_default();
         for g in (offset..offset + len).step_by(GRANULE as usize) {
             assert!(set.insert(g), "granule {g} of {segment:?} withheld twice");
@@ -265,6 +265,9 @@ fn rejects_bad_alignment_and_zero_sizes() {
     e.add_withheld_segment(8192).unwrap();
     assert_eq!(e.find_withheld(0, 4096), None);
     assert!(e.find_withheld(256, 4096).is_some());
+    assert_eq!(e.find_withheld(256, 3000), None, "granules are powers of two");
+    assert_eq!(e.find_withheld(u64::MAX - 4096, 4096), None, "a request's end past u64::MAX serves from nothing");
+    assert_eq!(e.find_withheld(256, 0), None, "granules are powers of two");
 }
 
 #[test]

@@ -263,7 +263,7 @@ impl OpenClBackend {
             return Err(Error::ZeroSize { device: self.name.clone() });
         }
         let (origin, len) = self.range(segment, offset, size)?;
-        if offset % self.device.alignment != 0 {
+        if !offset.is_multiple_of(self.device.alignment) {
             return Err(Error::Unsupported {
                 backend: self.name.clone(),
                 what: format!(

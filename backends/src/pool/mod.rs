@@ -145,6 +145,9 @@ pub struct Pool<B: Backend> {
     config: PoolConfig,
     page_size: Option<u64>,
     max_reservation: u64,
+    /// The largest block the pool hands out: the device's capacity on virtual reservations (every page of a
+    /// block is mapped), the backend's largest segment otherwise.
+    max_block: u64,
     limit: Mutex<Option<u64>>,
     state: PoolMutex<State<B::Segment>>,
 }
@@ -190,9 +193,17 @@ impl<B: Backend> Pool<B> {
             }
         }
         let (page_size, max_reservation) = match vm {
+            Some(vm) if use_virtual && !vm.page_size.is_power_of_two() => {
+                return Err(Error::InvalidConfig(format!(
+                    "{} maps pages of {} bytes: virtual memory needs a power of two",
+                    backend.name(),
+                    vm.page_size
+                )))
+            }
             Some(vm) if use_virtual => (Some(vm.page_size), vm.max_reservation),
             _ => (None, 0),
         };
+        let max_block = if page_size.is_some() { backend.capacity() } else { backend.max_segment_size() };
         let limit = config.limit.map(|l| l.resolve(backend.capacity())).transpose()?;
         let stats = PoolStats { name: backend.name().to_string(), limit_bytes: limit, ..PoolStats::default() };
         Ok(Self {
@@ -200,6 +211,7 @@ impl<B: Backend> Pool<B> {
             config,
             page_size,
             max_reservation,
+            max_block,
             limit: Mutex::new(limit),
             state: PoolMutex::new(State {
                 arenas: Vec::new(),
@@ -307,8 +319,7 @@ impl<B: Backend> Pool<B> {
         let align = self.backend.alignment();
         let size = bytes.wrapping_add(align - 1) & !(align - 1);
         // Zero, overflow while rounding, and sizes past the backend's maximum all land in the slow path.
-        let max = if self.page_size.is_some() { u64::MAX } else { self.backend.max_segment_size() };
-        if bytes == 0 || size < bytes || size > max || self.config.strategy != Strategy::Pooled {
+        if bytes == 0 || size < bytes || size > self.max_block || self.config.strategy != Strategy::Pooled {
             return self.allocate_slow(state, bytes, stream, false);
         }
         let Some(arena) = state.arena_of(stream, self.class_of(size)) else {
@@ -363,7 +374,7 @@ impl<B: Backend> Pool<B> {
             .checked_add(align - 1)
             .map(|s| s & !(align - 1))
             .ok_or_else(|| Error::SizeOverflow { what: format!("{bytes} bytes rounded up to {align}") })?;
-        let max = if self.page_size.is_some() { u64::MAX } else { self.backend.max_segment_size() };
+        let max = self.max_block;
         if size > max {
             return Err(Error::TooLarge { device: self.backend.name().to_string(), requested: size, max });
         }
@@ -706,7 +717,8 @@ impl<B: Backend> Pool<B> {
         });
         state.mapped_bytes -= bytes;
         state.stats.num_device_free += calls;
-        (bytes / page, bytes)
+        // A shift, not a division (pages are powers of two, checked in `Pool::new`): this runs on every remap.
+        (bytes >> page.trailing_zeros(), bytes)
     }
 
     /// Unmaps every mapped range of a reservation (before it is destroyed or dropped); returns the bytes.

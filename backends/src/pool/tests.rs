@@ -20,6 +20,22 @@ fn zero_and_overflowing_sizes_are_errors() {
     let plain = sim_pool(SegmentMode::Plain, None);
     let err = plain.allocate(16 << 30, S0).unwrap_err();
     assert!(matches!(err, Error::TooLarge { .. }), "{err}");
+    // Requests past any device on virtual reservations: refused whether or not a reservation exists yet, and
+    // with withheld ranges between mapped blocks (where the request's end would overflow an address).
+    let virt = sim_pool(SegmentMode::Virtual, None);
+    let huge = [u64::MAX - 4096, 1 << 63, 1 << 40];
+    for bytes in huge {
+        assert!(virt.allocate(bytes, S0).is_err(), "{bytes} bytes on a fresh pool");
+    }
+    let blocks: Vec<_> = (0..6).map(|_| virt.allocate(40 * MIB, S0).unwrap()).collect();
+    for block in blocks.iter().step_by(2) {
+        virt.free(block).unwrap();
+    }
+    virt.release_cached();
+    for bytes in huge {
+        assert!(virt.allocate(bytes, S0).is_err(), "{bytes} bytes between withheld ranges");
+    }
+    assert_eq!(virt.stats().allocated_bytes.current, 3 * 40 * MIB);
 }
 
 #[test]
@@ -132,6 +148,24 @@ fn page_sizes_that_are_not_powers_of_two_or_below_the_device_page_are_refused() 
     // Pools without virtual reservations have no pages: the setting does not apply to them.
     let config = PoolConfig { page_size: Some(8 * MIB), ..PoolConfig::default() };
     let pool = Pool::new(SimBackend::plain("plain", 8 << 30), config).unwrap();
+    assert!(!pool.uses_virtual_memory());
+    pool.free(&pool.allocate(5 * MIB, S0).unwrap()).unwrap();
+}
+
+#[test]
+fn a_device_whose_pages_are_not_powers_of_two_gets_no_virtual_reservations() {
+    // Page arithmetic on the remap path is masks and shifts; a device reporting 3 MiB pages must be refused.
+    let odd = || PageChecked {
+        inner: SimBackend::new("odd", 8 << 30),
+        mapped: Default::default(),
+        reported_page: Some(3 * MIB),
+    };
+    let virt = PoolConfig { segment_mode: SegmentMode::Virtual, ..Default::default() };
+    let err = Pool::new(odd(), virt).err().expect("refused");
+    assert!(matches!(&err, Error::InvalidConfig(m) if m.contains("power of two") && m.contains("odd")), "{err}");
+    // Plain segments need no pages: the same device serves a plain pool.
+    let plain = PoolConfig { segment_mode: SegmentMode::Plain, ..Default::default() };
+    let pool = Pool::new(odd(), plain).unwrap();
     assert!(!pool.uses_virtual_memory());
     pool.free(&pool.allocate(5 * MIB, S0).unwrap()).unwrap();
 }
@@ -364,11 +398,16 @@ fn batch_allocation_is_all_or_nothing() {
 struct PageChecked {
     inner: SimBackend,
     mapped: parking_lot::Mutex<std::collections::BTreeSet<(u64, u64)>>,
+    /// Reported as the device's page size instead of the sim's own, when set.
+    reported_page: Option<u64>,
 }
 
 impl PageChecked {
     fn pages(segment: &crate::sim::SimSegment, offset: u64, len: u64) -> impl Iterator<Item = (u64, u64)> {
-        assert!(offset % SimBackend::PAGE == 0 && len % SimBackend::PAGE == 0 && len > 0, "{offset}+{len}");
+        assert!(
+            offset.is_multiple_of(SimBackend::PAGE) && len.is_multiple_of(SimBackend::PAGE) && len > 0,
+            "{offset}+{len}"
+        );
         assert!(offset + len <= segment.size, "range past the reservation");
         let base = segment.base;
         (offset / SimBackend::PAGE..(offset + len) / SimBackend::PAGE).map(move |p| (base, p))
@@ -413,7 +452,10 @@ impl Backend for PageChecked {
     }
     fn virtual_memory(&self) -> Option<crate::VirtualMemory> {
         // Small reservations, so that a test also sees a pool with several of them.
-        self.inner.virtual_memory().map(|vm| crate::VirtualMemory { max_reservation: 256 * MIB, ..vm })
+        self.inner.virtual_memory().map(|vm| crate::VirtualMemory {
+            max_reservation: 256 * MIB,
+            page_size: self.reported_page.unwrap_or(vm.page_size),
+        })
     }
     fn set_page_size(&mut self, page: u64) -> Result<()> {
         self.inner.set_page_size(page)
@@ -423,7 +465,10 @@ impl Backend for PageChecked {
     }
     fn map_pages(&self, segment: &Self::Segment, offset: u64, len: u64) -> Result<()> {
         let page = self.virtual_memory().expect("virtual").page_size;
-        assert!(offset % page == 0 && len % page == 0, "mapping of {len} bytes at {offset}: not whole pages");
+        assert!(
+            offset.is_multiple_of(page) && len.is_multiple_of(page),
+            "mapping of {len} bytes at {offset}: not whole pages"
+        );
         let mut mapped = self.mapped.lock();
         for page in Self::pages(segment, offset, len) {
             assert!(mapped.insert(page), "page {page:?} mapped twice");
@@ -433,7 +478,10 @@ impl Backend for PageChecked {
     }
     fn unmap_pages(&self, segment: &Self::Segment, offset: u64, len: u64) {
         let page = self.virtual_memory().expect("virtual").page_size;
-        assert!(offset % page == 0 && len % page == 0, "unmapping of {len} bytes at {offset}: not whole pages");
+        assert!(
+            offset.is_multiple_of(page) && len.is_multiple_of(page),
+            "unmapping of {len} bytes at {offset}: not whole pages"
+        );
         let mut mapped = self.mapped.lock();
         for page in Self::pages(segment, offset, len) {
             assert!(mapped.remove(&page), "page {page:?} unmapped but not mapped");
@@ -463,7 +511,8 @@ fn virtual_reservations_keep_live_blocks_mapped_under_random_pressure() {
         [(Some(0.03), None), (None, None), (Some(0.0), None), (Some(0.03), Some(8 * MIB)), (None, Some(8 * MIB))];
     for (round, (slack, page_size)) in rounds.into_iter().enumerate() {
         let limit = 400 * MIB;
-        let backend = PageChecked { inner: SimBackend::new("checked", 8 << 30), mapped: Default::default() };
+        let backend =
+            PageChecked { inner: SimBackend::new("checked", 8 << 30), mapped: Default::default(), reported_page: None };
         let config = PoolConfig {
             segment_mode: SegmentMode::Virtual,
             limit: Some(Limit::Bytes(limit)),

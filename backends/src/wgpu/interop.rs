@@ -128,7 +128,7 @@ pub fn copy_block(
     let (src_buffer, src_base) = segment_and_offset(src_pool, src_block)?;
     let (dst_buffer, dst_base) = segment_and_offset(dst_pool, dst_block)?;
     let (from, to) = (src_base + src_offset, dst_base + dst_offset);
-    if from % 4 != 0 || to % 4 != 0 || len % 4 != 0 {
+    if from % 4 != 0 || to % 4 != 0 || !len.is_multiple_of(4) {
         return Err(Error::Unsupported {
             backend: name,
             what: format!(

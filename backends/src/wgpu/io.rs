@@ -115,7 +115,7 @@ impl DeviceShared {
 
     /// `queue.write_buffer` of 4-byte aligned `data` at aligned `offset`, in chunks, then waits for the queue.
     pub(crate) fn write_queue(&self, backend: &str, buffer: &wgpu::Buffer, offset: u64, data: &[u8]) -> Result<()> {
-        debug_assert!(offset % 4 == 0 && data.len() % 4 == 0);
+        debug_assert!(offset.is_multiple_of(4) && data.len().is_multiple_of(4));
         self.scoped(backend, "queue.write_buffer", || {
             for (i, piece) in data.chunks(CHUNK as usize).enumerate() {
                 self.queue.write_buffer(buffer, offset + i as u64 * CHUNK, piece);
