@@ -21,7 +21,6 @@ pub use config::{parse_size, Limit, PoolConfig, SegmentMode, Strategy};
 use crate::engine::{Allocation, Engine, Restore, SegmentId};
 use crate::raw::lock::PoolMutex;
 use crate::{Backend, BlockHandle, Error, PoolStats, Result, StreamId};
-use parking_lot::Mutex;
 use quick::{QuickBlock, QuickCache};
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -148,7 +147,6 @@ pub struct Pool<B: Backend> {
     /// The largest block the pool hands out: the device's capacity on virtual reservations (every page of a
     /// block is mapped), the backend's largest segment otherwise.
     max_block: u64,
-    limit: Mutex<Option<u64>>,
     state: PoolMutex<State<B::Segment>>,
 }
 
@@ -212,7 +210,6 @@ impl<B: Backend> Pool<B> {
             page_size,
             max_reservation,
             max_block,
-            limit: Mutex::new(limit),
             state: PoolMutex::new(State {
                 arenas: Vec::new(),
                 streams: Vec::new(),
@@ -243,7 +240,7 @@ impl<B: Backend> Pool<B> {
     /// Sets or clears the cap on reserved bytes. Takes effect at the next allocation that needs memory.
     pub fn set_limit(&self, limit: Option<Limit>) -> Result<()> {
         let bytes = limit.map(|l| l.resolve(self.backend.capacity())).transpose()?;
-        *self.limit.lock() = bytes;
+        // Read under the state lock wherever it is enforced, so it lives in the statistics only.
         self.state.lock().stats.limit_bytes = bytes;
         Ok(())
     }
@@ -494,7 +491,7 @@ impl<B: Backend> Pool<B> {
         .min(self.backend.max_segment_size())
         .max(size);
         // Under a limit, fall back to a segment of just the request's size rather than fail.
-        let limit = *self.limit.lock();
+        let limit = state.stats.limit_bytes;
         let fits = |s: u64| limit.is_none_or(|l| state.reserved() + s <= l);
         let seg_size = if fits(preferred) {
             preferred
@@ -545,7 +542,7 @@ impl<B: Backend> Pool<B> {
                 }
             }
         }
-        let limit = *self.limit.lock();
+        let limit = state.stats.limit_bytes;
         let result = if limit.is_some_and(|l| state.reserved() + missing > l) {
             Err(Shortfall::Limit)
         } else {
@@ -588,7 +585,7 @@ impl<B: Backend> Pool<B> {
             free: self.backend.free_memory(),
             cached: reserved - allocated,
             reserved,
-            limit: *self.limit.lock(),
+            limit: state.stats.limit_bytes,
         }
     }
 

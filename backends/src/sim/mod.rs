@@ -4,6 +4,7 @@
 
 use crate::{Backend, BackendKind, Error, Result, VirtualMemory};
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A simulated segment: a range of addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,12 +17,6 @@ pub struct SimSegment {
     pub reservation: bool,
 }
 
-#[derive(Debug, Default)]
-struct Usage {
-    next_address: u64,
-    physical: u64,
-}
-
 /// The simulated device.
 #[derive(Debug)]
 pub struct SimBackend {
@@ -30,7 +25,11 @@ pub struct SimBackend {
     virtual_memory: bool,
     /// Page size of virtual reservations ([`SimBackend::PAGE`] unless a pool asked for larger pages).
     page: u64,
-    usage: Mutex<Usage>,
+    /// Where the next segment or reservation starts.
+    next_address: Mutex<u64>,
+    /// Physical bytes in use: an atomic, not a lock, because pools map and unmap on every remap and a
+    /// device's bookkeeping should cost the replay no more than it must.
+    physical: AtomicU64,
 }
 
 impl SimBackend {
@@ -46,7 +45,8 @@ impl SimBackend {
             capacity,
             virtual_memory: true,
             page: Self::PAGE,
-            usage: Mutex::new(Usage::default()),
+            next_address: Mutex::new(0),
+            physical: AtomicU64::new(0),
         }
     }
 
@@ -57,30 +57,30 @@ impl SimBackend {
 
     /// Physical bytes in use (segments plus mapped pages).
     pub fn physical_in_use(&self) -> u64 {
-        self.usage.lock().physical
+        self.physical.load(Ordering::Relaxed)
     }
 
     fn take(&self, bytes: u64, call: &str) -> Result<()> {
-        let mut usage = self.usage.lock();
-        if usage.physical + bytes > self.capacity {
-            return Err(Error::Driver {
+        let capacity = self.capacity;
+        self.physical
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                used.checked_add(bytes).filter(|&total| total <= capacity)
+            })
+            .map(|_| ())
+            .map_err(|used| Error::Driver {
                 backend: self.name.clone(),
                 call: call.into(),
                 message: format!(
-                    "out of device memory: {bytes} bytes asked, {} of {} free",
-                    self.capacity - usage.physical,
-                    self.capacity
+                    "out of device memory: {bytes} bytes asked, {} of {capacity} free",
+                    capacity.saturating_sub(used)
                 ),
-            });
-        }
-        usage.physical += bytes;
-        Ok(())
+            })
     }
 
     fn addresses(&self, size: u64, reservation: bool) -> SimSegment {
-        let mut usage = self.usage.lock();
-        let base = usage.next_address.div_ceil(Self::PAGE) * Self::PAGE;
-        usage.next_address = base + size;
+        let mut next_address = self.next_address.lock();
+        let base = next_address.div_ceil(Self::PAGE) * Self::PAGE;
+        *next_address = base + size;
         SimSegment { base, size, reservation }
     }
 
@@ -111,7 +111,7 @@ impl Backend for SimBackend {
         self.capacity
     }
     fn free_memory(&self) -> u64 {
-        self.capacity - self.usage.lock().physical
+        self.capacity - self.physical.load(Ordering::Relaxed)
     }
     fn create_segment(&self, size: u64) -> Result<SimSegment> {
         self.take(size, "create_segment")?;
@@ -120,7 +120,7 @@ impl Backend for SimBackend {
     fn destroy_segment(&self, segment: SimSegment) {
         // A reservation's pages were unmapped (and counted back) before it is destroyed.
         if !segment.reservation {
-            self.usage.lock().physical -= segment.size;
+            self.physical.fetch_sub(segment.size, Ordering::Relaxed);
         }
     }
     fn virtual_memory(&self) -> Option<VirtualMemory> {
@@ -143,7 +143,7 @@ impl Backend for SimBackend {
         self.take(len, "map_pages")
     }
     fn unmap_pages(&self, _segment: &SimSegment, _offset: u64, len: u64) {
-        self.usage.lock().physical -= len;
+        self.physical.fetch_sub(len, Ordering::Relaxed);
     }
     fn write(&self, _segment: &SimSegment, _offset: u64, _src: &[u8]) -> Result<()> {
         Err(self.no_bytes("write"))
