@@ -4,6 +4,8 @@
 //! engine's block slab).
 
 /// log2 of the number of sub-classes per power of two.
+use std::hint::select_unpredictable;
+
 const SL_BITS: u32 = 5;
 /// Sub-classes per power of two.
 pub(super) const SL_COUNT: usize = 1 << SL_BITS;
@@ -60,17 +62,20 @@ impl BinMaps {
         if bin >= BIN_COUNT {
             return None;
         }
+        // Both answers are computed and one is selected: whether the class's own level has a non-empty class
+        // left depends on the data, and as a branch it was the engine's largest single source of mispredicts
+        // (cachegrind, pressure: 270 thousand of 1.47 million, from the scans over classes on a miss).
         let (fl, sl) = (bin / SL_COUNT, bin % SL_COUNT);
         let same_level = self.second[fl] & (u32::MAX << sl);
-        if same_level != 0 {
-            return Some(fl * SL_COUNT + same_level.trailing_zeros() as usize);
-        }
-        let higher = if fl + 1 >= 64 { 0 } else { self.first & (u64::MAX << (fl + 1)) };
-        if higher == 0 {
-            return None;
-        }
-        let fl = higher.trailing_zeros() as usize;
-        Some(fl * SL_COUNT + self.second[fl].trailing_zeros() as usize)
+        let in_level = fl * SL_COUNT + same_level.trailing_zeros() as usize;
+        // `fl + 1 < FL_COUNT <= 64`: the shift is in range. With no higher level, `higher_fl` is 64 and the
+        // class computed from it is discarded.
+        let higher = self.first & (u64::MAX << (fl + 1));
+        let higher_fl = higher.trailing_zeros() as usize;
+        let above = higher_fl * SL_COUNT + self.second[higher_fl.min(FL_COUNT - 1)].trailing_zeros() as usize;
+        let found = select_unpredictable(higher != 0, above, BIN_COUNT);
+        let found = select_unpredictable(same_level != 0, in_level, found);
+        (found < BIN_COUNT).then_some(found)
     }
 }
 
