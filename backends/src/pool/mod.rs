@@ -334,10 +334,32 @@ impl<B: Backend> Pool<B> {
             },
             None => match a.engine.allocate(size) {
                 Some(alloc) => alloc,
+                None if a.virtual_segments => return self.remap(state, arena, bytes, size, stream),
                 None => return self.allocate_slow(state, bytes, stream, true),
             },
         };
         Ok(state.record_alloc(arena, &alloc, bytes, true))
+    }
+
+    /// A miss in a virtual arena, straight to mapping withheld pages: the common miss under memory pressure,
+    /// spared the slow path's validation and cache checks (a large arena has no quick blocks). Anything else
+    /// (no withheld range fits, the limit, a device error) goes the slow way, which tries once more and then
+    /// again after releasing cached memory.
+    #[cold]
+    #[inline(never)]
+    fn remap(
+        &self,
+        state: &mut State<B::Segment>,
+        arena: usize,
+        bytes: u64,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<BlockHandle> {
+        debug_assert!(state.arenas[arena].quick.is_empty(), "virtual arenas cache no quick blocks");
+        match self.map_withheld(state, arena, size) {
+            Ok(Some(alloc)) => Ok(state.record_alloc(arena, &alloc, bytes, false)),
+            _ => self.allocate_slow(state, bytes, stream, true),
+        }
     }
 
     /// The arena class of a request of `size` (rounded) bytes: small requests share small segments, except in the
