@@ -270,6 +270,7 @@ impl Engine {
 
     /// Withholds `[r0, r1)` of free block `index` (inside it, non-empty): what lies before and after stays free,
     /// and the range joins withheld neighbours.
+    #[inline(always)]
     fn withhold_part(&mut self, index: u32, r0: u64, r1: u64) {
         let Node { offset, size, prev_phys, next_phys, .. } = self.nodes[index];
         let end = offset + size;
