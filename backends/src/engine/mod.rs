@@ -149,6 +149,9 @@ pub struct Engine {
     vacant_segments: Vec<u32>,
     free: SizeIndex,
     withheld: SizeIndex,
+    /// Every withheld range, in no order: what `find_withheld` scans (a counted loop over independent loads,
+    /// where walking the class lists mispredicted at the end of each short list).
+    withheld_flat: Vec<u32>,
     stats: EngineStats,
 }
 
@@ -181,6 +184,7 @@ impl Engine {
             vacant_segments: Vec::new(),
             free: SizeIndex::new(),
             withheld: SizeIndex::new(),
+            withheld_flat: Vec::new(),
             stats: EngineStats::default(),
         })
     }
@@ -430,6 +434,12 @@ impl Engine {
             }
             if state == NodeState::Free {
                 assert_eq!(count, self.stats.free_blocks, "free blocks in the index");
+            } else {
+                assert_eq!(count, self.withheld_flat.len() as u64, "withheld ranges in the flat list");
+                for (place, &index) in self.withheld_flat.iter().enumerate() {
+                    assert_eq!(self.nodes[index].state, NodeState::Withheld, "node {index} in the flat list");
+                    assert_eq!(self.nodes[index].flat as usize, place, "node {index} remembers its place");
+                }
             }
         }
     }
@@ -607,6 +617,12 @@ impl Engine {
     /// withheld ranges existing.
     #[inline(always)]
     fn link_into(&mut self, index: u32, withheld: bool) {
+        self.link_into_list(index, withheld, withheld);
+    }
+
+    /// [`Engine::link_into`]; a withheld range joins the flat list only when `flat` (not when it is refiled).
+    #[inline(always)]
+    fn link_into_list(&mut self, index: u32, withheld: bool, flat: bool) {
         let nodes = self.nodes.as_mut_slice();
         let list = if withheld { &mut self.withheld } else { &mut self.free };
         let node = &mut nodes[index as usize];
@@ -621,6 +637,10 @@ impl Engine {
         if head != NIL {
             nodes[head as usize].prev_free = index;
         }
+        if flat {
+            nodes[index as usize].flat = self.withheld_flat.len() as u32;
+            self.withheld_flat.push(index);
+        }
         if !withheld {
             self.stats.free_blocks += 1;
         }
@@ -628,6 +648,12 @@ impl Engine {
 
     #[inline(always)]
     fn unlink_from(&mut self, index: u32, withheld: bool) {
+        self.unlink_from_list(index, withheld, withheld);
+    }
+
+    /// [`Engine::unlink_from`]; a withheld range leaves the flat list only when `flat`.
+    #[inline(always)]
+    fn unlink_from_list(&mut self, index: u32, withheld: bool, flat: bool) {
         let nodes = self.nodes.as_mut_slice();
         let node = &nodes[index as usize];
         let (prev_free, next_free, bin) = (node.prev_free, node.next_free, node.bin);
@@ -643,6 +669,13 @@ impl Engine {
         }
         if next_free != NIL {
             nodes[next_free as usize].prev_free = prev_free;
+        }
+        if flat {
+            let place = nodes[index as usize].flat;
+            self.withheld_flat.swap_remove(place as usize);
+            if let Some(&moved) = self.withheld_flat.get(place as usize) {
+                nodes[moved as usize].flat = place;
+            }
         }
         if !withheld {
             self.stats.free_blocks -= 1;

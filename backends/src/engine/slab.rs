@@ -32,6 +32,8 @@ pub(super) struct Node {
     pub next_free: u32,
     /// The size class whose list holds the node, while it is in one (saves recomputing it on unlink).
     pub bin: u16,
+    /// A withheld range's place in the engine's flat list of them (padding otherwise: the node stays 48 bytes).
+    pub flat: u32,
     pub state: NodeState,
 }
 
@@ -47,6 +49,7 @@ impl Node {
             prev_free: NIL,
             next_free: NIL,
             bin: 0,
+            flat: 0,
             state: NodeState::Free,
         }
     }
