@@ -3,9 +3,9 @@
 //! `trailing_zeros` instructions. Classes hold intrusive doubly linked lists of free blocks (links live in the
 //! engine's block slab).
 
-/// log2 of the number of sub-classes per power of two.
 use std::hint::select_unpredictable;
 
+/// log2 of the number of sub-classes per power of two.
 const SL_BITS: u32 = 5;
 /// Sub-classes per power of two.
 pub(super) const SL_COUNT: usize = 1 << SL_BITS;
@@ -68,7 +68,7 @@ impl BinMaps {
         let (fl, sl) = (bin / SL_COUNT, bin % SL_COUNT);
         let same_level = self.second[fl] & (u32::MAX << sl);
         let in_level = fl * SL_COUNT + same_level.trailing_zeros() as usize;
-        // `fl + 1 < FL_COUNT <= 64`: the shift is in range. With no higher level, `higher_fl` is 64 and the
+        // `fl + 1 <= FL_COUNT < 64`: the shift is in range. With no higher level, `higher_fl` is 64 and the
         // class computed from it is discarded.
         let higher = self.first & (u64::MAX << (fl + 1));
         let higher_fl = higher.trailing_zeros() as usize;

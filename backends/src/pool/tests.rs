@@ -25,7 +25,8 @@ fn zero_and_overflowing_sizes_are_errors() {
     let virt = sim_pool(SegmentMode::Virtual, None);
     let huge = [u64::MAX - 4096, 1 << 63, 1 << 40];
     for bytes in huge {
-        assert!(virt.allocate(bytes, S0).is_err(), "{bytes} bytes on a fresh pool");
+        let err = virt.allocate(bytes, S0).unwrap_err();
+        assert!(matches!(err, Error::TooLarge { max, .. } if max == 8 << 30), "{bytes} bytes on a fresh pool: {err}");
     }
     let blocks: Vec<_> = (0..6).map(|_| virt.allocate(40 * MIB, S0).unwrap()).collect();
     for block in blocks.iter().step_by(2) {
@@ -33,7 +34,8 @@ fn zero_and_overflowing_sizes_are_errors() {
     }
     virt.release_cached();
     for bytes in huge {
-        assert!(virt.allocate(bytes, S0).is_err(), "{bytes} bytes between withheld ranges");
+        let err = virt.allocate(bytes, S0).unwrap_err();
+        assert!(matches!(err, Error::TooLarge { .. }), "{bytes} bytes between withheld ranges: {err}");
     }
     assert_eq!(virt.stats().allocated_bytes.current, 3 * 40 * MIB);
 }
