@@ -37,6 +37,9 @@ pub(super) struct Node {
     pub state: NodeState,
 }
 
+// The `flat` field lives in what was padding: a node stays 48 bytes.
+const _: () = assert!(std::mem::size_of::<Node>() == 48);
+
 impl Node {
     pub(super) fn free(segment: u32, offset: u64, size: u64) -> Self {
         Self {
@@ -94,13 +97,14 @@ impl Slab {
         self.vacant_head = index;
     }
 
-    /// All slots, vacant ones included. A caller that touches several nodes takes the slice once: the vector's
-    /// pointer and length then stay in registers instead of being reloaded (and rechecked) after every store.
+    /// All slots, vacant ones included, to read several nodes through one bounds-checked slice.
     #[inline(always)]
     pub(super) fn as_slice(&self) -> &[Node] {
         &self.nodes
     }
 
+    /// All slots, vacant ones included. A caller that touches several nodes takes the slice once: the vector's
+    /// pointer and length then stay in registers instead of being reloaded (and rechecked) after every store.
     #[inline(always)]
     pub(super) fn as_mut_slice(&mut self) -> &mut [Node] {
         &mut self.nodes

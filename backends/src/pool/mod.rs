@@ -334,7 +334,7 @@ impl<B: Backend> Pool<B> {
             },
             None => match a.engine.allocate(size) {
                 Some(alloc) => alloc,
-                None if a.virtual_segments => return self.remap(state, arena, bytes, size, stream),
+                None if a.virtual_segments => return self.remap(state, arena, bytes, size),
                 None => return self.allocate_slow(state, bytes, stream, true),
             },
         };
@@ -342,24 +342,19 @@ impl<B: Backend> Pool<B> {
     }
 
     /// A miss in a virtual arena, straight to mapping withheld pages: the common miss under memory pressure,
-    /// spared the slow path's validation and cache checks (a large arena has no quick blocks). Anything else
-    /// (no withheld range fits, the limit, a device error) goes the slow way, which tries once more and then
-    /// again after releasing cached memory.
+    /// spared the slow path's validation and cache checks (a large arena has no quick blocks). When no withheld
+    /// range fits it grows, and on a shortfall (the limit, a device error) it releases cached memory and tries
+    /// again, as the slow path does after the same steps.
     #[cold]
     #[inline(never)]
-    fn remap(
-        &self,
-        state: &mut State<B::Segment>,
-        arena: usize,
-        bytes: u64,
-        size: u64,
-        stream: StreamId,
-    ) -> Result<BlockHandle> {
+    fn remap(&self, state: &mut State<B::Segment>, arena: usize, bytes: u64, size: u64) -> Result<BlockHandle> {
         debug_assert!(state.arenas[arena].quick.is_empty(), "virtual arenas cache no quick blocks");
-        match self.map_withheld(state, arena, size) {
-            Ok(Some(alloc)) => Ok(state.record_alloc(arena, &alloc, bytes, false)),
-            _ => self.allocate_slow(state, bytes, stream, true),
-        }
+        let result = match self.map_withheld(state, arena, size) {
+            Ok(Some(alloc)) => return Ok(state.record_alloc(arena, &alloc, bytes, false)),
+            Ok(None) => self.grow(state, arena, size).map(|alloc| (alloc, false)),
+            Err(shortfall) => Err(shortfall),
+        };
+        self.retry_on_shortfall(state, arena, bytes, size, result)
     }
 
     /// The arena class of a request of `size` (rounded) bytes: small requests share small segments, except in the
@@ -398,7 +393,20 @@ impl<B: Backend> Pool<B> {
             return Err(Error::TooLarge { device: self.backend.name().to_string(), requested: size, max });
         }
         let arena = self.arena_for(state, stream, self.class_of(size));
-        let mut result = self.try_allocate(state, arena, size, cache_missed);
+        let result = self.try_allocate(state, arena, size, cache_missed);
+        self.retry_on_shortfall(state, arena, bytes, size, result)
+    }
+
+    /// Records the outcome of a first attempt, or, on a shortfall, releases cached memory and tries once more
+    /// (then reports out of memory).
+    fn retry_on_shortfall(
+        &self,
+        state: &mut State<B::Segment>,
+        arena: usize,
+        bytes: u64,
+        size: u64,
+        mut result: std::result::Result<(Allocation, bool), Shortfall>,
+    ) -> Result<BlockHandle> {
         if matches!(result, Err(Shortfall::Limit | Shortfall::Device(_))) {
             state.stats.num_alloc_retries += 1;
             self.release_cached_locked(state, 0, size);
