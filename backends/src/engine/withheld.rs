@@ -20,7 +20,7 @@ fn align_up(value: u64, granule: u64) -> u64 {
 }
 
 /// How many withheld ranges [`Engine::find_withheld`] weighs at most, besides the first that hold a request alone.
-const WITHHELD_SCAN_LIMIT: usize = 32;
+pub(super) const WITHHELD_SCAN_LIMIT: usize = 32;
 
 /// Withheld bytes to restore for a request: found by [`Engine::find_withheld`], used by
 /// [`Engine::restore_and_allocate`] (with nothing changing the engine in between).
@@ -39,6 +39,39 @@ pub struct Restore {
 struct Best {
     index: u32,
     key: u64,
+}
+
+/// The key [`Engine::find_withheld`] ranks withheld range `index` by for a request of `size` bytes: the bytes
+/// to restore (whole granules; `u64::MAX` when the range cannot serve the request) with the range's size in
+/// granules, capped below one granule, in the low bits as the tie-break.
+///
+/// Every choice is a select the compiler must not turn into a branch: which case applies to a range is
+/// something a branch predictor cannot learn, and a miss weighs every range (cachegrind's branch model put 12
+/// mispredicts on each call of `find_withheld` when this branched; plain `if`s and `min`s, even written as
+/// masks, were compiled back into branches). It works on the node slice alone and computes nothing it can
+/// prove unused, so the scan's loop keeps its values in registers (its first form spilled nine of them to the
+/// stack and ran 86 instructions a range on `pressure`).
+#[inline(always)]
+fn restore_key(nodes: &[Node], index: u32, size: u64, granule: u64) -> u64 {
+    let mask = granule - 1;
+    let w = &nodes[index as usize];
+    let (offset, len) = (w.offset, w.size);
+    // A missing neighbour reads as the range itself, which is not free.
+    let prev = &nodes[select_unpredictable(w.prev_phys == NIL, index, w.prev_phys) as usize];
+    let next = &nodes[select_unpredictable(w.next_phys == NIL, index, w.next_phys) as usize];
+    let before = select_unpredictable(prev.state == NodeState::Free, prev.size, 0);
+    let after = select_unpredictable(next.state == NodeState::Free, next.size, 0);
+    // The request starts at the free block before (which ends where the range starts), else at the range.
+    // Saturating: a request near u64::MAX serves from nothing withheld.
+    let end = (offset - before).saturating_add(size);
+    // Running into the range restores the granules up to the request's end: at least one (a request that a
+    // free block holds alone needs no restore, but callers ask only after the free index missed), at most the
+    // range. Wrapping: when the request does not end inside the range, this value is not used.
+    let into = ((end.wrapping_add(mask) & !mask).max(offset + granule) - offset).min(len);
+    // Else the whole range comes back and joins the free blocks on both sides, if they hold the request.
+    let whole = select_unpredictable(before + len + after >= size, len, u64::MAX);
+    let restore = select_unpredictable(end <= offset + len, into, whole);
+    restore | (len >> granule.trailing_zeros()).min(mask)
 }
 
 impl Engine {
@@ -172,42 +205,11 @@ impl Engine {
     /// fits in the key's low bits.
     #[inline(always)]
     fn weigh(&self, index: u32, size: u64, granule: u64, best: &mut Best) {
-        let tie_break = (self.nodes[index].size >> granule.trailing_zeros()).min(granule - 1);
-        let key = self.restore_len(index, size, granule) | tie_break;
+        let key = restore_key(self.nodes.as_slice(), index, size, granule);
         let better = key < best.key;
         best.index = select_unpredictable(better, index, best.index);
         best.key = select_unpredictable(better, key, best.key);
     }
-
-    /// Bytes to restore from withheld range `index` for a request of `size` bytes; `u64::MAX` when it cannot
-    /// serve it. Every choice is a select the compiler must not turn into a branch: which case applies to a
-    /// range is something a branch predictor cannot learn, and the scans above weigh several ranges per miss
-    /// (cachegrind's branch model put 12 mispredicts on each call of `find_withheld` when this branched; plain
-    /// `if`s and `min`s, even written as masks, were compiled back into branches).
-    #[inline(always)]
-    fn restore_len(&self, index: u32, size: u64, granule: u64) -> u64 {
-        let nodes = self.nodes.as_slice();
-        let w = &nodes[index as usize];
-        // A missing neighbour reads as the range itself, which is not free.
-        let prev = &nodes[select_unpredictable(w.prev_phys == NIL, index, w.prev_phys) as usize];
-        let next = &nodes[select_unpredictable(w.next_phys == NIL, index, w.next_phys) as usize];
-        let before = select_unpredictable(prev.state == NodeState::Free, prev.size, 0);
-        let after = select_unpredictable(next.state == NodeState::Free, next.size, 0);
-        // The request starts at the free block before (which ends where the range starts), else at the range.
-        // Saturating: a request near u64::MAX serves from nothing withheld.
-        let (start, range_end) = (w.offset - before, w.offset + w.size);
-        let end = start.saturating_add(size);
-        let runs_into = end <= range_end;
-        // Running into the range restores the granules up to the request's end, at least one (a request that
-        // a free block holds alone needs no restore, but callers ask only after the free index missed).
-        let end_in_range = align_up(select_unpredictable(runs_into, end, range_end), granule);
-        let into = select_unpredictable(end_in_range > w.offset + granule, end_in_range - w.offset, granule);
-        let into = select_unpredictable(into < w.size, into, w.size);
-        // Else the whole range comes back and joins the free blocks on both sides, if they hold the request.
-        let whole = select_unpredictable(before + w.size + after >= size, w.size, u64::MAX);
-        select_unpredictable(runs_into, into, whole)
-    }
-
     /// Restores what [`Engine::find_withheld`] chose (the caller has put memory behind it) and allocates `size`
     /// bytes from the free block it joins, at that block's start. O(1).
     ///
