@@ -556,23 +556,20 @@ impl<B: Backend> Pool<B> {
         // The block is taken before its pages are mapped, so the trim below cannot give them back.
         let alloc = engine.restore_and_allocate(&restore, size).expect("found just now");
         let missing = restore.len;
-        if let Some(slack) = self.config.mapped_slack {
-            // Keep reserved memory near the live set: give back free mapped pages before mapping new ones.
-            // Only when the mapping would set a new high-water mark of reserved memory: below the peak, a
-            // steady workload maps into memory it held before, and trimming there would only churn pages.
-            let allocated_after = state.stats.allocated_bytes.current + alloc.size;
-            let budget = ((allocated_after as f64 * (1.0 + slack)) as u64).max(state.stats.reserved_bytes.peak);
-            let excess = (state.reserved() + missing).saturating_sub(budget).min(missing);
-            if excess > 0 {
-                let (round, mut trimmed) = (state.cleanup_round, 0);
-                for a in 0..state.arenas.len() {
-                    if state.arenas[a].virtual_segments && trimmed < excess {
-                        trimmed += self.unmap_free_pages(state, a, round, 0, excess - trimmed).1;
-                    }
+        // Give back free mapped pages elsewhere first when the mapping would pass the budget: the limit, and with
+        // `mapped_slack` the live set's share. Trimming just the excess here, rather than failing and letting the
+        // retry release cached memory the size of the whole request, keeps the other cached pages mapped.
+        let limit = state.stats.limit_bytes;
+        let budget = self.mapped_budget(state, alloc.size).min(limit.unwrap_or(u64::MAX));
+        let excess = (state.reserved() + missing).saturating_sub(budget).min(missing);
+        if excess > 0 {
+            let (round, mut trimmed) = (state.cleanup_round, 0);
+            for a in 0..state.arenas.len() {
+                if state.arenas[a].virtual_segments && trimmed < excess {
+                    trimmed += self.unmap_free_pages(state, a, round, 0, excess - trimmed).1;
                 }
             }
         }
-        let limit = state.stats.limit_bytes;
         let result = if limit.is_some_and(|l| state.reserved() + missing > l) {
             Err(Shortfall::Limit)
         } else {
@@ -593,6 +590,17 @@ impl<B: Backend> Pool<B> {
                 Err(shortfall)
             }
         }
+    }
+
+    /// The reserved bytes above which [`Pool::map_withheld`] trims before mapping, for an allocation of `size`
+    /// bytes being added: with `mapped_slack`, the larger of `(1 + slack) × allocated` and the peak of reserved
+    /// memory (below its previous peak, a steady workload maps into memory it held before, and trimming there
+    /// would only churn pages); without, no budget.
+    #[inline(always)]
+    fn mapped_budget(&self, state: &State<B::Segment>, size: u64) -> u64 {
+        let Some(slack) = self.config.mapped_slack else { return u64::MAX };
+        let allocated_after = state.stats.allocated_bytes.current + size;
+        ((allocated_after as f64 * (1.0 + slack)) as u64).max(state.stats.reserved_bytes.peak)
     }
 
     /// Gives back a block taken on withheld pages that could not be mapped, and withholds the pages again.

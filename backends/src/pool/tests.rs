@@ -103,13 +103,16 @@ fn virtual_segments_unmap_free_holes_under_pressure() {
     let big = pool.allocate(50 * MIB, S0).unwrap();
     let s = pool.stats();
     assert!(s.reserved_bytes.current <= 100 * MIB, "{s:?}");
-    assert_eq!(s.num_alloc_retries, 1);
+    assert!(s.num_device_free > 0, "holes were unmapped: {s:?}");
+    assert_eq!(s.num_alloc_retries, 0, "in place, before mapping: no failed attempt and retry: {s:?}");
     pool.free(&big).unwrap();
     for b in blocks.iter().skip(1).step_by(2) {
         pool.free(b).unwrap();
     }
+    // The trim took only what the limit needed: 100 MiB stay mapped, and all of it goes back.
+    assert_eq!(pool.stats().reserved_bytes.current, 100 * MIB);
     let report = pool.release_cached();
-    assert_eq!(report.bytes_released, 90 * MIB, "every mapped page goes back, with the empty reservation");
+    assert_eq!(report.bytes_released, 100 * MIB, "every mapped page goes back, with the empty reservation");
     assert_eq!(pool.stats().reserved_bytes.current, 0);
     assert_eq!(pool.backend().physical_in_use(), 0);
 }
@@ -212,6 +215,36 @@ fn virtual_segments_place_blocks_on_the_mapped_part_of_a_hole() {
         pool.free(&block).unwrap();
     }
     assert_eq!(pool.stats().allocated_bytes.current, 0);
+}
+
+#[test]
+fn a_remap_at_the_limit_unmaps_only_what_the_limit_needs() {
+    let config = PoolConfig {
+        segment_mode: SegmentMode::Virtual,
+        mapped_slack: None,
+        limit: Some(Limit::Bytes(64 * MIB)),
+        ..PoolConfig::default()
+    };
+    let pool = Pool::new(SimBackend::new("sim0", 8 << 30), config).unwrap();
+    // 48 MiB mapped under a 64 MiB limit; freeing two 16 MiB blocks leaves 32 MiB of mapped holes, apart.
+    let [a, b, c] = [16 * MIB, 16 * MIB, 16 * MIB].map(|size| pool.allocate(size, S0).unwrap());
+    pool.free(&a).unwrap();
+    pool.free(&c).unwrap();
+    assert_eq!(pool.stats().reserved_bytes.current, 48 * MIB);
+    // 40 MiB fits no hole: the end of the reservation, past c's hole, needs 24 new MiB (c's pages are reused),
+    // 8 over the limit. Only those 8 MiB of a's hole are unmapped, in place, with no failed attempt and retry.
+    let d = pool.allocate(40 * MIB, S0).unwrap();
+    assert_eq!(d.offset, c.offset);
+    let s = pool.stats();
+    assert_eq!(s.reserved_bytes.current, 64 * MIB, "the limit is used, not undercut: {s:?}");
+    assert_eq!((s.num_alloc_retries, s.num_ooms), (0, 0), "{s:?}");
+    // The 8 MiB of a's hole still mapped serve a request there with no device call.
+    let maps = s.num_device_alloc;
+    let e = pool.allocate(8 * MIB, S0).unwrap();
+    assert_eq!(pool.stats().num_device_alloc, maps);
+    for block in [b, d, e] {
+        pool.free(&block).unwrap();
+    }
 }
 
 #[test]
