@@ -145,8 +145,8 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
         Ok(())
     }
 
-    fn raw_write(&self, offset: usize, data: &[T]) -> Result<()> {
-        let Some(block) = &self.block else { return Ok(()) };
+    fn raw_write(&mut self, offset: usize, data: &[T]) -> Result<()> {
+        let Some(block) = &mut self.block else { return Ok(()) };
         let bytes: &[u8] = bytemuck::cast_slice(data);
         block.write((offset * std::mem::size_of::<T>()) as u64, bytes)?;
         if let Some(track) = &self.track {
@@ -188,10 +188,11 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
         if self.meta.read_only && self.filled {
             return Err(Error::ReadOnly { label: self.meta.label.clone() });
         }
-        let Some(block) = &self.block else { return Ok(()) };
+        let size_bytes = self.size_bytes();
+        let Some(block) = &mut self.block else { return Ok(()) };
         let pattern: &[u8] = bytemuck::bytes_of(&value);
         if pattern.iter().all(|&b| b == pattern[0]) {
-            block.fill(0, self.size_bytes(), pattern[0])?;
+            block.fill(0, size_bytes, pattern[0])?;
         } else {
             // Write the pattern in chunks of at most 1 MiB.
             let per_chunk = ((1 << 20) / std::mem::size_of::<T>()).clamp(1, self.len);

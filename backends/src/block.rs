@@ -200,8 +200,9 @@ impl OwnedBlock {
         self.handle.requested == 0
     }
 
-    /// Copies `src` into the block at `offset`.
-    pub fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
+    /// Copies `src` into the block at `offset`. Takes `&mut self`: no slice from [`OwnedBlock::host_bytes`] may
+    /// be alive while the bytes under it change (and `src` cannot be one of this block's own).
+    pub fn write(&mut self, offset: u64, src: &[u8]) -> Result<()> {
         self.check_range(offset, src.len() as u64)?;
         self.pool.write(&self.handle, offset, src)
     }
@@ -212,8 +213,8 @@ impl OwnedBlock {
         self.pool.read(&self.handle, offset, dst)
     }
 
-    /// Sets `len` bytes at `offset` to `value`.
-    pub fn fill(&self, offset: u64, len: u64, value: u8) -> Result<()> {
+    /// Sets `len` bytes at `offset` to `value`. Takes `&mut self`, as [`OwnedBlock::write`] does.
+    pub fn fill(&mut self, offset: u64, len: u64, value: u8) -> Result<()> {
         self.check_range(offset, len)?;
         self.pool.fill(&self.handle, offset, len, value)
     }

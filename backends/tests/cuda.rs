@@ -418,7 +418,7 @@ fn pinned_memory_is_a_host_slice_and_usable_by_kernels() {
     let got = from_bytes(out.host_bytes().unwrap());
     assert!(got.iter().zip(&data).all(|(g, d)| *g == d * 3.0));
     // Asynchronous copies from pinned memory on a stream: pinned -> device -> pinned.
-    let dev_buf = CudaBuffer::allocate(&device, n as u64 * 4, s).unwrap();
+    let mut dev_buf = CudaBuffer::allocate(&device, n as u64 * 4, s).unwrap();
     dev_buf.copy_from_async(0, &host, 0, n as u64 * 4, s).unwrap();
     out.host_bytes_mut().unwrap().fill(0);
     out.copy_from_async(0, &dev_buf, 0, n as u64 * 4, s).unwrap();
@@ -433,7 +433,7 @@ fn read_only_memory_is_filled_once_and_refuses_writes() {
     let ro =
         dev.caching_pool(PoolPlacement::ReadOnly, PoolConfig { zero_on_alloc: true, ..PoolConfig::default() }).unwrap();
     let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
-    let buf = CudaBuffer::from_bytes(&ro, &data, StreamId(0)).unwrap();
+    let mut buf = CudaBuffer::from_bytes(&ro, &data, StreamId(0)).unwrap();
     assert!(buf.is_read_only());
     assert_eq!(buf.to_vec().unwrap(), data);
     let unsupported = |r: Result<(), Error>| matches!(r, Err(Error::Unsupported { .. }));
@@ -579,10 +579,10 @@ fn copies_between_host_and_device_and_device_and_device() {
     let other = dev.caching_pool(PoolPlacement::DeviceLocal, PoolConfig::default()).unwrap();
     let s = StreamId(0);
     let data: Vec<u8> = (0..5_000_017u32).map(|i| (i % 253) as u8).collect();
-    let a = CudaBuffer::allocate(&plain, data.len() as u64, s).unwrap();
+    let mut a = CudaBuffer::allocate(&plain, data.len() as u64, s).unwrap();
     a.write(0, &data).unwrap();
     assert_eq!(a.to_vec().unwrap(), data);
-    let b = CudaBuffer::zeroed(&other, data.len() as u64, s).unwrap();
+    let mut b = CudaBuffer::zeroed(&other, data.len() as u64, s).unwrap();
     b.copy_from(0, &a, 0, data.len() as u64).unwrap();
     assert_eq!(b.to_vec().unwrap(), data);
     // Partial copies at offsets, and bounds.

@@ -111,7 +111,7 @@ impl CudaBuffer {
     }
 
     /// Blocking copy from the host (ordered after all queued work of the context).
-    pub fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
+    pub fn write(&mut self, offset: u64, src: &[u8]) -> Result<()> {
         self.check(offset, src.len() as u64)?;
         self.pool.pool().write(&self.handle, offset, src)
     }
@@ -130,7 +130,7 @@ impl CudaBuffer {
     }
 
     /// Copy from the host queued on the buffer's stream, which is then synchronized.
-    pub fn write_on_stream(&self, offset: u64, src: &[u8]) -> Result<()> {
+    pub fn write_on_stream(&mut self, offset: u64, src: &[u8]) -> Result<()> {
         self.check(offset, src.len() as u64)?;
         self.refuse_read_only()?;
         interop::upload(self.pool.pool(), &self.handle, offset, src, self.stream)
@@ -138,7 +138,7 @@ impl CudaBuffer {
 
     /// Blocking copy of `len` bytes from `src` at `src_offset` to this buffer at `dst_offset` (device↔device,
     /// pinned↔device, across pools of the same device), ordered after all queued work of the context.
-    pub fn copy_from(&self, dst_offset: u64, src: &CudaBuffer, src_offset: u64, len: u64) -> Result<()> {
+    pub fn copy_from(&mut self, dst_offset: u64, src: &CudaBuffer, src_offset: u64, len: u64) -> Result<()> {
         self.check(dst_offset, len)?;
         src.check(src_offset, len)?;
         self.refuse_read_only()?;
@@ -151,7 +151,7 @@ impl CudaBuffer {
     /// Copy of `len` bytes from `src` queued on `stream` (asynchronous; both are device or pinned memory).
     /// Marks both buffers as used on `stream` when it is not their own.
     pub fn copy_from_async(
-        &self,
+        &mut self,
         dst_offset: u64,
         src: &CudaBuffer,
         src_offset: u64,
@@ -180,16 +180,20 @@ impl CudaBuffer {
         self.pool.pool().view_mut(&self.handle, stream)
     }
 
-    /// The bytes as a host slice, for pinned memory. Pinned memory is not synchronized with the device:
-    /// synchronize the streams that write it first.
+    /// The bytes as a host slice, for pinned memory; `None` for device memory and when the context cannot be
+    /// synchronized. Synchronizes the context first, so no copy or kernel queued before is still writing the
+    /// bytes; while the slice lives nothing new can be (writes and writable views take `&mut self`).
     pub fn host_bytes(&self) -> Option<&[u8]> {
         let host = self.host?;
+        self.pool.backend().synchronize().ok()?;
         Some(raw::host_slice(self, host, self.len() as usize))
     }
 
-    /// The bytes as a mutable host slice, for pinned memory (not for read-only pools, which are device memory).
+    /// The bytes as a mutable host slice, for pinned memory (not for read-only pools, which are device memory);
+    /// synchronizes the context first, as [`CudaBuffer::host_bytes`] does.
     pub fn host_bytes_mut(&mut self) -> Option<&mut [u8]> {
         let host = self.host?;
+        self.pool.backend().synchronize().ok()?;
         let len = self.len() as usize;
         Some(raw::host_slice_mut(self, host, len))
     }

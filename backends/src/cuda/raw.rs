@@ -153,7 +153,10 @@ pub(super) fn host_fill(addr: usize, len: usize, value: u8) {
 pub(super) fn host_slice<O>(owner: &O, addr: usize, len: usize) -> &[u8] {
     let _ = owner;
     // SAFETY: `addr` is the host address of `owner`'s live pinned block of at least `len` bytes (checked by the
-    // caller); the block is not freed while `owner` exists, and pinned memory is plain initialised bytes.
+    // caller), and pinned memory is plain initialised bytes. `owner` frees the block only when dropped; the
+    // caller synchronized the context, and every write through `owner` (copies, writable views) takes `&mut`, so
+    // the bytes do not change while the slice lives. Not yet excluded: a caller that passes `owner.handle()` to
+    // the pool's own `free` or `write` meanwhile (CHANGELOG, Known issues).
     unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
 }
 

@@ -863,32 +863,58 @@ impl<B: Backend> Pool<B> {
         Some((arena.entry(block.segment)?.handle.clone(), block.offset))
     }
 
-    fn live_segment(&self, block: &BlockHandle, offset: u64, len: u64) -> Result<B::Segment> {
+    /// Runs `op` on the segment holding live `block` once `[offset, offset + len)` is checked to lie inside it.
+    /// Where the memory is host-addressable the pool's lock is held throughout: a copy that looked the block up
+    /// and then let go of the lock could land after another thread (holding a clone of the handle) freed the
+    /// block and the segment was destroyed (host memory read or written after it was freed), or after the
+    /// memory went to another block whose host slice is borrowed. Device memory is copied without the lock, so
+    /// that a blocking device copy (which waits for queued work) does not stall every allocation of the pool;
+    /// there a copy racing a free of the same block is the caller's data race, as with any device pointer.
+    fn with_live_segment<R>(
+        &self,
+        block: &BlockHandle,
+        offset: u64,
+        len: u64,
+        op: impl FnOnce(&B::Segment) -> Result<R>,
+    ) -> Result<R> {
         let end = offset.checked_add(len).ok_or_else(|| Error::SizeOverflow { what: "offset + length".into() })?;
         if end > block.size {
             return Err(Error::OutOfBounds(format!("range {offset}..{end} outside a block of {} bytes", block.size)));
         }
-        self.segment_of(block)
-            .map(|(s, _)| s)
-            .ok_or_else(|| Error::UnknownBlock(format!("{block:?} in pool {}", self.backend.name())))
+        let state = self.state.lock();
+        let segment = state
+            .arenas
+            .get(block.arena as usize)
+            .filter(|arena| arena.engine.block(block.block).is_some())
+            .and_then(|arena| arena.entry(block.segment))
+            .ok_or_else(|| Error::UnknownBlock(format!("{block:?} in pool {}", self.backend.name())))?;
+        if self.backend.host_ptr(&segment.handle, 0).is_some() {
+            return op(&segment.handle);
+        }
+        let segment = segment.handle.clone();
+        drop(state);
+        op(&segment)
     }
 
-    /// Copies `src` into the block at `offset`. Errors if the range leaves the block.
+    /// Copies `src` into the block at `offset`. Errors if the range leaves the block or the block is not live.
     pub fn write(&self, block: &BlockHandle, offset: u64, src: &[u8]) -> Result<()> {
-        let segment = self.live_segment(block, offset, src.len() as u64)?;
-        self.backend.write(&segment, block.offset + offset, src)
+        self.with_live_segment(block, offset, src.len() as u64, |segment| {
+            self.backend.write(segment, block.offset + offset, src)
+        })
     }
 
-    /// Copies the block's bytes at `offset` into `dst`. Errors if the range leaves the block.
+    /// Copies the block's bytes at `offset` into `dst`. Errors if the range leaves the block or the block is not
+    /// live.
     pub fn read(&self, block: &BlockHandle, offset: u64, dst: &mut [u8]) -> Result<()> {
-        let segment = self.live_segment(block, offset, dst.len() as u64)?;
-        self.backend.read(&segment, block.offset + offset, dst)
+        let len = dst.len() as u64;
+        self.with_live_segment(block, offset, len, |segment| self.backend.read(segment, block.offset + offset, dst))
     }
 
-    /// Sets `len` bytes at `offset` to `value`. Errors if the range leaves the block.
+    /// Sets `len` bytes at `offset` to `value`. Errors if the range leaves the block or the block is not live.
     pub fn fill(&self, block: &BlockHandle, offset: u64, len: u64, value: u8) -> Result<()> {
-        let segment = self.live_segment(block, offset, len)?;
-        self.backend.fill(&segment, block.offset + offset, len, value)
+        self.with_live_segment(block, offset, len, |segment| {
+            self.backend.fill(segment, block.offset + offset, len, value)
+        })
     }
 
     /// Host address of the block's first byte when its memory is host-addressable.
