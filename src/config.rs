@@ -282,6 +282,21 @@ mod tests {
             let text = err.to_string();
             assert!(text.contains(var) && text.contains("expected"), "{var}: {text}");
         }
+        // An unknown backend: the message quotes the value with the unknown name and lists the names accepted.
+        // The fields are checked, not the text, since the value itself already contains "cuda".
+        let err =
+            UmmConfig::default().apply_vars(|k| (k == "UMM_BACKENDS").then(|| "cuda,metal".to_string())).unwrap_err();
+        let text = err.to_string();
+        match &err {
+            Error::InvalidEnv { var: "UMM_BACKENDS", value, expected } => {
+                assert_eq!(value, "cuda,metal", "{text}");
+                assert!(text.contains("metal"), "the unknown name is in the message: {text}");
+                for known in ["cuda", "opencl", "wgpu"] {
+                    assert!(expected.contains(known), "the accepted list names {known}: {text}");
+                }
+            }
+            other => panic!("UMM_BACKENDS=cuda,metal should be InvalidEnv for UMM_BACKENDS, got {other:?}"),
+        }
         let err = UmmConfig::default()
             .apply_vars(|k| match k {
                 "UMM_SMALL_MAX" => Some("32MiB".into()),

@@ -63,8 +63,14 @@ fn length_mismatches_are_errors() {
     assert!(matches!(err, Error::LengthMismatch { op: "write", buffer_len: 10, given_len: 3 }), "{err}");
     let mut out = vec![0u32; 11];
     assert!(matches!(x.read(&mut out), Err(Error::LengthMismatch { op: "read", .. })));
-    assert!(x.write_at(8, &[1, 2, 3]).is_err(), "past the end");
-    assert!(x.write_at(11, &[]).is_err(), "offset past the end");
+    // `buffer_len` counts the elements from the offset on: 2 after offset 8, none after an offset past the end.
+    let err = x.write_at(8, &[1, 2, 3]).unwrap_err();
+    assert!(matches!(err, Error::LengthMismatch { op: "write", buffer_len: 2, given_len: 3 }), "past the end: {err}");
+    let err = x.write_at(11, &[]).unwrap_err();
+    assert!(
+        matches!(err, Error::LengthMismatch { op: "write", buffer_len: 0, given_len: 0 }),
+        "offset past the end: {err}"
+    );
     x.write_at(7, &[1, 2, 3]).unwrap();
 }
 
@@ -85,24 +91,33 @@ fn read_only_buffers_refuse_writes_after_their_fill() {
 #[test]
 fn zeroed_allocation_reads_zero_after_dirty_reuse() {
     let mm = UniversalMemoryManager::builder().backends(false, false, false).build().unwrap();
-    for _ in 0..3 {
+    for round in 0..3 {
         let mut dirty = mm.allocate_universal::<u8>(4096, Placement::Auto).unwrap();
         dirty.fill(0xAB).unwrap();
+        let dirty_at = block_identity(&dirty);
         drop(dirty);
+        // Same size and placement, so the pool hands back the block just freed: the zeroing is what cleans it.
         let clean = mm.allocate_universal_with::<u8>(4096, AllocOptions::new().zeroed(true)).unwrap();
-        assert!(clean.to_vec().unwrap().iter().all(|&b| b == 0));
+        assert_eq!(block_identity(&clean), dirty_at, "round {round}: the zeroed buffer got the dirty buffer's block");
+        assert!(clean.to_vec().unwrap().iter().all(|&b| b == 0), "round {round}: a reused dirty block reads zero");
     }
-    let stats = mm.global_memory_stats();
-    assert!(stats.total.cache_hits >= 4, "the dirty block was reused: {:?}", stats.total);
 }
 
-/// Pooled buffers, reused after being dirtied, compute exactly what fresh memory computes.
+/// Where a buffer's block lies in its pool (key, offset, segment): equal for two buffers means the later one
+/// reuses the earlier one's memory.
+fn block_identity<T: bytemuck::Pod>(buffer: &umm::UniversalBuffer<T>) -> (u64, u64, u32) {
+    let block = buffer.block().expect("a non-empty buffer has a block");
+    (block.key(), block.offset(), block.segment_index())
+}
+
+/// Pooled buffers, reused after being dirtied, compute exactly what fresh memory computes. The kernel accumulates
+/// into its output (`c += a * b`), so a reused output block that was not really zeroed would change the result.
 #[test]
 fn pooled_and_direct_buffers_compute_bit_identical_results() {
-    fn matmul(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize) {
+    fn matmul_accumulate(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize) {
         for i in 0..m {
             for j in 0..n {
-                c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+                c[i * n + j] += (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum::<f32>();
             }
         }
     }
@@ -110,7 +125,8 @@ fn pooled_and_direct_buffers_compute_bit_identical_results() {
     let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 / 999.0 - 0.5).collect();
     let b: Vec<f32> = (0..k * n).map(|i| ((i * 104729) % 1000) as f32 / 997.0 - 0.5).collect();
     let mut reference = vec![0.0; m * n];
-    matmul(&a, &b, &mut reference, m, k, n);
+    matmul_accumulate(&a, &b, &mut reference, m, k, n);
+    let poison = f32::from_ne_bytes([umm::backends::pool::POISON_BYTE; 4]);
     for strategy in [Strategy::Pooled, Strategy::Direct] {
         let mm = UniversalMemoryManager::builder()
             .backends(false, false, false)
@@ -127,8 +143,25 @@ fn pooled_and_direct_buffers_compute_bit_identical_results() {
             let _pad = mm.allocate_universal::<u8>(13 + round, Placement::Auto).unwrap();
             let ab = mm.allocate_universal_from(&a, Placement::Auto).unwrap();
             let bb = mm.allocate_universal_from(&b, Placement::Auto).unwrap();
-            let mut cb = mm.allocate_universal::<f32>(m * n, Placement::Auto).unwrap();
-            matmul(ab.as_slice().unwrap(), bb.as_slice().unwrap(), cb.as_mut_slice().unwrap(), m, k, n);
+            // A dirty block of exactly the output's size, freed (and poisoned) right before the output is taken.
+            let mut dirty = mm.allocate_universal::<f32>(m * n, Placement::Auto).unwrap();
+            dirty.fill(f32::NAN).unwrap();
+            let dirty_at = block_identity(&dirty);
+            drop(dirty);
+            if strategy == Strategy::Pooled {
+                // Control: without zeroing, the reused block still holds the poison that accumulation would add.
+                let stale = mm.allocate_universal::<f32>(m * n, Placement::Auto).unwrap();
+                assert_eq!(block_identity(&stale), dirty_at, "round {round}: the pool reuses the freed block");
+                assert!(
+                    stale.to_vec().unwrap().iter().all(|v| v.to_bits() == poison.to_bits()),
+                    "round {round}: a reused block that is not zeroed holds the poison"
+                );
+            }
+            let mut cb = mm.allocate_universal_with::<f32>(m * n, AllocOptions::new().zeroed(true)).unwrap();
+            if strategy == Strategy::Pooled {
+                assert_eq!(block_identity(&cb), dirty_at, "round {round}: the zeroed output reuses the dirty block");
+            }
+            matmul_accumulate(ab.as_slice().unwrap(), bb.as_slice().unwrap(), cb.as_mut_slice().unwrap(), m, k, n);
             let got = cb.to_vec().unwrap();
             assert!(got.iter().zip(&reference).all(|(x, y)| x.to_bits() == y.to_bits()), "{strategy} round {round}");
         }

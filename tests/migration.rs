@@ -2,6 +2,7 @@
 //! each device's DeviceLocal, HostPinned and ReadOnly pools: PoCL and lavapipe where installed, CUDA where
 //! present), odd lengths, empty buffers, read-only targets and unknown devices.
 
+use umm::backends::{skip_or_fail, BackendKind};
 use umm::{
     AccessPattern, AllocOptions, DeviceSelector, Error, MigrateTo, MigrationPath, Placement, PoolKind, UniversalBuffer,
     UniversalMemoryManager,
@@ -20,8 +21,21 @@ struct Target {
     kind: PoolKind,
 }
 
+/// For each accelerator API that no device of `mm` offers, prints that `test` does not cover it, or fails when
+/// `UMM_REQUIRE_BACKENDS` names it: the per-device loops would otherwise pass silently over no devices.
+fn report_missing_apis(mm: &UniversalMemoryManager, test: &str) {
+    for api in [BackendKind::Cuda, BackendKind::OpenCl, BackendKind::Wgpu] {
+        let present = mm.devices().iter().any(|d| d.api_infos().iter().any(|i| i.api == api));
+        if !present {
+            let discovery = if mm.skipped().is_empty() { "nothing skipped".into() } else { mm.skipped().join("; ") };
+            skip_or_fail(&api.to_string(), &format!("{test}: no {api} device ({discovery})"));
+        }
+    }
+}
+
 /// Host memory, then every (device, pool kind) that the machine's accelerators offer.
 fn targets(mm: &UniversalMemoryManager) -> Vec<Target> {
+    report_missing_apis(mm, "migration round trips");
     let mut out = vec![Target {
         name: "host".into(),
         to: MigrateTo::new(Placement::Auto).device(DeviceSelector::Host),
@@ -168,6 +182,7 @@ fn a_missing_device_is_an_error_that_returns_the_buffer() {
 fn copy_to_keeps_the_source_and_device_copies_stay_on_the_device() {
     let mm = manager();
     let data = pattern(3 << 20, |i| (i % 249) as u8);
+    report_missing_apis(&mm, "device-to-device copies");
     for device in mm.devices().iter().skip(1) {
         let on = |p: Placement| MigrateTo::new(p).device(DeviceSelector::Index(device.index()));
         let a = mm.allocate_universal_from(&data, Placement::Auto).unwrap().migrate(&mm, on(Placement::DeviceLocal));

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 use umm::backends::cuda::cudarc::driver::CudaContext;
-use umm::backends::BackendKind;
+use umm::backends::{skip_or_fail, BackendKind};
 use umm::{
     Device, DeviceSelector, MigrateTo, MigrationPath, Placement, SegmentMode, UmmConfig, UniversalMemoryManager,
 };
@@ -27,11 +27,18 @@ fn two_gpus(mode: SegmentMode) -> Option<(UniversalMemoryManager, Vec<usize>)> {
     let mm = UniversalMemoryManager::builder().config(config).build().unwrap();
     let gpus: Vec<usize> = mm.devices().iter().filter(|d| cuda_ordinal(d).is_some()).map(|d| d.index()).collect();
     if gpus.len() < 2 {
-        eprintln!(
-            "skipping multi-GPU test: {} CUDA device(s) found, 2 needed{}",
+        let reason = format!(
+            "multi-GPU test: {} CUDA device(s) found, 2 needed{}",
             gpus.len(),
             if mm.skipped().is_empty() { String::new() } else { format!(" ({})", mm.skipped().join("; ")) }
         );
+        // No CUDA device at all fails when `UMM_REQUIRE_BACKENDS` names cuda; a single GPU is CUDA present, just
+        // not enough of it, so that only skips.
+        if gpus.is_empty() {
+            skip_or_fail("cuda", &reason);
+        } else {
+            eprintln!("skipping {reason}");
+        }
         return None;
     }
     Some((mm, gpus))
