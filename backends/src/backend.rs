@@ -113,19 +113,19 @@ pub trait Backend: Send + Sync + 'static {
     /// operation that unmapped pages, so that kept pages never outlive the operation.
     fn release_spare_pages(&self) {}
 
-    /// Copies `src` into the segment at `offset`. Called with the pool's
-    /// lock held when the segment is host-addressable ([`Backend::host_ptr`]), so that the block cannot be freed
-    /// during the copy; without it otherwise.
+    /// Copies `src` into the segment at `offset`. Called with the pool's lock held when the segment is
+    /// host-addressable ([`Backend::host_ptr`]), so that the block cannot be freed during the copy; without it
+    /// otherwise.
     fn write(&self, segment: &Self::Segment, offset: u64, src: &[u8]) -> Result<()>;
 
-    /// Copies bytes at `offset` of the segment into `dst`. Called with the pool's
-    /// lock held when the segment is host-addressable ([`Backend::host_ptr`]), so that the block cannot be freed
-    /// during the copy; without it otherwise.
+    /// Copies bytes at `offset` of the segment into `dst`. Called with the pool's lock held when the segment is
+    /// host-addressable ([`Backend::host_ptr`]), so that the block cannot be freed during the copy; without it
+    /// otherwise.
     fn read(&self, segment: &Self::Segment, offset: u64, dst: &mut [u8]) -> Result<()>;
 
-    /// Sets `len` bytes at `offset` to `value`. Called with the pool's
-    /// lock held when the segment is host-addressable ([`Backend::host_ptr`]), so that the block cannot be freed
-    /// during the copy; without it otherwise. The default writes in chunks.
+    /// Sets `len` bytes at `offset` to `value`, in chunks by default. Called with the pool's lock held when the
+    /// segment is host-addressable ([`Backend::host_ptr`]), so that the block cannot be freed during the copy;
+    /// without it otherwise.
     fn fill(&self, segment: &Self::Segment, offset: u64, len: u64, value: u8) -> Result<()> {
         const CHUNK: u64 = 1 << 20;
         let chunk = vec![value; CHUNK.min(len) as usize];

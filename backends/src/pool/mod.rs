@@ -858,9 +858,7 @@ impl<B: Backend> Pool<B> {
     /// The backend segment holding `block`, and the block's offset in it; `None` if the block is not live.
     pub fn segment_of(&self, block: &BlockHandle) -> Option<(B::Segment, u64)> {
         let state = self.state.lock();
-        let arena = state.arenas.get(block.arena as usize)?;
-        arena.engine.block(block.block)?;
-        Some((arena.entry(block.segment)?.handle.clone(), block.offset))
+        Some((state.live_entry(block)?.handle.clone(), block.offset))
     }
 
     /// Runs `op` on the segment holding live `block` once `[offset, offset + len)` is checked to lie inside it.
@@ -883,10 +881,7 @@ impl<B: Backend> Pool<B> {
         }
         let state = self.state.lock();
         let segment = state
-            .arenas
-            .get(block.arena as usize)
-            .filter(|arena| arena.engine.block(block.block).is_some())
-            .and_then(|arena| arena.entry(block.segment))
+            .live_entry(block)
             .ok_or_else(|| Error::UnknownBlock(format!("{block:?} in pool {}", self.backend.name())))?;
         if self.backend.host_ptr(&segment.handle, 0).is_some() {
             return op(&segment.handle);
@@ -947,6 +942,13 @@ impl<B: Backend> Drop for Pool<B> {
 }
 
 impl<S> State<S> {
+    /// The entry of the segment holding `block`, if the block is live.
+    fn live_entry(&self, block: &BlockHandle) -> Option<&SegmentEntry<S>> {
+        let arena = self.arenas.get(block.arena as usize)?;
+        arena.engine.block(block.block)?;
+        arena.entry(block.segment)
+    }
+
     /// The arena of `stream` for `class`, if the stream has been used. O(streams), a handful.
     #[inline(always)]
     fn arena_of(&self, stream: StreamId, class: ArenaClass) -> Option<usize> {

@@ -282,6 +282,26 @@ fn streams_do_not_share_free_blocks() {
 }
 
 #[test]
+fn copies_through_a_freed_or_stale_handle_are_refused() {
+    let pool = Pool::new(HostBackend::new("host", 1 << 30), PoolConfig::default()).unwrap();
+    let a = pool.allocate(4096, S0).unwrap();
+    let stale = a.clone();
+    pool.free(&a).unwrap();
+    // The same memory goes to a new block; the old handle must reach neither it nor its segment.
+    let b = pool.allocate(4096, S0).unwrap();
+    assert_eq!((b.offset, b.segment_index()), (stale.offset, stale.segment_index()), "the block is reused");
+    pool.write(&b, 0, &[7; 16]).unwrap();
+    let unknown = |r: Result<()>| matches!(r, Err(Error::UnknownBlock(_)));
+    assert!(unknown(pool.write(&stale, 0, &[1; 16])), "write through a stale handle");
+    assert!(unknown(pool.fill(&stale, 0, 16, 1)), "fill through a stale handle");
+    assert!(unknown(pool.read(&stale, 0, &mut [0; 16])), "read through a stale handle");
+    let mut got = [0; 16];
+    pool.read(&b, 0, &mut got).unwrap();
+    assert_eq!(got, [7; 16], "the new block's bytes are untouched");
+    pool.free(&b).unwrap();
+}
+
+#[test]
 fn host_pool_moves_bytes_zeroes_and_poisons() {
     let config = PoolConfig { poison_on_free: true, ..PoolConfig::default() };
     let pool = Pool::new(HostBackend::new("host", 1 << 30), config).unwrap();
