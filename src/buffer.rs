@@ -7,7 +7,7 @@ use crate::registry::Device;
 use crate::{Error, Result};
 use std::marker::PhantomData;
 use std::sync::Arc;
-use umm_backends::{BlockHandle, MemoryPool, OwnedBlock};
+use umm_backends::{BlockInfo, MemoryPool, OwnedBlock};
 use umm_placement::{AccessPattern, Decision, Placement, PoolKind, TrackId, UsageTracker};
 
 pub(crate) struct BufferMeta {
@@ -113,9 +113,10 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
         self.meta.read_only
     }
 
-    /// The pool block behind the buffer (`None` for an empty buffer), for backend interop.
-    pub fn block(&self) -> Option<&BlockHandle> {
-        self.block.as_ref().map(OwnedBlock::handle)
+    /// Where the buffer's block lies in its pool (`None` for an empty buffer): key, segment, offset, sizes. Plain
+    /// numbers: the block's handle stays with the buffer, which alone may free it or touch its bytes.
+    pub fn block_info(&self) -> Option<BlockInfo> {
+        self.block.as_ref().map(OwnedBlock::info)
     }
 
     /// The pool the buffer came from (`None` for an empty buffer), for backend interop

@@ -49,7 +49,7 @@ pub use profiler::{CallSite, Event, EventKind, LeakReport, LiveAllocation, Profi
 pub use registry::Device;
 pub use stats::{DeviceStats, GlobalMemoryStats, PoolStatsEntry};
 
-pub use umm_backends::{Limit, PoolStats, SegmentMode, Strategy, StreamId};
+pub use umm_backends::{BlockInfo, Limit, PoolStats, SegmentMode, Strategy, StreamId};
 pub use umm_placement::{
     AccessPattern, Api, Decision, DeviceKind, DeviceSelector, Evidence, Placement, PoolKind, Recommendation,
     Recommendations, SizeClass, Subject,

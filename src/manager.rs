@@ -320,7 +320,7 @@ impl UniversalMemoryManager {
             stream: options.stream,
             label: options.label.as_deref(),
             location: std::panic::Location::caller(),
-            block_key: block.as_ref().map(|b| b.handle().key()),
+            block_key: block.as_ref().map(|b| b.info().key),
             pool_handle: block.as_ref().map(OwnedBlock::pool),
         });
         if let Some(data) = initial {

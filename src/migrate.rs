@@ -242,8 +242,8 @@ fn copy_bytes(src: &OwnedBlock, dst: &mut OwnedBlock, len: u64, staging: &Stagin
         to[..n].copy_from_slice(&from[..n]);
         return Ok(MigrationPath::HostMemcpy);
     }
-    if let Some(path) = fast::device_copy(src, dst, len)? {
-        return Ok(path);
+    if let Some(path) = dst.copy_on_device_from(src, len)? {
+        return Ok(path.into());
     }
     if let Some(from) = src.host_bytes() {
         for (offset, n) in chunks(len) {

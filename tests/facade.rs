@@ -106,8 +106,8 @@ fn zeroed_allocation_reads_zero_after_dirty_reuse() {
 /// Where a buffer's block lies in its pool (key, offset, segment): equal for two buffers means the later one
 /// reuses the earlier one's memory.
 fn block_identity<T: bytemuck::Pod>(buffer: &umm::UniversalBuffer<T>) -> (u64, u64, u32) {
-    let block = buffer.block().expect("a non-empty buffer has a block");
-    (block.key(), block.offset(), block.segment_index())
+    let block = buffer.block_info().expect("a non-empty buffer has a block");
+    (block.key, block.offset, block.segment)
 }
 
 /// Pooled buffers, reused after being dirtied, compute exactly what fresh memory computes. The kernel accumulates

@@ -150,7 +150,7 @@ fn empty_buffers_migrate_everywhere() {
     for t in targets(&mm) {
         let empty = mm.allocate_universal::<f64>(0, Placement::Auto).unwrap();
         let mut moved = empty.migrate(&mm, t.to).unwrap();
-        assert!(moved.is_empty() && moved.block().is_none(), "{}", t.name);
+        assert!(moved.is_empty() && moved.block_info().is_none(), "{}", t.name);
         let via = moved.migrated_via().unwrap();
         assert!(matches!(via, MigrationPath::Empty | MigrationPath::FilledAtAllocation), "{}: {via}", t.name);
         assert_eq!(moved.to_vec().unwrap(), Vec::<f64>::new());

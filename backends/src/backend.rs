@@ -2,6 +2,7 @@
 //! aligned, report capacity, and move bytes. Everything else (caching, splitting, limits, statistics) lives in
 //! [`crate::Pool`], shared by every backend.
 
+pub use crate::raw::HostPtr;
 use crate::Result;
 
 /// What kind of memory a backend manages. Used in names, statistics and errors.
@@ -139,9 +140,10 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// The host address of `offset` in the segment when its memory is directly addressable from the host
-    /// (host memory, pinned or mapped memory); `None` otherwise. The pointer stays valid until the segment is
-    /// destroyed.
-    fn host_ptr(&self, segment: &Self::Segment, offset: u64) -> Option<std::ptr::NonNull<u8>> {
+    /// (host memory, pinned or mapped memory); `None` otherwise, and for an offset outside the segment. Making a
+    /// [`HostPtr`] takes an `unsafe` promise (valid until the segment is destroyed, touched only when the pool
+    /// asks), because owned blocks lend host slices of the memory behind it.
+    fn host_ptr(&self, segment: &Self::Segment, offset: u64) -> Option<HostPtr> {
         let _ = (segment, offset);
         None
     }

@@ -43,10 +43,45 @@ impl BlockHandle {
     pub fn segment_index(&self) -> u32 {
         self.segment.0
     }
+
+    /// The same facts as plain numbers.
+    pub fn info(&self) -> BlockInfo {
+        BlockInfo {
+            key: self.key(),
+            segment: self.segment.0,
+            offset: self.offset,
+            size: self.size,
+            requested: self.requested,
+        }
+    }
 }
 
-/// What every pool offers, whatever its backend: the facade holds pools as `Arc<dyn MemoryPool>`.
-pub trait MemoryPool: Send + Sync + 'static {
+/// Where a block lies in its pool, as plain numbers, for side tables, profiles and tests. Unlike a
+/// [`BlockHandle`] it grants nothing: no pool call takes one. It is all that [`OwnedBlock`] shows of its block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct BlockInfo {
+    /// See [`BlockHandle::key`].
+    pub key: u64,
+    /// See [`BlockHandle::segment_index`].
+    pub segment: u32,
+    /// See [`BlockHandle::offset`].
+    pub offset: u64,
+    /// See [`BlockHandle::size`].
+    pub size: u64,
+    /// See [`BlockHandle::requested`].
+    pub requested: u64,
+}
+
+pub(crate) mod sealed {
+    /// Only this crate's pools are [`super::MemoryPool`]s: [`super::OwnedBlock`] trusts what a pool says about
+    /// its blocks (which memory is host-addressable, that blocks do not overlap) when it lends host slices.
+    pub trait Sealed {}
+}
+
+/// What every pool offers, whatever its backend: the facade holds pools as `Arc<dyn MemoryPool>`. Sealed: it is
+/// implemented by [`Pool`] (over any [`Backend`]) and by the CUDA stream-aware pool, nothing else (a new kind of
+/// memory is a new [`Backend`]).
+pub trait MemoryPool: sealed::Sealed + Send + Sync + 'static {
     /// Pool name (device and placement).
     fn name(&self) -> &str;
     /// Kind of memory.
@@ -96,6 +131,8 @@ pub trait MemoryPool: Send + Sync + 'static {
     /// The concrete pool, for backend-specific interop (`downcast_ref::<Pool<CudaBackend>>()`).
     fn as_any(&self) -> &dyn Any;
 }
+
+impl<B: Backend> sealed::Sealed for Pool<B> {}
 
 impl<B: Backend> MemoryPool for Pool<B> {
     fn name(&self) -> &str {
@@ -158,6 +195,35 @@ impl<B: Backend> MemoryPool for Pool<B> {
 }
 
 /// A block that returns itself to its pool when dropped.
+///
+/// Its [`BlockHandle`] never leaves this crate: a handle is the capability to free, write, fill or read a block
+/// through the pool, and an owned block lends `&[u8]`/`&mut [u8]` slices of host-addressable memory that Rust's
+/// borrow rules protect only if every other access goes through the block itself. Handles cannot be forged
+/// (their fields are private) nor reused once their block is freed (block ids carry a generation), so code
+/// outside the crate reaches an owned block's bytes only through the methods below, which borrow it. Interop
+/// that needs the handle inside the crate is offered per backend ([`OwnedBlock::copy_on_device_from`], OpenCL's
+/// `block_sub_buffer`).
+///
+/// What code outside the crate sees of the block is its [`BlockInfo`]:
+/// ```
+/// # use std::sync::Arc;
+/// # use umm_backends::{HostBackend, MemoryPool, OwnedBlock, Pool, PoolConfig, StreamId};
+/// let pool: Arc<dyn MemoryPool> = Arc::new(Pool::new(HostBackend::new("host", 1 << 30), PoolConfig::default())?);
+/// let block = OwnedBlock::allocate(Arc::clone(&pool), 64, StreamId(0), false)?;
+/// assert_eq!(block.info().requested, 64);
+/// # Ok::<(), umm_backends::Error>(())
+/// ```
+/// and never the handle, so the pool cannot be asked to free (or write) the block behind the owner's back:
+/// ```compile_fail,E0624
+/// # use std::sync::Arc;
+/// # use umm_backends::{HostBackend, MemoryPool, OwnedBlock, Pool, PoolConfig, StreamId};
+/// let pool: Arc<dyn MemoryPool> = Arc::new(Pool::new(HostBackend::new("host", 1 << 30), PoolConfig::default())?);
+/// let block = OwnedBlock::allocate(Arc::clone(&pool), 64, StreamId(0), false)?;
+/// let slice = block.host_bytes().unwrap();
+/// pool.free(block.handle())?; // error[E0624]: method `handle` is private
+/// # let _ = slice;
+/// # Ok::<(), umm_backends::Error>(())
+/// ```
 pub struct OwnedBlock {
     pool: Arc<dyn MemoryPool>,
     handle: BlockHandle,
@@ -180,9 +246,15 @@ impl OwnedBlock {
         Ok(Self { pool, handle, host_addr })
     }
 
-    /// The block.
-    pub fn handle(&self) -> &BlockHandle {
+    /// The block's handle, for this crate's interop only (see the type's documentation for why it stays here).
+    #[cfg_attr(not(any(feature = "cuda", feature = "opencl", feature = "wgpu")), allow(dead_code))]
+    pub(crate) fn handle(&self) -> &BlockHandle {
         &self.handle
+    }
+
+    /// Where the block lies in its pool (key, segment, offset, sizes).
+    pub fn info(&self) -> BlockInfo {
+        self.handle.info()
     }
 
     /// The pool it came from.
@@ -233,7 +305,7 @@ impl OwnedBlock {
         Some(crate::raw::bytes_mut(self, addr, len))
     }
 
-    fn check_range(&self, offset: u64, len: u64) -> Result<()> {
+    pub(crate) fn check_range(&self, offset: u64, len: u64) -> Result<()> {
         match offset.checked_add(len) {
             Some(end) if end <= self.handle.requested => Ok(()),
             _ => Err(crate::Error::OutOfBounds(format!(

@@ -11,6 +11,7 @@ pub mod block;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device;
+mod device_copy;
 pub mod engine;
 pub mod error;
 pub mod host;
@@ -24,9 +25,10 @@ pub mod stats;
 #[path = "wgpu/mod.rs"]
 pub mod wgpu_backend;
 
-pub use backend::{Backend, BackendKind, VirtualMemory};
-pub use block::{BlockHandle, MemoryPool, OwnedBlock};
+pub use backend::{Backend, BackendKind, HostPtr, VirtualMemory};
+pub use block::{BlockHandle, BlockInfo, MemoryPool, OwnedBlock};
 pub use device::{DeviceInfo, DeviceType, Discovery, PoolPlacement};
+pub use device_copy::DevicePath;
 pub use error::{Error, Result};
 pub use host::HostBackend;
 pub use pool::{

@@ -5,25 +5,57 @@
 pub(crate) mod lock;
 
 use crate::OwnedBlock;
+use std::ptr::NonNull;
+
+/// A host address that a [`crate::Backend`] vouches for (see [`crate::Backend::host_ptr`]). Only an `unsafe`
+/// promise makes one, because [`OwnedBlock`] lends `&[u8]` and `&mut [u8]` slices of the memory behind it: a
+/// backend implemented outside this crate that returned a wrong address would otherwise turn safe code into
+/// undefined behaviour:
+/// ```compile_fail,E0133
+/// let byte = Box::leak(Box::new(0u8));
+/// let vouched = umm_backends::HostPtr::new(std::ptr::NonNull::from(byte)); // error[E0133]: requires unsafe
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostPtr(NonNull<u8>);
+
+impl HostPtr {
+    /// Vouches for `ptr` as the host address of byte `offset` of a segment that the backend created.
+    ///
+    /// # Safety
+    /// Until the backend destroys the segment, `ptr` must be valid for reads and writes of every byte from
+    /// `offset` to the segment's end, and those bytes must be initialised. The backend must not touch them
+    /// except when the pool asks it to (`write`, `read`, `fill`, `destroy_segment`), and no device may write
+    /// them other than through work that the pool's user queued.
+    pub unsafe fn new(ptr: NonNull<u8>) -> Self {
+        Self(ptr)
+    }
+
+    /// The address.
+    pub fn as_non_null(self) -> NonNull<u8> {
+        self.0
+    }
+}
 
 /// The `len` bytes at `addr`, borrowed for as long as `owner`.
 pub(crate) fn bytes(owner: &OwnedBlock, addr: usize, len: usize) -> &[u8] {
     let _ = owner;
-    // SAFETY: `addr` is the host address of `owner`'s block, which the backend reported as host-addressable and
-    // which holds at least `len` (the requested size) bytes. The pool never destroys a segment that holds a live
-    // block; `owner` frees the block only when dropped, and its own writes take `&mut self`, so while the slice
-    // lives the bytes neither go away nor change through `owner`. Copies through the pool's handle API run under
-    // the pool's lock on host-addressable memory, so none lands after a free. Not yet excluded: a caller that
-    // passes `owner.handle()` to the pool's own `free`, `write` or `fill` while the slice lives (CHANGELOG,
-    // Known issues). Every byte of host, pinned and mapped memory is initialised as far as Rust is concerned.
+    // SAFETY: `addr` is the host address of `owner`'s block, which the backend vouched for with a `HostPtr`
+    // (valid and initialised until the segment is destroyed, touched only when the pool asks) and which holds at
+    // least `len` (the requested size) bytes. The pool is one of this crate's (`MemoryPool` is sealed): it never
+    // hands out overlapping blocks nor destroys a segment that holds a live block. Nothing but `owner` can free
+    // the block or copy into it: its handle never leaves this crate (fields private, ids generation-checked, no
+    // accessor outside the crate), and the crate's own uses of it (interop, device copies) take `&mut` of the
+    // owner where they write. `owner`'s writes take `&mut self`, so while this shared slice lives the bytes
+    // neither go away nor change, except through device work the caller queued with `unsafe` (kernels) on
+    // memory it shares with the host, which is the caller's promise.
     unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
 }
 
 /// The `len` bytes at `addr`, borrowed mutably for as long as `owner`.
 pub(crate) fn bytes_mut(owner: &mut OwnedBlock, addr: usize, len: usize) -> &mut [u8] {
     let _ = owner;
-    // SAFETY: as in `bytes` (with the same gap); in addition `owner` is borrowed mutably, so no other slice of this
-    // block made through `OwnedBlock` exists, and no other block overlaps it (the engine never hands out
-    // overlapping blocks).
+    // SAFETY: as in `bytes`; in addition `owner` is borrowed mutably, so no other slice of this block exists and no
+    // read through the owner runs while this one lives, and no other block overlaps it (the engine never hands
+    // out overlapping blocks).
     unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) }
 }

@@ -341,11 +341,6 @@ impl Matmul {
     }
 }
 
-/// The concrete pool behind a `dyn MemoryPool`, for interop.
-fn ro(p: &Arc<dyn MemoryPool>) -> &Pool<OpenClBackend> {
-    p.as_any().downcast_ref::<Pool<OpenClBackend>>().unwrap()
-}
-
 fn reference(a: &[f32], b: &[f32]) -> Vec<f32> {
     let mut c = vec![0f32; M * N];
     for i in 0..M {
@@ -448,15 +443,15 @@ fn kernels_read_read_only_and_host_pinned_pool_buffers() {
             None => wb.write(0, &bytes_of(&b)).unwrap(),
         }
         let c = OwnedBlock::allocate(Arc::clone(&out_pool), (M * N * 4) as u64, S0, false).unwrap();
-        let sa = cl_sub_buffer(ro(&weights), wa.handle()).unwrap();
-        let sb = cl_sub_buffer(ro(&staging), wb.handle()).unwrap();
-        let sc = cl_sub_buffer(ro(&out_pool), c.handle()).unwrap();
+        let sa = opencl::block_sub_buffer(&wa).unwrap();
+        let sb = opencl::block_sub_buffer(&wb).unwrap();
+        let sc = opencl::block_sub_buffer(&c).unwrap();
         mm.run(&d, sa.as_raw(), sb.as_raw(), sc.as_raw(), false);
         let mut out = vec![0u8; M * N * 4];
         c.read(0, &mut out).unwrap();
         assert_bits_eq(&floats_of(&out), &fresh, "A in a ReadOnly pool, B in a HostPinned pool");
         // A sub-buffer also works through opencl3's own typed Buffer.
-        let typed: Buffer<f32> = cl_sub_buffer(ro(&weights), wa.handle()).unwrap().into_buffer();
+        let typed: Buffer<f32> = opencl::block_sub_buffer(&wa).unwrap().into_buffer();
         let mut first = vec![0f32; K];
         // SAFETY: a blocking read of K floats from a sub-buffer of M*K floats.
         unsafe { d.queue().enqueue_read_buffer(&typed, CL_BLOCKING, 0, &mut first, &[]).unwrap() };

@@ -11,10 +11,10 @@
 //! - Pinned memory is host memory: reads and writes are plain host copies and do not wait for the device.
 
 use super::raw::{self, Failure};
+use crate::HostPtr;
 use crate::{Backend, BackendKind, Error, PoolPlacement, Result, VirtualMemory};
 use cudarc::driver::CudaContext;
 use parking_lot::Mutex;
-use std::ptr::NonNull;
 use std::sync::Arc;
 
 /// One segment: a device range (plain or a virtual reservation) or a pinned host allocation.
@@ -425,7 +425,8 @@ impl Backend for CudaBackend {
         raw::ctx_synchronize().map_err(|f| self.error(f))
     }
 
-    fn host_ptr(&self, segment: &CudaSegment, offset: u64) -> Option<NonNull<u8>> {
-        segment.host_addr.and_then(|h| NonNull::new((h + offset as usize) as *mut u8))
+    fn host_ptr(&self, segment: &CudaSegment, offset: u64) -> Option<HostPtr> {
+        let host = segment.host_addr?;
+        (offset < segment.size).then(|| raw::pinned_host_ptr(host, offset as usize)).flatten()
     }
 }

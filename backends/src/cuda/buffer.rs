@@ -3,11 +3,12 @@
 
 use super::interop::{self, BlockView, BlockViewMut, CudaPoolExt};
 use super::{raw, stream_id, CudaPool};
-use crate::{Backend, BlockHandle, Error, PoolPlacement, Result, StreamId};
+use crate::{Backend, BlockHandle, BlockInfo, Error, PoolPlacement, Result, StreamId};
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
 
-/// A block of a [`CudaPool`] that returns itself to the pool when dropped. The block belongs to the stream it
+/// A block of a [`CudaPool`] that returns itself to the pool when dropped; its handle does not leave this crate
+/// (see [`CudaBuffer::info`]). The block belongs to the stream it
 /// was allocated on; using it on another stream (a view or an async copy on that stream) marks that stream with
 /// [`CudaPool::record_stream`], so the block is not reused before that stream's work is done.
 pub struct CudaBuffer {
@@ -50,9 +51,11 @@ impl CudaBuffer {
         Ok(buffer)
     }
 
-    /// The pool's block.
-    pub fn handle(&self) -> &BlockHandle {
-        &self.handle
+    /// Where the block lies in its pool (key, segment, offset, sizes). The handle itself stays in this crate, as
+    /// an [`crate::OwnedBlock`]'s does: with it, safe code could free or write the block through the pool while a
+    /// slice from [`CudaBuffer::host_bytes`] lives.
+    pub fn info(&self) -> BlockInfo {
+        self.handle.info()
     }
 
     /// The pool.

@@ -149,14 +149,26 @@ pub(super) fn host_fill(addr: usize, len: usize, value: u8) {
     unsafe { std::ptr::write_bytes(addr as *mut u8, value, len) }
 }
 
+/// The host address of byte `offset` of the pinned segment whose host address is `host`; `None` for address 0.
+pub(super) fn pinned_host_ptr(host: usize, offset: usize) -> Option<crate::HostPtr> {
+    let ptr = std::ptr::NonNull::new((host + offset) as *mut u8)?;
+    // SAFETY: `host` is the host address of a live page-locked allocation (cuMemHostAlloc) and the backend checked
+    // `offset` against its size. It is freed only when the pool destroys the segment (cuMemFreeHost); the backend
+    // touches it only in the copies and fills the pool asks for; the device writes it only through work the user
+    // queued (kernels, async copies). The pages come from the driver, written by it or zeroed by the OS, so every
+    // byte is initialised.
+    Some(unsafe { crate::HostPtr::new(ptr) })
+}
+
 /// The `len` bytes of pinned memory at `addr`, borrowed for as long as `owner`.
 pub(super) fn host_slice<O>(owner: &O, addr: usize, len: usize) -> &[u8] {
     let _ = owner;
     // SAFETY: `addr` is the host address of `owner`'s live pinned block of at least `len` bytes (checked by the
     // caller), and pinned memory is plain initialised bytes. `owner` frees the block only when dropped; the
     // caller synchronized the context, and every write through `owner` (copies, writable views) takes `&mut`, so
-    // the bytes do not change while the slice lives. Not yet excluded: a caller that passes `owner.handle()` to
-    // the pool's own `free` or `write` meanwhile (CHANGELOG, Known issues).
+    // the bytes do not change while the slice lives. Nothing else can free or write the block: its handle never
+    // leaves this crate (`CudaBuffer` shows only `BlockInfo`), and handles cannot be forged or outlive their
+    // block's generation. Kernels writing the memory are launched with `unsafe`, the launcher's promise.
     unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
 }
 

@@ -259,6 +259,8 @@ impl Drop for CudaPool {
     }
 }
 
+impl crate::block::sealed::Sealed for CudaPool {}
+
 impl MemoryPool for CudaPool {
     fn name(&self) -> &str {
         self.pool.backend().name()

@@ -1,11 +1,13 @@
 //! The segment-block engine: places blocks inside segments by offset and size only. It knows nothing of devices
 //! or pointers; a [`crate::Pool`] maps its segments to backend memory.
 //!
-//! Free blocks are indexed by size class in a TLSF-style two-level bitmap ([`bins`]), so finding a fit is O(1):
-//! the engine looks for the best fit among a bounded number of blocks in the request's own class, then takes the
-//! best of a bounded scan of the next non-empty class (every block there fits). Allocation splits the chosen
-//! block; freeing coalesces it with its free address neighbours, so a segment whose blocks are all free is again
-//! one block and can be released whole.
+//! Free blocks are indexed by size class in a TLSF-style two-level bitmap ([`bins`]), so finding a fit is O(1) in
+//! all but one case: the engine looks for the best fit among a bounded number of blocks in the request's own
+//! class, else takes the head of the next non-empty class (every block there fits, within 1/32 of each other).
+//! Only when no larger class has a free block does it walk the rest of the request's own class (O(blocks in that
+//! class)), so that a miss is a true miss and the pool does not grow while a fitting block is free. Allocation
+//! splits the chosen block; freeing coalesces it with its free address neighbours, so a segment whose blocks are
+//! all free is again one block and can be released whole.
 //!
 //! Parts of a segment can be *withheld* ([`withheld`]): address ranges with no memory behind them (a virtual
 //! reservation's unmapped pages). They sit in the segment between blocks but in an index of their own, so every
@@ -322,7 +324,8 @@ impl Engine {
 
     /// Allocates a block of at least `size` bytes (rounded up to the alignment) from the free blocks: best fit
     /// among a bounded scan of the request's size class, else the first block of the next non-empty class; the
-    /// chosen block is split and the remainder stays free. O(1).
+    /// chosen block is split and the remainder stays free. O(1), except when no larger class has a free block:
+    /// then the rest of the request's class is walked (O(free blocks in that class)) before reporting a miss.
     ///
     /// Returns `None` when `size` is zero or no free block fits (the caller adds a segment and retries).
     #[inline]
@@ -449,7 +452,8 @@ impl Engine {
         self.segments.get(id.0 as usize).copied().flatten()
     }
 
-    /// Finds a free block of at least `size` bytes. O(1): two bounded scans and two bitmap searches.
+    /// Finds a free block of at least `size` bytes. O(1) (a bounded scan and a bitmap search) unless no larger
+    /// class has a free block, when the request's class is walked to the end.
     ///
     /// Only the checks of the common cases are inline (the own class empty, or its head an exact fit); the scans
     /// are calls, so that `allocate` stays small enough to be inlined into its callers' loops.

@@ -2,14 +2,16 @@
 
 mod raw;
 
-use crate::{Backend, BackendKind, Error, Result};
-use std::ptr::NonNull;
+use crate::{Backend, BackendKind, Error, HostPtr, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One host segment: an aligned allocation.
 #[derive(Debug, Clone, Copy)]
 pub struct HostSegment {
+    /// Address of the first byte.
     addr: usize,
+    /// What the allocator returned (the first byte, rounded up to the alignment, is `addr`).
+    base: usize,
     size: u64,
 }
 
@@ -79,16 +81,16 @@ impl Backend for HostBackend {
         self.capacity.saturating_sub(self.held.load(Ordering::Relaxed))
     }
     fn create_segment(&self, size: u64) -> Result<HostSegment> {
-        let addr = raw::alloc(size, self.alignment).ok_or_else(|| Error::Driver {
+        let allocation = raw::alloc(size, self.alignment).ok_or_else(|| Error::Driver {
             backend: self.name.clone(),
             call: "alloc".into(),
             message: format!("the global allocator refused {size} bytes"),
         })?;
         self.held.fetch_add(size, Ordering::Relaxed);
-        Ok(HostSegment { addr, size })
+        Ok(HostSegment { addr: allocation.addr, base: allocation.base, size })
     }
     fn destroy_segment(&self, segment: HostSegment) {
-        raw::dealloc(segment.addr, segment.size, self.alignment);
+        raw::dealloc(raw::Allocation { addr: segment.addr, base: segment.base }, segment.size, self.alignment);
         self.held.fetch_sub(segment.size, Ordering::Relaxed);
     }
     fn write(&self, segment: &HostSegment, offset: u64, src: &[u8]) -> Result<()> {
@@ -106,7 +108,48 @@ impl Backend for HostBackend {
         raw::fill(segment.addr + offset as usize, len as usize, value);
         Ok(())
     }
-    fn host_ptr(&self, segment: &HostSegment, offset: u64) -> Option<NonNull<u8>> {
-        NonNull::new((segment.addr + offset as usize) as *mut u8)
+    fn host_ptr(&self, segment: &HostSegment, offset: u64) -> Option<HostPtr> {
+        (offset < segment.size).then(|| raw::host_ptr(segment.addr, offset as usize))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Segments start on the backend's alignment, read as zeros before any write (owned blocks lend them as
+    /// `&[u8]`), reach their last byte and not one further, and their bytes are given back on destroy.
+    #[test]
+    fn segments_are_aligned_zeroed_and_bounded() {
+        const CAPACITY: u64 = 1 << 30;
+        for alignment in [64, 4096, 1 << 21] {
+            let backend = HostBackend::new("host", CAPACITY).with_alignment(alignment).unwrap();
+            for size in [alignment, 3 * alignment, 8 << 20] {
+                let segment = backend.create_segment(size).unwrap();
+                assert_eq!(segment.addr % alignment as usize, 0, "alignment {alignment}, size {size}");
+                assert_eq!(backend.free_memory(), CAPACITY - size);
+                let mut bytes = vec![0xFF; size as usize];
+                backend.read(&segment, 0, &mut bytes).unwrap();
+                assert!(bytes.iter().all(|&b| b == 0), "a fresh segment of {size} bytes reads as zeros");
+                backend.write(&segment, size - 1, &[7]).unwrap();
+                let mut last = [0];
+                backend.read(&segment, size - 1, &mut last).unwrap();
+                assert_eq!(last, [7]);
+                assert!(backend.host_ptr(&segment, size - 1).is_some());
+                assert!(backend.host_ptr(&segment, size).is_none(), "no host pointer past the end");
+                assert!(matches!(backend.write(&segment, size, &[7]), Err(Error::OutOfBounds(_))));
+                assert!(matches!(backend.fill(&segment, 1, size, 0), Err(Error::OutOfBounds(_))));
+                backend.destroy_segment(segment);
+                assert_eq!(backend.free_memory(), CAPACITY);
+            }
+        }
+    }
+
+    #[test]
+    fn alignments_below_a_cache_line_or_not_powers_of_two_are_refused() {
+        for bad in [0, 32, 100, 4097] {
+            let err = HostBackend::new("host", 1 << 20).with_alignment(bad).unwrap_err();
+            assert!(matches!(err, Error::InvalidConfig(ref m) if m.contains(&bad.to_string())), "{bad}: {err}");
+        }
     }
 }

@@ -2,25 +2,45 @@
 
 #![allow(unsafe_code)]
 
+use crate::backend::HostPtr;
 use std::alloc::Layout;
+use std::ptr::NonNull;
 
-/// Allocates `size` bytes aligned to `align`; `None` when the layout is invalid or the allocator refuses.
-pub(super) fn alloc(size: u64, align: u64) -> Option<usize> {
-    let layout = Layout::from_size_align(usize::try_from(size).ok()?, usize::try_from(align).ok()?).ok()?;
-    if layout.size() == 0 {
-        return None;
-    }
-    // SAFETY: the layout has a non-zero size (checked above).
-    let ptr = unsafe { std::alloc::alloc(layout) };
-    (!ptr.is_null()).then_some(ptr as usize)
+/// A zeroed host allocation: `addr` (aligned as asked) is where the segment starts, `base` what the allocator
+/// returned (freed with the same length).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Allocation {
+    pub addr: usize,
+    pub base: usize,
 }
 
-/// Frees memory from [`alloc`] with the same size and alignment.
-pub(super) fn dealloc(addr: usize, size: u64, align: u64) {
-    let layout = Layout::from_size_align(size as usize, align as usize).expect("layout was valid at allocation");
-    // SAFETY: `addr` came from `alloc` with this exact layout (the backend stores both) and is freed once: the pool
-    // destroys each segment exactly once.
-    unsafe { std::alloc::dealloc(addr as *mut u8, layout) }
+/// The allocator's alignment for segments: one that `alloc_zeroed` serves with `calloc` on every platform, so
+/// that large segments get fresh zero pages from the OS untouched (with a larger alignment the standard library
+/// allocates and then writes every byte). The segment's own alignment comes from over-allocating.
+const CALLOC_ALIGN: usize = 8;
+
+/// Allocates `size` zeroed bytes starting at a multiple of `align` (a power of two); `None` when the sizes
+/// overflow or the allocator refuses. Zeroed, because owned blocks lend the bytes as `&[u8]`, which must not
+/// cover uninitialised memory.
+pub(super) fn alloc(size: u64, align: u64) -> Option<Allocation> {
+    let layout = layout(size, align)?;
+    // SAFETY: the layout has a non-zero size (`size + align` with `align >= 1`).
+    let base = unsafe { std::alloc::alloc_zeroed(layout) } as usize;
+    (base != 0).then(|| Allocation { addr: base.next_multiple_of(align as usize), base })
+}
+
+/// The allocator layout for a segment of `size` bytes aligned to `align`: room to align the start.
+fn layout(size: u64, align: u64) -> Option<Layout> {
+    let total = usize::try_from(size).ok()?.checked_add(usize::try_from(align).ok()?)?;
+    Layout::from_size_align(total, CALLOC_ALIGN).ok()
+}
+
+/// Frees an allocation from [`alloc`] made with the same size and alignment.
+pub(super) fn dealloc(allocation: Allocation, size: u64, align: u64) {
+    let layout = layout(size, align).expect("layout was valid at allocation");
+    // SAFETY: `base` came from `alloc_zeroed` with this exact layout (the backend keeps size and alignment) and is
+    // freed once: the pool destroys each segment exactly once.
+    unsafe { std::alloc::dealloc(allocation.base as *mut u8, layout) }
 }
 
 /// Copies `src` to host address `addr`.
@@ -40,4 +60,14 @@ pub(super) fn copy_out(addr: usize, dst: &mut [u8]) {
 pub(super) fn fill(addr: usize, len: usize, value: u8) {
     // SAFETY: the backend checked that `[addr, addr + len)` lies inside one live segment.
     unsafe { std::ptr::write_bytes(addr as *mut u8, value, len) }
+}
+
+/// The host address of byte `offset` of the segment allocated at `addr`.
+pub(super) fn host_ptr(addr: usize, offset: usize) -> HostPtr {
+    let ptr = NonNull::new((addr + offset) as *mut u8).expect("a live allocation does not start at address 0");
+    // SAFETY: `addr` is a live allocation from `alloc` and the backend checked `offset` against its size. It is
+    // freed only when the pool destroys the segment, and the backend touches its bytes only in `copy_in`,
+    // `copy_out` and `fill`, which the pool asks for. No device writes host memory. `alloc` zeroes every byte,
+    // so all of them are initialised.
+    unsafe { HostPtr::new(ptr) }
 }

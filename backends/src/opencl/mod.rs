@@ -29,14 +29,16 @@ mod raw;
 pub use discover::discover;
 pub use raw::{ClEvent, ClFailure, PendingRead, PendingWrite};
 
-use crate::{Backend, BackendKind, BlockHandle, DeviceInfo, Error, Pool, PoolConfig, PoolPlacement, Result};
+use crate::HostPtr;
+use crate::{
+    Backend, BackendKind, BlockHandle, DeviceInfo, Error, OwnedBlock, Pool, PoolConfig, PoolPlacement, Result,
+};
 use opencl3::command_queue::CommandQueue;
 use opencl3::context::Context;
 use opencl3::device::Device;
 use opencl3::memory::{Buffer, CL_MEM_ALLOC_HOST_PTR, CL_MEM_READ_ONLY, CL_MEM_READ_WRITE};
 use opencl3::types::{cl_mem, cl_mem_flags};
 use raw::MemObject;
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -390,9 +392,9 @@ impl Backend for OpenClBackend {
         Ok(())
     }
 
-    fn host_ptr(&self, segment: &OpenClSegment, offset: u64) -> Option<NonNull<u8>> {
+    fn host_ptr(&self, segment: &OpenClSegment, offset: u64) -> Option<HostPtr> {
         let base = segment.0.mapped?;
-        (offset < segment.size()).then(|| NonNull::new((base + offset as usize) as *mut u8)).flatten()
+        (offset < segment.size()).then(|| raw::mapped_host_ptr(base, offset as usize)).flatten()
     }
 }
 
@@ -401,6 +403,21 @@ impl Backend for OpenClBackend {
 pub fn cl_sub_buffer(pool: &Pool<OpenClBackend>, block: &BlockHandle) -> Result<SubBuffer> {
     let (segment, offset) = live(pool, block)?;
     pool.backend().sub_buffer(&segment, offset, block.requested())
+}
+
+/// The sub-buffer of an owned block of an OpenCL pool, covering the bytes that were asked for, for use as a
+/// kernel argument. Errors with [`Error::Unsupported`] when the block is not of an OpenCL pool. Using the
+/// sub-buffer is `unsafe` in opencl3 (kernel arguments, enqueued copies): the caller keeps such work from
+/// overlapping a slice borrowed from the block ([`OwnedBlock::host_bytes`]) and from outliving the block.
+pub fn block_sub_buffer(block: &OwnedBlock) -> Result<SubBuffer> {
+    let pool = block.pool();
+    let Some(cl) = pool.as_any().downcast_ref::<Pool<OpenClBackend>>() else {
+        return Err(Error::Unsupported {
+            backend: pool.name().to_string(),
+            what: "an OpenCL sub-buffer of a block that is not OpenCL memory".into(),
+        });
+    };
+    cl_sub_buffer(cl, block.handle())
 }
 
 /// Non-blocking [`Pool::write`]: enqueues copying `data` into the block at `offset`.

@@ -366,3 +366,14 @@ pub(super) fn unmap(queue: &CommandQueue, mem: &MemObject, addr: usize) {
         Err(code) => log::error!("{}", ClFailure { call: "clEnqueueUnmapMemObject", code }),
     }
 }
+
+/// The host address of byte `offset` of a buffer persistently mapped at `base`; `None` for address 0.
+pub(super) fn mapped_host_ptr(base: usize, offset: usize) -> Option<crate::HostPtr> {
+    let ptr = std::ptr::NonNull::new((base + offset) as *mut u8)?;
+    // SAFETY: `base` is the address `map` returned for a live buffer that stays mapped until the segment's last
+    // clone is dropped (after the pool destroyed it), and the backend checked `offset` against the buffer's size.
+    // The backend touches the bytes only in the copies and fills the pool asks for; the device writes them only
+    // through work the user enqueued. A mapped region holds the buffer's contents, written by the driver, so
+    // every byte is initialised.
+    Some(unsafe { crate::HostPtr::new(ptr) })
+}

@@ -20,7 +20,7 @@ pub use config::{parse_size, Limit, PoolConfig, SegmentMode, Strategy};
 
 use crate::engine::{Allocation, Engine, Restore, SegmentId};
 use crate::raw::lock::PoolMutex;
-use crate::{Backend, BlockHandle, Error, PoolStats, Result, StreamId};
+use crate::{Backend, BlockHandle, Error, HostPtr, PoolStats, Result, StreamId};
 use quick::{QuickBlock, QuickCache};
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -915,7 +915,7 @@ impl<B: Backend> Pool<B> {
     /// Host address of the block's first byte when its memory is host-addressable.
     pub fn host_ptr(&self, block: &BlockHandle) -> Option<std::ptr::NonNull<u8>> {
         let (segment, offset) = self.segment_of(block)?;
-        self.backend.host_ptr(&segment, offset)
+        self.backend.host_ptr(&segment, offset).map(HostPtr::as_non_null)
     }
 }
 
