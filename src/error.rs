@@ -55,14 +55,6 @@ pub enum Error {
     /// An invalid builder or configuration value.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
-    /// A backend name that is not built in or not present.
-    #[error("unknown backend {name:?}; available: {available}")]
-    UnknownBackend {
-        /// The name asked for.
-        name: String,
-        /// The names available.
-        available: String,
-    },
     /// A malformed or unreadable trace.
     #[error(transparent)]
     Trace(#[from] crate::trace::TraceError),

@@ -42,6 +42,12 @@ pub enum ReplayError {
         /// The names this build knows.
         available: Vec<String>,
     },
+    /// `UMM_REPLAY_DEVICE` is not a device index.
+    #[error("UMM_REPLAY_DEVICE={value:?}: expected a device index (0 for the first device the backend finds)")]
+    InvalidDevice {
+        /// The variable's value.
+        value: String,
+    },
     /// The trace needs more memory than the backend has, so it is refused before running.
     #[error(
         "trace {trace} needs {needed} bytes ({}) live at its peak, more than the {available} bytes ({}) {backend} has available",
@@ -198,7 +204,7 @@ pub fn replay_on(backend: &str, trace: &Trace, opts: ReplayOptions<'_>) -> Resul
 /// The first device a backend discovered (`UMM_REPLAY_DEVICE=N` picks another), or why there is none.
 #[allow(dead_code)]
 fn first_device<D>(backend: &str, found: umm_backends::Discovery<D>, trace: &Trace) -> Result<D, ReplayError> {
-    let index = std::env::var("UMM_REPLAY_DEVICE").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
+    let index = device_index(std::env::var("UMM_REPLAY_DEVICE").ok().as_deref())?;
     let count = found.devices.len();
     found.devices.into_iter().nth(index).ok_or_else(|| ReplayError::Pool {
         trace: trace.name.clone(),
@@ -211,6 +217,13 @@ fn first_device<D>(backend: &str, found: umm_backends::Discovery<D>, trace: &Tra
             ),
         }),
     })
+}
+
+/// The device index `UMM_REPLAY_DEVICE` asks for: 0 when unset, an error naming the variable when it is not a
+/// number.
+fn device_index(value: Option<&str>) -> Result<usize, ReplayError> {
+    let Some(value) = value else { return Ok(0) };
+    value.trim().parse().map_err(|_| ReplayError::InvalidDevice { value: value.into() })
 }
 
 /// Replays `trace` on `pool`, which should be fresh (its statistics are taken as the cold pass's), then
@@ -411,5 +424,17 @@ mod tests {
         let opts = ReplayOptions { host_capacity: Some(1 << 30), repeat: 1, ..ReplayOptions::default() };
         let report = replay_on("host", &trace, opts).unwrap();
         assert_eq!(report.allocs, 1);
+    }
+
+    #[test]
+    fn replay_device_index_is_a_number_or_an_error_naming_the_variable() {
+        assert_eq!(device_index(None).unwrap(), 0);
+        assert_eq!(device_index(Some("3")).unwrap(), 3);
+        assert_eq!(device_index(Some(" 1 ")).unwrap(), 1);
+        for bad in ["", "one", "-1", "1.5"] {
+            let err = device_index(Some(bad)).unwrap_err();
+            assert!(matches!(err, ReplayError::InvalidDevice { ref value } if value == bad), "{bad}: {err}");
+            assert!(err.to_string().contains("UMM_REPLAY_DEVICE"), "{err}");
+        }
     }
 }

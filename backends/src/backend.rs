@@ -142,7 +142,8 @@ pub trait Backend: Send + Sync + 'static {
     /// The host address of `offset` in the segment when its memory is directly addressable from the host
     /// (host memory, pinned or mapped memory); `None` otherwise, and for an offset outside the segment. Making a
     /// [`HostPtr`] takes an `unsafe` promise (valid until the segment is destroyed, touched only when the pool
-    /// asks), because owned blocks lend host slices of the memory behind it.
+    /// asks), because owned blocks lend host slices of the memory behind it. Called with or without the pool's
+    /// lock (an owned block asks once, at allocation), so it must only compute the address.
     fn host_ptr(&self, segment: &Self::Segment, offset: u64) -> Option<HostPtr> {
         let _ = (segment, offset);
         None

@@ -3,20 +3,20 @@
 //! fresh buffers with an NVRTC-compiled kernel, stream rules, pinned and read-only memory, limits and OOM.
 //!
 //! GPU tests share one device: run them with `--test-threads=1` (the OOM test takes the whole device).
-//! `UMM_CUDA_ROUNDS` sets the rounds of the matrix-product test (default 6). `UMM_CUDA_BENCH=1` runs the timing
-//! test; `UMM_TRACE_DIR` (uncompressed `*.trace` files) runs the replay comparison of plain and virtual segments.
+//! `UMM_CUDA_ROUNDS` sets the rounds of the matrix-product test (default 6). Measurements live elsewhere: driver
+//! call costs in `examples/cuda_driver_costs.rs`, traces on the device with `umm replay --backend cuda`
+//! (`UMM_SEGMENT_MODE=plain` or `virtual`).
 
 #![cfg(feature = "cuda")]
 
 use std::sync::Arc;
-use std::time::Instant;
 use umm_backends::cuda::cudarc::driver::{
     CudaContext, CudaFunction, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
 use umm_backends::cuda::{self, CudaBuffer, CudaDevice, CudaPoolExt};
 use umm_backends::{
-    skip_or_fail, Backend, BackendKind, DeviceType, Error, Limit, Pool, PoolConfig, PoolPlacement, SegmentMode,
-    Strategy, StreamId,
+    skip_or_fail, Backend, BackendKind, DeviceType, Error, Limit, PoolConfig, PoolPlacement, SegmentMode, Strategy,
+    StreamId,
 };
 
 const KERNELS: &str = r#"
@@ -633,144 +633,4 @@ fn planted_out_of_bounds_write_for_the_sanitizer() {
     // SAFETY: deliberately not: this writes past the segment, for the sanitizer to find (only when asked).
     unsafe { builder.launch(LaunchConfig::for_num_elems(n as u32)) }.unwrap();
     let _ = stream.synchronize();
-}
-
-// ----- measurements (on request) -----
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
-fn time_us(mut f: impl FnMut()) -> f64 {
-    let t = Instant::now();
-    f();
-    t.elapsed().as_secs_f64() * 1e6
-}
-
-/// Cost of one segment from cuMemAlloc vs one 2 MiB page from cuMemCreate + cuMemMap + cuMemSetAccess, and
-/// the pool's cached allocate+free. `UMM_CUDA_BENCH=1` to run.
-#[test]
-fn bench_segment_and_page_costs() {
-    if std::env::var_os("UMM_CUDA_BENCH").is_none() {
-        return;
-    }
-    let Some(dev) = gpu() else { return };
-    const MIB: u64 = 1 << 20;
-    let backend = dev.backend(PoolPlacement::DeviceLocal);
-    let reps = 200;
-    let mut rows = Vec::new();
-    for size in [2 * MIB, 20 * MIB, 200 * MIB] {
-        let (mut create, mut destroy) = (Vec::new(), Vec::new());
-        for _ in 0..reps {
-            let mut seg = None;
-            create.push(time_us(|| seg = Some(backend.create_segment(size).unwrap())));
-            destroy.push(time_us(|| backend.destroy_segment(seg.take().unwrap())));
-        }
-        rows.push((format!("cuMemAlloc {} MiB", size / MIB), median(create), median(destroy)));
-    }
-    if let Some(vm) = backend.virtual_memory() {
-        let reservation = backend.reserve_virtual(1 << 30).unwrap();
-        for pages in [1u64, 10, 100] {
-            let len = pages * vm.page_size;
-            let (mut map, mut unmap) = (Vec::new(), Vec::new());
-            for _ in 0..reps.min(100) {
-                map.push(time_us(|| backend.map_pages(&reservation, 0, len).unwrap()));
-                unmap.push(time_us(|| backend.unmap_pages(&reservation, 0, len)));
-            }
-            rows.push((format!("cuMemCreate+Map {} x {} MiB", pages, vm.page_size / MIB), median(map), median(unmap)));
-        }
-        backend.destroy_segment(reservation);
-    }
-    for mode in [SegmentMode::Plain, SegmentMode::Virtual] {
-        if mode == SegmentMode::Virtual && !dev.supports_virtual_memory() {
-            continue;
-        }
-        let pool = dev.pool(PoolPlacement::DeviceLocal, config(mode)).unwrap();
-        let sizes = [512u64, 4096, 1 << 20, 3 << 20, 24 << 20];
-        let n = 200_000;
-        for &size in &sizes {
-            pool.free(&pool.allocate(size, StreamId(0)).unwrap()).unwrap();
-        }
-        let t = Instant::now();
-        for i in 0..n {
-            let b = pool.allocate(sizes[i % sizes.len()], StreamId(0)).unwrap();
-            pool.free(&b).unwrap();
-        }
-        let per = t.elapsed().as_secs_f64() * 1e9 / (2 * n) as f64;
-        rows.push((format!("pool cached alloc+free ({mode}), per op"), per / 1e3, 0.0));
-    }
-    println!("\n{:<44} {:>12} {:>12}", "operation (median)", "create/map", "free/unmap");
-    for (name, a, b) in rows {
-        println!("{name:<44} {a:>10.3}us {b:>10.3}us");
-    }
-}
-
-/// Replays `*.trace` files (umm-trace v1, uncompressed) from `UMM_TRACE_DIR` on the device in plain and
-/// virtual mode: reserved/live and out-of-memory counts on the real driver. `pressure` runs under 2 GiB.
-#[test]
-fn replay_traces_plain_vs_virtual() {
-    let Some(dir) = std::env::var_os("UMM_TRACE_DIR") else { return };
-    let Some(dev) = gpu() else { return };
-    let mut files: Vec<_> = std::fs::read_dir(dir).unwrap().filter_map(|e| e.ok().map(|e| e.path())).collect();
-    files.sort();
-    println!(
-        "\n{:<20} {:<8} {:>9} {:>12} {:>12} {:>8} {:>6} {:>9} {:>9}",
-        "trace", "mode", "ops", "peak_live", "peak_resv", "ratio", "ooms", "dev_alloc", "ns/op"
-    );
-    for path in files.iter().filter(|p| p.extension().is_some_and(|e| e == "trace")) {
-        let name = path.file_stem().unwrap().to_string_lossy().to_string();
-        let text = std::fs::read_to_string(path).unwrap();
-        let ops: Vec<(bool, u64, u64, u64)> = text
-            .lines()
-            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-            .filter_map(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                match f.as_slice() {
-                    ["a", id, bytes, stream] => {
-                        Some((true, id.parse().ok()?, bytes.parse().ok()?, stream.parse().ok()?))
-                    }
-                    ["f", id] => Some((false, id.parse().ok()?, 0, 0)),
-                    _ => None,
-                }
-            })
-            .collect();
-        let limit = (name == "pressure").then_some(Limit::Bytes(2 << 30));
-        for mode in [SegmentMode::Plain, SegmentMode::Virtual] {
-            if mode == SegmentMode::Virtual && !dev.supports_virtual_memory() {
-                continue;
-            }
-            let pool: Pool<_> = dev.pool(PoolPlacement::DeviceLocal, PoolConfig { limit, ..config(mode) }).unwrap();
-            let mut live = std::collections::HashMap::new();
-            let (mut live_bytes, mut peak_live, mut ooms) = (0u64, 0u64, 0u64);
-            let t = Instant::now();
-            for &(alloc, id, bytes, stream) in &ops {
-                if alloc {
-                    match pool.allocate(bytes, StreamId(stream)) {
-                        Ok(b) => {
-                            live_bytes += bytes;
-                            peak_live = peak_live.max(live_bytes);
-                            live.insert(id, b);
-                        }
-                        Err(_) => ooms += 1,
-                    }
-                } else if let Some(b) = live.remove(&id) {
-                    live_bytes -= b.requested();
-                    pool.free(&b).unwrap();
-                }
-            }
-            let ns = t.elapsed().as_secs_f64() * 1e9 / ops.len() as f64;
-            let st = pool.stats();
-            let peak_resv = st.reserved_bytes.peak;
-            println!(
-                "{name:<20} {mode:<8} {:>9} {peak_live:>12} {peak_resv:>12} {:>8.3} {ooms:>6} {:>9} {ns:>9.0}",
-                ops.len(),
-                peak_resv as f64 / peak_live.max(1) as f64,
-                st.num_device_alloc
-            );
-            for (_, b) in live.drain() {
-                pool.free(&b).unwrap();
-            }
-        }
-    }
 }

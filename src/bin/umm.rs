@@ -82,7 +82,8 @@ struct PlotArgs {
 #[derive(Args)]
 struct ReplayArgs {
     /// Backend to replay on: sim (simulated device with virtual memory, like CUDA), sim-plain (segments only,
-    /// like OpenCL and wgpu) or host (this machine's memory).
+    /// like OpenCL and wgpu), host (this machine's memory), or cuda, opencl, wgpu where built in (the first
+    /// device found; UMM_REPLAY_DEVICE=N picks another).
     #[arg(long, default_value = "sim")]
     backend: String,
     /// Cap on the pool's reserved memory: a size (2GiB, 1.5GB, 1048576) or a fraction of the device (0.9).

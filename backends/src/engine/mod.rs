@@ -51,7 +51,7 @@ impl BlockId {
         Self(u64::from(generation) << 32 | u64::from(index))
     }
 
-    /// The slot index, dense from zero: usable to key side tables.
+    /// The slot index, dense from zero: usable to key side tables. O(1).
     #[inline(always)]
     pub fn index(self) -> u32 {
         self.0 as u32
@@ -129,7 +129,8 @@ pub struct EngineStats {
 
 impl EngineStats {
     /// Free bytes inside segments that also hold live blocks: memory lost to splitting (PyTorch's
-    /// `inactive_split_bytes`).
+    /// `inactive_split_bytes`). Withheld ranges of such segments are counted too: the engine's `reserved_bytes`
+    /// includes them, though no memory is behind them; a pool reports the figure for mapped memory only. O(1).
     pub fn inactive_split_bytes(&self) -> u64 {
         self.reserved_bytes - self.allocated_bytes - self.empty_segment_bytes
     }
@@ -191,7 +192,7 @@ impl Engine {
         })
     }
 
-    /// The alignment every block honours.
+    /// The alignment every block honours. O(1).
     pub fn alignment(&self) -> u64 {
         self.alignment
     }

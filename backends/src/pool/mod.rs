@@ -683,7 +683,8 @@ impl<B: Backend> Pool<B> {
     }
 
     /// Releases cached memory idle for `idle_rounds` rounds until `want` bytes are released (`u64::MAX`: all):
-    /// empty plain segments first, then free pages of virtual reservations, highest addresses first.
+    /// empty plain segments first, then free pages of virtual reservations, smallest free blocks first (the large
+    /// ones are what later requests fit in).
     fn release_cached_locked(&self, state: &mut State<B::Segment>, idle_rounds: u64, want: u64) -> TrimReport {
         let start = Instant::now();
         let mut report = TrimReport::default();
