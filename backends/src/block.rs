@@ -10,6 +10,9 @@ use std::sync::Arc;
 /// done by [`OwnedBlock`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockHandle {
+    /// The pool that handed the block out ([`crate::pool`] numbers pools uniquely), so that another pool whose
+    /// own block has the same ids refuses the handle.
+    pub(crate) pool: u64,
     pub(crate) arena: u32,
     pub(crate) segment: SegmentId,
     pub(crate) block: BlockId,

@@ -425,6 +425,19 @@ fn pinned_memory_is_a_host_slice_and_usable_by_kernels() {
     stream.synchronize().unwrap();
     assert_eq!(out.host_bytes().unwrap(), host.host_bytes().unwrap());
     assert!(host.info().size >= n as u64 * 4 && host.host_bytes().is_some());
+    // A cudarc copy through a view of the buffer lands in its pinned bytes; the view borrows the buffer, so no
+    // host slice of it is alive meanwhile.
+    let ones = vec![1.0f32; n];
+    stream.memcpy_htod(&ones, &mut out.view_mut::<f32>(&stream).unwrap()).unwrap();
+    stream.synchronize().unwrap();
+    assert!(from_bytes(out.host_bytes().unwrap()).iter().all(|&v| v == 1.0));
+    // A plain handle's view is bound to neither handle nor pool, so on pinned memory it is refused: it could
+    // outlive the block and write bytes that a CudaBuffer lends as a host slice.
+    let plain = pinned.allocate(4096, s).unwrap();
+    let unsupported = |e: Error| matches!(e, Error::Unsupported { ref what, .. } if what.contains("CudaBuffer::view"));
+    assert!(unsupported(pinned.pool().view::<f32>(&plain, &stream).unwrap_err()));
+    assert!(unsupported(pinned.pool().view_mut::<f32>(&plain, &stream).unwrap_err()));
+    pinned.free(&plain).unwrap();
 }
 
 #[test]

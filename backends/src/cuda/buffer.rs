@@ -1,7 +1,7 @@
 //! `CudaBuffer`: an owned block of a [`CudaPool`], freed (stream-safely) when dropped, with blocking and
 //! stream-ordered copies and cudarc views that mark the stream they are used on.
 
-use super::interop::{self, BlockView, BlockViewMut, CudaPoolExt};
+use super::interop::{self, BlockView, BlockViewMut};
 use super::{raw, stream_id, CudaPool};
 use crate::{Backend, BlockHandle, BlockInfo, Error, PoolPlacement, Result, StreamId};
 use cudarc::driver::CudaStream;
@@ -174,13 +174,13 @@ impl CudaBuffer {
     /// A view of the buffer as `T`s for kernels on `stream`; marks `stream` as a user of the buffer.
     pub fn view<'a, T>(&'a self, stream: &'a Arc<CudaStream>) -> Result<BlockView<'a, T>> {
         self.record_stream(stream_id(stream))?;
-        self.pool.pool().view(&self.handle, stream)
+        interop::view(self.pool.pool(), &self.handle, stream)
     }
 
     /// A writable view for kernels on `stream`; marks `stream` as a user. Refused for read-only buffers.
     pub fn view_mut<'a, T>(&'a mut self, stream: &'a Arc<CudaStream>) -> Result<BlockViewMut<'a, T>> {
         self.record_stream(stream_id(stream))?;
-        self.pool.pool().view_mut(&self.handle, stream)
+        interop::view_mut(self.pool.pool(), &self.handle, stream)
     }
 
     /// The bytes as a host slice, for pinned memory; `None` for device memory and when the context cannot be

@@ -87,10 +87,13 @@ pub trait CudaPoolExt {
     fn device_ptr(&self, block: &BlockHandle) -> Result<u64>;
 
     /// A view of the block's requested bytes as `T`s for kernels on `stream`. Errors if the block is not live or
-    /// `T` is zero-sized.
+    /// `T` is zero-sized, and for pinned (host-addressable) memory: a view of a plain handle is bound to neither
+    /// the handle nor the pool, so it could outlive the block and, through cudarc's safe copies, write pinned
+    /// memory that a [`super::CudaBuffer`] lends as a host slice. Views of pinned memory come from
+    /// [`super::CudaBuffer::view`], which borrows the buffer.
     fn view<'a, T>(&self, block: &BlockHandle, stream: &'a Arc<CudaStream>) -> Result<BlockView<'a, T>>;
 
-    /// A writable view; refused for read-only pools.
+    /// A writable view; refused for read-only pools and, as [`CudaPoolExt::view`] is, for pinned memory.
     fn view_mut<'a, T>(&self, block: &BlockHandle, stream: &'a Arc<CudaStream>) -> Result<BlockViewMut<'a, T>>;
 
     /// Allocates a block on `stream` holding `data` (copied on `stream`, which is synchronized before return).
@@ -104,19 +107,13 @@ impl CudaPoolExt for Pool<CudaBackend> {
     }
 
     fn view<'a, T>(&self, block: &BlockHandle, stream: &'a Arc<CudaStream>) -> Result<BlockView<'a, T>> {
-        let (ptr, len) = typed(self, block, std::mem::size_of::<T>())?;
-        Ok(BlockView { ptr, len, stream, _elements: PhantomData })
+        refuse_pinned(self)?;
+        view(self, block, stream)
     }
 
     fn view_mut<'a, T>(&self, block: &BlockHandle, stream: &'a Arc<CudaStream>) -> Result<BlockViewMut<'a, T>> {
-        if self.backend().placement() == PoolPlacement::ReadOnly {
-            return Err(Error::Unsupported {
-                backend: self.backend().name().to_string(),
-                what: "a writable view of read-only memory".into(),
-            });
-        }
-        let (ptr, len) = typed(self, block, std::mem::size_of::<T>())?;
-        Ok(BlockViewMut { ptr, len, stream, _elements: PhantomData })
+        refuse_pinned(self)?;
+        view_mut(self, block, stream)
     }
 
     fn upload_read_only(&self, data: &[u8], stream: StreamId) -> Result<BlockHandle> {
@@ -127,6 +124,45 @@ impl CudaPoolExt for Pool<CudaBackend> {
         }
         Ok(block)
     }
+}
+
+/// Refuses views of a plain handle on pinned memory (see [`CudaPoolExt::view`]).
+fn refuse_pinned(pool: &Pool<CudaBackend>) -> Result<()> {
+    if pool.backend().placement() == PoolPlacement::HostPinned {
+        return Err(Error::Unsupported {
+            backend: pool.backend().name().to_string(),
+            what: "a view of pinned memory through a plain handle (it could outlive the block): use CudaBuffer::view"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+/// A view of a live block, for [`CudaPoolExt::view`] and for [`super::CudaBuffer::view`], whose borrow of the
+/// buffer bounds the view's life.
+pub(super) fn view<'a, T>(
+    pool: &Pool<CudaBackend>,
+    block: &BlockHandle,
+    stream: &'a Arc<CudaStream>,
+) -> Result<BlockView<'a, T>> {
+    let (ptr, len) = typed(pool, block, std::mem::size_of::<T>())?;
+    Ok(BlockView { ptr, len, stream, _elements: PhantomData })
+}
+
+/// A writable view of a live block (refused for read-only pools), as [`view`].
+pub(super) fn view_mut<'a, T>(
+    pool: &Pool<CudaBackend>,
+    block: &BlockHandle,
+    stream: &'a Arc<CudaStream>,
+) -> Result<BlockViewMut<'a, T>> {
+    if pool.backend().placement() == PoolPlacement::ReadOnly {
+        return Err(Error::Unsupported {
+            backend: pool.backend().name().to_string(),
+            what: "a writable view of read-only memory".into(),
+        });
+    }
+    let (ptr, len) = typed(pool, block, std::mem::size_of::<T>())?;
+    Ok(BlockViewMut { ptr, len, stream, _elements: PhantomData })
 }
 
 /// (device address, element count) of the block's requested bytes as elements of `size` bytes.

@@ -23,7 +23,11 @@ use crate::raw::lock::PoolMutex;
 use crate::{Backend, BlockHandle, Error, HostPtr, PoolStats, Result, StreamId};
 use quick::{QuickBlock, QuickCache};
 use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// The next pool's number (64 bits: never reused in a process's life).
+static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Byte written over freed blocks when `poison_on_free` is on: all ones is NaN in f32/f64 and -1 in integers.
 pub const POISON_BYTE: u8 = 0xFF;
@@ -121,6 +125,9 @@ impl<S> Arena<S> {
 }
 
 struct State<S> {
+    /// This pool's number, unique in the process: every handle carries it, and a handle of another pool is
+    /// refused even when its block ids match a block of this one.
+    pool_id: u64,
     arenas: Vec<Arena<S>>,
     /// Stream → arena indices `[small, large]`. Linear search: programs use a handful of streams.
     streams: Vec<(StreamId, [u32; 2])>,
@@ -211,6 +218,7 @@ impl<B: Backend> Pool<B> {
             max_reservation,
             max_block,
             state: PoolMutex::new(State {
+                pool_id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
                 arenas: Vec::new(),
                 streams: Vec::new(),
                 stats,
@@ -630,7 +638,8 @@ impl<B: Backend> Pool<B> {
     /// Returns a block to the pool. O(1) (plus a backend call in `Direct` mode, and a device write when
     /// `poison_on_free` is on).
     ///
-    /// Errors with [`Error::UnknownBlock`] for a block that this pool did not hand out or that was already freed;
+    /// Errors with [`Error::UnknownBlock`] for a block that this pool did not hand out (handles carry their pool's
+    /// number) or that was already freed;
     /// nothing changes then.
     #[inline(always)]
     pub fn free(&self, block: &BlockHandle) -> Result<()> {
@@ -639,6 +648,9 @@ impl<B: Backend> Pool<B> {
         }
         let unknown = || Error::UnknownBlock(format!("{block:?} in pool {}", self.backend.name()));
         let mut state = self.state.lock();
+        if block.pool != state.pool_id {
+            return Err(unknown());
+        }
         let arena = block.arena as usize;
         let a = state.arenas.get_mut(arena).ok_or_else(unknown)?;
         // Only small blocks go through the quick cache: they churn most, and live in 2 MiB segments where an
@@ -945,6 +957,9 @@ impl<B: Backend> Drop for Pool<B> {
 impl<S> State<S> {
     /// The entry of the segment holding `block`, if the block is live.
     fn live_entry(&self, block: &BlockHandle) -> Option<&SegmentEntry<S>> {
+        if block.pool != self.pool_id {
+            return None;
+        }
         let arena = self.arenas.get(block.arena as usize)?;
         arena.engine.block(block.block)?;
         arena.entry(block.segment)
@@ -1025,6 +1040,7 @@ impl<S> State<S> {
             self.update_split();
         }
         BlockHandle {
+            pool: self.pool_id,
             arena: arena as u32,
             segment: alloc.segment,
             block: alloc.block,

@@ -1,7 +1,7 @@
 //! Pool tests: limits, retry, trim, statistics, strategies and concurrency, on the sim and host backends.
 
 use super::*;
-use crate::{HostBackend, SimBackend};
+use crate::{HostBackend, MemoryPool, SimBackend};
 use std::sync::Arc;
 
 const MIB: u64 = 1 << 20;
@@ -299,6 +299,29 @@ fn copies_through_a_freed_or_stale_handle_are_refused() {
     pool.read(&b, 0, &mut got).unwrap();
     assert_eq!(got, [7; 16], "the new block's bytes are untouched");
     pool.free(&b).unwrap();
+}
+
+/// A handle names its block inside one pool; another pool whose own block has the same ids must refuse it.
+/// Otherwise freeing pool A's handle through pool B would free B's block under its owner, whose host slice
+/// would then alias the next block B hands out.
+#[test]
+fn a_handle_of_another_pool_is_refused() {
+    let a: Arc<dyn MemoryPool> = Arc::new(Pool::new(HostBackend::new("a", 1 << 30), PoolConfig::default()).unwrap());
+    let b: Arc<dyn MemoryPool> = Arc::new(Pool::new(HostBackend::new("b", 1 << 30), PoolConfig::default()).unwrap());
+    let foreign = a.allocate(4096, S0).unwrap();
+    let mut owned = crate::OwnedBlock::allocate(Arc::clone(&b), 4096, S0, false).unwrap();
+    owned.host_bytes_mut().unwrap().fill(7);
+    let info = owned.info();
+    assert_eq!((info.key, info.segment, info.offset), (foreign.key(), foreign.segment_index(), foreign.offset));
+    let unknown = |r: Result<()>| matches!(r, Err(Error::UnknownBlock(_)));
+    assert!(unknown(b.free(&foreign)), "free through another pool's handle");
+    assert!(unknown(b.write(&foreign, 0, &[1; 16])), "write through another pool's handle");
+    assert!(unknown(b.fill(&foreign, 0, 16, 1)), "fill through another pool's handle");
+    assert!(unknown(b.read(&foreign, 0, &mut [0; 16])), "read through another pool's handle");
+    assert!(b.host_ptr(&foreign).is_none());
+    assert_eq!(b.stats().active_blocks.current, 1, "the owned block is still live");
+    assert!(owned.host_bytes().unwrap().iter().all(|&x| x == 7), "and its bytes untouched");
+    a.free(&foreign).unwrap();
 }
 
 #[test]
