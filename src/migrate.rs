@@ -17,13 +17,11 @@
 //!
 //! Failure keeps the source: [`UniversalBuffer::migrate`] hands the buffer back inside [`MigrateError`].
 
-mod fast;
-
 use crate::buffer::UniversalBuffer;
 use crate::manager::UniversalMemoryManager;
 use crate::{AllocOptions, Error, Result};
 use std::sync::Arc;
-use umm_backends::{BackendKind, MemoryPool, OwnedBlock, StreamId};
+use umm_backends::{BackendKind, DevicePath, MemoryPool, OwnedBlock, StreamId};
 use umm_placement::{Api, DeviceSelector, Placement, PoolKind};
 
 /// Bytes moved per step when a migration goes through the host.
@@ -108,6 +106,19 @@ pub enum MigrationPath {
     HostStaging,
     /// Gathered on the host and written at allocation (read-only targets).
     FilledAtAllocation,
+}
+
+/// The name, in a migration, of a device path of the backends crate
+/// ([`umm_backends::OwnedBlock::copy_on_device_from`], which alone holds the blocks' handles).
+impl From<DevicePath> for MigrationPath {
+    fn from(path: DevicePath) -> Self {
+        match path {
+            DevicePath::CudaDevice => MigrationPath::CudaDevice,
+            DevicePath::CudaPeer => MigrationPath::CudaPeer,
+            DevicePath::OpenClDevice => MigrationPath::OpenClDevice,
+            DevicePath::WgpuDevice => MigrationPath::WgpuDevice,
+        }
+    }
 }
 
 /// A failed [`UniversalBuffer::migrate`]: why, and the source buffer, unchanged and still usable. (Boxed, so
@@ -216,7 +227,7 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
 
 /// The whole block's bytes on the host: borrowed when host-addressable, else read into `staged`.
 fn gather<'a>(block: &'a OwnedBlock, staged: &'a mut Vec<u8>) -> Result<&'a [u8]> {
-    fast::settle(block.pool())?;
+    block.pool().settle()?;
     if let Some(bytes) = block.host_bytes() {
         return Ok(bytes);
     }
@@ -235,8 +246,8 @@ struct Staging<'a> {
 /// Copies the first `len` bytes of `src` into `dst` by the fastest path available; returns the path taken.
 fn copy_bytes(src: &OwnedBlock, dst: &mut OwnedBlock, len: u64, staging: &Staging<'_>) -> Result<MigrationPath> {
     // Queued work on either side (kernels writing the source, a zeroing fill of the target) ends first.
-    fast::settle(src.pool())?;
-    fast::settle(dst.pool())?;
+    src.pool().settle()?;
+    dst.pool().settle()?;
     if let (Some(from), Some(to)) = (src.host_bytes(), dst.host_bytes_mut()) {
         let n = len as usize;
         to[..n].copy_from_slice(&from[..n]);

@@ -114,6 +114,13 @@ pub trait Backend: Send + Sync + 'static {
     /// operation that unmapped pages, so that kept pages never outlive the operation.
     fn release_spare_pages(&self) {}
 
+    /// Waits for the device work queued on the backend's memory (a CUDA context's streams, an OpenCL queue), so
+    /// that the host may read or lend host-addressable bytes that an asynchronous copy or kernel was writing.
+    /// Nothing by default: backends whose accesses are complete when they return. Called without the pool's lock.
+    fn settle(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Copies `src` into the segment at `offset`. Called with the pool's lock held when the segment is
     /// host-addressable ([`Backend::host_ptr`]), so that the block cannot be freed during the copy; without it
     /// otherwise.

@@ -119,6 +119,8 @@ pub trait MemoryPool: sealed::Sealed + Send + Sync + 'static {
     fn fill(&self, block: &BlockHandle, offset: u64, len: u64, value: u8) -> Result<()>;
     /// See [`Pool::host_ptr`].
     fn host_ptr(&self, block: &BlockHandle) -> Option<std::ptr::NonNull<u8>>;
+    /// Waits for the device work queued on the pool's memory (see [`Backend::settle`]).
+    fn settle(&self) -> Result<()>;
     /// See [`Pool::stats`].
     fn stats(&self) -> PoolStats;
     /// See [`Pool::snapshot`].
@@ -173,6 +175,9 @@ impl<B: Backend> MemoryPool for Pool<B> {
     }
     fn host_ptr(&self, block: &BlockHandle) -> Option<std::ptr::NonNull<u8>> {
         Pool::host_ptr(self, block)
+    }
+    fn settle(&self) -> Result<()> {
+        self.backend().settle()
     }
     fn stats(&self) -> PoolStats {
         Pool::stats(self)
@@ -294,16 +299,22 @@ impl OwnedBlock {
         self.pool.fill(&self.handle, offset, len, value)
     }
 
-    /// The requested bytes as a host slice, when the memory is host-addressable.
+    /// The requested bytes as a host slice, when the memory is host-addressable; `None` otherwise, and when the
+    /// device work queued on the pool's memory cannot be waited for. Waits for that work first
+    /// ([`MemoryPool::settle`]: CUDA pinned and OpenCL mapped memory), so that no asynchronous copy or kernel
+    /// queued before, on this block or on one that held its memory earlier, is still writing the bytes.
     pub fn host_bytes(&self) -> Option<&[u8]> {
         let addr = self.host_addr?;
+        self.pool.settle().ok()?;
         // The block is live for as long as `self`, so the range stays valid for the borrow.
         Some(crate::raw::bytes(self, addr, self.handle.requested as usize))
     }
 
-    /// The requested bytes as a mutable host slice, when the memory is host-addressable.
+    /// The requested bytes as a mutable host slice, when the memory is host-addressable; waits for queued device
+    /// work first, as [`OwnedBlock::host_bytes`] does.
     pub fn host_bytes_mut(&mut self) -> Option<&mut [u8]> {
         let addr = self.host_addr?;
+        self.pool.settle().ok()?;
         let len = self.handle.requested as usize;
         Some(crate::raw::bytes_mut(self, addr, len))
     }

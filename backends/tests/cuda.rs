@@ -647,3 +647,32 @@ fn planted_out_of_bounds_write_for_the_sanitizer() {
     unsafe { builder.launch(LaunchConfig::for_num_elems(n as u32)) }.unwrap();
     let _ = stream.synchronize();
 }
+
+/// An asynchronous copy into a pinned buffer that is dropped before the copy ends leaves the memory to the next
+/// block on that stream; that block's host slice must not be lent while the copy still writes it.
+#[test]
+fn a_host_slice_waits_for_copies_queued_into_its_memory_earlier() {
+    let Some(dev) = gpu() else { return };
+    let stream = dev.context().new_stream().unwrap();
+    let s = cuda::stream_id(&stream);
+    let pinned = dev.caching_pool(PoolPlacement::HostPinned, PoolConfig::default()).unwrap();
+    let device = dev.caching_pool(PoolPlacement::DeviceLocal, PoolConfig::default()).unwrap();
+    const LEN: u64 = 256 << 20; // long enough (tens of ms over PCIe) for an early slice to see it unfinished
+    let mut source = CudaBuffer::allocate(&device, LEN, s).unwrap();
+    source.write(0, &vec![0xAB; LEN as usize]).unwrap();
+    for round in 0..3 {
+        let mut target = CudaBuffer::zeroed(&pinned, LEN, s).unwrap();
+        let place = target.info();
+        target.copy_from_async(0, &source, 0, LEN, s).unwrap();
+        drop(target); // the copy is still queued on `s`, the block's own stream: its memory is reusable at once
+        let pool: Arc<dyn umm_backends::MemoryPool> = pinned.clone();
+        let next = umm_backends::OwnedBlock::allocate(pool, LEN, s, false).unwrap();
+        let bytes = next.host_bytes().expect("pinned memory is host memory");
+        let reused = next.info() == place;
+        assert!(bytes.iter().all(|&b| b == 0xAB), "round {round}: the slice saw the copy unfinished");
+        if reused {
+            return;
+        }
+    }
+    panic!("in 3 rounds the pinned block was never reused: the test checked nothing");
+}

@@ -425,6 +425,9 @@ impl Backend for CudaBackend {
         raw::ctx_synchronize().map_err(|f| self.error(f))
     }
 
+    fn settle(&self) -> Result<()> {
+        self.synchronize()
+    }
     fn host_ptr(&self, segment: &CudaSegment, offset: u64) -> Option<HostPtr> {
         let host = segment.host_addr?;
         (offset < segment.size).then(|| raw::pinned_host_ptr(host, offset as usize)).flatten()

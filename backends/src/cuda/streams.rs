@@ -302,6 +302,9 @@ impl MemoryPool for CudaPool {
     fn host_ptr(&self, block: &BlockHandle) -> Option<NonNull<u8>> {
         self.pool.host_ptr(block)
     }
+    fn settle(&self) -> Result<()> {
+        self.pool.backend().settle()
+    }
     fn stats(&self) -> PoolStats {
         self.pool.stats()
     }

@@ -392,6 +392,9 @@ impl Backend for OpenClBackend {
         Ok(())
     }
 
+    fn settle(&self) -> Result<()> {
+        self.finish()
+    }
     fn host_ptr(&self, segment: &OpenClSegment, offset: u64) -> Option<HostPtr> {
         let base = segment.0.mapped?;
         (offset < segment.size()).then(|| raw::mapped_host_ptr(base, offset as usize)).flatten()
