@@ -36,10 +36,27 @@ pub struct VirtualMemory {
     pub max_reservation: u64,
 }
 
+/// Proof that a [`crate::Pool`] is the caller: what [`Backend::destroy_segment`] asks for. Only this crate makes
+/// one, and [`Backend`] is sealed, so none reaches code outside it.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolAccess(());
+
+impl PoolAccess {
+    pub(crate) const fn new() -> Self {
+        Self(())
+    }
+}
+
+pub(crate) mod sealed {
+    /// Only this crate's backends are [`super::Backend`]s: pools trust what a backend says about its memory
+    /// (addresses, bounds) when owned blocks lend host slices of it, and a backend receives [`super::PoolAccess`].
+    pub trait Sealed {}
+}
+
 /// A device backend. Implementations live in one folder each (`host/`, `sim/`, `cuda/`, ...); their raw layers
 /// hold any `unsafe`. All methods are called with the pool's lock held unless noted, so they must not call back
-/// into the pool.
-pub trait Backend: Send + Sync + 'static {
+/// into the pool. Sealed: a new kind of memory is a new backend in this crate.
+pub trait Backend: sealed::Sealed + Send + Sync + 'static {
     /// The backend's handle for one segment: a device pointer, a `cl_mem`, a `wgpu::Buffer`, a host allocation.
     /// Cloning must be cheap (a copy, or a reference count).
     type Segment: Clone + Send + Sync + 'static;
@@ -73,8 +90,10 @@ pub trait Backend: Send + Sync + 'static {
     fn create_segment(&self, size: u64) -> Result<Self::Segment>;
 
     /// Destroys a segment created by [`Backend::create_segment`] or [`Backend::reserve_virtual`].
-    /// Never panics; a failure is logged.
-    fn destroy_segment(&self, segment: Self::Segment);
+    /// Never panics; a failure is logged. Only a pool can call it (it alone makes a [`PoolAccess`]): segment
+    /// handles are cheap clones, so a caller holding one could otherwise destroy memory twice, or under blocks
+    /// whose owners lend it as host slices.
+    fn destroy_segment(&self, segment: Self::Segment, access: PoolAccess);
 
     /// Whether (and how) this backend supports virtual reservations with on-demand page mapping.
     fn virtual_memory(&self) -> Option<VirtualMemory> {

@@ -60,7 +60,7 @@ fn cuda(src: &OwnedBlock, dst: &mut OwnedBlock, len: u64) -> Result<Option<Devic
     if to.backend().placement() == PoolPlacement::ReadOnly {
         return Ok(None);
     }
-    crate::cuda::copy_block(from.pool(), src.handle(), to.pool(), dst.handle(), len)?;
+    crate::cuda::peer::copy_owned_or_device(from.pool(), src.handle(), to.pool(), dst.handle(), len)?;
     let same_device = from.backend().context().cu_ctx() == to.backend().context().cu_ctx();
     Ok(Some(if same_device { DevicePath::CudaDevice } else { DevicePath::CudaPeer }))
 }
@@ -74,7 +74,7 @@ fn opencl(src: &OwnedBlock, dst: &mut OwnedBlock, len: u64) -> Result<Option<Dev
     if from.backend().context().get() != to.backend().context().get() {
         return Ok(None);
     }
-    crate::opencl::copy_block(from, src.handle(), to, dst.handle(), len)?;
+    crate::opencl::copy_owned_or_device(from, src.handle(), to, dst.handle(), len)?;
     Ok(Some(DevicePath::OpenClDevice))
 }
 

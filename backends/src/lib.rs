@@ -25,7 +25,7 @@ pub mod stats;
 #[path = "wgpu/mod.rs"]
 pub mod wgpu_backend;
 
-pub use backend::{Backend, BackendKind, HostPtr, VirtualMemory};
+pub use backend::{Backend, BackendKind, HostPtr, PoolAccess, VirtualMemory};
 pub use block::{BlockHandle, BlockInfo, MemoryPool, OwnedBlock};
 pub use device::{DeviceInfo, DeviceType, Discovery, PoolPlacement};
 pub use device_copy::DevicePath;

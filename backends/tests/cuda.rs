@@ -437,6 +437,21 @@ fn pinned_memory_is_a_host_slice_and_usable_by_kernels() {
     let unsupported = |e: Error| matches!(e, Error::Unsupported { ref what, .. } if what.contains("CudaBuffer::view"));
     assert!(unsupported(pinned.pool().view::<f32>(&plain, &stream).unwrap_err()));
     assert!(unsupported(pinned.pool().view_mut::<f32>(&plain, &stream).unwrap_err()));
+    // So is a device copy through plain handles, which runs without the pools' locks; stream-ordered writes and
+    // fills of pinned memory run from the host, under the lock, and land at once.
+    let on_device = device.allocate(4096, s).unwrap();
+    for r in [
+        cuda::copy_block(pinned.pool(), &plain, device.pool(), &on_device, 16),
+        cuda::copy_block(device.pool(), &on_device, pinned.pool(), &plain, 16),
+    ] {
+        assert!(matches!(r, Err(Error::Unsupported { ref what, .. }) if what.contains("pinned")), "{r:?}");
+    }
+    pinned.write_on_stream(&plain, 0, &[5; 32], s).unwrap();
+    pinned.fill_async(&plain, 16, 16, 6, s).unwrap();
+    let mut back = [0; 32];
+    pinned.pool().read(&plain, 0, &mut back).unwrap();
+    assert_eq!((back[..16].to_vec(), back[16..].to_vec()), (vec![5; 16], vec![6; 16]));
+    device.free(&on_device).unwrap();
     pinned.free(&plain).unwrap();
 }
 

@@ -227,6 +227,8 @@ fn host_memory() -> Option<(u64, u64)> {
     Some((field("MemTotal:")?, field("MemAvailable:").unwrap_or(0)))
 }
 
+impl crate::backend::sealed::Sealed for CudaBackend {}
+
 impl Backend for CudaBackend {
     type Segment = CudaSegment;
 
@@ -275,7 +277,7 @@ impl Backend for CudaBackend {
         Ok(CudaSegment { device_ptr: ptr, size, host_addr: None, pages: None })
     }
 
-    fn destroy_segment(&self, segment: CudaSegment) {
+    fn destroy_segment(&self, segment: CudaSegment, _: crate::backend::PoolAccess) {
         // Work queued before the blocks of this segment were freed may still run: wait for it.
         if let Err(e) = self.synchronize() {
             log::error!("{}: synchronizing before freeing a segment failed: {e}", self.name);

@@ -197,8 +197,8 @@ pub(super) fn range(
     Ok((segment.device_ptr + at, segment.host_addr.map(|h| h + at as usize)))
 }
 
-/// Copies `src` into the block at `offset` on `stream` and waits for the stream (pinned memory: a host copy
-/// after waiting for the stream).
+/// Copies `src` into the block at `offset` on `stream` and waits for the stream (pinned memory: a host copy under
+/// the pool's lock after waiting for the stream).
 pub(super) fn upload(
     pool: &Pool<CudaBackend>,
     block: &BlockHandle,
@@ -209,10 +209,11 @@ pub(super) fn upload(
     let (ptr, host) = range(pool, block, offset, src.len() as u64)?;
     let backend = pool.backend();
     backend.bind()?;
-    if let Some(host) = host {
+    if host.is_some() {
+        // A host copy under the pool's lock (`Pool::write`), so that it cannot land after the block was freed
+        // and its memory lent to an owner as a host slice.
         raw::stream_synchronize(stream).map_err(|f| backend.error(f))?;
-        raw::host_copy_in(host, src);
-        return Ok(());
+        return pool.write(block, offset, src);
     }
     if src.is_empty() {
         return Ok(());

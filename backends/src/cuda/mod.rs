@@ -21,7 +21,7 @@ mod backend;
 mod buffer;
 mod cache;
 mod interop;
-mod peer;
+pub(crate) mod peer;
 mod raw;
 mod scope;
 mod streams;

@@ -14,8 +14,30 @@ static PEER_TRIED: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
 /// Copies the first `len` bytes of `src_block` (of `src`) to `dst_block` (of `dst`) on the device(s) and waits
 /// for the copy. The pools may belong to one device or to two. Waits for all work queued in the source context
 /// first, so the copy sees what kernels wrote. Read-only destinations are refused (they are filled once, at
-/// allocation); `len` must lie inside both blocks.
+/// allocation); `len` must lie inside both blocks. Pinned blocks are refused: the copy runs without the pools'
+/// locks, so through a plain handle it could land after the block was freed and its memory lent to an owner as
+/// a host slice; owned blocks copy with [`crate::OwnedBlock::copy_on_device_from`].
 pub fn copy_block(
+    src: &Pool<CudaBackend>,
+    src_block: &BlockHandle,
+    dst: &Pool<CudaBackend>,
+    dst_block: &BlockHandle,
+    len: u64,
+) -> Result<()> {
+    for pool in [src, dst] {
+        if pool.backend().placement() == PoolPlacement::HostPinned {
+            return Err(Error::Unsupported {
+                backend: pool.backend().name().to_string(),
+                what: "a device copy of pinned memory through a plain handle: use an owned block".into(),
+            });
+        }
+    }
+    copy_owned_or_device(src, src_block, dst, dst_block, len)
+}
+
+/// [`copy_block`] without its refusal of pinned blocks: for owned blocks, whose borrows keep the memory theirs
+/// for the whole copy.
+pub(crate) fn copy_owned_or_device(
     src: &Pool<CudaBackend>,
     src_block: &BlockHandle,
     dst: &Pool<CudaBackend>,

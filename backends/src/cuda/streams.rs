@@ -114,13 +114,17 @@ impl CudaPool {
     pub fn free(&self, block: &BlockHandle) -> Result<()> {
         let mut uses = self.uses.lock();
         // Most blocks are used on one stream only: skip the hash lookup when nothing was recorded.
-        let recorded = if uses.extra.is_empty() { None } else { uses.extra.remove(&block.key()) };
-        let Some(streams) = recorded else {
+        if uses.extra.is_empty() {
             return self.pool.free(block);
-        };
+        }
+        // Checked before the recorded streams are taken: a stale handle's key is that of whatever block holds
+        // the slot now, whose recorded streams must stay.
         if self.pool.segment_of(block).is_none() {
             return Err(Error::UnknownBlock(format!("{block:?} in pool {}", self.pool.backend().name())));
         }
+        let Some(streams) = uses.extra.remove(&block.key()) else {
+            return self.pool.free(block);
+        };
         let backend = self.pool.backend();
         let mut events = Vec::with_capacity(streams.len());
         let recorded = backend.bind().and_then(|()| {
@@ -225,15 +229,15 @@ impl CudaPool {
         super::interop::upload(&self.pool, block, offset, src, stream)
     }
 
-    /// Sets `len` bytes at `offset` of the block to `value`, queued on `stream` (asynchronous).
+    /// Sets `len` bytes at `offset` of the block to `value`, queued on `stream` (asynchronous). Pinned memory is
+    /// filled at once, from the host, under the pool's lock ([`Pool::fill`]), so the fill cannot land after the
+    /// block was freed and its memory lent to an owner as a host slice.
     pub fn fill_async(&self, block: &BlockHandle, offset: u64, len: u64, value: u8, stream: StreamId) -> Result<()> {
         self.refuse_read_only()?;
         let (ptr, host) = super::interop::range(&self.pool, block, offset, len)?;
         let backend = self.pool.backend();
-        if let Some(host) = host {
-            backend.synchronize()?;
-            raw::host_fill(host, len as usize, value);
-            return Ok(());
+        if host.is_some() {
+            return self.pool.fill(block, offset, len, value);
         }
         backend.bind()?;
         raw::memset_async(ptr, value, len, stream).map_err(|f| backend.error(f))

@@ -55,6 +55,8 @@ impl HostBackend {
     }
 }
 
+impl crate::backend::sealed::Sealed for HostBackend {}
+
 impl Backend for HostBackend {
     type Segment = HostSegment;
 
@@ -89,7 +91,7 @@ impl Backend for HostBackend {
         self.held.fetch_add(size, Ordering::Relaxed);
         Ok(HostSegment { addr: allocation.addr, base: allocation.base, size })
     }
-    fn destroy_segment(&self, segment: HostSegment) {
+    fn destroy_segment(&self, segment: HostSegment, _: crate::backend::PoolAccess) {
         raw::dealloc(raw::Allocation { addr: segment.addr, base: segment.base }, segment.size, self.alignment);
         self.held.fetch_sub(segment.size, Ordering::Relaxed);
     }
@@ -139,7 +141,7 @@ mod tests {
                 assert!(backend.host_ptr(&segment, size).is_none(), "no host pointer past the end");
                 assert!(matches!(backend.write(&segment, size, &[7]), Err(Error::OutOfBounds(_))));
                 assert!(matches!(backend.fill(&segment, 1, size, 0), Err(Error::OutOfBounds(_))));
-                backend.destroy_segment(segment);
+                backend.destroy_segment(segment, crate::backend::PoolAccess::new());
                 assert_eq!(backend.free_memory(), CAPACITY);
             }
         }

@@ -305,6 +305,8 @@ impl OpenClBackend {
     }
 }
 
+impl crate::backend::sealed::Sealed for OpenClBackend {}
+
 impl Backend for OpenClBackend {
     type Segment = OpenClSegment;
 
@@ -351,7 +353,7 @@ impl Backend for OpenClBackend {
         Ok(OpenClSegment(Arc::new(SegmentInner { mem, size, mapped, device: Arc::clone(&self.device) })))
     }
 
-    fn destroy_segment(&self, segment: OpenClSegment) {
+    fn destroy_segment(&self, segment: OpenClSegment, _: crate::backend::PoolAccess) {
         // The last reference unmaps and releases the buffer (see SegmentInner's Drop).
         drop(segment);
     }
@@ -423,7 +425,8 @@ pub fn block_sub_buffer(block: &OwnedBlock) -> Result<SubBuffer> {
     cl_sub_buffer(cl, block.handle())
 }
 
-/// Non-blocking [`Pool::write`]: enqueues copying `data` into the block at `offset`.
+/// Non-blocking [`Pool::write`]: enqueues copying `data` into the block at `offset`. Refused for host-mapped
+/// memory (see [`device_memory`]).
 pub fn write_block_async(
     pool: &Pool<OpenClBackend>,
     block: &BlockHandle,
@@ -431,21 +434,70 @@ pub fn write_block_async(
     data: Vec<u8>,
 ) -> Result<PendingWrite> {
     check_in_block(block, offset, data.len() as u64)?;
-    let (segment, base) = live(pool, block)?;
+    let (segment, base) = device_memory(pool, block, "an asynchronous write")?;
     pool.backend().write_async(&segment, base + offset, data)
 }
 
 /// Non-blocking [`Pool::read`]: enqueues copying `len` bytes of the block at `offset` into a new host buffer.
+/// Refused for host-mapped memory (see [`device_memory`]).
 pub fn read_block_async(pool: &Pool<OpenClBackend>, block: &BlockHandle, offset: u64, len: u64) -> Result<PendingRead> {
     check_in_block(block, offset, len)?;
-    let (segment, base) = live(pool, block)?;
+    let (segment, base) = device_memory(pool, block, "an asynchronous read")?;
     pool.backend().read_async(&segment, base + offset, len)
+}
+
+/// Non-blocking [`Pool::fill`]: enqueues setting `len` bytes of the block at `offset` to `value`; the event
+/// completes when the fill has. Refused for host-mapped memory (see [`device_memory`]).
+pub fn fill_block_async(
+    pool: &Pool<OpenClBackend>,
+    block: &BlockHandle,
+    offset: u64,
+    len: u64,
+    value: u8,
+) -> Result<ClEvent> {
+    check_in_block(block, offset, len)?;
+    let (segment, base) = device_memory(pool, block, "an asynchronous fill")?;
+    pool.backend().fill_async(&segment, base + offset, len, value)
+}
+
+/// The segment and offset of live `block`, refused where the segment is mapped into the host (HostPinned on
+/// host-unified devices). Transfers through a plain handle that outlast the pool's lock (queued ones, or a
+/// blocking copy that drops it) could otherwise land after the block was freed and its memory lent to an
+/// [`OwnedBlock`] as a host slice; for mapped memory use [`Pool::write`]/[`Pool::read`], which copy under the
+/// lock.
+fn device_memory(pool: &Pool<OpenClBackend>, block: &BlockHandle, what: &str) -> Result<(OpenClSegment, u64)> {
+    let (segment, base) = live(pool, block)?;
+    if segment.0.mapped.is_some() {
+        return Err(Error::Unsupported {
+            backend: pool.backend().name().to_string(),
+            what: format!(
+                "{what} of host-mapped memory through a plain handle: use Pool::write or Pool::read, or an owned block"
+            ),
+        });
+    }
+    Ok((segment, base))
 }
 
 /// Copies `len` bytes from the start of `src_block` to the start of `dst_block` on the device
 /// (clEnqueueCopyBuffer) and waits. Both pools must be of one device (one context and queue); `len` must lie
 /// inside both blocks. Pools of different devices are [`Error::Unsupported`]: move the bytes through the host.
+/// Host-mapped blocks are refused (see [`device_memory`]); owned blocks copy with
+/// [`OwnedBlock::copy_on_device_from`].
 pub fn copy_block(
+    src_pool: &Pool<OpenClBackend>,
+    src_block: &BlockHandle,
+    dst_pool: &Pool<OpenClBackend>,
+    dst_block: &BlockHandle,
+    len: u64,
+) -> Result<()> {
+    device_memory(src_pool, src_block, "a device copy")?;
+    device_memory(dst_pool, dst_block, "a device copy")?;
+    copy_owned_or_device(src_pool, src_block, dst_pool, dst_block, len)
+}
+
+/// [`copy_block`] without its refusal of host-mapped blocks: for owned blocks, whose borrows keep the memory
+/// theirs for the whole copy, and for blocks already checked to be device memory.
+pub(crate) fn copy_owned_or_device(
     src_pool: &Pool<OpenClBackend>,
     src_block: &BlockHandle,
     dst_pool: &Pool<OpenClBackend>,

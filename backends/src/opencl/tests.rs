@@ -1,4 +1,5 @@
-//! Unit tests of the pure parts of discovery (they need no OpenCL runtime).
+//! Unit tests of the pure parts of discovery (they need no OpenCL runtime), and of the backend's sub-buffer
+//! checks, which need a device and segments (only a pool gets those, inside the crate).
 
 use super::discover::{
     alignment_from_bits, format_pci, format_uuid, no_platform_reason, parse_version, pci_from_amd, pci_from_khr,
@@ -60,4 +61,24 @@ fn uuids_format_like_cuda_and_all_zero_is_none() {
     assert_eq!(format_uuid(&b).as_deref(), Some("00010203-0405-0607-0809-0a0b0c0d0e0f"));
     assert_eq!(format_uuid(&[0; 16]), None);
     assert_eq!(format_uuid(&[1; 8]), None);
+}
+
+#[test]
+fn bad_sub_buffer_ranges_are_errors() {
+    let found = super::discover();
+    if found.devices.is_empty() {
+        crate::skip_or_fail("opencl", &format!("no OpenCL device: {}", found.skipped.join("; ")));
+    }
+    for d in found.devices {
+        let p = d.pool(crate::PoolPlacement::DeviceLocal, crate::PoolConfig::default()).unwrap();
+        let b = p.allocate(10_000, crate::StreamId(0)).unwrap();
+        let (seg, off) = p.segment_of(&b).unwrap();
+        let align = d.info().alignment;
+        let misaligned = p.backend().sub_buffer(&seg, off + align / 2, 16);
+        assert!(matches!(misaligned, Err(crate::Error::Unsupported { .. })), "{misaligned:?}");
+        let past_end = p.backend().sub_buffer(&seg, off, seg.size() + 1);
+        assert!(matches!(past_end, Err(crate::Error::OutOfBounds(_))), "{past_end:?}");
+        assert!(matches!(p.backend().sub_buffer(&seg, off, 0), Err(crate::Error::ZeroSize { .. })));
+        p.free(&b).unwrap();
+    }
 }

@@ -18,6 +18,7 @@ mod quick;
 
 pub use config::{parse_size, Limit, PoolConfig, SegmentMode, Strategy};
 
+use crate::backend::PoolAccess;
 use crate::engine::{Allocation, Engine, Restore, SegmentId};
 use crate::raw::lock::PoolMutex;
 use crate::{Backend, BlockHandle, Error, HostPtr, PoolStats, Result, StreamId};
@@ -796,7 +797,7 @@ impl<B: Backend> Pool<B> {
             state.empty_plain_bytes -= size;
             size
         };
-        self.backend.destroy_segment(entry.handle);
+        self.backend.destroy_segment(entry.handle, PoolAccess::new());
         self.backend.release_spare_pages();
         state.stats.num_device_free += 1;
         state.stats.segments.sub(1);
@@ -869,7 +870,7 @@ impl<B: Backend> Pool<B> {
     }
 
     /// The backend segment holding `block`, and the block's offset in it; `None` if the block is not live.
-    pub fn segment_of(&self, block: &BlockHandle) -> Option<(B::Segment, u64)> {
+    pub(crate) fn segment_of(&self, block: &BlockHandle) -> Option<(B::Segment, u64)> {
         let state = self.state.lock();
         Some((state.live_entry(block)?.handle.clone(), block.offset))
     }
@@ -947,7 +948,7 @@ impl<B: Backend> Drop for Pool<B> {
             for (index, slot) in arena.segments.iter_mut().enumerate() {
                 let Some(entry) = slot.take() else { continue };
                 Self::unmap_all(&self.backend, &arena.engine, SegmentId(index as u32), &entry);
-                self.backend.destroy_segment(entry.handle);
+                self.backend.destroy_segment(entry.handle, PoolAccess::new());
             }
         }
         self.backend.release_spare_pages();

@@ -498,6 +498,8 @@ impl PageChecked {
     }
 }
 
+impl crate::backend::sealed::Sealed for PageChecked {}
+
 impl Backend for PageChecked {
     type Segment = crate::sim::SimSegment;
     fn name(&self) -> &str {
@@ -524,9 +526,9 @@ impl Backend for PageChecked {
     fn create_segment(&self, size: u64) -> Result<Self::Segment> {
         self.inner.create_segment(size)
     }
-    fn destroy_segment(&self, segment: Self::Segment) {
+    fn destroy_segment(&self, segment: Self::Segment, _: crate::backend::PoolAccess) {
         assert!(!self.mapped.lock().iter().any(|&(base, _)| base == segment.base), "destroyed while mapped");
-        self.inner.destroy_segment(segment)
+        self.inner.destroy_segment(segment, crate::backend::PoolAccess::new())
     }
     fn virtual_memory(&self) -> Option<crate::VirtualMemory> {
         // Small reservations, so that a test also sees a pool with several of them.

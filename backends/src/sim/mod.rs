@@ -89,6 +89,8 @@ impl SimBackend {
     }
 }
 
+impl crate::backend::sealed::Sealed for SimBackend {}
+
 impl Backend for SimBackend {
     type Segment = SimSegment;
 
@@ -117,7 +119,7 @@ impl Backend for SimBackend {
         self.take(size, "create_segment")?;
         Ok(self.addresses(size, false))
     }
-    fn destroy_segment(&self, segment: SimSegment) {
+    fn destroy_segment(&self, segment: SimSegment, _: crate::backend::PoolAccess) {
         // A reservation's pages were unmapped (and counted back) before it is destroyed.
         if !segment.reservation {
             self.physical.fetch_sub(segment.size, Ordering::Relaxed);

@@ -194,6 +194,8 @@ impl WgpuBackend {
     }
 }
 
+impl crate::backend::sealed::Sealed for WgpuBackend {}
+
 impl Backend for WgpuBackend {
     type Segment = wgpu::Buffer;
 
@@ -233,7 +235,7 @@ impl Backend for WgpuBackend {
         self.shared.held.fetch_add(size, std::sync::atomic::Ordering::Relaxed);
         Ok(buffer)
     }
-    fn destroy_segment(&self, segment: wgpu::Buffer) {
+    fn destroy_segment(&self, segment: wgpu::Buffer, _: crate::backend::PoolAccess) {
         self.sealed.lock().retain(|(b, _, _)| *b != segment);
         // wgpu keeps the memory until submitted work that uses the buffer is done. On a lost device the call
         // may fail: that is logged, and the bytes are no longer counted either way.
