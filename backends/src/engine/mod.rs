@@ -22,7 +22,7 @@ mod withheld;
 pub use withheld::Restore;
 
 use bins::{bin_of, BinMaps, BIN_COUNT};
-use slab::{Node, NodeState, NIL};
+use slab::{Node, NodeState, NIL, RETIRED};
 
 /// How many blocks of the request's own size class are examined for the best fit before settling for the best
 /// seen (or moving to the next class). Bounds allocation to O(1) even when many blocks of one class are free.
@@ -356,11 +356,16 @@ impl Engine {
         if node.state != NodeState::Live || node.generation != id.generation() {
             return None;
         }
-        let generation = node.generation.wrapping_add(1);
+        // Live ids are below RETIRED, so this does not wrap.
+        let generation = node.generation + 1;
         let node = &mut self.nodes[id.index()];
         node.state = NodeState::Parked;
         node.generation = generation;
-        Some(BlockId::new(id.index(), generation))
+        let mut index = id.index();
+        if generation == RETIRED {
+            index = self.relocate(index);
+        }
+        Some(BlockId::new(index, self.nodes[index].generation))
     }
 
     /// Makes a parked block live again (same id). O(1).
@@ -392,7 +397,9 @@ impl Engine {
         let mut merged = id.index();
         let node = &mut self.nodes.as_mut_slice()[merged as usize];
         node.state = NodeState::Free;
-        node.generation = node.generation.wrapping_add(1);
+        // Live and parked ids are below RETIRED, so this does not wrap. A node that reaches RETIRED and survives
+        // the coalescing moves to another slot below (one absorbed by its neighbour retires its slot).
+        node.generation += 1;
 
         if prev != NIL && self.nodes[prev].state == NodeState::Free {
             self.unlink_free(prev);
@@ -402,6 +409,9 @@ impl Engine {
         if next != NIL && self.nodes[next].state == NodeState::Free {
             self.unlink_free(next);
             self.absorb_next(merged);
+        }
+        if self.nodes[merged].generation == RETIRED {
+            merged = self.relocate(merged);
         }
         self.push_free(merged);
 
@@ -554,6 +564,37 @@ impl Engine {
             size,
             segment_was_empty: was_empty,
         }
+    }
+
+    /// Moves node `index` (in no free list) to another slot, whose own generation it takes, and retires slot
+    /// `index` for good: the node's generation reached [`RETIRED`]. Returns the new index. Runs once per 2^32
+    /// uses of a slot.
+    #[cold]
+    #[inline(never)]
+    fn relocate(&mut self, index: u32) -> u32 {
+        let mut node = self.nodes[index];
+        node.generation = 0; // kept by a new slot; a reused slot moves its own generation forward instead
+        let moved = self.nodes.insert(node);
+        let (prev, next) = (node.prev_phys, node.next_phys);
+        if prev != NIL {
+            self.nodes[prev].next_phys = moved;
+        } else {
+            let seg = self.segments[node.segment as usize].as_mut().expect("a node's segment exists");
+            seg.first_block = moved;
+        }
+        if next != NIL {
+            self.nodes[next].prev_phys = moved;
+        }
+        self.nodes.remove(index); // its generation is RETIRED: the slot is never reused
+        moved
+    }
+
+    /// Sets the generation of live block `id`'s node (tests only: to reach [`RETIRED`] without 2^32 frees).
+    #[cfg(test)]
+    pub(crate) fn age(&mut self, id: BlockId, generation: u32) -> BlockId {
+        assert!(self.block(id).is_some() && generation < RETIRED);
+        self.nodes[id.index()].generation = generation;
+        BlockId::new(id.index(), generation)
     }
 
     /// Merges the physical successor of `index` (already unlinked from its class) into it.

@@ -7,6 +7,11 @@ use std::ops::{Index, IndexMut};
 /// "No node": the end of a list.
 pub(super) const NIL: u32 = u32::MAX;
 
+/// The generation no id is issued with. A slot whose node reaches it is retired, never reused, so generations
+/// never wrap: a stale id cannot match a later block of its slot, however many times the slot is reused (a u32
+/// would otherwise wrap after 2^32 frees of one slot, minutes of a tight loop).
+pub(super) const RETIRED: u32 = u32::MAX;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum NodeState {
     Free,
@@ -88,11 +93,15 @@ impl Slab {
         index
     }
 
-    /// Marks slot `index` vacant. O(1).
+    /// Marks slot `index` vacant, for reuse unless its generation is (next to) [`RETIRED`]: reusing it would
+    /// bump the generation into [`RETIRED`]. O(1).
     #[inline]
     pub(super) fn remove(&mut self, index: u32) {
         let node = &mut self.nodes[index as usize];
         node.state = NodeState::Vacant;
+        if node.generation >= RETIRED - 1 {
+            return;
+        }
         node.next_free = self.vacant_head;
         self.vacant_head = index;
     }

@@ -436,3 +436,50 @@ fn withholding_takes_the_smallest_free_blocks_first_from_their_top() {
     assert_eq!(got, 9 * GRANULE, "the rest of both holes");
     assert_eq!(e.stats().withheld_bytes, 11 * GRANULE);
 }
+
+/// Generations never wrap: a node whose generation reaches the last one moves to another slot and its slot is
+/// retired, so an id kept from the slot's first use cannot match a block 2^32 uses later.
+#[test]
+fn a_slot_whose_generation_runs_out_is_retired_not_wrapped() {
+    let mut e = Engine::new(256).unwrap();
+    let seg = e.add_segment(1 << 20).unwrap();
+    // Free: the node survives coalescing (its neighbour is live) and moves.
+    let a = e.allocate(4096).unwrap();
+    let keep = e.allocate(4096).unwrap();
+    let a_id = e.age(a.block, u32::MAX - 1);
+    let stale = a_id;
+    e.free(a_id).unwrap();
+    e.check_index();
+    assert!(e.block(stale).is_none() && e.free(stale).is_none(), "the stale id is refused");
+    let again = e.allocate(4096).unwrap();
+    assert_eq!((again.segment, again.offset), (seg, a.offset), "same range");
+    assert_ne!(again.block.index(), stale.index(), "in another slot");
+    // Park: a parked block that reaches the last generation moves too, and unparks and frees by its new id.
+    let aged = e.age(again.block, u32::MAX - 1);
+    let parked = e.park(aged).unwrap();
+    assert_ne!(parked.index(), aged.index());
+    let live = e.unpark(parked).unwrap();
+    assert_eq!(e.block(live).map(|b| b.offset), Some(a.offset));
+    assert!(e.block(aged).is_none());
+    e.free(live).unwrap();
+    // Absorbed by a free neighbour: the node's slot is vacated and not reused.
+    let b = e.allocate(8192).unwrap();
+    let c = e.allocate(8192).unwrap();
+    assert_eq!(c.offset, b.offset + b.size, "c's address neighbour is b");
+    e.free(b.block).unwrap();
+    let c_id = e.age(c.block, u32::MAX - 1);
+    e.free(c_id).unwrap();
+    e.check_index();
+    let retired = [stale.index(), aged.index(), c_id.index()];
+    let many: Vec<_> = (0..64).map(|_| e.allocate(256).unwrap()).collect();
+    for x in &many {
+        assert!(!retired.contains(&x.block.index()), "a retired slot was reused");
+    }
+    for x in many {
+        e.free(x.block).unwrap();
+    }
+    e.free(keep.block).unwrap();
+    e.check_index();
+    assert_eq!(e.stats().live_blocks, 0);
+    assert_eq!(e.empty_segments().count(), 1, "everything coalesced back into one free segment");
+}
