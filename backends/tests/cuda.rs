@@ -691,3 +691,37 @@ fn a_host_slice_waits_for_copies_queued_into_its_memory_earlier() {
     }
     panic!("in 3 rounds the pinned block was never reused: the test checked nothing");
 }
+
+/// Stream ids reach the driver as `CUstream` handles, so only streams umm has seen live are passed on: a made-up
+/// id, or that of a dropped stream, is an error instead of a dangling handle inside the driver.
+#[test]
+fn only_live_registered_streams_reach_the_driver() {
+    let Some(dev) = gpu() else { return };
+    let pool = dev.caching_pool(PoolPlacement::DeviceLocal, PoolConfig::default()).unwrap();
+    let block = pool.allocate(4096, StreamId(0)).unwrap();
+    let refused = |r: Result<(), Error>, why: &str| {
+        assert!(matches!(r, Err(Error::Unsupported { ref what, .. }) if what.contains(why)), "{why}: {r:?}");
+    };
+    refused(pool.record_stream(&block, StreamId(0xdead_beef)), "not a stream umm has seen");
+    refused(pool.fill_async(&block, 0, 16, 1, StreamId(0xdead_beef)), "not a stream umm has seen");
+    let stream = dev.context().new_stream().unwrap();
+    let id = cuda::stream_id(&stream);
+    pool.record_stream(&block, id).unwrap();
+    pool.fill_async(&block, 0, 16, 7, id).unwrap();
+    stream.synchronize().unwrap();
+    let mut back = [0; 16];
+    pool.pool().read(&block, 0, &mut back).unwrap();
+    assert_eq!(back, [7; 16]);
+    let other = dev.context().new_stream().unwrap();
+    let dropped = cuda::stream_id(&other);
+    drop(other);
+    refused(pool.fill_async(&block, 0, 16, 1, dropped), "dropped");
+    // A stream made outside cudarc is accepted on its creator's word (the C ABI's way).
+    let raw = dev.context().new_stream().unwrap();
+    // SAFETY: `raw` is a live stream of this device's context and outlives every use below.
+    let vouched = unsafe { cuda::foreign_stream(cuda::stream_id(&raw).0) };
+    pool.fill_async(&block, 0, 16, 9, vouched).unwrap();
+    raw.synchronize().unwrap();
+    pool.free(&block).unwrap(); // recorded on `stream`: an event there, then back to the pool
+    assert_eq!(pool.synchronize_pending().unwrap(), 1);
+}

@@ -9,6 +9,7 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 use umm_backends::cuda::cudarc::driver::{result, sys};
+use umm_backends::cuda::foreign_stream;
 
 /// `cudaStream_t` / `CUstream`: an opaque handle, NULL for the legacy default stream.
 pub type Stream = *mut c_void;
@@ -38,10 +39,16 @@ fn guarded<T>(what: &str, failed: T, body: impl FnOnce() -> Result<T, String>) -
 ///
 /// Returns NULL with a message for [`umm_last_error`] when `size <= 0`, when umm has no pool for `device`
 /// (no driver, no such device), or when memory runs out after cached blocks were released.
+///
+/// # Safety
+/// `stream` is NULL or a live `CUstream` of `device`'s primary context that stays live until the block is freed
+/// (the contract of PyTorch's allocator interface).
 #[no_mangle]
-pub extern "C" fn umm_alloc(size: isize, device: c_int, stream: Stream) -> *mut c_void {
+pub unsafe extern "C" fn umm_alloc(size: isize, device: c_int, stream: Stream) -> *mut c_void {
+    // SAFETY: this function's contract is `foreign_stream`'s.
+    let stream = unsafe { foreign_stream(stream as usize as u64) };
     guarded("umm_alloc", std::ptr::null_mut(), || {
-        registry::alloc(size as i64, i64::from(device), stream as usize as u64).map(|p| p as usize as *mut c_void)
+        registry::alloc(size as i64, i64::from(device), stream).map(|p| p as usize as *mut c_void)
     })
 }
 
@@ -49,19 +56,29 @@ pub extern "C" fn umm_alloc(size: isize, device: c_int, stream: Stream) -> *mut 
 /// `device` are not needed (the address identifies the block). `stream` is the stream of the free: if it is not
 /// the allocation's stream, reuse waits for the work queued on it. NULL is ignored; an address umm did not hand
 /// out changes nothing and leaves a message for [`umm_last_error`].
+///
+/// # Safety
+/// `stream` is NULL or a live `CUstream` of the block's device that stays live until the work queued on it
+/// before this call has completed (umm records an event on it).
 #[no_mangle]
-pub extern "C" fn umm_free(ptr: *mut c_void, size: isize, device: c_int, stream: Stream) {
+pub unsafe extern "C" fn umm_free(ptr: *mut c_void, size: isize, device: c_int, stream: Stream) {
     let _ = size;
-    guarded("umm_free", (), || registry::free(ptr as usize as u64, i64::from(device), stream as usize as u64))
+    // SAFETY: this function's contract is `foreign_stream`'s.
+    let stream = unsafe { foreign_stream(stream as usize as u64) };
+    guarded("umm_free", (), || registry::free(ptr as usize as u64, i64::from(device), stream))
 }
 
 /// Marks the live allocation at `ptr` as used on `stream` too (PyTorch's `record_stream`): its free then waits
 /// for the work queued on `stream` before the memory is reused. Returns 0, or -1 with a message.
+///
+/// # Safety
+/// `stream` is NULL or a live `CUstream` of the block's device that stays live until the block is freed and the
+/// work queued on it by then has completed.
 #[no_mangle]
-pub extern "C" fn umm_record_stream(ptr: *mut c_void, stream: Stream) -> c_int {
-    guarded("umm_record_stream", -1, || {
-        registry::record_stream(ptr as usize as u64, stream as usize as u64).map(|()| 0)
-    })
+pub unsafe extern "C" fn umm_record_stream(ptr: *mut c_void, stream: Stream) -> c_int {
+    // SAFETY: this function's contract is `foreign_stream`'s.
+    let stream = unsafe { foreign_stream(stream as usize as u64) };
+    guarded("umm_record_stream", -1, || registry::record_stream(ptr as usize as u64, stream).map(|()| 0))
 }
 
 /// The number of CUDA devices umm sees (0 without a driver or GPU). Discovers devices on first use.

@@ -227,7 +227,7 @@ pub(crate) fn device_count() -> usize {
 
 /// Allocates `size` bytes on `device` for use on `stream` (0: the legacy default stream). Returns the device
 /// address. O(1) from cache: [`CudaPool::allocate`] plus one map insert.
-pub(crate) fn alloc(size: i64, device: i64, stream: u64) -> Result<u64, String> {
+pub(crate) fn alloc(size: i64, device: i64, stream: StreamId) -> Result<u64, String> {
     if size <= 0 {
         return Err(format!("umm_alloc: size {size} on device {device}: a size must be above zero"));
     }
@@ -235,7 +235,6 @@ pub(crate) fn alloc(size: i64, device: i64, stream: u64) -> Result<u64, String> 
     let (slot, main) = reg.pool(device)?;
     let (pool, huge) = slot.pool_for(main, size as u64, reg.huge_min);
     let _scope = ContextScope::enter();
-    let stream = StreamId(stream);
     let block = pool.allocate(size as u64, stream).map_err(|e| format!("umm_alloc: {e}"))?;
     let ptr = match pool.device_ptr(&block) {
         Ok(p) => p,
@@ -252,7 +251,7 @@ pub(crate) fn alloc(size: i64, device: i64, stream: u64) -> Result<u64, String> 
 /// allocated on, the block is marked as used on it (`record_stream`), so it is reused only once the work queued
 /// there has passed. Freeing 0 does nothing. An address umm did not hand out is an error and changes nothing.
 /// `device` is checked only in the message: the address says which pool owns the block.
-pub(crate) fn free(ptr: u64, device: i64, stream: u64) -> Result<(), String> {
+pub(crate) fn free(ptr: u64, device: i64, stream: StreamId) -> Result<(), String> {
     if ptr == 0 {
         return Ok(());
     }
@@ -266,8 +265,8 @@ pub(crate) fn free(ptr: u64, device: i64, stream: u64) -> Result<(), String> {
     })?;
     let pool = live_pool(reg, &live)?;
     let _scope = ContextScope::enter();
-    if stream != live.stream.0 {
-        pool.record_stream(&live.block, StreamId(stream)).map_err(|e| format!("umm_free: {e}"))?;
+    if stream != live.stream {
+        pool.record_stream(&live.block, stream).map_err(|e| format!("umm_free: {e}"))?;
     }
     pool.free(&live.block).map_err(|e| format!("umm_free: {e}"))
 }
@@ -278,16 +277,16 @@ fn live_pool<'a>(reg: &'a Registry, live: &Live) -> Result<&'a Arc<CudaPool>, St
 }
 
 /// Marks the live block at `ptr` as used on `stream` as well: its free then waits for the work queued there.
-pub(crate) fn record_stream(ptr: u64, stream: u64) -> Result<(), String> {
+pub(crate) fn record_stream(ptr: u64, stream: StreamId) -> Result<(), String> {
     let reg = REGISTRY.get().ok_or_else(|| format!("umm_record_stream: {ptr:#x} was not allocated by umm"))?;
     let live = reg.live.lock();
     let entry = live.get(&ptr).ok_or_else(|| format!("umm_record_stream: {ptr:#x} was not allocated by umm"))?;
     let pool = live_pool(reg, entry)?;
-    if StreamId(stream) == entry.stream {
+    if stream == entry.stream {
         return Ok(());
     }
     let _scope = ContextScope::enter();
-    pool.record_stream(&entry.block, StreamId(stream)).map_err(|e| format!("umm_record_stream: {e}"))
+    pool.record_stream(&entry.block, stream).map_err(|e| format!("umm_record_stream: {e}"))
 }
 
 /// The device's pool statistics as one JSON object (names as in `torch.cuda.memory_stats()`).

@@ -1,10 +1,28 @@
 //! The C ABI's answers to bad input, called as C would call it. On a machine without CUDA (CI) every device is
 //! missing; on a GPU machine the same checks use a device ordinal that does not exist.
 
-use std::ffi::{c_char, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr;
 use umm_backends::skip_or_fail;
 use umm_capi::*;
+
+/// `umm_alloc` on the null stream, which is always live: the entry points' only unsafe argument is the stream.
+fn alloc(size: isize, device: c_int) -> *mut c_void {
+    // SAFETY: a NULL stream is the legacy default stream, valid for any device.
+    unsafe { umm_alloc(size, device, ptr::null_mut()) }
+}
+
+/// `umm_free` on the null stream (see [`alloc`]).
+fn free(p: *mut c_void, size: isize, device: c_int) {
+    // SAFETY: as in `alloc`.
+    unsafe { umm_free(p, size, device, ptr::null_mut()) }
+}
+
+/// `umm_record_stream` on the null stream (see [`alloc`]).
+fn record_stream(p: *mut c_void) -> c_int {
+    // SAFETY: as in `alloc`.
+    unsafe { umm_record_stream(p, ptr::null_mut()) }
+}
 
 fn last_error() -> Option<String> {
     let p: *const c_char = umm_last_error();
@@ -21,7 +39,7 @@ fn cuda_present() -> bool {
 fn alloc_without_a_pool_returns_null_with_a_message() {
     umm_clear_error();
     let device = if cuda_present() { 4096 } else { 0 };
-    let p = umm_alloc(1 << 20, device, ptr::null_mut());
+    let p = alloc(1 << 20, device);
     assert!(p.is_null());
     let msg = last_error().expect("a message");
     assert!(msg.contains(&format!("no CUDA pool for device {device}")), "{msg}");
@@ -34,7 +52,7 @@ fn alloc_without_a_pool_returns_null_with_a_message() {
 #[test]
 fn negative_device_is_an_error() {
     umm_clear_error();
-    assert!(umm_alloc(256, -1, ptr::null_mut()).is_null());
+    assert!(alloc(256, -1).is_null());
     assert!(last_error().expect("a message").contains("device -1"));
 }
 
@@ -42,7 +60,7 @@ fn negative_device_is_an_error() {
 fn size_zero_and_negative_return_null_with_a_message() {
     for size in [0isize, -1, isize::MIN] {
         umm_clear_error();
-        assert!(umm_alloc(size, 0, ptr::null_mut()).is_null());
+        assert!(alloc(size, 0).is_null());
         let msg = last_error().expect("a message");
         assert!(msg.contains(&format!("size {size}")) && msg.contains("above zero"), "{msg}");
     }
@@ -52,18 +70,18 @@ fn size_zero_and_negative_return_null_with_a_message() {
 fn free_of_an_unknown_pointer_is_a_no_op_with_a_message() {
     umm_clear_error();
     let bogus = 0xdead_b000usize as *mut std::ffi::c_void;
-    umm_free(bogus, 4096, 0, ptr::null_mut());
+    free(bogus, 4096, 0);
     let msg = last_error().expect("a message");
     assert!(msg.contains("0xdeadb000") && msg.contains("not allocated by umm"), "{msg}");
     // Twice: still a no-op, no crash.
-    umm_free(bogus, 4096, 0, ptr::null_mut());
-    assert_eq!(umm_record_stream(bogus, ptr::null_mut()), -1);
+    free(bogus, 4096, 0);
+    assert_eq!(record_stream(bogus), -1);
 }
 
 #[test]
 fn free_of_null_does_nothing() {
     umm_clear_error();
-    umm_free(ptr::null_mut(), 0, 0, ptr::null_mut());
+    free(ptr::null_mut(), 0, 0);
     assert_eq!(last_error(), None);
 }
 
@@ -98,7 +116,7 @@ fn cache_limit_and_peaks_of_a_missing_device_fail_cleanly() {
 fn errors_are_per_thread() {
     umm_clear_error();
     std::thread::spawn(|| {
-        assert!(umm_alloc(0, 0, ptr::null_mut()).is_null());
+        assert!(alloc(0, 0).is_null());
         assert!(last_error().is_some());
     })
     .join()
@@ -111,14 +129,14 @@ fn errors_are_per_thread() {
 fn round_trip_on_a_gpu_when_present() {
     if !cuda_present() {
         // The failed allocation's message says why there is no device (no driver, no GPU).
-        umm_alloc(1, 0, ptr::null_mut());
+        alloc(1, 0);
         let why = last_error().unwrap_or_default();
         return skip_or_fail("cuda", &format!("the CUDA round trip needs a device: {why}"));
     }
-    let a = umm_alloc(1000, 0, ptr::null_mut());
+    let a = alloc(1000, 0);
     assert!(!a.is_null() && (a as usize).is_multiple_of(256));
-    umm_free(a, 1000, 0, ptr::null_mut());
-    let b = umm_alloc(1000, 0, ptr::null_mut());
+    free(a, 1000, 0);
+    let b = alloc(1000, 0);
     assert_eq!(a, b, "a block freed on a stream is reused at once on it");
     let s = umm_stats_json(0);
     assert!(!s.is_null());
@@ -128,6 +146,6 @@ fn round_trip_on_a_gpu_when_present() {
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert!(v["reserved_bytes"]["peak"].as_u64().unwrap() >= 1024);
     assert_eq!(v["live_pointers"].as_u64(), Some(1));
-    umm_free(b, 1000, 0, ptr::null_mut());
+    free(b, 1000, 0);
     assert!(umm_empty_cache(0) >= 0);
 }

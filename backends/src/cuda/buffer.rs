@@ -167,8 +167,9 @@ impl CudaBuffer {
         self.record_stream(stream)?;
         src.record_stream(stream)?;
         let backend = self.pool.backend();
+        let stream = super::stream_ids::live(stream, backend)?;
         backend.bind()?;
-        raw::copy_async(self.ptr + dst_offset, src.ptr + src_offset, len, stream).map_err(|f| backend.error(f))
+        raw::copy_async(self.ptr + dst_offset, src.ptr + src_offset, len, &stream).map_err(|f| backend.error(f))
     }
 
     /// A view of the buffer as `T`s for kernels on `stream`; marks `stream` as a user of the buffer.

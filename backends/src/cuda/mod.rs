@@ -12,8 +12,10 @@
 //!
 //! # Streams
 //! A [`StreamId`] names a `CUstream` of the device's context: `StreamId(0)` is the null stream (the legacy
-//! default stream), any other value is the raw `CUstream` handle as an integer ([`stream_id`] makes one from a
-//! cudarc stream). A block allocated on a stream is freed to that stream's free lists and reused at once there;
+//! default stream), any other value is the raw `CUstream` handle as an integer. [`stream_id`] makes one from a
+//! cudarc stream and registers it; [`foreign_stream`] (`unsafe`) vouches for a stream made elsewhere. Calls that
+//! queue work on a stream refuse ids of neither kind, and of streams that were dropped or belong to another
+//! device, instead of handing the driver a made-up handle. A block allocated on a stream is freed to that stream's free lists and reused at once there;
 //! other streams never get it from the pool while it is cached (the pool keeps per-stream arenas), and memory
 //! goes back to the driver only after the context has been synchronized.
 
@@ -24,6 +26,7 @@ mod interop;
 pub(crate) mod peer;
 mod raw;
 mod scope;
+mod stream_ids;
 mod streams;
 
 /// The cudarc this crate was built with, so that callers launch kernels with the same version.
@@ -34,17 +37,14 @@ pub use buffer::CudaBuffer;
 pub use cache::{allocate_batch, warm_up};
 pub use interop::{BlockView, BlockViewMut, CudaPoolExt};
 pub use peer::copy_block;
+pub use raw::foreign_stream;
 pub use scope::ContextScope;
+pub use stream_ids::stream_id;
 pub use streams::CudaPool;
 
-use crate::{BackendKind, DeviceInfo, DeviceType, Discovery, Error, Pool, PoolConfig, PoolPlacement, Result, StreamId};
-use cudarc::driver::{sys::CUdevice_attribute as Attr, CudaContext, CudaStream};
+use crate::{BackendKind, DeviceInfo, DeviceType, Discovery, Error, Pool, PoolConfig, PoolPlacement, Result};
+use cudarc::driver::{sys::CUdevice_attribute as Attr, CudaContext};
 use std::sync::Arc;
-
-/// The [`StreamId`] of a cudarc stream: its raw `CUstream` as an integer (0 for the null stream).
-pub fn stream_id(stream: &CudaStream) -> StreamId {
-    StreamId(stream.cu_stream() as usize as u64)
-}
 
 /// Whether NVRTC (run-time compilation, used through `cudarc::nvrtc`) can be loaded. Prints nothing.
 pub fn nvrtc_available() -> bool {

@@ -9,6 +9,7 @@
 
 #![allow(unsafe_code)]
 
+use super::stream_ids::LiveStream;
 use crate::StreamId;
 use cudarc::driver::{sys, CudaEvent, DriverError};
 use std::ffi::{c_char, c_void, CStr};
@@ -40,10 +41,20 @@ fn check(code: sys::CUresult, call: &'static str) -> Raw<()> {
     }
 }
 
-/// The `CUstream` a [`StreamId`] names: `StreamId(0)` is the null (legacy default) stream, any other value is a
-/// raw `CUstream` handle as an integer.
-pub(super) fn cu_stream(stream: StreamId) -> sys::CUstream {
-    stream.0 as usize as sys::CUstream
+/// The `CUstream` of a stream checked to be live (0: the null, legacy default, stream).
+fn cu_stream(stream: &LiveStream) -> sys::CUstream {
+    stream.raw() as usize as sys::CUstream
+}
+
+/// The [`StreamId`] of a CUDA stream made outside cudarc (by PyTorch, say), registered so that umm's CUDA pools
+/// accept it (see [`super::stream_id`] for cudarc streams).
+///
+/// # Safety
+/// `raw` is 0 or a live `CUstream` of the context of the pools it is used with, and stays live for as long as
+/// umm may queue work or record events on it: until every block allocated on it, or marked as used on it with
+/// `record_stream`, has been freed and the pool's pending frees have been processed.
+pub unsafe fn foreign_stream(raw: u64) -> StreamId {
+    super::stream_ids::vouch(raw)
 }
 
 /// Whether the CUDA driver library can be loaded. Loads and unloads it; prints nothing.
@@ -320,16 +331,16 @@ pub(super) fn enable_peer_access(peer: sys::CUcontext) -> Raw<bool> {
 }
 
 /// Copy of `len` bytes between two CUDA addresses, queued on `stream`.
-pub(super) fn copy_async(dst: u64, src: u64, len: u64, stream: StreamId) -> Raw<()> {
+pub(super) fn copy_async(dst: u64, src: u64, len: u64, stream: &LiveStream) -> Raw<()> {
     // SAFETY: the caller checked both ranges against live blocks (device or pinned memory, never pageable) and
     // keeps them from reuse until the stream passes this copy (the pool's stream rules and record_stream);
-    // `stream` is a live stream of the bound context or the null stream.
+    // `stream` is a live stream of the bound context or the null stream (a `LiveStream`, checked and kept alive).
     check(unsafe { sys::cuMemcpyAsync(dst, src, len as usize, cu_stream(stream)) }, "cuMemcpyAsync")
 }
 
 /// Copy of host bytes into device memory, queued on `stream`; returns once `src` has been staged, so `src` may
 /// be dropped afterwards.
-pub(super) fn copy_htod_async(dst: u64, src: &[u8], stream: StreamId) -> Raw<()> {
+pub(super) fn copy_htod_async(dst: u64, src: &[u8], stream: &LiveStream) -> Raw<()> {
     // SAFETY: the caller checked the device range; `src` is pageable or pinned host memory valid for the call.
     // The caller synchronizes `stream` before `src` goes away (see `upload`), which covers the pinned case where
     // the driver reads `src` later.
@@ -346,8 +357,8 @@ pub(super) fn memset(dst: u64, value: u8, len: u64) -> Raw<()> {
 }
 
 /// Sets `len` bytes of device memory at `dst` to `value`, queued on `stream`.
-pub(super) fn memset_async(dst: u64, value: u8, len: u64, stream: StreamId) -> Raw<()> {
-    // SAFETY: as in `memset`; `stream` is a live stream of the bound context or the null stream.
+pub(super) fn memset_async(dst: u64, value: u8, len: u64, stream: &LiveStream) -> Raw<()> {
+    // SAFETY: as in `memset`; `stream` is a live stream of the bound context or the null stream (a `LiveStream`).
     check(unsafe { sys::cuMemsetD8Async(dst, value, len as usize, cu_stream(stream)) }, "cuMemsetD8Async")
 }
 
@@ -358,15 +369,15 @@ pub(super) fn ctx_synchronize() -> Raw<()> {
 }
 
 /// Waits for all work queued on `stream`.
-pub(super) fn stream_synchronize(stream: StreamId) -> Raw<()> {
-    // SAFETY: `stream` is a live stream of the bound context or the null stream.
+pub(super) fn stream_synchronize(stream: &LiveStream) -> Raw<()> {
+    // SAFETY: `stream` is a live stream of the bound context or the null stream (a `LiveStream`).
     check(unsafe { sys::cuStreamSynchronize(cu_stream(stream)) }, "cuStreamSynchronize")
 }
 
 /// Records `event` at the current end of `stream`.
-pub(super) fn event_record(event: &CudaEvent, stream: StreamId) -> Raw<()> {
-    // SAFETY: the event is live (borrowed) and belongs to the bound context, as does `stream` (caller's
-    // contract for StreamId values: a live CUstream of this device's context, or 0).
+pub(super) fn event_record(event: &CudaEvent, stream: &LiveStream) -> Raw<()> {
+    // SAFETY: the event is live (borrowed) and belongs to the bound context, as does `stream` (a `LiveStream`:
+    // checked against the registry of live streams and their contexts, and kept alive while borrowed).
     check(unsafe { sys::cuEventRecord(event.cu_event(), cu_stream(stream)) }, "cuEventRecord")
 }
 

@@ -101,6 +101,8 @@ impl CudaPool {
         if self.pool.segment_of(block).is_none() {
             return Err(Error::UnknownBlock(format!("{block:?} in pool {}", self.pool.backend().name())));
         }
+        // Refused now rather than at the free, where the event would be recorded on it.
+        super::stream_ids::live(stream, self.pool.backend())?;
         let mut uses = self.uses.lock();
         let streams = uses.extra.entry(block.key()).or_default();
         if !streams.contains(&stream) {
@@ -137,7 +139,8 @@ impl CudaPool {
                         message: e.to_string(),
                     })?,
                 };
-                raw::event_record(&event, stream).map_err(|f| backend.error(f))?;
+                let live = super::stream_ids::live(stream, backend)?;
+                raw::event_record(&event, &live).map_err(|f| backend.error(f))?;
                 events.push(event);
             }
             Ok(())
@@ -239,8 +242,9 @@ impl CudaPool {
         if host.is_some() {
             return self.pool.fill(block, offset, len, value);
         }
+        let stream = super::stream_ids::live(stream, backend)?;
         backend.bind()?;
-        raw::memset_async(ptr, value, len, stream).map_err(|f| backend.error(f))
+        raw::memset_async(ptr, value, len, &stream).map_err(|f| backend.error(f))
     }
 
     fn refuse_read_only(&self) -> Result<()> {
