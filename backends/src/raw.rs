@@ -23,9 +23,10 @@ impl HostPtr {
     ///
     /// # Safety
     /// Until the backend destroys the segment, `ptr` must be valid for reads and writes of every byte from
-    /// `offset` to the segment's end, and those bytes must be initialised. The backend must not touch them
-    /// except when the pool asks it to (`write`, `read`, `fill`, `destroy_segment`), and no device may write
-    /// them other than through work that the pool's user queued.
+    /// `offset` to the segment's end, and those bytes must be initialised. The backend must touch them only when
+    /// asked through the segment (`write`, `read`, `fill`; `destroy_segment`, which only a pool can call), and no
+    /// device may write them other than through work queued on the backend's streams or queue, which
+    /// [`crate::Backend::settle`] waits for.
     pub unsafe fn new(ptr: NonNull<u8>) -> Self {
         Self(ptr)
     }
@@ -40,14 +41,18 @@ impl HostPtr {
 pub(crate) fn bytes(owner: &OwnedBlock, addr: usize, len: usize) -> &[u8] {
     let _ = owner;
     // SAFETY: `addr` is the host address of `owner`'s block, which the backend vouched for with a `HostPtr`
-    // (valid and initialised until the segment is destroyed, touched only when the pool asks) and which holds at
-    // least `len` (the requested size) bytes. The pool is one of this crate's (`MemoryPool` is sealed): it never
-    // hands out overlapping blocks nor destroys a segment that holds a live block. Nothing but `owner` can free
-    // the block or copy into it: its handle never leaves this crate (fields private, ids generation-checked, no
-    // accessor outside the crate), and the crate's own uses of it (interop, device copies) take `&mut` of the
-    // owner where they write. `owner`'s writes take `&mut self`, so while this shared slice lives the bytes
-    // neither go away nor change, except through device work the caller queued with `unsafe` (kernels) on
-    // memory it shares with the host, which is the caller's promise.
+    // (valid and initialised until the segment is destroyed, touched only when asked through the segment) and
+    // which holds at least `len` (the requested size) bytes. The pool and the backend are this crate's
+    // (`MemoryPool` and `Backend` are sealed): the pool never hands out overlapping blocks nor destroys a segment
+    // that holds a live block, and nothing else can destroy one (it takes a `PoolAccess`) or even reach one
+    // (`Pool::segment_of` is crate-private). Nothing but `owner` can free the block or copy into it: its handle
+    // never leaves this crate; handles cannot be forged (private fields), are refused by other pools (pool id)
+    // and once freed (generations, which never wrap); and the crate's own uses of it (interop, device copies)
+    // borrow the owner, mutably where they write. Plain handles get no transfer that outlasts the pool's lock on
+    // host-visible memory, so none can land here after their block was freed. `owner`'s writes take
+    // `&mut self`, and `host_bytes` waited for the device work queued before it (`settle`), so while this shared
+    // slice lives the bytes neither go away nor change, except through kernels the caller launched with
+    // `unsafe`, which is the caller's promise.
     unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
 }
 

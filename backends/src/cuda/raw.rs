@@ -108,8 +108,8 @@ pub(super) fn mem_alloc(size: u64) -> Raw<u64> {
 
 /// `cuMemFree` of a pointer from [`mem_alloc`].
 pub(super) fn mem_free(ptr: u64) -> Raw<()> {
-    // SAFETY: `ptr` came from `mem_alloc` and is freed once (the pool destroys each segment once); the caller
-    // synchronized the context, so no queued work still touches it.
+    // SAFETY: `ptr` came from `mem_alloc` and is freed once (only a pool destroys segments, through a
+    // `PoolAccess`, each once); the caller synchronized the context, so no queued work still touches it.
     check(unsafe { sys::cuMemFree_v2(ptr) }, "cuMemFree")
 }
 
@@ -136,8 +136,8 @@ pub(super) fn host_alloc(size: u64) -> Raw<(usize, u64)> {
 
 /// `cuMemFreeHost` of an address from [`host_alloc`].
 pub(super) fn host_free(host: usize) -> Raw<()> {
-    // SAFETY: `host` came from `host_alloc` and is freed once; the caller synchronized the context so no copy or
-    // kernel still reads it.
+    // SAFETY: `host` came from `host_alloc` and is freed once (only a pool destroys segments, each once); the
+    // caller synchronized the context so no copy or kernel still reads it.
     check(unsafe { sys::cuMemFreeHost(host as *mut c_void) }, "cuMemFreeHost")
 }
 
@@ -178,8 +178,10 @@ pub(super) fn host_slice<O>(owner: &O, addr: usize, len: usize) -> &[u8] {
     // caller), and pinned memory is plain initialised bytes. `owner` frees the block only when dropped; the
     // caller synchronized the context, and every write through `owner` (copies, writable views) takes `&mut`, so
     // the bytes do not change while the slice lives. Nothing else can free or write the block: its handle never
-    // leaves this crate (`CudaBuffer` shows only `BlockInfo`), and handles cannot be forged or outlive their
-    // block's generation. Kernels writing the memory are launched with `unsafe`, the launcher's promise.
+    // leaves this crate (`CudaBuffer` shows only `BlockInfo`), handles cannot be forged, are refused by other
+    // pools and once freed (generations never wrap), and plain handles get no view or transfer of pinned memory
+    // that outlasts the pool's lock. Kernels writing the memory are launched with `unsafe`, the launcher's
+    // promise.
     unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
 }
 

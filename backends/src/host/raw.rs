@@ -39,7 +39,7 @@ fn layout(size: u64, align: u64) -> Option<Layout> {
 pub(super) fn dealloc(allocation: Allocation, size: u64, align: u64) {
     let layout = layout(size, align).expect("layout was valid at allocation");
     // SAFETY: `base` came from `alloc_zeroed` with this exact layout (the backend keeps size and alignment) and is
-    // freed once: the pool destroys each segment exactly once.
+    // freed once: only a pool destroys segments (`destroy_segment` takes a `PoolAccess`), each exactly once.
     unsafe { std::alloc::dealloc(allocation.base as *mut u8, layout) }
 }
 
@@ -67,7 +67,7 @@ pub(super) fn host_ptr(addr: usize, offset: usize) -> HostPtr {
     let ptr = NonNull::new((addr + offset) as *mut u8).expect("a live allocation does not start at address 0");
     // SAFETY: `addr` is a live allocation from `alloc` and the backend checked `offset` against its size. It is
     // freed only when the pool destroys the segment, and the backend touches its bytes only in `copy_in`,
-    // `copy_out` and `fill`, which the pool asks for. No device writes host memory. `alloc` zeroes every byte,
-    // so all of them are initialised.
+    // `copy_out` and `fill`, when asked through the segment. No device writes host memory. `alloc` zeroes every
+    // byte, so all of them are initialised.
     unsafe { HostPtr::new(ptr) }
 }
