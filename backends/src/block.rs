@@ -10,10 +10,10 @@ use std::sync::Arc;
 /// done by [`OwnedBlock`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockHandle {
-    /// The pool that handed the block out ([`crate::pool`] numbers pools uniquely), so that another pool whose
-    /// own block has the same ids refuses the handle.
-    pub(crate) pool: u64,
-    pub(crate) arena: u32,
+    /// The block's arena, numbered uniquely in the process: the pool's number in the high bits, the arena's
+    /// index in the pool in the low [`crate::pool::ARENA_BITS`]. Another pool, whose own block may have the
+    /// same ids, finds the number outside its range and refuses the handle.
+    pub(crate) arena: u64,
     pub(crate) segment: SegmentId,
     pub(crate) block: BlockId,
     pub(crate) offset: u64,
@@ -39,12 +39,17 @@ impl BlockHandle {
 
     /// A number unique among the pool's live blocks (reused after free), for side tables and snapshots.
     pub fn key(&self) -> u64 {
-        (u64::from(self.arena) << 32) | u64::from(self.block.index())
+        (self.arena_index() << 32) | u64::from(self.block.index())
     }
 
     /// Segment index inside its arena (for snapshots).
     pub fn segment_index(&self) -> u32 {
         self.segment.0
+    }
+
+    /// The arena's index inside its pool.
+    pub(crate) fn arena_index(&self) -> u64 {
+        self.arena & ((1 << crate::pool::ARENA_BITS) - 1)
     }
 
     /// The same facts as plain numbers.

@@ -30,6 +30,10 @@ use std::time::{Duration, Instant};
 /// The next pool's number (64 bits: never reused in a process's life).
 static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Bits of a handle's arena number that index the arena inside its pool (the rest is the pool's number): two
+/// arenas (small and large) per stream, so 32,768 streams per pool.
+pub(crate) const ARENA_BITS: u32 = 16;
+
 /// Byte written over freed blocks when `poison_on_free` is on: all ones is NaN in f32/f64 and -1 in integers.
 pub const POISON_BYTE: u8 = 0xFF;
 
@@ -128,7 +132,10 @@ impl<S> Arena<S> {
 struct State<S> {
     /// This pool's number, unique in the process: every handle carries it, and a handle of another pool is
     /// refused even when its block ids match a block of this one.
-    pool_id: u64,
+    /// The arena number of this pool's first arena: the pool's number, unique in the process, above
+    /// [`ARENA_BITS`]. Handles carry `arena_base + index`, and a handle whose number is outside this pool's range
+    /// (another pool's, even with the same block ids) is refused by the same bounds check that finds its arena.
+    arena_base: u64,
     arenas: Vec<Arena<S>>,
     /// Stream → arena indices `[small, large]`. Linear search: programs use a handful of streams.
     streams: Vec<(StreamId, [u32; 2])>,
@@ -212,6 +219,11 @@ impl<B: Backend> Pool<B> {
         let max_block = if page_size.is_some() { backend.capacity() } else { backend.max_segment_size() };
         let limit = config.limit.map(|l| l.resolve(backend.capacity())).transpose()?;
         let stats = PoolStats { name: backend.name().to_string(), limit_bytes: limit, ..PoolStats::default() };
+        let number = NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed);
+        if number >= 1 << (64 - ARENA_BITS) {
+            return Err(Error::InvalidConfig("this process has created 2^48 pools; no pool numbers are left".into()));
+        }
+        let arena_base = number << ARENA_BITS;
         Ok(Self {
             backend,
             config,
@@ -219,7 +231,7 @@ impl<B: Backend> Pool<B> {
             max_reservation,
             max_block,
             state: PoolMutex::new(State {
-                pool_id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
+                arena_base,
                 arenas: Vec::new(),
                 streams: Vec::new(),
                 stats,
@@ -401,7 +413,7 @@ impl<B: Backend> Pool<B> {
         if size > max {
             return Err(Error::TooLarge { device: self.backend.name().to_string(), requested: size, max });
         }
-        let arena = self.arena_for(state, stream, self.class_of(size));
+        let arena = self.arena_for(state, stream, self.class_of(size))?;
         let result = self.try_allocate(state, arena, size, cache_missed);
         self.retry_on_shortfall(state, arena, bytes, size, result)
     }
@@ -427,10 +439,18 @@ impl<B: Backend> Pool<B> {
         }
     }
 
-    /// The arena of `stream` for `class`, created on the stream's first use. O(streams), a handful.
-    fn arena_for(&self, state: &mut State<B::Segment>, stream: StreamId, class: ArenaClass) -> usize {
+    /// The arena of `stream` for `class`, created on the stream's first use. O(streams), a handful. Errors when
+    /// the pool already serves 32,768 streams (see [`ARENA_BITS`]).
+    fn arena_for(&self, state: &mut State<B::Segment>, stream: StreamId, class: ArenaClass) -> Result<usize> {
         if let Some(arena) = state.arena_of(stream, class) {
-            return arena;
+            return Ok(arena);
+        }
+        if state.arenas.len() + 2 > 1 << ARENA_BITS {
+            return Err(Error::InvalidConfig(format!(
+                "pool {} serves {} streams already, the most one pool can",
+                self.backend.name(),
+                state.streams.len()
+            )));
         }
         let slot = usize::from(class == ArenaClass::Large);
         let first = state.arenas.len() as u32;
@@ -444,7 +464,7 @@ impl<B: Backend> Pool<B> {
             });
         }
         state.streams.push((stream, [first, first + 1]));
-        first as usize + slot
+        Ok(first as usize + slot)
     }
 
     /// One attempt: a cached block, else new memory within the limit. Returns the block and whether it was a
@@ -649,10 +669,8 @@ impl<B: Backend> Pool<B> {
         }
         let unknown = || Error::UnknownBlock(format!("{block:?} in pool {}", self.backend.name()));
         let mut state = self.state.lock();
-        if block.pool != state.pool_id {
-            return Err(unknown());
-        }
-        let arena = block.arena as usize;
+        // Another pool's arena numbers wrap to far beyond this pool's arenas.
+        let arena = block.arena.wrapping_sub(state.arena_base) as usize;
         let a = state.arenas.get_mut(arena).ok_or_else(unknown)?;
         // Only small blocks go through the quick cache: they churn most, and live in 2 MiB segments where an
         // uncoalesced block cannot push a large request into new memory.
@@ -958,10 +976,7 @@ impl<B: Backend> Drop for Pool<B> {
 impl<S> State<S> {
     /// The entry of the segment holding `block`, if the block is live.
     fn live_entry(&self, block: &BlockHandle) -> Option<&SegmentEntry<S>> {
-        if block.pool != self.pool_id {
-            return None;
-        }
-        let arena = self.arenas.get(block.arena as usize)?;
+        let arena = self.arenas.get(block.arena.wrapping_sub(self.arena_base) as usize)?;
         arena.engine.block(block.block)?;
         arena.entry(block.segment)
     }
@@ -1041,8 +1056,7 @@ impl<S> State<S> {
             self.update_split();
         }
         BlockHandle {
-            pool: self.pool_id,
-            arena: arena as u32,
+            arena: self.arena_base + arena as u64,
             segment: alloc.segment,
             block: alloc.block,
             offset: alloc.offset,
