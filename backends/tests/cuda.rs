@@ -253,10 +253,16 @@ fn matmul_on_pooled_buffers_is_bit_identical_to_fresh_buffers() {
                 let pc = pool.allocate((m * n) as u64 * 4, s).unwrap();
                 odd_offsets += [&pa, &pc].iter().filter(|h| h.offset() != 0).count();
                 pool.write(&pa, 0, &to_bytes(&a)).unwrap();
-                pool.fill(&pc, 0, pc.size(), 0xFF).unwrap(); // NaN: every element must be written
-                let va = pool.view::<f32>(&pa, &stream).unwrap();
-                let vb = read_only.view::<f32>(&pb, &stream).unwrap();
-                let vc = pool.view_mut::<f32>(&pc, &stream).unwrap();
+                // NaN: every element must be written.
+                pool.fill(&pc, 0, pc.size(), 0xFF).unwrap();
+                // SAFETY: the three blocks are freed only after the stream is synchronized below.
+                let (va, vb, vc) = unsafe {
+                    (
+                        pool.view::<f32>(&pa, &stream).unwrap(),
+                        read_only.view::<f32>(&pb, &stream).unwrap(),
+                        pool.view_mut::<f32>(&pc, &stream).unwrap(),
+                    )
+                };
                 let (a_ptr, _ga) = va.device_ptr(&stream);
                 let (b_ptr, _gb) = vb.device_ptr(&stream);
                 let (c_ptr, _gc) = vc.device_ptr(&stream);
@@ -435,8 +441,11 @@ fn pinned_memory_is_a_host_slice_and_usable_by_kernels() {
     // outlive the block and write bytes that a CudaBuffer lends as a host slice.
     let plain = pinned.allocate(4096, s).unwrap();
     let unsupported = |e: Error| matches!(e, Error::Unsupported { ref what, .. } if what.contains("CudaBuffer::view"));
-    assert!(unsupported(pinned.pool().view::<f32>(&plain, &stream).unwrap_err()));
-    assert!(unsupported(pinned.pool().view_mut::<f32>(&plain, &stream).unwrap_err()));
+    // SAFETY: no view is made (both calls fail), so nothing can outlive the block.
+    unsafe {
+        assert!(unsupported(pinned.pool().view::<f32>(&plain, &stream).unwrap_err()));
+        assert!(unsupported(pinned.pool().view_mut::<f32>(&plain, &stream).unwrap_err()));
+    }
     // So is a device copy through plain handles, which runs without the pools' locks; stream-ordered writes and
     // fills of pinned memory run from the host, under the lock, and land at once.
     let on_device = device.allocate(4096, s).unwrap();
@@ -475,8 +484,11 @@ fn read_only_memory_is_filled_once_and_refuses_writes() {
     assert!(unsupported(ro.pool().write(&plain, 0, &[1])));
     assert!(unsupported(ro.pool().fill(&plain, 0, 16, 0)));
     assert!(unsupported(ro.write_on_stream(&plain, 0, &[1], StreamId(0))));
-    assert!(ro.pool().view_mut::<u8>(&plain, &stream).is_err());
-    assert!(ro.pool().view::<u8>(&plain, &stream).is_ok());
+    // SAFETY: the view is dropped at once, and no work is queued through it.
+    unsafe {
+        assert!(ro.pool().view_mut::<u8>(&plain, &stream).is_err());
+        assert!(ro.pool().view::<u8>(&plain, &stream).is_ok());
+    }
     ro.free(&plain).unwrap();
     assert_eq!(buf.to_vec().unwrap(), data, "still the original bytes");
 }

@@ -87,14 +87,24 @@ pub trait CudaPoolExt {
     fn device_ptr(&self, block: &BlockHandle) -> Result<u64>;
 
     /// A view of the block's requested bytes as `T`s for kernels on `stream`. Errors if the block is not live or
-    /// `T` is zero-sized, and for pinned (host-addressable) memory: a view of a plain handle is bound to neither
-    /// the handle nor the pool, so it could outlive the block and, through cudarc's safe copies, write pinned
-    /// memory that a [`super::CudaBuffer`] lends as a host slice. Views of pinned memory come from
-    /// [`super::CudaBuffer::view`], which borrows the buffer.
-    fn view<'a, T>(&self, block: &BlockHandle, stream: &'a Arc<CudaStream>) -> Result<BlockView<'a, T>>;
+    /// `T` is zero-sized, and for pinned (host-addressable) memory, whose views come from
+    /// [`super::CudaBuffer::view`] (which borrows the buffer, so no host slice of it is lent meanwhile).
+    ///
+    /// # Safety
+    /// A view of a plain handle is bound to neither the handle nor the pool, and cudarc's copies through it are
+    /// safe calls. The caller keeps the block allocated (does not free it through the pool) while the view, or
+    /// work queued through it, is in use: otherwise that work lands in whatever block reuses the memory. Owned
+    /// buffers have safe views: [`super::CudaBuffer::view`].
+    #[allow(unsafe_code)] // A contract only: the bodies have no unsafe operation.
+    unsafe fn view<'a, T>(&self, block: &BlockHandle, stream: &'a Arc<CudaStream>) -> Result<BlockView<'a, T>>;
 
     /// A writable view; refused for read-only pools and, as [`CudaPoolExt::view`] is, for pinned memory.
-    fn view_mut<'a, T>(&self, block: &BlockHandle, stream: &'a Arc<CudaStream>) -> Result<BlockViewMut<'a, T>>;
+    ///
+    /// # Safety
+    /// As for [`CudaPoolExt::view`]: the block stays allocated while the view, or work queued through it, is in
+    /// use. [`super::CudaBuffer::view_mut`] is the safe form.
+    #[allow(unsafe_code)] // A contract only, as for `view`.
+    unsafe fn view_mut<'a, T>(&self, block: &BlockHandle, stream: &'a Arc<CudaStream>) -> Result<BlockViewMut<'a, T>>;
 
     /// Allocates a block on `stream` holding `data` (copied on `stream`, which is synchronized before return).
     /// The way to create blocks of a read-only pool; works on every pool.
@@ -106,12 +116,14 @@ impl CudaPoolExt for Pool<CudaBackend> {
         range(self, block, 0, 0).map(|(ptr, _)| ptr)
     }
 
-    fn view<'a, T>(&self, block: &BlockHandle, stream: &'a Arc<CudaStream>) -> Result<BlockView<'a, T>> {
+    #[allow(unsafe_code)] // The trait's contract; nothing unsafe is done here.
+    unsafe fn view<'a, T>(&self, block: &BlockHandle, stream: &'a Arc<CudaStream>) -> Result<BlockView<'a, T>> {
         refuse_pinned(self)?;
         view(self, block, stream)
     }
 
-    fn view_mut<'a, T>(&self, block: &BlockHandle, stream: &'a Arc<CudaStream>) -> Result<BlockViewMut<'a, T>> {
+    #[allow(unsafe_code)] // The trait's contract; nothing unsafe is done here.
+    unsafe fn view_mut<'a, T>(&self, block: &BlockHandle, stream: &'a Arc<CudaStream>) -> Result<BlockViewMut<'a, T>> {
         refuse_pinned(self)?;
         view_mut(self, block, stream)
     }

@@ -15,6 +15,7 @@
 
 mod config;
 mod quick;
+mod streams;
 
 pub use config::{parse_size, Limit, PoolConfig, SegmentMode, Strategy};
 
@@ -26,6 +27,7 @@ use quick::{QuickBlock, QuickCache};
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use streams::StreamArenas;
 
 /// The next pool's number (64 bits: never reused in a process's life).
 static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
@@ -116,6 +118,8 @@ struct SegmentEntry<S> {
 
 /// One free index: the blocks of one stream and one size class.
 struct Arena<S> {
+    /// The stream it serves.
+    stream: StreamId,
     engine: Engine,
     class: ArenaClass,
     virtual_segments: bool,
@@ -130,15 +134,13 @@ impl<S> Arena<S> {
 }
 
 struct State<S> {
-    /// This pool's number, unique in the process: every handle carries it, and a handle of another pool is
-    /// refused even when its block ids match a block of this one.
     /// The arena number of this pool's first arena: the pool's number, unique in the process, above
     /// [`ARENA_BITS`]. Handles carry `arena_base + index`, and a handle whose number is outside this pool's range
     /// (another pool's, even with the same block ids) is refused by the same bounds check that finds its arena.
     arena_base: u64,
     arenas: Vec<Arena<S>>,
-    /// Stream → arena indices `[small, large]`. Linear search: programs use a handful of streams.
-    streams: Vec<(StreamId, [u32; 2])>,
+    /// Stream → arena indices `[small, large]`.
+    streams: StreamArenas,
     stats: PoolStats,
     plain_bytes: u64,
     mapped_bytes: u64,
@@ -233,7 +235,7 @@ impl<B: Backend> Pool<B> {
             state: PoolMutex::new(State {
                 arena_base,
                 arenas: Vec::new(),
-                streams: Vec::new(),
+                streams: StreamArenas::default(),
                 stats,
                 plain_bytes: 0,
                 mapped_bytes: 0,
@@ -439,7 +441,7 @@ impl<B: Backend> Pool<B> {
         }
     }
 
-    /// The arena of `stream` for `class`, created on the stream's first use. O(streams), a handful. Errors when
+    /// The arena of `stream` for `class`, created on the stream's first use. O(1). Errors when
     /// the pool already serves 32,768 streams (see [`ARENA_BITS`]).
     fn arena_for(&self, state: &mut State<B::Segment>, stream: StreamId, class: ArenaClass) -> Result<usize> {
         if let Some(arena) = state.arena_of(stream, class) {
@@ -456,14 +458,18 @@ impl<B: Backend> Pool<B> {
         let first = state.arenas.len() as u32;
         for class in [ArenaClass::Small, ArenaClass::Large] {
             state.arenas.push(Arena {
+                stream,
                 engine: Engine::new(self.backend.alignment()).expect("alignment checked in Pool::new"),
                 class,
                 virtual_segments: class == ArenaClass::Large && self.page_size.is_some(),
                 segments: Vec::new(),
-                quick: QuickCache::new(self.config.small_request_max),
+                quick: match class {
+                    ArenaClass::Small => QuickCache::new(self.config.small_request_max),
+                    ArenaClass::Large => QuickCache::disabled(),
+                },
             });
         }
-        state.streams.push((stream, [first, first + 1]));
+        state.streams.insert(stream, [first, first + 1]);
         Ok(first as usize + slot)
     }
 
@@ -835,36 +841,35 @@ impl<B: Backend> Pool<B> {
             state.drain_quick(arena);
         }
         let mut segments = Vec::new();
-        for &(stream, arenas) in &state.streams {
-            for arena_index in arenas {
-                let arena = &state.arenas[arena_index as usize];
-                for id in arena.engine.segment_ids() {
-                    let entry = arena.entry(id).expect("segment exists");
-                    let size = arena.engine.segment_size(id).expect("segment exists");
-                    // Withheld (unmapped) ranges are free address space: shown joined with free neighbours.
-                    let mut blocks: Vec<BlockSnapshot> = Vec::new();
-                    for b in arena.engine.blocks_in(id) {
-                        let free = b.free || b.withheld;
-                        match blocks.last_mut() {
-                            Some(last) if free && last.free => last.size += b.size,
-                            _ => blocks.push(BlockSnapshot {
-                                offset: b.offset,
-                                size: b.size,
-                                free,
-                                key: b.block.map(|blk| (u64::from(arena_index) << 32) | u64::from(blk.index())),
-                            }),
-                        }
+        // Arenas come in the order their streams were first used, a stream's small one first.
+        for (arena_index, arena) in state.arenas.iter().enumerate() {
+            let (stream, arena_index) = (arena.stream, arena_index as u32);
+            for id in arena.engine.segment_ids() {
+                let entry = arena.entry(id).expect("segment exists");
+                let size = arena.engine.segment_size(id).expect("segment exists");
+                // Withheld (unmapped) ranges are free address space: shown joined with free neighbours.
+                let mut blocks: Vec<BlockSnapshot> = Vec::new();
+                for b in arena.engine.blocks_in(id) {
+                    let free = b.free || b.withheld;
+                    match blocks.last_mut() {
+                        Some(last) if free && last.free => last.size += b.size,
+                        _ => blocks.push(BlockSnapshot {
+                            offset: b.offset,
+                            size: b.size,
+                            free,
+                            key: b.block.map(|blk| (u64::from(arena_index) << 32) | u64::from(blk.index())),
+                        }),
                     }
-                    segments.push(SegmentSnapshot {
-                        stream,
-                        class: if arena.class == ArenaClass::Small { "small" } else { "large" },
-                        index: id.0,
-                        size,
-                        virtual_reservation: entry.mapped.is_some(),
-                        physical_bytes: entry.mapped.unwrap_or(size),
-                        blocks,
-                    });
                 }
+                segments.push(SegmentSnapshot {
+                    stream,
+                    class: if arena.class == ArenaClass::Small { "small" } else { "large" },
+                    index: id.0,
+                    size,
+                    virtual_reservation: entry.mapped.is_some(),
+                    physical_bytes: entry.mapped.unwrap_or(size),
+                    blocks,
+                });
             }
         }
         PoolSnapshot { name: self.backend.name().to_string(), segments, stats: state.stats_now() }
@@ -981,11 +986,11 @@ impl<S> State<S> {
         arena.entry(block.segment)
     }
 
-    /// The arena of `stream` for `class`, if the stream has been used. O(streams), a handful.
+    /// The arena of `stream` for `class`, if the stream has been used. O(1).
     #[inline(always)]
     fn arena_of(&self, stream: StreamId, class: ArenaClass) -> Option<usize> {
         let slot = usize::from(class == ArenaClass::Large);
-        self.streams.iter().find(|(s, _)| *s == stream).map(|(_, arenas)| arenas[slot] as usize)
+        self.streams.get(stream).map(|arenas| arenas[slot] as usize)
     }
 
     /// The statistics, with the ones derived from others filled in rather than counted on every operation:

@@ -46,10 +46,11 @@ pub(super) struct QuickCache {
 }
 
 impl QuickCache {
-    /// An empty cache for blocks of up to `ceiling` bytes.
+    /// An empty cache for blocks of up to `ceiling` bytes. It holds a list for each class up to the ceiling's and
+    /// no more (a pool makes one per stream: with every class, 46 KiB of empty lists each).
     pub(super) fn new(ceiling: u64) -> Self {
         Self {
-            classes: vec![Vec::new(); BIN_COUNT],
+            classes: vec![Vec::new(); bin_of(ceiling) + 1],
             occupied: [0; BIN_COUNT.div_ceil(64)],
             len: 0,
             max_block: ceiling,
@@ -58,12 +59,18 @@ impl QuickCache {
         }
     }
 
+    /// A cache that keeps nothing (for arenas of large blocks, which coalesce every free): it holds no lists.
+    pub(super) fn disabled() -> Self {
+        Self { classes: Vec::new(), occupied: [0; BIN_COUNT.div_ceil(64)], len: 0, max_block: 0, ceiling: 0, hits: 0 }
+    }
+
     /// The class a freed block of `size` bytes would be kept in, or `None` when that class or the cache is
     /// full. O(1).
     #[inline(always)]
     pub(super) fn room_for(&self, size: u64) -> Option<usize> {
         let class = bin_of(size);
-        (size <= self.max_block && self.len < TOTAL && self.classes[class].len() < PER_CLASS).then_some(class)
+        let room = |list: &Vec<QuickBlock>| list.len() < PER_CLASS;
+        (size <= self.max_block && self.len < TOTAL && self.classes.get(class).is_some_and(room)).then_some(class)
     }
 
     /// Keeps `block` in `class`, which [`QuickCache::room_for`] returned for its size. O(1).
@@ -80,7 +87,8 @@ impl QuickCache {
     #[inline(always)]
     pub(super) fn pop(&mut self, size: u64) -> Option<QuickBlock> {
         let class = bin_of(size);
-        let list = &mut self.classes[class];
+        // No list past the ceiling's class: nothing that large is kept.
+        let list = self.classes.get_mut(class)?;
         if list.last()?.size < size {
             return None;
         }

@@ -678,3 +678,23 @@ fn derived_statistics_follow_every_operation() {
         pool.free(&block).unwrap();
     }
 }
+
+/// A pool serves 32,768 streams (two arenas each, numbered in 16 bits); the next stream gets an error naming the
+/// limit, and the streams it already serves go on working. A stream costs about 46 KiB of indexes, so this
+/// test holds about 1.5 GB.
+#[test]
+fn a_pool_refuses_streams_past_the_most_it_can_number() {
+    let pool = sim_pool(SegmentMode::Plain, None);
+    let most = 1u64 << (ARENA_BITS - 1);
+    for s in 0..most {
+        let b = pool.allocate(4096, StreamId(s)).unwrap();
+        pool.free(&b).unwrap();
+    }
+    let refused = pool.allocate(4096, StreamId(most)).unwrap_err();
+    assert!(matches!(refused, Error::InvalidConfig(ref m) if m.contains("32768 streams already")), "{refused}");
+    assert_eq!(pool.stats().num_allocs, most, "the refused request changed nothing");
+    for s in [0, most - 1] {
+        let b = pool.allocate(1 << 30, StreamId(s)).unwrap();
+        pool.free(&b).unwrap();
+    }
+}
