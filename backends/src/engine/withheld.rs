@@ -45,34 +45,34 @@ struct Best {
 /// to restore (whole granules; `u64::MAX` when the range cannot serve the request) with the range's size in
 /// granules, capped below one granule, in the low bits as the tie-break.
 ///
+/// The request starts at the free block before the range (`before` bytes, ending where the range starts), so
+/// running into the range restores `size - before` bytes rounded up to whole granules; the range starts on a
+/// granule, so its offset drops out. When that is more than the range holds, the whole range comes back and
+/// joins the free blocks on both sides, if together they hold the request. A missing neighbour reads as the
+/// range itself, which is not free: `get` of `NIL` is `None`, so that is one compare and conditional move with
+/// no bounds check that could panic.
+///
 /// Every choice is a select the compiler must not turn into a branch: which case applies to a range is
 /// something a branch predictor cannot learn, and a miss weighs every range (cachegrind's branch model put 12
-/// mispredicts on each call of `find_withheld` when this branched; plain `if`s and `min`s, even written as
-/// masks, were compiled back into branches); the two clamps on `into` are `max`/`min`, which compile to
-/// conditional moves here (checked in the disassembly). It rounds the request's end without first selecting
-/// it against the range's end (the result is unused when the request runs past the range) and reads the node
-/// once for the tie-break too: 80.5 instructions per range weighed against 86.2 before, on `pressure`
-/// (callgrind). The loop still keeps about eight values on the stack: more live values than registers.
+/// mispredicts on each call of `find_withheld` when this branched; plain `if`s and `min`s were compiled back
+/// into branches). Without the offset, the end rounding and the clamps that the offset needed, a range costs
+/// 80.5 -> 56 instructions on `pressure` (callgrind), and the replay 718 -> 688 instructions per op.
 #[inline(always)]
 fn restore_key(nodes: &[Node], index: u32, size: u64, granule: u64) -> u64 {
-    let mask = granule - 1;
-    let w = &nodes[index as usize];
-    let (offset, len) = (w.offset, w.size);
-    // A missing neighbour reads as the range itself, which is not free.
-    let prev = &nodes[select_unpredictable(w.prev_phys == NIL, index, w.prev_phys) as usize];
-    let next = &nodes[select_unpredictable(w.next_phys == NIL, index, w.next_phys) as usize];
+    let Some(w) = nodes.get(index as usize) else { return u64::MAX };
+    let len = w.size;
+    let prev = nodes.get(w.prev_phys as usize).unwrap_or(w);
+    let next = nodes.get(w.next_phys as usize).unwrap_or(w);
     let before = select_unpredictable(prev.state == NodeState::Free, prev.size, 0);
     let after = select_unpredictable(next.state == NodeState::Free, next.size, 0);
-    // The request starts at the free block before (which ends where the range starts), else at the range.
-    // Saturating: a request near u64::MAX serves from nothing withheld.
-    let end = (offset - before).saturating_add(size);
-    // Running into the range restores the granules up to the request's end: at least one (a request that a
-    // free block holds alone needs no restore, but callers ask only after the free index missed), at most the
-    // range. Wrapping: when the request does not end inside the range, this value is not used.
-    let into = ((end.wrapping_add(mask) & !mask).max(offset + granule) - offset).min(len);
-    // Else the whole range comes back and joins the free blocks on both sides, if they hold the request.
+    let mask = granule - 1;
+    // Callers ask only after the free index missed, so `before < size`; saturating keeps the rule (at least
+    // one granule) for any caller. Wrapping: a request near u64::MAX needs more than any range holds, and then
+    // this value is not used.
+    let need = size.saturating_sub(before);
+    let into = (need.wrapping_add(mask) & !mask).max(granule);
     let whole = select_unpredictable(before + len + after >= size, len, u64::MAX);
-    let restore = select_unpredictable(end <= offset + len, into, whole);
+    let restore = select_unpredictable(need <= len, into, whole);
     restore | (len >> granule.trailing_zeros()).min(mask)
 }
 
@@ -175,8 +175,17 @@ impl Engine {
         // runs each: pressure 620/570 -> 432/395 us per op, bert_infer_varlen 7.6/6.9 -> 5.2/5.4). A pool has a
         // few dozen ranges at most, so usually every one is weighed.
         let ranges = &self.withheld_flat[..self.withheld_flat.len().min(WITHHELD_SCAN_LIMIT)];
-        for &index in ranges {
-            self.weigh(index, size, granule, &mut best);
+        // Keys first, then the smallest: two loops, each with few enough live values to stay in registers (one
+        // loop spilled and shuffled them).
+        let mut keys = [u64::MAX; WITHHELD_SCAN_LIMIT];
+        let nodes = self.nodes.as_slice();
+        for (key, &index) in keys.iter_mut().zip(ranges) {
+            *key = restore_key(nodes, index, size, granule);
+        }
+        for (&key, &index) in keys.iter().zip(ranges) {
+            let better = key < best.key;
+            best.index = select_unpredictable(better, index, best.index);
+            best.key = select_unpredictable(better, key, best.key);
         }
         if ranges.len() < self.withheld_flat.len() {
             // Cut short: weigh the ranges that hold the request alone, which the scan may not have reached.
