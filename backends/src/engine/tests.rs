@@ -417,6 +417,26 @@ fn a_short_withheld_hole_between_free_blocks_is_restored_whole() {
     assert_eq!(e.stats().withheld_bytes, 0);
 }
 
+/// `find_withheld` is public: asked when the free block before a withheld range already holds the request (a
+/// pool never asks then, its free index would have served), it still restores one granule, the least it ever
+/// restores, rather than nothing.
+#[test]
+fn a_request_the_free_block_before_holds_still_restores_one_granule() {
+    let mut e = Engine::new(256).unwrap();
+    let seg = e.add_segment(8 * GRANULE).unwrap();
+    // Live | free 3 granules | withheld 2 | live rest.
+    let _live = e.allocate(GRANULE).unwrap();
+    let hole = e.allocate(5 * GRANULE).unwrap();
+    let _rest = e.allocate(2 * GRANULE).unwrap();
+    e.free(hole.block).unwrap();
+    assert!(e.withhold_range(seg, 4 * GRANULE, 2 * GRANULE, GRANULE));
+    let r = e.find_withheld(2 * GRANULE, GRANULE).unwrap();
+    assert_eq!((r.segment, r.offset, r.len), (seg, 4 * GRANULE, GRANULE));
+    let a = e.restore_and_allocate(&r, 2 * GRANULE).unwrap();
+    assert_eq!(a.offset, GRANULE, "served from the free block's start");
+    assert_eq!(e.stats().withheld_bytes, GRANULE);
+}
+
 #[test]
 fn withholding_takes_the_smallest_free_blocks_first_from_their_top() {
     let mut e = Engine::new(256).unwrap();
