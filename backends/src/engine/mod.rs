@@ -10,8 +10,8 @@
 //! all free is again one block and can be released whole.
 //!
 //! Parts of a segment can be *withheld* ([`withheld`]): address ranges with no memory behind them (a virtual
-//! reservation's unmapped pages). They sit in the segment between blocks but in an index of their own, so every
-//! block the free index hands out has memory behind it and allocation never has to ask.
+//! reservation's unmapped pages). They sit in the segment between blocks but out of the free index, in a list of
+//! their own, so every block the free index hands out has memory behind it and allocation never has to ask.
 
 #![deny(unsafe_code)]
 
@@ -151,15 +151,13 @@ pub struct Engine {
     segments: Vec<Option<Segment>>,
     vacant_segments: Vec<u32>,
     free: SizeIndex,
-    withheld: SizeIndex,
-    /// Every withheld range, in no order: what `find_withheld` scans (a counted loop over independent loads,
-    /// where walking the class lists mispredicted at the end of each short list).
+    /// Every withheld range, in no order: the only index they have, since `find_withheld` weighs them all (a
+    /// counted loop over independent loads). Their place here is in `Node::flat`.
     withheld_flat: Vec<u32>,
     stats: EngineStats,
 }
 
-/// Nodes of one kind (free blocks, or withheld ranges) by size class: a list head per class and the classes'
-/// occupancy bitmaps.
+/// Free blocks by size class: a list head per class and the classes' occupancy bitmaps.
 #[derive(Debug, Clone)]
 struct SizeIndex {
     heads: Box<[u32; BIN_COUNT]>,
@@ -186,7 +184,6 @@ impl Engine {
             segments: Vec::new(),
             vacant_segments: Vec::new(),
             free: SizeIndex::new(),
-            withheld: SizeIndex::new(),
             withheld_flat: Vec::new(),
             stats: EngineStats::default(),
         })
@@ -426,36 +423,36 @@ impl Engine {
         Some(Freed { segment: SegmentId(segment), size, segment_now_empty: now_empty })
     }
 
-    /// Checks that every free block and withheld range sits in the list of its own size class, with consistent
-    /// links, and that the class bitmaps and the free-block count agree (tests only). O(nodes).
+    /// Checks that every free block sits in the list of its own size class, with consistent links, that the class
+    /// bitmaps and the free-block count agree, and that the flat list holds every withheld range once, each
+    /// knowing its place (tests only). O(nodes).
     #[cfg(test)]
     pub(crate) fn check_index(&self) {
-        for (list, state) in [(&self.free, NodeState::Free), (&self.withheld, NodeState::Withheld)] {
-            let mut count = 0;
-            for bin in 0..BIN_COUNT {
-                let mut cursor = list.heads[bin];
-                assert_eq!(cursor != NIL, list.bins.first_at_or_after(bin) == Some(bin), "bitmap of class {bin}");
-                let mut prev = NIL;
-                while cursor != NIL {
-                    let node = &self.nodes[cursor];
-                    assert_eq!(node.state, state, "node {cursor} in the wrong index");
-                    assert_eq!(bin_of(node.size), bin, "node {cursor} of {} bytes in class {bin}", node.size);
-                    assert_eq!(usize::from(node.bin), bin, "node {cursor} remembers its class");
-                    assert_eq!(node.prev_free, prev, "back link of node {cursor}");
-                    (prev, cursor) = (cursor, node.next_free);
-                    count += 1;
-                }
-            }
-            if state == NodeState::Free {
-                assert_eq!(count, self.stats.free_blocks, "free blocks in the index");
-            } else {
-                assert_eq!(count, self.withheld_flat.len() as u64, "withheld ranges in the flat list");
-                for (place, &index) in self.withheld_flat.iter().enumerate() {
-                    assert_eq!(self.nodes[index].state, NodeState::Withheld, "node {index} in the flat list");
-                    assert_eq!(self.nodes[index].flat as usize, place, "node {index} remembers its place");
-                }
+        let list = &self.free;
+        let mut count = 0;
+        for bin in 0..BIN_COUNT {
+            let mut cursor = list.heads[bin];
+            assert_eq!(cursor != NIL, list.bins.first_at_or_after(bin) == Some(bin), "bitmap of class {bin}");
+            let mut prev = NIL;
+            while cursor != NIL {
+                let node = &self.nodes[cursor];
+                assert_eq!(node.state, NodeState::Free, "node {cursor} in the free index");
+                assert_eq!(bin_of(node.size), bin, "node {cursor} of {} bytes in class {bin}", node.size);
+                assert_eq!(usize::from(node.bin), bin, "node {cursor} remembers its class");
+                assert_eq!(node.prev_free, prev, "back link of node {cursor}");
+                (prev, cursor) = (cursor, node.next_free);
+                count += 1;
             }
         }
+        assert_eq!(count, self.stats.free_blocks, "free blocks in the index");
+        for (place, &index) in self.withheld_flat.iter().enumerate() {
+            assert_eq!(self.nodes[index].state, NodeState::Withheld, "node {index} in the flat list");
+            assert_eq!(self.nodes[index].flat as usize, place, "node {index} remembers its place");
+        }
+        let withheld = (0..self.nodes.as_slice().len() as u32)
+            .filter(|&i| self.nodes.get(i).is_some_and(|n| n.state == NodeState::Withheld))
+            .count();
+        assert_eq!(withheld, self.withheld_flat.len(), "every withheld range in the flat list, once");
     }
 
     #[inline]
@@ -658,22 +655,22 @@ impl Engine {
         self.unlink_from(index, self.nodes[index].state == NodeState::Withheld);
     }
 
-    /// Links node `index` into the free index or, when `withheld`, the withheld index, and gives it the state
-    /// that index holds. Inlined with a constant `withheld` on the allocation paths, so they pay nothing for
-    /// withheld ranges existing.
+    /// Links node `index` into the free index or, when `withheld`, the list of withheld ranges, and gives it the
+    /// state that index holds. Inlined with a constant `withheld` on the allocation paths, so they pay nothing
+    /// for withheld ranges existing.
     #[inline(always)]
     fn link_into(&mut self, index: u32, withheld: bool) {
-        self.link_into_list(index, withheld, withheld);
-    }
-
-    /// [`Engine::link_into`]; a withheld range joins the flat list only when `flat` (not when it is refiled).
-    #[inline(always)]
-    fn link_into_list(&mut self, index: u32, withheld: bool, flat: bool) {
         let nodes = self.nodes.as_mut_slice();
-        let list = if withheld { &mut self.withheld } else { &mut self.free };
         let node = &mut nodes[index as usize];
-        node.state = if withheld { NodeState::Withheld } else { NodeState::Free };
+        if withheld {
+            node.state = NodeState::Withheld;
+            node.flat = self.withheld_flat.len() as u32;
+            self.withheld_flat.push(index);
+            return;
+        }
+        node.state = NodeState::Free;
         let bin = bin_of(node.size);
+        let list = &mut self.free;
         let head = list.heads[bin];
         list.heads[bin] = index;
         list.bins.set(bin);
@@ -683,30 +680,27 @@ impl Engine {
         if head != NIL {
             nodes[head as usize].prev_free = index;
         }
-        if flat {
-            nodes[index as usize].flat = self.withheld_flat.len() as u32;
-            self.withheld_flat.push(index);
-        }
-        if !withheld {
-            self.stats.free_blocks += 1;
-        }
+        self.stats.free_blocks += 1;
     }
 
+    /// Takes node `index` out of the free index or, when `withheld`, the list of withheld ranges.
     #[inline(always)]
     fn unlink_from(&mut self, index: u32, withheld: bool) {
-        self.unlink_from_list(index, withheld, withheld);
-    }
-
-    /// [`Engine::unlink_from`]; a withheld range leaves the flat list only when `flat`.
-    #[inline(always)]
-    fn unlink_from_list(&mut self, index: u32, withheld: bool, flat: bool) {
         let nodes = self.nodes.as_mut_slice();
+        if withheld {
+            let place = nodes[index as usize].flat;
+            self.withheld_flat.swap_remove(place as usize);
+            if let Some(&moved) = self.withheld_flat.get(place as usize) {
+                nodes[moved as usize].flat = place;
+            }
+            return;
+        }
         let node = &nodes[index as usize];
         let (prev_free, next_free, bin) = (node.prev_free, node.next_free, node.bin);
         if prev_free != NIL {
             nodes[prev_free as usize].next_free = next_free;
         } else {
-            let list = if withheld { &mut self.withheld } else { &mut self.free };
+            let list = &mut self.free;
             let bin = usize::from(bin);
             list.heads[bin] = next_free;
             if next_free == NIL {
@@ -716,16 +710,7 @@ impl Engine {
         if next_free != NIL {
             nodes[next_free as usize].prev_free = prev_free;
         }
-        if flat {
-            let place = nodes[index as usize].flat;
-            self.withheld_flat.swap_remove(place as usize);
-            if let Some(&moved) = self.withheld_flat.get(place as usize) {
-                nodes[moved as usize].flat = place;
-            }
-        }
-        if !withheld {
-            self.stats.free_blocks -= 1;
-        }
+        self.stats.free_blocks -= 1;
     }
 }
 

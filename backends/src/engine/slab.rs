@@ -19,7 +19,8 @@ pub(super) enum NodeState {
     /// Freed by its owner but kept out of the free index by the caller (a pool's quick cache): still occupies
     /// its range, can only be unparked or freed.
     Parked,
-    /// An address range with no memory behind it: in the withheld index, never handed out (see `withheld`).
+    /// An address range with no memory behind it: in the list of withheld ranges, never handed out (see
+    /// `withheld`).
     Withheld,
     Vacant,
 }

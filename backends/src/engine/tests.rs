@@ -135,17 +135,16 @@ fn alloc_or_grow(
     shadow.live.push(a);
 }
 
-/// The fewest bytes any withheld range needs restored to serve `size` bytes after the free index missed, and
-/// how many withheld ranges there are, worked out from the block list by the definition: a request starts at
-/// the free block before a range and runs into it (the granules up to its end, at least one), or, when it would
-/// run past the range, the whole range joins the free blocks on both sides if together they hold it.
-fn fewest_restored_bytes(engine: &Engine, shadow: &Shadow, size: u64) -> Option<(u64, usize)> {
+/// The fewest bytes any withheld range needs restored to serve `size` bytes after the free index missed
+/// (`None` when no range can serve), worked out from the block list by the definition: a request starts at the
+/// free block before a range and runs into it (the granules up to its end, at least one), or, when it would run
+/// past the range, the whole range joins the free blocks on both sides if together they hold it.
+fn fewest_restored_bytes(engine: &Engine, shadow: &Shadow, size: u64) -> Option<u64> {
     let size = size.next_multiple_of(engine.alignment());
-    let (mut fewest, mut ranges) = (None::<u64>, 0);
+    let mut fewest = None::<u64>;
     for &id in shadow.segments.keys() {
         let blocks: Vec<_> = engine.blocks_in(id).collect();
         for (i, w) in blocks.iter().enumerate().filter(|(_, b)| b.withheld) {
-            ranges += 1;
             let free_size = |b: Option<&BlockInfo>| b.filter(|b| b.free).map_or(0, |b| b.size);
             let before = free_size(i.checked_sub(1).and_then(|p| blocks.get(p)));
             let after = free_size(blocks.get(i + 1));
@@ -161,7 +160,7 @@ fn fewest_restored_bytes(engine: &Engine, shadow: &Shadow, size: u64) -> Option<
             };
         }
     }
-    fewest.map(|f| (f, ranges))
+    fewest
 }
 
 fn run(ops: &[Op], alignment: u64, check_every: usize) {
@@ -194,16 +193,16 @@ fn run(ops: &[Op], alignment: u64, check_every: usize) {
                 if let Some(a) = engine.allocate(size) {
                     shadow.live.push(a);
                 } else if let Some(r) = engine.find_withheld(size, GRANULE) {
-                    if let Some((fewest, ranges)) = fewest_restored_bytes(&engine, &shadow, size) {
-                        if ranges <= withheld::WITHHELD_SCAN_LIMIT {
-                            assert_eq!(r.len, fewest, "{r:?} for {size} bytes restores more than needed");
-                        }
-                    }
+                    // Every range is weighed, so the choice is the best however many ranges there are.
+                    let fewest = fewest_restored_bytes(&engine, &shadow, size).expect("a range serves");
+                    assert_eq!(r.len, fewest, "{r:?} for {size} bytes restores more than needed");
                     let a = engine.restore_and_allocate(&r, size).expect("restores what it found");
                     assert!(a.size >= size && a.size < size + alignment);
                     assert!(a.offset <= r.offset + r.len && a.offset + a.size > r.offset, "{a:?} uses {r:?}");
                     shadow.restore(r.segment, r.offset, r.len);
                     shadow.live.push(a);
+                } else {
+                    assert_eq!(fewest_restored_bytes(&engine, &shadow, size), None, "a range serves {size} bytes");
                 }
             }
             Op::AddWithheldSegment(size) => {

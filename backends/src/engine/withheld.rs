@@ -1,13 +1,14 @@
 //! Withheld ranges: parts of a segment with no memory behind them, such as the unmapped pages of a virtual
 //! reservation. A pool withholds free pages when it unmaps them and restores withheld pages when it maps them;
 //! the engine keeps the ranges in the segment's address order (between blocks, merged with withheld neighbours)
-//! and in an index by size of their own, so the free index only ever holds memory that is backed.
+//! and in a flat list of their own (the search weighs every range, so no index by size is kept for them), so the
+//! free index only ever holds memory that is backed.
 //!
 //! Withheld ranges are multiples of a granule (the page size) chosen by the caller, and start on one.
 
 use super::bins::bin_of;
 use super::slab::{Node, NodeState, NIL};
-use super::{Allocation, Engine, Segment, SegmentId, FIT_SCAN_LIMIT};
+use super::{Allocation, Engine, Segment, SegmentId};
 use std::hint::select_unpredictable;
 
 /// `value` rounded up to a multiple of `granule`, a power of two (a mask, not the division that
@@ -19,8 +20,8 @@ fn align_up(value: u64, granule: u64) -> u64 {
     (value + (granule - 1)) & !(granule - 1)
 }
 
-/// How many withheld ranges [`Engine::find_withheld`] weighs at most, besides the first that hold a request alone.
-pub(super) const WITHHELD_SCAN_LIMIT: usize = 32;
+/// How many withheld ranges [`Engine::find_withheld`] weighs per chunk (the size of its array of keys).
+const WEIGH_CHUNK: usize = 32;
 
 /// Withheld bytes to restore for a request: found by [`Engine::find_withheld`], used by
 /// [`Engine::restore_and_allocate`] (with nothing changing the engine in between).
@@ -160,9 +161,10 @@ impl Engine {
     /// Where to restore withheld memory for a request of `size` bytes, restoring as little as possible: a
     /// withheld range is weighed with the free block before it (the request starts there and runs into the
     /// range) or, when the range is too short for that, with the free blocks on both sides (the whole range is
-    /// restored and joins them). Weighs every withheld range, up to [`WITHHELD_SCAN_LIMIT`] of them, and then,
-    /// if there are more, the first ranges that hold the request alone. O(1). `None` when nothing withheld can
-    /// serve the request, and when `granule` is not a power of two.
+    /// restored and joins them). Weighs every withheld range: O(withheld ranges), about 50 instructions each.
+    /// A pool has a few dozen (each lies between blocks and is at least a page), and a pool calls this only on a
+    /// miss that then maps at least one page, which costs a device tens of microseconds. `None` when nothing
+    /// withheld can serve the request, and when `granule` is not a power of two.
     pub fn find_withheld(&self, size: u64, granule: u64) -> Option<Restore> {
         let size = self.block_size(size)?;
         if !granule.is_power_of_two() {
@@ -172,34 +174,19 @@ impl Engine {
         // Any range can be the best: a large one with a large free block before it needs few new pages, and so
         // can a small one between two free blocks. Weighing only the classes around the request's and the
         // first small range that served restored 49 pages per miss on `pressure` where 39 would do (H100, two
-        // runs each: pressure 620/570 -> 432/395 us per op, bert_infer_varlen 7.6/6.9 -> 5.2/5.4). A pool has a
-        // few dozen ranges at most, so usually every one is weighed.
-        let ranges = &self.withheld_flat[..self.withheld_flat.len().min(WITHHELD_SCAN_LIMIT)];
-        // Keys first, then the smallest: two loops, each with few enough live values to stay in registers (one
-        // loop spilled and shuffled them).
-        let mut keys = [u64::MAX; WITHHELD_SCAN_LIMIT];
+        // runs each: pressure 620/570 -> 432/395 us per op, bert_infer_varlen 7.6/6.9 -> 5.2/5.4). So every
+        // range is weighed, a chunk at a time: the keys first, then the smallest, two loops each with few enough
+        // live values to stay in registers (one loop spilled and shuffled them).
         let nodes = self.nodes.as_slice();
-        for (key, &index) in keys.iter_mut().zip(ranges) {
-            *key = restore_key(nodes, index, size, granule);
-        }
-        for (&key, &index) in keys.iter().zip(ranges) {
-            let better = key < best.key;
-            best.index = select_unpredictable(better, index, best.index);
-            best.key = select_unpredictable(better, key, best.key);
-        }
-        if ranges.len() < self.withheld_flat.len() {
-            // Cut short: weigh the ranges that hold the request alone, which the scan may not have reached.
-            let own = bin_of(size);
-            let mut cursor = self.withheld.heads[own];
-            for _ in 0..FIT_SCAN_LIMIT {
-                if cursor == NIL {
-                    break;
-                }
-                self.weigh(cursor, size, granule, &mut best);
-                cursor = self.nodes[cursor].next_free;
+        let mut keys = [u64::MAX; WEIGH_CHUNK];
+        for ranges in self.withheld_flat.chunks(WEIGH_CHUNK) {
+            for (key, &index) in keys.iter_mut().zip(ranges) {
+                *key = restore_key(nodes, index, size, granule);
             }
-            if let Some(higher) = self.withheld.bins.first_at_or_after(own + 1) {
-                self.weigh(self.withheld.heads[higher], size, granule, &mut best);
+            for (&key, &index) in keys.iter().zip(ranges) {
+                let better = key < best.key;
+                best.index = select_unpredictable(better, index, best.index);
+                best.key = select_unpredictable(better, key, best.key);
             }
         }
         if best.key == u64::MAX {
@@ -210,17 +197,6 @@ impl Engine {
         Some(Restore { segment: SegmentId(w.segment), offset: w.offset, len, node: best.index })
     }
 
-    /// Keeps range `index` as `best` if it needs fewer bytes restored, or as many from a smaller range (filling
-    /// holes before cutting into the untouched rest of a reservation, whatever the order of the scan). Both are
-    /// compared at once: the bytes to restore are whole granules, so the range's size in granules (capped)
-    /// fits in the key's low bits.
-    #[inline(always)]
-    fn weigh(&self, index: u32, size: u64, granule: u64, best: &mut Best) {
-        let key = restore_key(self.nodes.as_slice(), index, size, granule);
-        let better = key < best.key;
-        best.index = select_unpredictable(better, index, best.index);
-        best.key = select_unpredictable(better, key, best.key);
-    }
     /// Restores what [`Engine::find_withheld`] chose (the caller has put memory behind it) and allocates `size`
     /// bytes from the free block it joins, at that block's start. O(1).
     ///
@@ -340,11 +316,10 @@ impl Engine {
     /// Moves withheld range `index` to `[offset, offset + size)` (its neighbours have moved their edges to
     /// match) and refiles it under its new size class.
     fn resize_withheld(&mut self, index: u32, offset: u64, size: u64) {
-        // Refiled under its new class; it stays withheld, so its place in the flat list stays too.
-        self.unlink_from_list(index, true, false);
-        self.nodes[index].offset = offset;
-        self.nodes[index].size = size;
-        self.link_into_list(index, true, false);
+        // Withheld ranges are indexed by the flat list alone, which does not depend on their size.
+        let node = &mut self.nodes[index];
+        node.offset = offset;
+        node.size = size;
     }
 
     /// Gives node `index` (in no index) the state `state` and merges it with its address neighbours in that

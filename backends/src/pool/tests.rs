@@ -680,8 +680,8 @@ fn derived_statistics_follow_every_operation() {
 }
 
 /// A pool serves 32,768 streams (two arenas each, numbered in 16 bits); the next stream gets an error naming the
-/// limit, and the streams it already serves go on working. A stream costs about 46 KiB of indexes, so this
-/// test holds about 1.5 GB.
+/// limit, and the streams it already serves go on working. A stream costs about 30 KiB of indexes, so this
+/// test holds about 1 GB.
 #[test]
 fn a_pool_refuses_streams_past_the_most_it_can_number() {
     let pool = sim_pool(SegmentMode::Plain, None);
