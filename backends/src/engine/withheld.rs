@@ -77,6 +77,24 @@ fn restore_key(nodes: &[Node], index: u32, size: u64, granule: u64) -> u64 {
     restore | (len >> granule.trailing_zeros()).min(mask)
 }
 
+/// The range of `ranges` (at most [`WEIGH_CHUNK`]) with the smallest [`restore_key`], the first on a tie. Not
+/// inlined: on its own its two loops keep their values in registers, where the caller's chunk loop made the
+/// first spill (callgrind, `pressure`: 829 -> 722 instructions per search).
+#[inline(never)]
+fn best_of(nodes: &[Node], ranges: &[u32], size: u64, granule: u64) -> Best {
+    let mut keys = [u64::MAX; WEIGH_CHUNK];
+    for (key, &index) in keys.iter_mut().zip(ranges) {
+        *key = restore_key(nodes, index, size, granule);
+    }
+    let mut best = Best { index: NIL, key: u64::MAX };
+    for (&key, &index) in keys.iter().zip(ranges) {
+        let better = key < best.key;
+        best.index = select_unpredictable(better, index, best.index);
+        best.key = select_unpredictable(better, key, best.key);
+    }
+    best
+}
+
 impl Engine {
     /// Adds a segment of `size` bytes (rounded up to the alignment) that is withheld from end to end: nothing in it
     /// is allocatable until restored. O(1) amortised. Returns `None` for a zero size.
@@ -178,16 +196,11 @@ impl Engine {
         // range is weighed, a chunk at a time: the keys first, then the smallest, two loops each with few enough
         // live values to stay in registers (one loop spilled and shuffled them).
         let nodes = self.nodes.as_slice();
-        let mut keys = [u64::MAX; WEIGH_CHUNK];
         for ranges in self.withheld_flat.chunks(WEIGH_CHUNK) {
-            for (key, &index) in keys.iter_mut().zip(ranges) {
-                *key = restore_key(nodes, index, size, granule);
-            }
-            for (&key, &index) in keys.iter().zip(ranges) {
-                let better = key < best.key;
-                best.index = select_unpredictable(better, index, best.index);
-                best.key = select_unpredictable(better, key, best.key);
-            }
+            let chunk = best_of(nodes, ranges, size, granule);
+            let better = chunk.key < best.key;
+            best.index = select_unpredictable(better, chunk.index, best.index);
+            best.key = select_unpredictable(better, chunk.key, best.key);
         }
         if best.key == u64::MAX {
             return None; // Nothing serves (a range that cannot may still have won a tie on size).
