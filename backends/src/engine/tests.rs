@@ -137,8 +137,10 @@ fn alloc_or_grow(
 
 /// The fewest bytes any withheld range needs restored to serve `size` bytes after the free index missed
 /// (`None` when no range can serve), worked out from the block list by the definition: a request starts at the
-/// free block before a range and runs into it (the granules up to its end, at least one), or, when it would run
-/// past the range, the whole range joins the free blocks on both sides if together they hold it.
+/// free block before a range and runs into it (the granules up to its end, at least one), or ends in the free
+/// block after a range and starts inside it (the granules from its start to the range's end, at least one), or,
+/// when it would run past the range either way, the whole range joins the free blocks on both sides if together
+/// they hold it.
 fn fewest_restored_bytes(engine: &Engine, shadow: &Shadow, size: u64) -> Option<u64> {
     let size = size.next_multiple_of(engine.alignment());
     let mut fewest = None::<u64>;
@@ -148,16 +150,25 @@ fn fewest_restored_bytes(engine: &Engine, shadow: &Shadow, size: u64) -> Option<
             let free_size = |b: Option<&BlockInfo>| b.filter(|b| b.free).map_or(0, |b| b.size);
             let before = free_size(i.checked_sub(1).and_then(|p| blocks.get(p)));
             let after = free_size(blocks.get(i + 1));
+            let whole = (before + w.size + after >= size).then_some(w.size);
             let end = w.offset - before + size;
-            let bytes = if end <= w.offset + w.size {
+            let head = if end <= w.offset + w.size {
                 Some((end.next_multiple_of(GRANULE) - w.offset).max(GRANULE))
             } else {
-                (before + w.size + after >= size).then_some(w.size)
+                whole
             };
-            fewest = match (fewest, bytes) {
-                (Some(f), Some(b)) => Some(f.min(b)),
-                (f, b) => f.or(b),
+            let range_end = w.offset + w.size;
+            let start = (range_end + after).checked_sub(size).filter(|&s| s >= w.offset);
+            let tail = match start {
+                Some(start) => Some(range_end.saturating_sub(start / GRANULE * GRANULE).max(GRANULE)),
+                None => whole,
             };
+            for bytes in [head, tail] {
+                fewest = match (fewest, bytes) {
+                    (Some(f), Some(b)) => Some(f.min(b)),
+                    (f, b) => f.or(b),
+                };
+            }
         }
     }
     fewest
@@ -414,6 +425,52 @@ fn a_short_withheld_hole_between_free_blocks_is_restored_whole() {
     let a = e.restore_and_allocate(&r, 5 * GRANULE).unwrap();
     assert_eq!(a.offset, GRANULE);
     assert_eq!(e.stats().withheld_bytes, 0);
+}
+
+#[test]
+fn a_request_ending_in_the_free_block_after_a_range_restores_the_range_tail() {
+    let mut e = Engine::new(256).unwrap();
+    let seg = e.add_segment(16 * GRANULE).unwrap();
+    // Live | withheld 4 granules | free 3 | live | rest.
+    let _live1 = e.allocate(GRANULE).unwrap();
+    let hole = e.allocate(7 * GRANULE).unwrap();
+    let _live2 = e.allocate(GRANULE).unwrap();
+    let _rest = e.allocate(7 * GRANULE).unwrap();
+    e.free(hole.block).unwrap();
+    assert!(e.withhold_range(seg, GRANULE, 4 * GRANULE, GRANULE));
+    // From the head the request would need the whole range (4 granules); ending in the free block, 2 do.
+    assert!(e.allocate(5 * GRANULE).is_none());
+    let r = e.find_withheld(5 * GRANULE, GRANULE).unwrap();
+    assert_eq!((r.segment, r.offset, r.len), (seg, 3 * GRANULE, 2 * GRANULE));
+    let a = e.restore_and_allocate(&r, 5 * GRANULE).unwrap();
+    assert_eq!((a.offset, a.size), (3 * GRANULE, 5 * GRANULE), "from the first restored granule into the free block");
+    assert!(e.restore_and_allocate(&r, 5 * GRANULE).is_none(), "a used description is refused");
+    assert_eq!(e.stats().withheld_bytes, 2 * GRANULE);
+    assert_eq!(e.backed_ranges(seg).collect::<Vec<_>>(), vec![(0, GRANULE), (3 * GRANULE, 13 * GRANULE)]);
+    // Freed, the block and the restored granules can be withheld again, back to the range's old extent.
+    e.free(a.block).unwrap();
+    assert!(e.withhold_range(seg, 3 * GRANULE, 2 * GRANULE, GRANULE));
+    assert_eq!(e.stats().withheld_bytes, 4 * GRANULE);
+    assert_eq!(e.backed_ranges(seg).collect::<Vec<_>>(), vec![(0, GRANULE), (5 * GRANULE, 11 * GRANULE)]);
+}
+
+/// When the head and the tail of a range need as many granules, the head serves (as before the tail was
+/// weighed).
+#[test]
+fn a_tie_between_head_and_tail_restores_from_the_head() {
+    let mut e = Engine::new(256).unwrap();
+    let seg = e.add_segment(16 * GRANULE).unwrap();
+    // Live | free 2 granules | withheld 4 | free 2 | live | rest.
+    let _live1 = e.allocate(GRANULE).unwrap();
+    let hole = e.allocate(8 * GRANULE).unwrap();
+    let _live2 = e.allocate(GRANULE).unwrap();
+    let _rest = e.allocate(6 * GRANULE).unwrap();
+    e.free(hole.block).unwrap();
+    assert!(e.withhold_range(seg, 3 * GRANULE, 4 * GRANULE, GRANULE));
+    let r = e.find_withheld(3 * GRANULE, GRANULE).unwrap();
+    assert_eq!((r.offset, r.len), (3 * GRANULE, GRANULE));
+    let a = e.restore_and_allocate(&r, 3 * GRANULE).unwrap();
+    assert_eq!(a.offset, GRANULE, "from the free block before");
 }
 
 /// `find_withheld` is public: asked when the free block before a withheld range already holds the request (a
