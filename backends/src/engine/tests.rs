@@ -406,18 +406,21 @@ fn withheld_space_is_never_handed_out_and_comes_back_where_least_is_needed() {
     assert_eq!(e.stats().withheld_bytes, 60 * GRANULE);
 }
 
+/// An engine with one segment of live blocks of `blocks` granules, in address order, of which block `hole` is
+/// then freed and `withheld` (first granule, granules) withheld inside it.
+fn holed_segment(blocks: &[u64], hole: usize, withheld: (u64, u64)) -> (Engine, SegmentId) {
+    let mut e = Engine::new(256).unwrap();
+    let seg = e.add_segment(blocks.iter().sum::<u64>() * GRANULE).unwrap();
+    let live: Vec<_> = blocks.iter().map(|&g| e.allocate(g * GRANULE).unwrap()).collect();
+    e.free(live[hole].block).unwrap();
+    assert!(e.withhold_range(seg, withheld.0 * GRANULE, withheld.1 * GRANULE, GRANULE));
+    (e, seg)
+}
+
 #[test]
 fn a_short_withheld_hole_between_free_blocks_is_restored_whole() {
-    let mut e = Engine::new(256).unwrap();
-    let seg = e.add_segment(16 * GRANULE).unwrap();
     // Live | free 2 granules | withheld 2 | free 2 | live | rest.
-    let live1 = e.allocate(GRANULE).unwrap();
-    let hole = e.allocate(6 * GRANULE).unwrap();
-    let _live2 = e.allocate(GRANULE).unwrap();
-    let _rest = e.allocate(8 * GRANULE).unwrap();
-    e.free(hole.block).unwrap();
-    assert!(e.withhold_range(seg, 3 * GRANULE, 2 * GRANULE, GRANULE));
-    assert_eq!(live1.offset, 0);
+    let (mut e, _) = holed_segment(&[1, 6, 1, 8], 1, (3, 2));
     // 5 granules fit only across the hole: the whole withheld range (2 granules) comes back, not 5.
     assert!(e.allocate(5 * GRANULE).is_none());
     let r = e.find_withheld(5 * GRANULE, GRANULE).unwrap();
@@ -429,15 +432,8 @@ fn a_short_withheld_hole_between_free_blocks_is_restored_whole() {
 
 #[test]
 fn a_request_ending_in_the_free_block_after_a_range_restores_the_range_tail() {
-    let mut e = Engine::new(256).unwrap();
-    let seg = e.add_segment(16 * GRANULE).unwrap();
     // Live | withheld 4 granules | free 3 | live | rest.
-    let _live1 = e.allocate(GRANULE).unwrap();
-    let hole = e.allocate(7 * GRANULE).unwrap();
-    let _live2 = e.allocate(GRANULE).unwrap();
-    let _rest = e.allocate(7 * GRANULE).unwrap();
-    e.free(hole.block).unwrap();
-    assert!(e.withhold_range(seg, GRANULE, 4 * GRANULE, GRANULE));
+    let (mut e, seg) = holed_segment(&[1, 7, 1, 7], 1, (1, 4));
     // From the head the request would need the whole range (4 granules); ending in the free block, 2 do.
     assert!(e.allocate(5 * GRANULE).is_none());
     let r = e.find_withheld(5 * GRANULE, GRANULE).unwrap();
@@ -458,15 +454,8 @@ fn a_request_ending_in_the_free_block_after_a_range_restores_the_range_tail() {
 /// weighed).
 #[test]
 fn a_tie_between_head_and_tail_restores_from_the_head() {
-    let mut e = Engine::new(256).unwrap();
-    let seg = e.add_segment(16 * GRANULE).unwrap();
     // Live | free 2 granules | withheld 4 | free 2 | live | rest.
-    let _live1 = e.allocate(GRANULE).unwrap();
-    let hole = e.allocate(8 * GRANULE).unwrap();
-    let _live2 = e.allocate(GRANULE).unwrap();
-    let _rest = e.allocate(6 * GRANULE).unwrap();
-    e.free(hole.block).unwrap();
-    assert!(e.withhold_range(seg, 3 * GRANULE, 4 * GRANULE, GRANULE));
+    let (mut e, _) = holed_segment(&[1, 8, 1, 6], 1, (3, 4));
     let r = e.find_withheld(3 * GRANULE, GRANULE).unwrap();
     assert_eq!((r.offset, r.len), (3 * GRANULE, GRANULE));
     let a = e.restore_and_allocate(&r, 3 * GRANULE).unwrap();
@@ -478,14 +467,8 @@ fn a_tie_between_head_and_tail_restores_from_the_head() {
 /// restores, rather than nothing.
 #[test]
 fn a_request_the_free_block_before_holds_still_restores_one_granule() {
-    let mut e = Engine::new(256).unwrap();
-    let seg = e.add_segment(8 * GRANULE).unwrap();
     // Live | free 3 granules | withheld 2 | live rest.
-    let _live = e.allocate(GRANULE).unwrap();
-    let hole = e.allocate(5 * GRANULE).unwrap();
-    let _rest = e.allocate(2 * GRANULE).unwrap();
-    e.free(hole.block).unwrap();
-    assert!(e.withhold_range(seg, 4 * GRANULE, 2 * GRANULE, GRANULE));
+    let (mut e, seg) = holed_segment(&[1, 5, 2], 1, (4, 2));
     let r = e.find_withheld(2 * GRANULE, GRANULE).unwrap();
     assert_eq!((r.segment, r.offset, r.len), (seg, 4 * GRANULE, GRANULE));
     let a = e.restore_and_allocate(&r, 2 * GRANULE).unwrap();
