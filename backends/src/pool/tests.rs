@@ -218,6 +218,61 @@ fn virtual_segments_place_blocks_on_the_mapped_part_of_a_hole() {
 }
 
 #[test]
+fn a_request_that_ends_in_a_mapped_hole_maps_only_the_pages_before_it() {
+    let config = PoolConfig { segment_mode: SegmentMode::Virtual, mapped_slack: None, ..PoolConfig::default() };
+    let backend =
+        PageChecked { inner: SimBackend::new("checked", 8 << 30), mapped: Default::default(), reported_page: None };
+    let pool = Pool::new(backend, config).unwrap();
+    let [a, b, c] = [6 * MIB, 10 * MIB, 2 * MIB].map(|size| pool.allocate(size, S0).unwrap());
+    // Unmapped [0, 6 MiB), then a mapped hole [6 MiB, 16 MiB), then c.
+    pool.free(&a).unwrap();
+    assert_eq!(pool.release_cached().bytes_released, 6 * MIB);
+    pool.free(&b).unwrap();
+    let (maps, reserved) = (pool.stats().num_device_alloc, pool.stats().reserved_bytes.current);
+    assert_eq!(reserved, 12 * MIB);
+    // 12 MiB fit no mapped hole. Ending in the hole, they need one page before it; starting at the reservation's
+    // start they would need all three, and past c six.
+    let d = pool.allocate(12 * MIB, S0).unwrap();
+    assert_eq!(d.offset, 4 * MIB);
+    let s = pool.stats();
+    assert_eq!((s.num_device_alloc, s.reserved_bytes.current), (maps + 1, reserved + 2 * MIB), "{s:?}");
+    let (segment, offset) = pool.segment_of(&d).unwrap();
+    assert!(pool.backend().is_mapped(&segment, offset, d.size));
+    for block in [c, d] {
+        pool.free(&block).unwrap();
+    }
+    pool.release_cached();
+    assert_eq!(pool.backend().mapped.lock().len(), 0, "pages left mapped");
+}
+
+#[test]
+fn a_request_ending_in_a_hole_that_would_pass_the_limit_is_undone_and_reported() {
+    let config = PoolConfig { segment_mode: SegmentMode::Virtual, mapped_slack: None, ..PoolConfig::default() };
+    let backend =
+        PageChecked { inner: SimBackend::new("checked", 8 << 30), mapped: Default::default(), reported_page: None };
+    let pool = Pool::new(backend, config).unwrap();
+    let [a, b, c] = [6 * MIB, 10 * MIB, 2 * MIB].map(|size| pool.allocate(size, S0).unwrap());
+    pool.free(&a).unwrap();
+    assert_eq!(pool.release_cached().bytes_released, 6 * MIB);
+    pool.free(&b).unwrap();
+    pool.set_limit(Some(Limit::Bytes(12 * MIB))).unwrap();
+    // The page before the hole would pass the limit, and the hole itself is all there is to unmap: the restore is
+    // undone, the cache released, and the retry (six new pages) fails too.
+    assert!(matches!(pool.allocate(12 * MIB, S0), Err(Error::OutOfMemory { requested, .. }) if requested == 12 * MIB));
+    let s = pool.stats();
+    assert_eq!((s.num_ooms, s.reserved_bytes.current, s.allocated_bytes.current), (1, 2 * MIB, 2 * MIB), "{s:?}");
+    assert_eq!(pool.backend().mapped.lock().len(), 1, "only c's page is mapped");
+    // What was undone is whole again: the space before c serves up to the limit.
+    let d = pool.allocate(10 * MIB, S0).unwrap();
+    assert_eq!(d.offset, 0);
+    for block in [c, d] {
+        pool.free(&block).unwrap();
+    }
+    pool.release_cached();
+    assert_eq!(pool.backend().mapped.lock().len(), 0, "pages left mapped");
+}
+
+#[test]
 fn a_remap_at_the_limit_unmaps_only_what_the_limit_needs() {
     let config = PoolConfig {
         segment_mode: SegmentMode::Virtual,
