@@ -217,17 +217,32 @@ fn virtual_segments_place_blocks_on_the_mapped_part_of_a_hole() {
     assert_eq!(pool.stats().allocated_bytes.current, 0);
 }
 
-#[test]
-fn a_request_that_ends_in_a_mapped_hole_maps_only_the_pages_before_it() {
+/// A virtual pool on the page-checking device whose reservation starts with 6 MiB of unmapped space, then a mapped
+/// hole of 10 MiB, then a live 2 MiB block (returned); nothing past it is mapped.
+fn unmapped_space_then_a_mapped_hole() -> (Pool<PageChecked>, BlockHandle) {
     let config = PoolConfig { segment_mode: SegmentMode::Virtual, mapped_slack: None, ..PoolConfig::default() };
     let backend =
         PageChecked { inner: SimBackend::new("checked", 8 << 30), mapped: Default::default(), reported_page: None };
     let pool = Pool::new(backend, config).unwrap();
     let [a, b, c] = [6 * MIB, 10 * MIB, 2 * MIB].map(|size| pool.allocate(size, S0).unwrap());
-    // Unmapped [0, 6 MiB), then a mapped hole [6 MiB, 16 MiB), then c.
     pool.free(&a).unwrap();
     assert_eq!(pool.release_cached().bytes_released, 6 * MIB);
     pool.free(&b).unwrap();
+    (pool, c)
+}
+
+/// Frees `blocks`, the pool's last live ones, releases the cache and checks that no page is left mapped.
+fn free_and_release_everything(pool: &Pool<PageChecked>, blocks: impl IntoIterator<Item = BlockHandle>) {
+    for block in blocks {
+        pool.free(&block).unwrap();
+    }
+    pool.release_cached();
+    assert_eq!(pool.backend().mapped.lock().len(), 0, "pages left mapped");
+}
+
+#[test]
+fn a_request_that_ends_in_a_mapped_hole_maps_only_the_pages_before_it() {
+    let (pool, c) = unmapped_space_then_a_mapped_hole();
     let (maps, reserved) = (pool.stats().num_device_alloc, pool.stats().reserved_bytes.current);
     assert_eq!(reserved, 12 * MIB);
     // 12 MiB fit no mapped hole. Ending in the hole, they need one page before it; starting at the reservation's
@@ -238,23 +253,12 @@ fn a_request_that_ends_in_a_mapped_hole_maps_only_the_pages_before_it() {
     assert_eq!((s.num_device_alloc, s.reserved_bytes.current), (maps + 1, reserved + 2 * MIB), "{s:?}");
     let (segment, offset) = pool.segment_of(&d).unwrap();
     assert!(pool.backend().is_mapped(&segment, offset, d.size));
-    for block in [c, d] {
-        pool.free(&block).unwrap();
-    }
-    pool.release_cached();
-    assert_eq!(pool.backend().mapped.lock().len(), 0, "pages left mapped");
+    free_and_release_everything(&pool, [c, d]);
 }
 
 #[test]
 fn a_request_ending_in_a_hole_that_would_pass_the_limit_is_undone_and_reported() {
-    let config = PoolConfig { segment_mode: SegmentMode::Virtual, mapped_slack: None, ..PoolConfig::default() };
-    let backend =
-        PageChecked { inner: SimBackend::new("checked", 8 << 30), mapped: Default::default(), reported_page: None };
-    let pool = Pool::new(backend, config).unwrap();
-    let [a, b, c] = [6 * MIB, 10 * MIB, 2 * MIB].map(|size| pool.allocate(size, S0).unwrap());
-    pool.free(&a).unwrap();
-    assert_eq!(pool.release_cached().bytes_released, 6 * MIB);
-    pool.free(&b).unwrap();
+    let (pool, c) = unmapped_space_then_a_mapped_hole();
     pool.set_limit(Some(Limit::Bytes(12 * MIB))).unwrap();
     // The page before the hole would pass the limit, and the hole itself is all there is to unmap: the restore is
     // undone, the cache released, and the retry (six new pages) fails too.
@@ -265,11 +269,7 @@ fn a_request_ending_in_a_hole_that_would_pass_the_limit_is_undone_and_reported()
     // What was undone is whole again: the space before c serves up to the limit.
     let d = pool.allocate(10 * MIB, S0).unwrap();
     assert_eq!(d.offset, 0);
-    for block in [c, d] {
-        pool.free(&block).unwrap();
-    }
-    pool.release_cached();
-    assert_eq!(pool.backend().mapped.lock().len(), 0, "pages left mapped");
+    free_and_release_everything(&pool, [c, d]);
 }
 
 #[test]
