@@ -50,13 +50,13 @@ struct Best {
 /// granules, capped below one granule, in the low bits as the tie-break.
 ///
 /// The request either starts at the free block before the range and runs into it, or ends in the free block after
-/// it and starts inside it ([`serves_from_tail`] tells which): from the larger of the two free blocks, which
+/// it and starts inside it (the one after only when it is the larger: on a tie the request is served as it was
+/// before the block after was weighed, see [`Engine::find_withheld`]): from the larger of the two, which
 /// leaves the fewest bytes to restore, `size - free` rounded up to whole granules (the range starts and ends on a
 /// granule, so its offset drops out). When that is more than the range holds, the whole range comes back and joins
-/// the free blocks on both sides, if together they hold the request. A missing neighbour reads as the range
-/// itself, which is not free: `get` of `NIL` is `None`, so that is one compare and conditional move with no bounds
-/// check that could panic. Weighing the free block after as well as the one before restored a quarter fewer
-/// pages on `pressure` (sim, 2 GiB limit: 243,000 -> 186,000 pages mapped a pass).
+/// the free blocks on both sides, if together they hold the request. Weighing the free block after as well as the
+/// one before restored a quarter fewer pages on `pressure` (sim, 2 GiB limit: 972,109 -> 738,747 pages mapped
+/// over a cold pass and three warm ones).
 ///
 /// Every choice is a select the compiler must not turn into a branch: which case applies to a range is
 /// something a branch predictor cannot learn, and a miss weighs every range (cachegrind's branch model put 12
@@ -66,10 +66,7 @@ struct Best {
 fn restore_key(nodes: &[Node], index: u32, size: u64, granule: u64) -> u64 {
     let Some(w) = nodes.get(index as usize) else { return u64::MAX };
     let len = w.size;
-    let prev = nodes.get(w.prev_phys as usize).unwrap_or(w);
-    let next = nodes.get(w.next_phys as usize).unwrap_or(w);
-    let before = select_unpredictable(prev.state == NodeState::Free, prev.size, 0);
-    let after = select_unpredictable(next.state == NodeState::Free, next.size, 0);
+    let (before, after) = free_around(nodes, w);
     let mask = granule - 1;
     // Callers ask only after the free index missed, so both free blocks are smaller than `size`; saturating keeps
     // the rule (at least one granule) for any caller. Wrapping: a request near u64::MAX needs more than any range
@@ -81,11 +78,16 @@ fn restore_key(nodes: &[Node], index: u32, size: u64, granule: u64) -> u64 {
     restore | (len >> granule.trailing_zeros()).min(mask)
 }
 
-/// Whether a request served from a withheld range with free blocks of `before` and `after` bytes around it (0 where
-/// the neighbour is not free) ends in the block after rather than starting in the block before: only when that
-/// block is the larger, so that on a tie the request is served as it was before the block after was weighed.
-fn serves_from_tail(before: u64, after: u64) -> bool {
-    after > before
+/// The sizes of the free blocks before and after withheld range `w` (0 where the neighbour is not free). A missing
+/// neighbour reads as the range itself, which is not free: `get` of `NIL` is `None`, so that is one compare and
+/// conditional move with no bounds check that could panic.
+#[inline(always)]
+fn free_around(nodes: &[Node], w: &Node) -> (u64, u64) {
+    let prev = nodes.get(w.prev_phys as usize).unwrap_or(w);
+    let next = nodes.get(w.next_phys as usize).unwrap_or(w);
+    let before = select_unpredictable(prev.state == NodeState::Free, prev.size, 0);
+    let after = select_unpredictable(next.state == NodeState::Free, next.size, 0);
+    (before, after)
 }
 
 /// The range of `ranges` (at most [`WEIGH_CHUNK`]) with the smallest [`restore_key`], the first on a tie. Not
@@ -221,11 +223,12 @@ impl Engine {
         }
         let w = self.nodes.get(best.index)?;
         let len = best.key & !(granule - 1);
-        // From the tail, the restored bytes end where the range does. When they are the whole range, both ways
-        // start at its offset, and restoring it whole joins the free blocks on both sides.
-        let free_size = |i: u32| self.nodes.get(i).filter(|n| n.state == NodeState::Free).map_or(0, |n| n.size);
-        let from_tail = serves_from_tail(free_size(w.prev_phys), free_size(w.next_phys));
-        let offset = if from_tail { w.offset + w.size - len } else { w.offset };
+        // The request ends in the free block after the range only when that block is the larger (on a tie it is
+        // served from the head, as before the block after was weighed); the restored bytes then end where the
+        // range does. When they are the whole range, both ways start at its offset, and restoring it whole joins
+        // the free blocks on both sides.
+        let (before, after) = free_around(self.nodes.as_slice(), w);
+        let offset = if after > before { w.offset + w.size - len } else { w.offset };
         Some(Restore { segment: SegmentId(w.segment), offset, len, node: best.index })
     }
 
@@ -245,23 +248,13 @@ impl Engine {
         if !valid {
             return None;
         }
-        let index = restore.node;
-        if !from_head {
-            return self.restore_tail(index, restore.len, size);
+        let (index, range_size) = (restore.node, node.size);
+        let free = if from_head { node.prev_phys } else { node.next_phys };
+        if restore.len < range_size && free != NIL && self.nodes[free].state == NodeState::Free {
+            return self.restore_in_place(index, free, restore.len, !from_head, size);
         }
-        let before = self.nodes[index].prev_phys;
-        if restore.len < self.nodes[index].size && before != NIL && self.nodes[before].state == NodeState::Free {
-            // The common case, in place: the free block before grows over the restored bytes and the withheld
-            // range shrinks from its start; no node is added or removed.
-            self.unlink_free(before);
-            self.nodes[before].size += restore.len;
-            self.resize_withheld(index, restore.offset + restore.len, self.nodes[index].size - restore.len);
-            self.stats.withheld_bytes -= restore.len;
-            if self.nodes[before].size < size {
-                self.push_free(before);
-                return None;
-            }
-            return Some(self.carve(before, size));
+        if !from_head {
+            return None; // Not what find_withheld chose: it serves from a tail only into a free block after.
         }
         self.unlink(index);
         if restore.len < self.nodes[index].size {
@@ -271,34 +264,38 @@ impl Engine {
         }
         self.stats.withheld_bytes -= restore.len;
         let index = self.join_neighbours(index, NodeState::Free);
+        self.carve_restored(index, size)
+    }
+
+    /// The common case of [`Engine::restore_and_allocate`], in place: the first `len` bytes of withheld range
+    /// `index` (fewer than it holds), or its last when `from_tail`, are restored into the free block `free` that
+    /// borders them, which grows over them while the range shrinks; no node is added or removed. Inlined, as is
+    /// [`Engine::carve_restored`]: as calls they cost each remap 46 instructions (callgrind, `pressure`: 666.8 ->
+    /// 675.7 per op).
+    #[inline(always)]
+    fn restore_in_place(&mut self, index: u32, free: u32, len: u64, from_tail: bool, size: u64) -> Option<Allocation> {
+        self.unlink_free(free);
+        let (w_offset, w_size) = (self.nodes[index].offset, self.nodes[index].size);
+        if from_tail {
+            self.nodes[free].offset -= len;
+            self.resize_withheld(index, w_offset, w_size - len);
+        } else {
+            self.resize_withheld(index, w_offset + len, w_size - len);
+        }
+        self.nodes[free].size += len;
+        self.stats.withheld_bytes -= len;
+        self.carve_restored(free, size)
+    }
+
+    /// Carves `size` bytes from the start of free block `index` (in no index), which a restore has just grown; when
+    /// it is too small (not what find_withheld promised), keeps it free rather than fail half-way.
+    #[inline(always)]
+    fn carve_restored(&mut self, index: u32, size: u64) -> Option<Allocation> {
         if self.nodes[index].size < size {
-            // Not what find_withheld promised: keep the restored range free rather than fail half-way.
             self.push_free(index);
             return None;
         }
         Some(self.carve(index, size))
-    }
-
-    /// [`Engine::restore_and_allocate`] of the last `len` bytes of withheld range `index` (fewer than it holds), in
-    /// place: the free block after the range grows down over them and the block is carved at its new start; no
-    /// node is added or removed.
-    fn restore_tail(&mut self, index: u32, len: u64, size: u64) -> Option<Allocation> {
-        let after = self.nodes[index].next_phys;
-        if after == NIL || self.nodes[after].state != NodeState::Free {
-            return None; // Not what find_withheld chose: it serves from a tail only into a free block after.
-        }
-        self.unlink_free(after);
-        self.nodes[after].offset -= len;
-        self.nodes[after].size += len;
-        let (w_offset, w_size) = (self.nodes[index].offset, self.nodes[index].size);
-        self.resize_withheld(index, w_offset, w_size - len);
-        self.stats.withheld_bytes -= len;
-        if self.nodes[after].size < size {
-            // Not what find_withheld promised: keep the restored range free rather than fail half-way.
-            self.push_free(after);
-            return None;
-        }
-        Some(self.carve(after, size))
     }
 
     /// The ranges of `segment` that are not withheld (blocks, live or free, in runs), in address order: what has
