@@ -19,6 +19,9 @@ pub struct BlockHandle {
     pub(crate) offset: u64,
     pub(crate) size: u64,
     pub(crate) requested: u64,
+    /// Set for a block lent from a thread cache: the slot that lent it checks this ticket (the engine holds the
+    /// block parked). See [`crate::pool`]'s thread caches.
+    pub(crate) lent: Option<crate::pool::Lent>,
 }
 
 impl BlockHandle {

@@ -104,7 +104,8 @@ pub struct BlockInfo {
     pub free: bool,
     /// Whether the range is withheld (no memory behind it; neither free nor live).
     pub withheld: bool,
-    /// The block id when live.
+    /// The block id when live or parked (parked blocks are held by a cache: lent out by a thread cache, or
+    /// free in one).
     pub block: Option<BlockId>,
 }
 
@@ -300,7 +301,8 @@ impl Engine {
                 size: node.size,
                 free: node.state == NodeState::Free,
                 withheld: node.state == NodeState::Withheld,
-                block: (node.state == NodeState::Live).then_some(BlockId::new(next, node.generation)),
+                block: matches!(node.state, NodeState::Live | NodeState::Parked)
+                    .then_some(BlockId::new(next, node.generation)),
             };
             next = node.next_phys;
             Some(info)

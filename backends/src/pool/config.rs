@@ -82,6 +82,14 @@ pub struct PoolConfig {
     /// Overwrite every freed block with [`crate::pool::POISON_BYTE`] so that a use after free or a read of
     /// uninitialised memory shows up (NaN in floats).
     pub poison_on_free: bool,
+    /// Most bytes of free small blocks one thread's cache keeps (blocks up to `small_request_max`, allocated
+    /// and freed without the pool's lock); 0 turns thread caches off. Past it, half goes back to the pool.
+    #[serde(default = "default_thread_cache_bytes")]
+    pub thread_cache_bytes: u64,
+}
+
+fn default_thread_cache_bytes() -> u64 {
+    PoolConfig::default().thread_cache_bytes
 }
 
 impl Default for PoolConfig {
@@ -97,6 +105,7 @@ impl Default for PoolConfig {
             page_size: None,
             zero_on_alloc: false,
             poison_on_free: false,
+            thread_cache_bytes: 8 << 20,
         }
     }
 }

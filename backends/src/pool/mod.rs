@@ -16,18 +16,23 @@
 mod config;
 mod quick;
 mod streams;
+mod thread_cache;
 
 pub use config::{parse_size, Limit, PoolConfig, SegmentMode, Strategy};
 
 use crate::backend::PoolAccess;
 use crate::engine::{Allocation, Engine, Restore, SegmentId};
-use crate::raw::lock::PoolMutex;
+use crate::raw::lock::{PoolGuard, PoolMutex};
 use crate::{Backend, BlockHandle, Error, HostPtr, PoolStats, Result, StreamId};
 use quick::{QuickBlock, QuickCache};
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use streams::StreamArenas;
+use thread_cache::{DrainOnExit, Returned, ThreadCache, ThreadSlot};
+
+pub(crate) use thread_cache::Lent;
 
 /// The next pool's number (64 bits: never reused in a process's life).
 static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
@@ -134,9 +139,7 @@ impl<S> Arena<S> {
 }
 
 struct State<S> {
-    /// The arena number of this pool's first arena: the pool's number, unique in the process, above
-    /// [`ARENA_BITS`]. Handles carry `arena_base + index`, and a handle whose number is outside this pool's range
-    /// (another pool's, even with the same block ids) is refused by the same bounds check that finds its arena.
+    /// See [`Pool::arena_base`].
     arena_base: u64,
     arenas: Vec<Arena<S>>,
     /// Stream → arena indices `[small, large]`.
@@ -155,7 +158,22 @@ enum Shortfall {
     Device(Error),
 }
 
-/// A pool of blocks of one backend. `Send + Sync`: one lock guards the engine; backend copies run outside it.
+/// One thread cache slot, alone on its cache lines so that threads working in their own slots do not share
+/// lines.
+#[repr(align(128))]
+struct Slot(parking_lot::Mutex<ThreadCache>);
+
+/// What the pool's threads share: the engine's state behind the pool's lock, and the thread cache slots, each
+/// behind its own (see [`thread_cache`] for the lock order). Held in an `Arc` so that a thread's exit can
+/// drain its slot into a pool that still lives.
+struct Shared<S> {
+    state: PoolMutex<State<S>>,
+    /// A power of two in number (a mask picks a thread's slot); empty when thread caches are off.
+    slots: Box<[Slot]>,
+}
+
+/// A pool of blocks of one backend. `Send + Sync`: one lock guards the engine, small blocks go through
+/// per-thread caches with locks of their own, and backend copies of device memory run outside both.
 pub struct Pool<B: Backend> {
     backend: B,
     config: PoolConfig,
@@ -164,7 +182,21 @@ pub struct Pool<B: Backend> {
     /// The largest block the pool hands out: the device's capacity on virtual reservations (every page of a
     /// block is mapped), the backend's largest segment otherwise.
     max_block: u64,
-    state: PoolMutex<State<B::Segment>>,
+    /// The arena number of this pool's first arena: the pool's number, unique in the process, above
+    /// [`ARENA_BITS`]. Handles carry `arena_base + index`, and a handle whose number is outside this pool's range
+    /// (another pool's, even with the same block ids) is refused by the same bounds check that finds its arena.
+    arena_base: u64,
+    shared: Arc<Shared<B::Segment>>,
+}
+
+/// Thread cache slots per pool: twice the cores (at least 4, at most 256), a power of two, so that the live
+/// threads of a process that runs about one per core each get a slot of their own.
+fn slot_count() -> usize {
+    static COUNT: OnceLock<usize> = OnceLock::new();
+    *COUNT.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(4, usize::from);
+        (2 * cores).clamp(4, 256).next_power_of_two()
+    })
 }
 
 impl<B: Backend> Pool<B> {
@@ -226,23 +258,34 @@ impl<B: Backend> Pool<B> {
             return Err(Error::InvalidConfig("this process has created 2^48 pools; no pool numbers are left".into()));
         }
         let arena_base = number << ARENA_BITS;
+        let caching = config.strategy == Strategy::Pooled && config.thread_cache_bytes > 0;
+        let slots = if caching { slot_count() } else { 0 };
+        let state = PoolMutex::new(State {
+            arena_base,
+            arenas: Vec::new(),
+            streams: StreamArenas::default(),
+            stats,
+            plain_bytes: 0,
+            mapped_bytes: 0,
+            empty_plain_bytes: 0,
+            cleanup_round: 0,
+        });
+        let slots = (0..slots).map(|_| Slot(parking_lot::Mutex::new(ThreadCache::default()))).collect();
         Ok(Self {
             backend,
             config,
             page_size,
             max_reservation,
             max_block,
-            state: PoolMutex::new(State {
-                arena_base,
-                arenas: Vec::new(),
-                streams: StreamArenas::default(),
-                stats,
-                plain_bytes: 0,
-                mapped_bytes: 0,
-                empty_plain_bytes: 0,
-                cleanup_round: 0,
-            }),
+            arena_base,
+            shared: Arc::new(Shared { state, slots }),
         })
+    }
+
+    /// The lock over the engine and the pool's books.
+    #[inline(always)]
+    fn state(&self) -> &PoolMutex<State<B::Segment>> {
+        &self.shared.state
     }
 
     /// The backend.
@@ -264,7 +307,7 @@ impl<B: Backend> Pool<B> {
     pub fn set_limit(&self, limit: Option<Limit>) -> Result<()> {
         let bytes = limit.map(|l| l.resolve(self.backend.capacity())).transpose()?;
         // Read under the state lock wherever it is enforced, so it lives in the statistics only.
-        self.state.lock().stats.limit_bytes = bytes;
+        self.state().lock().stats.limit_bytes = bytes;
         Ok(())
     }
 
@@ -276,8 +319,126 @@ impl<B: Backend> Pool<B> {
         if self.config.zero_on_alloc {
             return self.allocate_inner(bytes, stream, true);
         }
-        let mut state = self.state.lock();
-        self.allocate_locked(&mut state, bytes, stream)
+        self.allocate_any(bytes, stream)
+    }
+
+    /// The allocation itself: a small block from the calling thread's cache when it holds one (no pool lock),
+    /// else through the pool.
+    #[inline(always)]
+    fn allocate_any(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
+        let Some((slot, thread)) = self.thread_slot() else {
+            let mut state = self.state().lock();
+            return self.allocate_locked(&mut state, bytes, stream);
+        };
+        let mut cache = self.shared.slots[slot as usize].0.lock();
+        let align = self.backend.alignment();
+        let size = bytes.wrapping_add(align - 1) & !(align - 1);
+        if bytes != 0 && size >= bytes && size <= self.config.small_request_max {
+            if let Some((arena, block, lent)) = cache.take(stream, size, bytes, slot) {
+                return Ok(self.lent_handle(arena, block, bytes, lent));
+            }
+        }
+        self.allocate_through_pool(cache, slot, thread, bytes, stream)
+    }
+
+    /// The calling thread's cache slot (and its thread record); `None` when thread caches are off or the
+    /// thread is exiting.
+    #[inline(always)]
+    fn thread_slot(&self) -> Option<(u32, ThreadSlot)> {
+        let slots = self.shared.slots.len();
+        if slots == 0 {
+            return None;
+        }
+        let thread = thread_cache::this_thread()?;
+        Some((thread.number & (slots as u32 - 1), thread))
+    }
+
+    /// The handle of a block lent from a thread cache.
+    #[inline(always)]
+    fn lent_handle(&self, arena: u32, block: QuickBlock, requested: u64, lent: Lent) -> BlockHandle {
+        BlockHandle {
+            arena: self.arena_base + u64::from(arena),
+            segment: block.segment,
+            block: block.block,
+            offset: block.offset,
+            size: block.size,
+            requested,
+            lent: Some(lent),
+        }
+    }
+
+    /// An allocation the thread's cache cannot serve, under the pool's lock: a small block from the pool's
+    /// cached blocks (then from this slot's own, coalesced, then new memory), lent from the slot; a large block
+    /// straight from the pool. Folds the slot's statistics first, so that a thread working alone keeps the
+    /// pool's books exact at every pool operation.
+    #[cold]
+    #[inline(never)]
+    fn allocate_through_pool(
+        &self,
+        mut cache: parking_lot::MutexGuard<'_, ThreadCache>,
+        slot: u32,
+        thread: ThreadSlot,
+        bytes: u64,
+        stream: StreamId,
+    ) -> Result<BlockHandle> {
+        cache.register(thread, || self.exit_hook());
+        let mut state = self.state().lock();
+        cache.fold_into(&mut state.stats);
+        let align = self.backend.alignment();
+        let size = bytes.wrapping_add(align - 1) & !(align - 1);
+        if bytes == 0 || size < bytes || size > self.config.small_request_max || size > self.max_block {
+            // Large requests and bad ones go through the pool; its out-of-memory retry may want this slot.
+            drop(cache);
+            return self.allocate_locked(&mut state, bytes, stream);
+        }
+        let arena = self.arena_for(&mut state, stream, ArenaClass::Small)?;
+        cache.add_arena(arena as u32, stream, self.config.small_request_max);
+        let handle = match state.take_cached(arena, size) {
+            Some(alloc) => state.record_alloc(arena, &alloc, bytes, true),
+            None => {
+                // The pool has nothing cached that fits: coalesce this slot's blocks of the arena before the
+                // pool grows, so that thread caches never make the pool reserve more.
+                cache.drain_arena(arena as u32, |r| state.take_back(r, true));
+                self.allocate_locked(&mut state, bytes, stream)?
+            }
+        };
+        // Lent from the slot: parked in the engine, so that only the slot's ticket frees it.
+        let parked = state.arenas[arena].engine.park(handle.block).expect("allocated just now");
+        let block = QuickBlock { block: parked, segment: handle.segment, offset: handle.offset, size: handle.size };
+        let lent = cache.adopt(arena as u32, block, slot);
+        Ok(BlockHandle { block: parked, lent: Some(lent), ..handle })
+    }
+
+    /// What a thread's exit drains its slot into.
+    fn exit_hook(&self) -> Weak<dyn DrainOnExit> {
+        let weak: Weak<dyn DrainOnExit> = Arc::downgrade(&self.shared) as Weak<dyn DrainOnExit>;
+        weak
+    }
+
+    /// Hands every slot's free blocks and statistics to the pool: one slot at a time, each under its own lock
+    /// and then the pool's.
+    fn drain_thread_caches(&self) {
+        for slot in self.shared.slots.iter() {
+            let mut cache = slot.0.lock();
+            if cache.is_idle() {
+                continue;
+            }
+            let mut state = self.state().lock();
+            cache.fold_into(&mut state.stats);
+            cache.drain(|r| state.take_back(r, false));
+            state.update_split();
+        }
+    }
+
+    /// Folds every slot's statistics into the pool's and returns the state, locked: the slots are locked in
+    /// order first, then the pool.
+    fn folded_state(&self) -> PoolGuard<'_, State<B::Segment>> {
+        let mut caches: Vec<_> = self.shared.slots.iter().map(|slot| slot.0.lock()).collect();
+        let mut state = self.state().lock();
+        for cache in &mut caches {
+            cache.fold_into(&mut state.stats);
+        }
+        state
     }
 
     /// Like [`Pool::allocate`], with every byte of the block set to zero before it is returned.
@@ -287,7 +448,7 @@ impl<B: Backend> Pool<B> {
 
     fn allocate_inner(&self, bytes: u64, stream: StreamId, zeroed: bool) -> Result<BlockHandle> {
         let handle = {
-            let mut state = self.state.lock();
+            let mut state = self.state().lock();
             self.allocate_locked(&mut state, bytes, stream)?
         };
         if zeroed {
@@ -305,7 +466,7 @@ impl<B: Backend> Pool<B> {
     pub fn allocate_batch(&self, sizes: &[u64], stream: StreamId) -> Result<Vec<BlockHandle>> {
         let mut blocks = Vec::with_capacity(sizes.len());
         {
-            let mut state = self.state.lock();
+            let mut state = self.state().lock();
             for &bytes in sizes {
                 match self.allocate_locked(&mut state, bytes, stream) {
                     Ok(block) => blocks.push(block),
@@ -345,21 +506,10 @@ impl<B: Backend> Pool<B> {
         let Some(arena) = state.arena_of(stream, self.class_of(size)) else {
             return self.allocate_slow(state, bytes, stream, false);
         };
-        let a = &mut state.arenas[arena];
-        let alloc = match a.quick.pop(size) {
-            // Its pages stayed mapped: the cache is drained before any trim.
-            Some(q) => Allocation {
-                block: a.engine.unpark(q.block).expect("quick blocks are parked"),
-                segment: q.segment,
-                offset: q.offset,
-                size: q.size,
-                segment_was_empty: false,
-            },
-            None => match a.engine.allocate(size) {
-                Some(alloc) => alloc,
-                None if a.virtual_segments => return self.remap(state, arena, bytes, size),
-                None => return self.allocate_slow(state, bytes, stream, true),
-            },
+        let alloc = match state.take_cached(arena, size) {
+            Some(alloc) => alloc,
+            None if state.arenas[arena].virtual_segments => return self.remap(state, arena, bytes, size),
+            None => return self.allocate_slow(state, bytes, stream, true),
         };
         Ok(state.record_alloc(arena, &alloc, bytes, true))
     }
@@ -673,8 +823,20 @@ impl<B: Backend> Pool<B> {
         if self.config.poison_on_free {
             self.fill(block, 0, block.size, POISON_BYTE)?;
         }
+        if let Some(lent) = block.lent {
+            return self.free_lent(block, lent);
+        }
         let unknown = || Error::UnknownBlock(format!("{block:?} in pool {}", self.backend.name()));
-        let mut state = self.state.lock();
+        let mut state = match self.thread_slot() {
+            // Fold the thread's slot first (see `allocate_through_pool`).
+            Some((slot, _)) => {
+                let mut cache = self.shared.slots[slot as usize].0.lock();
+                let mut state = self.state().lock();
+                cache.fold_into(&mut state.stats);
+                state
+            }
+            None => self.state().lock(),
+        };
         // Another pool's arena numbers wrap to far beyond this pool's arenas.
         let arena = block.arena.wrapping_sub(state.arena_base) as usize;
         let a = state.arenas.get_mut(arena).ok_or_else(unknown)?;
@@ -703,10 +865,34 @@ impl<B: Backend> Pool<B> {
         Ok(())
     }
 
+    /// Frees a block lent from a thread cache back into that cache (whichever thread frees it); past the
+    /// cache's bounds, a batch goes back to the pool under one lock acquisition.
+    fn free_lent(&self, block: &BlockHandle, lent: Lent) -> Result<()> {
+        let unknown = || Error::UnknownBlock(format!("{block:?} in pool {}", self.backend.name()));
+        let arena = block.arena.wrapping_sub(self.arena_base);
+        let slot = self.shared.slots.get(lent.slot as usize).filter(|_| arena < 1 << ARENA_BITS).ok_or_else(unknown)?;
+        let freed = QuickBlock { block: block.block, segment: block.segment, offset: block.offset, size: block.size };
+        let max_bytes = self.config.thread_cache_bytes;
+        let mut cache = slot.0.lock();
+        match cache.give_back(lent, arena as u32, freed, block.requested, max_bytes) {
+            Err(()) => Err(unknown()),
+            Ok(None) => Ok(()),
+            Ok(Some(overflow)) => {
+                let mut state = self.state().lock();
+                cache.fold_into(&mut state.stats);
+                state.take_back(overflow, false);
+                cache.trim_to(max_bytes / 2, |r| state.take_back(r, false));
+                state.update_split();
+                Ok(())
+            }
+        }
+    }
+
     /// Gives every cached byte back to the device: destroys empty plain segments and unmaps the free pages of
     /// virtual reservations. O(segments + free blocks in virtual reservations).
     pub fn release_cached(&self) -> TrimReport {
-        let mut state = self.state.lock();
+        self.drain_thread_caches();
+        let mut state = self.state().lock();
         self.release_cached_locked(&mut state, 0, u64::MAX)
     }
 
@@ -714,7 +900,8 @@ impl<B: Backend> Pool<B> {
     /// rounds (0 releases everything cached, like [`Pool::release_cached`]). O(segments + free blocks in
     /// virtual reservations).
     pub fn cleanup(&self, idle_rounds: u64) -> TrimReport {
-        let mut state = self.state.lock();
+        self.drain_thread_caches();
+        let mut state = self.state().lock();
         state.cleanup_round += 1;
         self.release_cached_locked(&mut state, idle_rounds, u64::MAX)
     }
@@ -726,6 +913,14 @@ impl<B: Backend> Pool<B> {
         let start = Instant::now();
         let mut report = TrimReport::default();
         let round = state.cleanup_round;
+        // Thread caches first; a slot whose lock is taken (its thread waits for this one, say) keeps its blocks:
+        // waiting for it here, under the pool's lock, would break the lock order.
+        for slot in self.shared.slots.iter() {
+            if let Some(mut cache) = slot.0.try_lock() {
+                cache.fold_into(&mut state.stats);
+                cache.drain(|r| state.take_back(r, false));
+            }
+        }
         for arena in 0..state.arenas.len() {
             state.drain_quick(arena);
         }
@@ -831,12 +1026,13 @@ impl<B: Backend> Pool<B> {
 
     /// Statistics now. O(1).
     pub fn stats(&self) -> PoolStats {
-        self.state.lock().stats_now()
+        self.folded_state().stats_now()
     }
 
     /// Every segment with its blocks, and the statistics, taken under one lock. O(segments + blocks).
     pub fn snapshot(&self) -> PoolSnapshot {
-        let mut state = self.state.lock();
+        self.drain_thread_caches();
+        let mut state = self.folded_state();
         for arena in 0..state.arenas.len() {
             state.drain_quick(arena);
         }
@@ -877,7 +1073,7 @@ impl<B: Backend> Pool<B> {
 
     /// Sets every peak to its current value (PyTorch's `reset_peak_memory_stats`).
     pub fn reset_peaks(&self) {
-        let mut state = self.state.lock();
+        let mut state = self.folded_state();
         state.update_split();
         let s = &mut state.stats;
         for stat in [
@@ -894,8 +1090,19 @@ impl<B: Backend> Pool<B> {
 
     /// The backend segment holding `block`, and the block's offset in it; `None` if the block is not live.
     pub(crate) fn segment_of(&self, block: &BlockHandle) -> Option<(B::Segment, u64)> {
-        let state = self.state.lock();
+        let _cache = self.lock_lender(block)?;
+        let state = self.state().lock();
         Some((state.live_entry(block)?.handle.clone(), block.offset))
+    }
+
+    /// For a block lent from a thread cache, that slot, locked, once it is checked that the block is lent now
+    /// (`None` if not); for any other block a lock of nothing. While the guard lives the block cannot be freed.
+    fn lock_lender(&self, block: &BlockHandle) -> Option<Option<parking_lot::MutexGuard<'_, ThreadCache>>> {
+        let Some(lent) = block.lent else { return Some(None) };
+        let arena = block.arena.wrapping_sub(self.arena_base);
+        let cache = self.shared.slots.get(lent.slot as usize).filter(|_| arena < 1 << ARENA_BITS)?.0.lock();
+        let parked = QuickBlock { block: block.block, segment: block.segment, offset: block.offset, size: block.size };
+        cache.is_lent(lent, arena as u32, &parked).then_some(Some(cache))
     }
 
     /// Runs `op` on the segment holding live `block` once `[offset, offset + len)` is checked to lie inside it.
@@ -916,15 +1123,16 @@ impl<B: Backend> Pool<B> {
         if end > block.size {
             return Err(Error::OutOfBounds(format!("range {offset}..{end} outside a block of {} bytes", block.size)));
         }
-        let state = self.state.lock();
-        let segment = state
-            .live_entry(block)
-            .ok_or_else(|| Error::UnknownBlock(format!("{block:?} in pool {}", self.backend.name())))?;
+        let unknown = || Error::UnknownBlock(format!("{block:?} in pool {}", self.backend.name()));
+        let cache = self.lock_lender(block).ok_or_else(unknown)?;
+        let state = self.state().lock();
+        let segment = state.live_entry(block).ok_or_else(unknown)?;
         if self.backend.host_ptr(&segment.handle, 0).is_some() {
             return op(&segment.handle);
         }
         let segment = segment.handle.clone();
         drop(state);
+        drop(cache);
         op(&segment)
     }
 
@@ -958,7 +1166,10 @@ impl<B: Backend> Pool<B> {
 
 impl<B: Backend> Drop for Pool<B> {
     fn drop(&mut self) {
-        let state = self.state.get_mut();
+        // Lent blocks are live blocks: counted below. Free blocks in thread caches are parked in the engine and
+        // go with their segments.
+        let mut state = self.folded_state();
+        let state = &mut *state;
         let live = state.stats.active_blocks.current;
         if live > 0 {
             log::warn!(
@@ -978,12 +1189,59 @@ impl<B: Backend> Drop for Pool<B> {
     }
 }
 
+impl<S: Send + 'static> DrainOnExit for Shared<S> {
+    fn drain_slot(&self, slot: u32) {
+        let Some(slot) = self.slots.get(slot as usize & (self.slots.len().max(1) - 1)) else { return };
+        let mut cache = slot.0.lock();
+        let mut state = self.state.lock();
+        cache.fold_into(&mut state.stats);
+        cache.drain(|r| state.take_back(r, false));
+        state.update_split();
+    }
+}
+
 impl<S> State<S> {
-    /// The entry of the segment holding `block`, if the block is live.
+    /// The entry of the segment holding `block`, if the block is live (for a block lent from a thread cache,
+    /// which is parked in the engine, the caller has checked with the slot that it is lent).
     fn live_entry(&self, block: &BlockHandle) -> Option<&SegmentEntry<S>> {
         let arena = self.arenas.get(block.arena.wrapping_sub(self.arena_base) as usize)?;
-        arena.engine.block(block.block)?;
+        if block.lent.is_none() {
+            arena.engine.block(block.block)?;
+        }
         arena.entry(block.segment)
+    }
+
+    /// A block of `size` bytes from what the arena holds, without new memory: a quick block of the size's class,
+    /// else the engine's free index. O(1).
+    #[inline(always)]
+    fn take_cached(&mut self, arena: usize, size: u64) -> Option<Allocation> {
+        let a = &mut self.arenas[arena];
+        match a.quick.pop(size) {
+            // Its pages stayed mapped: the cache is drained before any trim.
+            Some(q) => Some(Allocation {
+                block: a.engine.unpark(q.block).expect("quick blocks are parked"),
+                segment: q.segment,
+                offset: q.offset,
+                size: q.size,
+                segment_was_empty: false,
+            }),
+            None => a.engine.allocate(size),
+        }
+    }
+
+    /// Takes a free block back from a thread cache: into the arena's quick cache if it has room and
+    /// `coalesce` is off, else into the engine.
+    fn take_back(&mut self, returned: Returned, coalesce: bool) {
+        let arena = returned.arena as usize;
+        let a = &mut self.arenas[arena];
+        if !coalesce {
+            if let Some(class) = a.quick.room_for(returned.block.size) {
+                a.quick.push(class, returned.block);
+                return;
+            }
+        }
+        let freed = a.engine.free(returned.block.block).expect("cached blocks are parked");
+        self.note_engine_free(arena, freed.segment, freed.segment_now_empty);
     }
 
     /// The arena of `stream` for `class`, if the stream has been used. O(1).
@@ -1067,6 +1325,7 @@ impl<S> State<S> {
             offset: alloc.offset,
             size: alloc.size,
             requested,
+            lent: None,
         }
     }
 

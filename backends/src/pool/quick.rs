@@ -135,6 +135,22 @@ impl QuickCache {
         Some(block)
     }
 
+    /// The most recently freed block of the largest class held, if any. O(classes / 64).
+    pub(super) fn pop_largest(&mut self) -> Option<QuickBlock> {
+        if self.len == 0 {
+            return None;
+        }
+        let word = self.occupied.iter().rposition(|&bits| bits != 0)?;
+        let class = word * 64 + 63 - self.occupied[word].leading_zeros() as usize;
+        let list = &mut self.classes[class];
+        let block = list.pop().expect("occupied classes hold blocks");
+        if list.is_empty() {
+            self.occupied[class / 64] &= !(1 << (class % 64));
+        }
+        self.len -= 1;
+        Some(block)
+    }
+
     /// Takes every block out, handing each to `take`. O(blocks + classes / 64), without allocating.
     pub(super) fn drain(&mut self, mut take: impl FnMut(QuickBlock)) {
         for word in 0..self.occupied.len() {

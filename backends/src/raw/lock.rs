@@ -119,6 +119,8 @@ impl RawPoolLock {
 
 /// A mutex on [`RawPoolLock`].
 pub type PoolMutex<T> = parking_lot::lock_api::Mutex<RawPoolLock, T>;
+/// A held [`PoolMutex`].
+pub type PoolGuard<'a, T> = parking_lot::lock_api::MutexGuard<'a, RawPoolLock, T>;
 
 #[cfg(test)]
 mod tests {
