@@ -47,7 +47,8 @@ pub(crate) fn bytes(owner: &OwnedBlock, addr: usize, len: usize) -> &[u8] {
     // that holds a live block, and nothing else can destroy one (it takes a `PoolAccess`) or even reach one
     // (`Pool::segment_of` is crate-private). Nothing but `owner` can free the block or copy into it: its handle
     // never leaves this crate; handles cannot be forged (private fields), are refused by other pools (pool id)
-    // and once freed (generations, which never wrap); and the crate's own uses of it (interop, device copies)
+    // and once freed (generations, which never wrap: the engine's, and for a block lent from a thread cache the
+    // lending slot's, which it checks under its lock before any copy or free); and the crate's own uses of it (interop, device copies)
     // borrow the owner, mutably where they write. Plain handles get no transfer that outlasts the pool's lock on
     // host-visible memory, so none can land here after their block was freed. `owner`'s writes take
     // `&mut self`, and `host_bytes` waited for the device work queued before it (`settle`), so while this shared

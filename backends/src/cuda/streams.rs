@@ -14,9 +14,11 @@ use crate::{
     Backend, BackendKind, BlockHandle, Error, Limit, MemoryPool, Pool, PoolStats, Result, StreamId, TrimReport,
 };
 use cudarc::driver::CudaEvent;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A block whose free waits for events on the streams it was used on.
 struct PendingFree {
@@ -40,12 +42,42 @@ struct StreamUses {
 pub struct CudaPool {
     pool: Pool<CudaBackend>,
     uses: Mutex<StreamUses>,
+    /// Blocks with recorded streams plus pending frees, published when the lock is let go: while it is 0 (most
+    /// programs never record a stream), allocations and frees skip the lock, which would otherwise serialise
+    /// every thread of the pool.
+    tracked: AtomicUsize,
+}
+
+/// [`CudaPool`]'s lock held; publishes the count of tracked blocks when let go.
+struct UsesGuard<'a> {
+    uses: MutexGuard<'a, StreamUses>,
+    tracked: &'a AtomicUsize,
+}
+
+impl Deref for UsesGuard<'_> {
+    type Target = StreamUses;
+    fn deref(&self) -> &StreamUses {
+        &self.uses
+    }
+}
+
+impl DerefMut for UsesGuard<'_> {
+    fn deref_mut(&mut self) -> &mut StreamUses {
+        &mut self.uses
+    }
+}
+
+impl Drop for UsesGuard<'_> {
+    fn drop(&mut self) {
+        // Release: a thread that sees 0 also sees every return to the pool made under the lock before.
+        self.tracked.store(self.uses.extra.len() + self.uses.pending.len(), Ordering::Release);
+    }
 }
 
 impl CudaPool {
     /// Wraps `pool`.
     pub fn new(pool: Pool<CudaBackend>) -> Self {
-        Self { pool, uses: Mutex::new(StreamUses::default()) }
+        Self { pool, uses: Mutex::new(StreamUses::default()), tracked: AtomicUsize::new(0) }
     }
 
     /// The wrapped pool, for statistics and byte moves. Freeing through it directly skips the pending-free
@@ -82,8 +114,35 @@ impl CudaPool {
         self.allocate_with(|p| super::cache::warm_up(p, sizes, stream))
     }
 
+    /// The lock over recorded streams and pending frees.
+    fn uses(&self) -> UsesGuard<'_> {
+        UsesGuard { uses: self.uses.lock(), tracked: &self.tracked }
+    }
+
+    /// Whether any block has recorded streams or a pending free. A block's `record_stream` happens-before its
+    /// free in any correct program (the same thread, or a hand-over that synchronises), so a free that reads 0
+    /// here cannot miss its own block's recorded streams.
+    #[inline(always)]
+    fn tracks_nothing(&self) -> bool {
+        self.tracked.load(Ordering::Acquire) == 0
+    }
+
     fn allocate_with<T>(&self, allocate: impl Fn(&Pool<CudaBackend>) -> Result<T>) -> Result<T> {
-        let mut uses = self.uses.lock();
+        if self.tracks_nothing() {
+            return match allocate(&self.pool) {
+                Err(e @ Error::OutOfMemory { .. }) => {
+                    // A free may have gone pending since: wait for those, as the locked path does.
+                    let mut uses = self.uses();
+                    if uses.pending.is_empty() {
+                        return Err(e);
+                    }
+                    self.return_completed(&mut uses, true)?;
+                    allocate(&self.pool)
+                }
+                other => other,
+            };
+        }
+        let mut uses = self.uses();
         self.return_completed(&mut uses, false)?;
         match allocate(&self.pool) {
             Err(Error::OutOfMemory { .. }) if !uses.pending.is_empty() => {
@@ -103,7 +162,7 @@ impl CudaPool {
         }
         // Refused now rather than at the free, where the event would be recorded on it.
         super::stream_ids::live(stream, self.pool.backend())?;
-        let mut uses = self.uses.lock();
+        let mut uses = self.uses();
         let streams = uses.extra.entry(block.key()).or_default();
         if !streams.contains(&stream) {
             streams.push(stream);
@@ -114,7 +173,10 @@ impl CudaPool {
     /// Frees `block`. A block marked with [`CudaPool::record_stream`] is parked until events recorded now on its
     /// extra streams complete; any other block goes back to its stream's free list at once.
     pub fn free(&self, block: &BlockHandle) -> Result<()> {
-        let mut uses = self.uses.lock();
+        if self.tracks_nothing() {
+            return self.pool.free(block);
+        }
+        let mut uses = self.uses();
         // Most blocks are used on one stream only: skip the hash lookup when nothing was recorded.
         if uses.extra.is_empty() {
             return self.pool.free(block);
@@ -158,22 +220,22 @@ impl CudaPool {
     /// Returns the pending frees whose events have completed to the pool. O(pending). Returns how many went
     /// back.
     pub fn process_pending(&self) -> Result<usize> {
-        let mut uses = self.uses.lock();
+        let mut uses = self.uses();
         self.return_completed(&mut uses, false)
     }
 
     /// Waits for the events of every pending free and returns those blocks to the pool.
     pub fn synchronize_pending(&self) -> Result<usize> {
-        let mut uses = self.uses.lock();
+        let mut uses = self.uses();
         self.return_completed(&mut uses, true)
     }
 
     /// Blocks freed but still waiting for their streams.
     pub fn pending_frees(&self) -> usize {
-        self.uses.lock().pending.len()
+        self.uses().pending.len()
     }
 
-    fn return_completed(&self, uses: &mut StreamUses, wait: bool) -> Result<usize> {
+    fn return_completed(&self, uses: &mut UsesGuard<'_>, wait: bool) -> Result<usize> {
         if uses.pending.is_empty() {
             return Ok(0);
         }

@@ -12,6 +12,10 @@
 //! Blocks freed on a stream go back to that stream's free index and are reused at once on it; each stream has
 //! its own arenas, so a block is never handed to another stream while work queued before its free may still
 //! touch it.
+//!
+//! Small blocks go through per-thread caches ([`thread_cache`]): a thread allocates from and frees into a cache
+//! slot of its own without the pool's lock, and the slots trade batches with the pool. The pool's lock guards
+//! the engine and its books; what still takes it is large blocks, misses, and cleanup.
 
 mod config;
 mod quick;
@@ -392,7 +396,10 @@ impl<B: Backend> Pool<B> {
             return self.allocate_locked(&mut state, bytes, stream);
         }
         let arena = self.arena_for(&mut state, stream, ArenaClass::Small)?;
-        cache.add_arena(arena as u32, stream, self.config.small_request_max);
+        if !cache.add_arena(arena as u32, stream, self.config.small_request_max) {
+            drop(cache);
+            return self.allocate_locked(&mut state, bytes, stream);
+        }
         let handle = match state.take_cached(arena, size) {
             Some(alloc) => state.record_alloc(arena, &alloc, bytes, true),
             None => {

@@ -753,3 +753,196 @@ fn a_pool_refuses_streams_past_the_most_it_can_number() {
         pool.free(&b).unwrap();
     }
 }
+
+/// Bytes of free blocks in every thread cache slot of `pool`.
+fn thread_cached_bytes<B: Backend>(pool: &Pool<B>) -> u64 {
+    pool.shared.slots.iter().map(|slot| slot.0.lock().bytes()).sum()
+}
+
+#[test]
+fn thread_caches_refuse_double_frees_and_stale_handles() {
+    let pool = Pool::new(HostBackend::new("host", 1 << 30), PoolConfig::default()).unwrap();
+    let a = pool.allocate(4096, S0).unwrap();
+    assert!(a.lent.is_some(), "small blocks are lent from the thread's cache");
+    let stale = a.clone();
+    pool.free(&a).unwrap();
+    assert!(matches!(pool.free(&stale), Err(Error::UnknownBlock(_))), "double free");
+    // The same memory lent again from the cache: the old handle stays refused, the new one works.
+    let b = pool.allocate(4096, S0).unwrap();
+    assert_eq!((b.offset, b.segment), (a.offset, a.segment), "served from the thread's cache");
+    assert_ne!(b, stale);
+    assert!(matches!(pool.write(&stale, 0, &[1]), Err(Error::UnknownBlock(_))));
+    assert!(matches!(pool.free(&stale), Err(Error::UnknownBlock(_))));
+    assert!(pool.host_ptr(&stale).is_none());
+    pool.write(&b, 0, &[7; 16]).unwrap();
+    let mut back = [0; 16];
+    pool.read(&b, 0, &mut back).unwrap();
+    assert_eq!(back, [7; 16]);
+    pool.free(&b).unwrap();
+    let s = pool.stats();
+    assert_eq!((s.allocated_bytes.current, s.active_blocks.current, s.num_allocs, s.num_frees), (0, 0, 2, 2));
+    assert_eq!((s.allocated_bytes.peak, s.cache_hits, s.cache_misses), (4096, 1, 1));
+}
+
+#[test]
+fn a_block_freed_on_another_thread_goes_back_to_the_cache_that_lent_it() {
+    let pool = Arc::new(Pool::new(HostBackend::new("host", 1 << 30), PoolConfig::default()).unwrap());
+    let blocks: Vec<_> = (0..8).map(|_| pool.allocate(64 << 10, S0).unwrap()).collect();
+    let lender = blocks[0].lent.expect("lent").slot;
+    {
+        let pool = Arc::clone(&pool);
+        let blocks = blocks.clone();
+        std::thread::spawn(move || {
+            for b in &blocks {
+                pool.write(b, 0, &[3; 64]).unwrap();
+                pool.free(b).unwrap();
+            }
+        })
+        .join()
+        .unwrap();
+    }
+    assert_eq!(pool.shared.slots[lender as usize].0.lock().bytes(), 8 * (64 << 10), "back in the lender's slot");
+    for b in &blocks {
+        assert!(pool.free(b).is_err(), "freed once already");
+    }
+    let s = pool.stats();
+    assert_eq!((s.allocated_bytes.current, s.active_blocks.current, s.num_frees), (0, 0, 8));
+    assert_eq!(s.allocated_bytes.peak, 8 * (64 << 10));
+}
+
+#[test]
+fn cleanup_and_thread_exit_drain_thread_caches() {
+    let pool = Arc::new(sim_pool(SegmentMode::Auto, None));
+    // A thread that exits leaves nothing in its slot.
+    {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || {
+            let blocks: Vec<_> = (0..16).map(|i| pool.allocate(256 << (i % 4), S0).unwrap()).collect();
+            for b in &blocks {
+                pool.free(b).unwrap();
+            }
+            assert!(thread_cached_bytes(&pool) > 0, "the frees stay in the thread's cache");
+        })
+        .join()
+        .unwrap();
+    }
+    assert_eq!(thread_cached_bytes(&pool), 0, "drained when its thread exited");
+    // A live thread's cache is drained by cleanup, and the memory goes back to the device.
+    let (cached_tx, cached_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let worker = {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || {
+            let blocks: Vec<_> = (0..16).map(|_| pool.allocate(100 << 10, S0).unwrap()).collect();
+            for b in &blocks {
+                pool.free(b).unwrap();
+            }
+            cached_tx.send(()).unwrap();
+            done_rx.recv().unwrap();
+        })
+    };
+    cached_rx.recv().unwrap();
+    assert!(thread_cached_bytes(&pool) > 0);
+    let s = pool.stats();
+    assert_eq!(s.allocated_bytes.current, 0, "cached blocks are not allocated");
+    assert!(s.inactive_split_bytes.current > 0, "cached blocks keep their segments split");
+    let report = pool.cleanup(0);
+    assert_eq!(thread_cached_bytes(&pool), 0);
+    assert!(report.bytes_released > 0);
+    assert_eq!(pool.stats().reserved_bytes.current, 0, "every segment went back");
+    done_tx.send(()).unwrap();
+    worker.join().unwrap();
+}
+
+#[test]
+fn an_out_of_memory_retry_drains_other_threads_caches() {
+    // Room for one small segment and nothing else: a large request fits only once another thread's cached
+    // small blocks go back and their segment is released.
+    let pool = Arc::new(sim_pool(SegmentMode::Plain, Some(Limit::Bytes(2 * MIB))));
+    let (cached_tx, cached_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let worker = {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || {
+            let blocks: Vec<_> = (0..4).map(|_| pool.allocate(256 << 10, S0).unwrap()).collect();
+            for b in &blocks {
+                pool.free(b).unwrap();
+            }
+            cached_tx.send(()).unwrap();
+            done_rx.recv().unwrap();
+        })
+    };
+    cached_rx.recv().unwrap();
+    assert_eq!(thread_cached_bytes(&pool), MIB);
+    let big = pool.allocate(2 * MIB, S0).expect("the retry drains the other thread's cache");
+    let s = pool.stats();
+    assert_eq!((s.num_alloc_retries, s.num_ooms, s.reserved_bytes.current), (1, 0, 2 * MIB));
+    pool.free(&big).unwrap();
+    done_tx.send(()).unwrap();
+    worker.join().unwrap();
+}
+
+#[test]
+fn eight_threads_keep_data_and_statistics_exact() {
+    for thread_cache_bytes in [0, 64 << 10, 8 << 20] {
+        let config = PoolConfig { thread_cache_bytes, ..PoolConfig::default() };
+        let pool = Arc::new(Pool::new(HostBackend::new("host", 4 << 30), config).unwrap());
+        let threads: Vec<_> = (0..8u64)
+            .map(|t| {
+                let pool = Arc::clone(&pool);
+                std::thread::spawn(move || {
+                    let mut rng = t.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                    let mut next = move || {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        rng
+                    };
+                    let mut live: Vec<(BlockHandle, u8)> = Vec::new();
+                    let (mut allocs, mut bytes_live) = (0u64, 0u64);
+                    for cycle in 0..3000u64 {
+                        let size = [256, 4096, 64 << 10, 1 << 20, 3 << 20][(next() % 5) as usize] - next() % 200;
+                        let b = pool.allocate(size, S0).unwrap();
+                        let tag = (t * 31 + cycle) as u8;
+                        pool.fill(&b, 0, size, tag).unwrap();
+                        bytes_live += b.size;
+                        allocs += 1;
+                        live.push((b, tag));
+                        if live.len() > 16 || next() % 3 == 0 {
+                            // Free one of them, sometimes on the thread of another's block: swap with a neighbour.
+                            let (b, tag) = live.swap_remove((next() % live.len() as u64) as usize);
+                            let mut back = vec![0; b.requested as usize];
+                            pool.read(&b, 0, &mut back).unwrap();
+                            assert!(back.iter().all(|&x| x == tag), "thread {t} cycle {cycle}: block overwritten");
+                            bytes_live -= b.size;
+                            pool.free(&b).unwrap();
+                        }
+                    }
+                    (live, allocs, bytes_live)
+                })
+            })
+            .collect();
+        let mut leftovers = Vec::new();
+        let (mut allocs, mut bytes_live) = (0, 0);
+        for t in threads {
+            let (live, a, b) = t.join().unwrap();
+            leftovers.extend(live);
+            allocs += a;
+            bytes_live += b;
+        }
+        // Exact with blocks still live, then with none.
+        let s = pool.stats();
+        assert_eq!(s.allocated_bytes.current, bytes_live, "thread_cache_bytes {thread_cache_bytes}");
+        assert_eq!(s.active_blocks.current, leftovers.len() as u64);
+        assert_eq!(s.num_allocs, allocs);
+        assert_eq!(s.num_frees, allocs - leftovers.len() as u64);
+        assert!(s.allocated_bytes.peak >= bytes_live && s.allocated_bytes.peak <= s.reserved_bytes.peak);
+        for (b, _) in &leftovers {
+            pool.free(b).unwrap();
+        }
+        let s = pool.stats();
+        assert_eq!((s.allocated_bytes.current, s.requested_bytes.current, s.active_blocks.current), (0, 0, 0));
+        pool.release_cached();
+        assert_eq!(pool.stats().reserved_bytes.current, 0, "everything went back");
+    }
+}

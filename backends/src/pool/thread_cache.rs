@@ -29,6 +29,10 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, Weak};
 
+/// Streams one slot caches blocks of: a thread works on one or two streams, and the lookup is a linear search.
+/// Blocks of further streams go through the pool.
+const MAX_STREAMS: usize = 8;
+
 /// Where a lent block's record lives: the slot, the entry in its lent table, and the entry's generation when
 /// the block was lent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,11 +142,17 @@ impl ThreadCache {
         self.arenas.iter().find(|a| a.stream == stream).map(|a| a.arena)
     }
 
-    /// Starts caching blocks of `arena` (which serves `stream`), kept up to `ceiling` bytes each.
-    pub(super) fn add_arena(&mut self, arena: u32, stream: StreamId, ceiling: u64) {
-        if self.arena_of(stream).is_none() {
-            self.arenas.push(ArenaCache { arena, stream, quick: QuickCache::new(ceiling), bytes: 0 });
+    /// Caches blocks of `arena` (which serves `stream`) from now on, kept up to `ceiling` bytes each, unless the
+    /// slot already caches [`MAX_STREAMS`] other streams. Returns whether it caches them.
+    pub(super) fn add_arena(&mut self, arena: u32, stream: StreamId, ceiling: u64) -> bool {
+        if self.arena_of(stream).is_some() {
+            return true;
         }
+        if self.arenas.len() >= MAX_STREAMS {
+            return false;
+        }
+        self.arenas.push(ArenaCache { arena, stream, quick: QuickCache::new(ceiling), bytes: 0 });
+        true
     }
 
     /// Lends a cached block of at least `size` bytes on `stream`, recording it and the allocation. O(1).
