@@ -82,14 +82,23 @@ pub struct PoolConfig {
     /// Overwrite every freed block with [`crate::pool::POISON_BYTE`] so that a use after free or a read of
     /// uninitialised memory shows up (NaN in floats).
     pub poison_on_free: bool,
-    /// Most bytes of free small blocks one thread's cache keeps (blocks up to `small_request_max`, allocated
-    /// and freed without the pool's lock); 0 turns thread caches off. Past it, half goes back to the pool.
+    /// Most bytes of free small blocks (up to `small_request_max`) one thread's cache keeps per stream: they are
+    /// allocated and freed without the pool's lock. Past it, half goes back to the pool. 0 turns the caching of
+    /// small blocks off.
     #[serde(default = "default_thread_cache_bytes")]
     pub thread_cache_bytes: u64,
+    /// Most bytes of free large blocks one thread's cache keeps per stream; blocks of up to a quarter of it are
+    /// kept. 0 turns the caching of large blocks off.
+    #[serde(default = "default_thread_cache_large_bytes")]
+    pub thread_cache_large_bytes: u64,
 }
 
 fn default_thread_cache_bytes() -> u64 {
     PoolConfig::default().thread_cache_bytes
+}
+
+fn default_thread_cache_large_bytes() -> u64 {
+    PoolConfig::default().thread_cache_large_bytes
 }
 
 impl Default for PoolConfig {
@@ -106,6 +115,7 @@ impl Default for PoolConfig {
             zero_on_alloc: false,
             poison_on_free: false,
             thread_cache_bytes: 8 << 20,
+            thread_cache_large_bytes: 256 << 20,
         }
     }
 }

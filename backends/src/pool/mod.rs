@@ -190,6 +190,9 @@ pub struct Pool<B: Backend> {
     /// [`ARENA_BITS`]. Handles carry `arena_base + index`, and a handle whose number is outside this pool's range
     /// (another pool's, even with the same block ids) is refused by the same bounds check that finds its arena.
     arena_base: u64,
+    /// The largest small and large blocks thread caches keep (0: none of that class).
+    cached_small_max: u64,
+    cached_large_max: u64,
     shared: Arc<Shared<B::Segment>>,
 }
 
@@ -262,8 +265,10 @@ impl<B: Backend> Pool<B> {
             return Err(Error::InvalidConfig("this process has created 2^48 pools; no pool numbers are left".into()));
         }
         let arena_base = number << ARENA_BITS;
-        let caching = config.strategy == Strategy::Pooled && config.thread_cache_bytes > 0;
-        let slots = if caching { slot_count() } else { 0 };
+        let pooled = config.strategy == Strategy::Pooled;
+        let cached_small_max = if pooled && config.thread_cache_bytes > 0 { config.small_request_max } else { 0 };
+        let cached_large_max = if pooled { config.thread_cache_large_bytes / 4 } else { 0 };
+        let slots = if cached_small_max > 0 || cached_large_max > 0 { slot_count() } else { 0 };
         let state = PoolMutex::new(State {
             arena_base,
             arenas: Vec::new(),
@@ -282,6 +287,8 @@ impl<B: Backend> Pool<B> {
             max_reservation,
             max_block,
             arena_base,
+            cached_small_max,
+            cached_large_max,
             shared: Arc::new(Shared { state, slots }),
         })
     }
@@ -337,12 +344,25 @@ impl<B: Backend> Pool<B> {
         let mut cache = self.shared.slots[slot as usize].0.lock();
         let align = self.backend.alignment();
         let size = bytes.wrapping_add(align - 1) & !(align - 1);
-        if bytes != 0 && size >= bytes && size <= self.config.small_request_max {
-            if let Some((arena, block, lent)) = cache.take(stream, size, bytes, slot) {
+        if let Some(large) = self.cached_class(bytes, size) {
+            if let Some((arena, block, lent)) = cache.take(stream, large, size, bytes, slot) {
                 return Ok(self.lent_handle(arena, block, bytes, lent));
             }
         }
         self.allocate_through_pool(cache, slot, thread, bytes, stream)
+    }
+
+    /// For a request of `bytes` (`size` rounded) that thread caches serve, whether it is large; `None` for one
+    /// they do not (too large to keep, or invalid).
+    #[inline(always)]
+    fn cached_class(&self, bytes: u64, size: u64) -> Option<bool> {
+        if bytes == 0 || size < bytes || size > self.max_block {
+            None
+        } else if size <= self.config.small_request_max {
+            (size <= self.cached_small_max).then_some(false)
+        } else {
+            (size <= self.cached_large_max).then_some(true)
+        }
     }
 
     /// The calling thread's cache slot (and its thread record); `None` when thread caches are off or the
@@ -390,13 +410,20 @@ impl<B: Backend> Pool<B> {
         cache.fold_into(&mut state.stats);
         let align = self.backend.alignment();
         let size = bytes.wrapping_add(align - 1) & !(align - 1);
-        if bytes == 0 || size < bytes || size > self.config.small_request_max || size > self.max_block {
-            // Large requests and bad ones go through the pool; its out-of-memory retry may want this slot.
+        let Some(large) = self.cached_class(bytes, size) else {
+            // Blocks too large to cache and bad requests go through the pool; its out-of-memory retry may want
+            // this slot.
             drop(cache);
             return self.allocate_locked(&mut state, bytes, stream);
-        }
-        let arena = self.arena_for(&mut state, stream, ArenaClass::Small)?;
-        if !cache.add_arena(arena as u32, stream, self.config.small_request_max) {
+        };
+        let class = if large { ArenaClass::Large } else { ArenaClass::Small };
+        let arena = self.arena_for(&mut state, stream, class)?;
+        let (ceiling, max_bytes) = if large {
+            (self.cached_large_max, self.config.thread_cache_large_bytes)
+        } else {
+            (self.cached_small_max, self.config.thread_cache_bytes)
+        };
+        if !cache.add_arena(arena as u32, stream, large, ceiling, max_bytes) {
             drop(cache);
             return self.allocate_locked(&mut state, bytes, stream);
         }
@@ -879,16 +906,15 @@ impl<B: Backend> Pool<B> {
         let arena = block.arena.wrapping_sub(self.arena_base);
         let slot = self.shared.slots.get(lent.slot as usize).filter(|_| arena < 1 << ARENA_BITS).ok_or_else(unknown)?;
         let freed = QuickBlock { block: block.block, segment: block.segment, offset: block.offset, size: block.size };
-        let max_bytes = self.config.thread_cache_bytes;
         let mut cache = slot.0.lock();
-        match cache.give_back(lent, arena as u32, freed, block.requested, max_bytes) {
+        match cache.give_back(lent, arena as u32, freed, block.requested) {
             Err(()) => Err(unknown()),
             Ok(None) => Ok(()),
             Ok(Some(overflow)) => {
                 let mut state = self.state().lock();
                 cache.fold_into(&mut state.stats);
                 state.take_back(overflow, false);
-                cache.trim_to(max_bytes / 2, |r| state.take_back(r, false));
+                cache.trim_arena(arena as u32, |r| state.take_back(r, false));
                 state.update_split();
                 Ok(())
             }

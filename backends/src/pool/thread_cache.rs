@@ -29,9 +29,9 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, Weak};
 
-/// Streams one slot caches blocks of: a thread works on one or two streams, and the lookup is a linear search.
-/// Blocks of further streams go through the pool.
-const MAX_STREAMS: usize = 8;
+/// Arenas one slot caches blocks of (a small and a large one per stream): a thread works on one or two
+/// streams, and the lookup is a linear search. Blocks of further streams go through the pool.
+const MAX_ARENAS: usize = 16;
 
 /// Where a lent block's record lives: the slot, the entry in its lent table, and the entry's generation when
 /// the block was lent.
@@ -51,13 +51,16 @@ struct LentRecord {
     live: bool,
 }
 
-/// The small-block cache of one arena (one stream) in a slot.
+/// The cache of one arena (one stream and size class) in a slot.
 #[derive(Debug)]
 struct ArenaCache {
     arena: u32,
     stream: StreamId,
+    large: bool,
     quick: QuickCache,
+    /// Bytes of free blocks held, and the most it may hold.
     bytes: u64,
+    max_bytes: u64,
 }
 
 /// Changes to the pool's statistics made in a slot and not yet folded into the pool's: deltas since the last
@@ -136,35 +139,39 @@ impl ThreadCache {
         self.bytes
     }
 
-    /// The arena of `stream` that this slot caches, if it has met the stream.
-    #[inline(always)]
-    pub(super) fn arena_of(&self, stream: StreamId) -> Option<u32> {
-        self.arenas.iter().find(|a| a.stream == stream).map(|a| a.arena)
-    }
-
-    /// Caches blocks of `arena` (which serves `stream`) from now on, kept up to `ceiling` bytes each, unless the
-    /// slot already caches [`MAX_STREAMS`] other streams. Returns whether it caches them.
-    pub(super) fn add_arena(&mut self, arena: u32, stream: StreamId, ceiling: u64) -> bool {
-        if self.arena_of(stream).is_some() {
+    /// Caches free blocks of `arena` (which serves `stream`, small or large blocks) from now on: blocks of up
+    /// to `ceiling` bytes, `max_bytes` of them in all, unless the slot already caches [`MAX_ARENAS`] others.
+    /// Returns whether it caches them.
+    pub(super) fn add_arena(
+        &mut self,
+        arena: u32,
+        stream: StreamId,
+        large: bool,
+        ceiling: u64,
+        max_bytes: u64,
+    ) -> bool {
+        if self.arenas.iter().any(|a| a.arena == arena) {
             return true;
         }
-        if self.arenas.len() >= MAX_STREAMS {
+        if self.arenas.len() >= MAX_ARENAS {
             return false;
         }
-        self.arenas.push(ArenaCache { arena, stream, quick: QuickCache::new(ceiling), bytes: 0 });
+        self.arenas.push(ArenaCache { arena, stream, large, quick: QuickCache::new(ceiling), bytes: 0, max_bytes });
         true
     }
 
-    /// Lends a cached block of at least `size` bytes on `stream`, recording it and the allocation. O(1).
+    /// Lends a cached block of at least `size` bytes on `stream` from its small or `large` arena, recording it
+    /// and the allocation. O(1).
     #[inline(always)]
     pub(super) fn take(
         &mut self,
         stream: StreamId,
+        large: bool,
         size: u64,
         requested: u64,
         slot: u32,
     ) -> Option<(u32, QuickBlock, Lent)> {
-        let cache = self.arenas.iter_mut().find(|a| a.stream == stream)?;
+        let cache = self.arenas.iter_mut().find(|a| a.stream == stream && a.large == large)?;
         let block = cache.quick.pop(size)?;
         cache.bytes -= block.size;
         let arena = cache.arena;
@@ -222,7 +229,6 @@ impl ThreadCache {
         arena: u32,
         block: QuickBlock,
         requested: u64,
-        max_bytes: u64,
     ) -> Result<Option<Returned>, ()> {
         if !self.is_lent(lent, arena, &block) {
             return Err(());
@@ -236,18 +242,19 @@ impl ThreadCache {
             self.vacant.push(lent.index);
         }
         self.tally.give_back(block.size, requested);
-        Ok(self.keep(arena, block, max_bytes))
+        Ok(self.keep(arena, block))
     }
 
-    /// Keeps a free block if this slot has room for it (bytes and its class's count); else hands it back.
+    /// Keeps a free block if its arena's cache has room for it (bytes and its class's count); else hands it
+    /// back.
     #[inline(always)]
-    fn keep(&mut self, arena: u32, block: QuickBlock, max_bytes: u64) -> Option<Returned> {
-        if self.bytes + block.size > max_bytes {
-            return Some(Returned { arena, block });
-        }
+    fn keep(&mut self, arena: u32, block: QuickBlock) -> Option<Returned> {
         let Some(cache) = self.arenas.iter_mut().find(|a| a.arena == arena) else {
             return Some(Returned { arena, block });
         };
+        if cache.bytes + block.size > cache.max_bytes {
+            return Some(Returned { arena, block });
+        }
         let Some(class) = cache.quick.room_for(block.size) else {
             return Some(Returned { arena, block });
         };
@@ -257,16 +264,15 @@ impl ThreadCache {
         None
     }
 
-    /// Takes free blocks out, largest first in each arena, until at most `target` bytes are left; hands each to
-    /// `out`.
-    pub(super) fn trim_to(&mut self, target: u64, mut out: impl FnMut(Returned)) {
-        for cache in &mut self.arenas {
-            while self.bytes > target {
-                let Some(block) = cache.quick.pop_largest() else { break };
-                cache.bytes -= block.size;
-                self.bytes -= block.size;
-                out(Returned { arena: cache.arena, block });
-            }
+    /// Takes free blocks of `arena` out, largest first, until at most half its bound is left; hands each to
+    /// `out`. The batch a full cache trades with the pool.
+    pub(super) fn trim_arena(&mut self, arena: u32, mut out: impl FnMut(Returned)) {
+        let Some(cache) = self.arenas.iter_mut().find(|a| a.arena == arena) else { return };
+        while cache.bytes > cache.max_bytes / 2 {
+            let Some(block) = cache.quick.pop_largest() else { break };
+            cache.bytes -= block.size;
+            self.bytes -= block.size;
+            out(Returned { arena, block });
         }
     }
 
@@ -388,7 +394,7 @@ mod tests {
         let mut engine = Engine::new(256).expect("power of two");
         engine.add_segment(64 << 20).expect("valid size");
         let mut cache = ThreadCache::default();
-        cache.add_arena(0, StreamId(0), 1 << 20);
+        cache.add_arena(0, StreamId(0), false, 1 << 20, 3 << 20);
         (engine, cache)
     }
 
@@ -404,10 +410,10 @@ mod tests {
         let block = parked(&mut engine, 4096);
         let lent = cache.adopt(0, block, 3);
         assert_eq!(lent.slot, 3);
-        assert!(cache.give_back(lent, 0, block, 4096, 1 << 20).expect("lent").is_none(), "kept");
-        assert!(cache.give_back(lent, 0, block, 4096, 1 << 20).is_err(), "second give-back refused");
+        assert!(cache.give_back(lent, 0, block, 4096).expect("lent").is_none(), "kept");
+        assert!(cache.give_back(lent, 0, block, 4096).is_err(), "second give-back refused");
         // Lent again from the cache: a new generation, and the old ticket stays refused.
-        let (_, again, relent) = cache.take(StreamId(0), 4096, 4096, 3).expect("cached");
+        let (_, again, relent) = cache.take(StreamId(0), false, 4096, 4096, 3).expect("cached");
         assert_eq!(again.offset, block.offset);
         assert_ne!(relent.generation, lent.generation);
         assert!(!cache.is_lent(lent, 0, &again));
@@ -421,14 +427,14 @@ mod tests {
         let tickets: Vec<_> = blocks.iter().map(|b| cache.adopt(0, *b, 0)).collect();
         let mut handed = 0;
         for (lent, block) in tickets.into_iter().zip(&blocks) {
-            if cache.give_back(lent, 0, *block, 1 << 20, 3 << 20).expect("lent").is_some() {
+            if cache.give_back(lent, 0, *block, 1 << 20).expect("lent").is_some() {
                 handed += 1;
             }
         }
         assert_eq!((cache.bytes(), handed), (3 << 20, 1));
         let mut out = Vec::new();
-        cache.trim_to(1 << 20, |r| out.push(r.block));
-        assert_eq!((cache.bytes(), out.len()), (1 << 20, 2));
+        cache.trim_arena(0, |r| out.push(r.block));
+        assert_eq!((cache.bytes(), out.len()), (1 << 20, 2), "down to half the bound");
         cache.drain(|r| out.push(r.block));
         assert_eq!((cache.bytes(), out.len()), (0, 3));
     }
