@@ -12,6 +12,7 @@
 //! | `UMM_BACKENDS` | a comma list of `cuda`, `opencl`, `wgpu` (or `none`) | which APIs discovery probes |
 //! | `UMM_MAPPED_SLACK` | a fraction >= 0 or `off` | how far reserved may exceed live memory in virtual reservations before free pages are unmapped (default 0.03) |
 //! | `UMM_PAGE_SIZE` | bytes, a power of two (`8MiB`) | page size of virtual reservations (default the device's own, 2 MiB on CUDA): larger pages map and unmap with fewer driver calls, at some memory |
+//! | `UMM_THREAD_CACHE`, `UMM_THREAD_CACHE_LARGE` | bytes, `0` for off | most bytes of free small (large) blocks one thread's cache keeps per stream (default 8 MiB and 256 MiB; large blocks only once threads contend) |
 //! | `UMM_CLEANUP_IDLE_ROUNDS` | an integer | cleanups a cached segment must sit idle before `cleanup()` frees it |
 //! | `UMM_PROFILE` | `0`/`1`, `true`/`false`, `on`/`off` | record allocation, free and segment events from the start |
 //! | `UMM_PROFILE_CAPACITY` | an integer | events the profiler's ring keeps (default 100000) |
@@ -104,6 +105,18 @@ impl UmmConfig {
                     var,
                     value: v,
                     expected: "a byte count above zero (64KiB, 16MiB, 65536)",
+                })?;
+            }
+        }
+        for (var, field) in [
+            ("UMM_THREAD_CACHE", &mut self.pool.thread_cache_bytes),
+            ("UMM_THREAD_CACHE_LARGE", &mut self.pool.thread_cache_large_bytes),
+        ] {
+            if let Some(v) = lookup(var) {
+                *field = parse_size(&v).map_err(|_| Error::InvalidEnv {
+                    var,
+                    value: v,
+                    expected: "a byte count, 0 for off (8MiB, 0, 268435456)",
                 })?;
             }
         }
@@ -247,12 +260,15 @@ mod tests {
             ("UMM_ZERO", "on"),
             ("UMM_BACKENDS", "opencl"),
             ("UMM_PAGE_SIZE", "8MiB"),
+            ("UMM_THREAD_CACHE", "0"),
+            ("UMM_THREAD_CACHE_LARGE", "64MiB"),
         ]
         .into();
         let mut config = UmmConfig::default();
         config.apply_vars(|k| vars.get(k).map(|v| v.to_string())).unwrap();
         assert_eq!(config.pool.limit, Some(Limit::Bytes(1 << 30)));
         assert_eq!(config.pool.page_size, Some(8 << 20));
+        assert_eq!((config.pool.thread_cache_bytes, config.pool.thread_cache_large_bytes), (0, 64 << 20));
         assert_eq!(config.pool.strategy, Strategy::Direct);
         assert!(config.pool.zero_on_alloc);
         assert!(!config.cuda && config.opencl && !config.wgpu);
@@ -274,6 +290,8 @@ mod tests {
             ("UMM_BACKENDS", "cuda,metal"),
             ("UMM_CLEANUP_IDLE_ROUNDS", "-1"),
             ("UMM_PAGE_SIZE", "3MiB"),
+            ("UMM_THREAD_CACHE", "lots"),
+            ("UMM_THREAD_CACHE_LARGE", "-1"),
             ("UMM_PROFILE", "sometimes"),
             ("UMM_PROFILE_CAPACITY", "lots"),
             ("UMM_TRACE", " "),

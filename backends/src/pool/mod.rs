@@ -344,7 +344,7 @@ impl<B: Backend> Pool<B> {
         let mut cache = self.shared.slots[slot as usize].0.lock();
         let align = self.backend.alignment();
         let size = bytes.wrapping_add(align - 1) & !(align - 1);
-        if let Some(large) = self.cached_class(bytes, size) {
+        if let Some(large) = self.cached_class(&cache, bytes, size) {
             if let Some((arena, block, lent)) = cache.take(stream, large, size, bytes, slot) {
                 return Ok(self.lent_handle(arena, block, bytes, lent));
             }
@@ -352,17 +352,31 @@ impl<B: Backend> Pool<B> {
         self.allocate_through_pool(cache, slot, thread, bytes, stream)
     }
 
-    /// For a request of `bytes` (`size` rounded) that thread caches serve, whether it is large; `None` for one
-    /// they do not (too large to keep, or invalid).
+    /// For a request of `bytes` (`size` rounded) that `cache` serves, whether it is large; `None` for one it
+    /// does not (too large to keep, a large one while the thread has not met contention, or invalid).
     #[inline(always)]
-    fn cached_class(&self, bytes: u64, size: u64) -> Option<bool> {
+    fn cached_class(&self, cache: &ThreadCache, bytes: u64, size: u64) -> Option<bool> {
         if bytes == 0 || size < bytes || size > self.max_block {
             None
         } else if size <= self.config.small_request_max {
             (size <= self.cached_small_max).then_some(false)
         } else {
-            (size <= self.cached_large_max).then_some(true)
+            (size <= self.cached_large_max && cache.caches_large()).then_some(true)
         }
+    }
+
+    /// The pool's lock, taken by the thread of `cache`. A thread that finds it held starts caching large blocks
+    /// too: large blocks are cached only where threads contend, since a cached large block is memory that no
+    /// other request can be cut from, and a thread working alone gains nothing from it.
+    #[inline(always)]
+    fn lock_state_from(&self, cache: &mut ThreadCache) -> PoolGuard<'_, State<B::Segment>> {
+        if let Some(state) = self.state().try_lock() {
+            return state;
+        }
+        if self.cached_large_max > 0 {
+            cache.cache_large();
+        }
+        self.state().lock()
     }
 
     /// The calling thread's cache slot (and its thread record); `None` when thread caches are off or the
@@ -406,11 +420,11 @@ impl<B: Backend> Pool<B> {
         stream: StreamId,
     ) -> Result<BlockHandle> {
         cache.register(thread, || self.exit_hook());
-        let mut state = self.state().lock();
+        let mut state = self.lock_state_from(&mut cache);
         cache.fold_into(&mut state.stats);
         let align = self.backend.alignment();
         let size = bytes.wrapping_add(align - 1) & !(align - 1);
-        let Some(large) = self.cached_class(bytes, size) else {
+        let Some(large) = self.cached_class(&cache, bytes, size) else {
             // Blocks too large to cache and bad requests go through the pool; its out-of-memory retry may want
             // this slot.
             drop(cache);
@@ -451,9 +465,14 @@ impl<B: Backend> Pool<B> {
 
     /// Hands every slot's free blocks and statistics to the pool: one slot at a time, each under its own lock
     /// and then the pool's.
-    fn drain_thread_caches(&self) {
+    /// `cleanup`: also stop caching large blocks until the slot's thread meets contention again (a program
+    /// whose threads stopped contending keeps none cached).
+    fn drain_thread_caches(&self, cleanup: bool) {
         for slot in self.shared.slots.iter() {
             let mut cache = slot.0.lock();
+            if cleanup {
+                cache.stop_caching_large();
+            }
             if cache.is_idle() {
                 continue;
             }
@@ -865,7 +884,7 @@ impl<B: Backend> Pool<B> {
             // Fold the thread's slot first (see `allocate_through_pool`).
             Some((slot, _)) => {
                 let mut cache = self.shared.slots[slot as usize].0.lock();
-                let mut state = self.state().lock();
+                let mut state = self.lock_state_from(&mut cache);
                 cache.fold_into(&mut state.stats);
                 state
             }
@@ -924,7 +943,7 @@ impl<B: Backend> Pool<B> {
     /// Gives every cached byte back to the device: destroys empty plain segments and unmaps the free pages of
     /// virtual reservations. O(segments + free blocks in virtual reservations).
     pub fn release_cached(&self) -> TrimReport {
-        self.drain_thread_caches();
+        self.drain_thread_caches(true);
         let mut state = self.state().lock();
         self.release_cached_locked(&mut state, 0, u64::MAX)
     }
@@ -933,7 +952,7 @@ impl<B: Backend> Pool<B> {
     /// rounds (0 releases everything cached, like [`Pool::release_cached`]). O(segments + free blocks in
     /// virtual reservations).
     pub fn cleanup(&self, idle_rounds: u64) -> TrimReport {
-        self.drain_thread_caches();
+        self.drain_thread_caches(true);
         let mut state = self.state().lock();
         state.cleanup_round += 1;
         self.release_cached_locked(&mut state, idle_rounds, u64::MAX)
@@ -1064,7 +1083,7 @@ impl<B: Backend> Pool<B> {
 
     /// Every segment with its blocks, and the statistics, taken under one lock. O(segments + blocks).
     pub fn snapshot(&self) -> PoolSnapshot {
-        self.drain_thread_caches();
+        self.drain_thread_caches(false);
         let mut state = self.folded_state();
         for arena in 0..state.arenas.len() {
             state.drain_quick(arena);

@@ -946,3 +946,44 @@ fn eight_threads_keep_data_and_statistics_exact() {
         assert_eq!(pool.stats().reserved_bytes.current, 0, "everything went back");
     }
 }
+
+#[test]
+fn large_blocks_are_cached_only_by_threads_that_met_contention() {
+    let pool = Arc::new(sim_pool(SegmentMode::Auto, None));
+    let alone = pool.allocate(8 * MIB, S0).unwrap();
+    assert!(alone.lent.is_none(), "a thread that never waited for the pool keeps no large blocks");
+    pool.free(&alone).unwrap();
+    // Hold the pool's lock while another thread allocates: it waits, and from then on caches large blocks.
+    let held = pool.state().lock();
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let worker = {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || {
+            started_tx.send(()).unwrap();
+            let first = pool.allocate(8 * MIB, S0).unwrap();
+            pool.free(&first).unwrap();
+            let again = pool.allocate(8 * MIB, S0).unwrap();
+            assert_eq!((again.offset, again.segment), (first.offset, first.segment), "from the thread's cache");
+            assert!(first.lent.is_some() && again.lent.is_some());
+            pool.free(&again).unwrap();
+            go_rx.recv().unwrap();
+            // After a cleanup the thread keeps none until it meets contention again.
+            let after = pool.allocate(8 * MIB, S0).unwrap();
+            assert!(after.lent.is_none());
+            pool.free(&after).unwrap();
+        })
+    };
+    started_rx.recv().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    drop(held);
+    while thread_cached_bytes(&pool) == 0 {
+        std::thread::yield_now();
+    }
+    pool.cleanup(0);
+    assert_eq!(thread_cached_bytes(&pool), 0);
+    go_tx.send(()).unwrap();
+    worker.join().unwrap();
+    let s = pool.stats();
+    assert_eq!((s.allocated_bytes.current, s.num_allocs, s.num_frees), (0, 4, 4));
+}
