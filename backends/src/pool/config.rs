@@ -87,8 +87,9 @@ pub struct PoolConfig {
     /// small blocks off.
     #[serde(default = "default_thread_cache_bytes")]
     pub thread_cache_bytes: u64,
-    /// Most bytes of free large blocks one thread's cache keeps per stream; blocks of up to a quarter of it are
-    /// kept. 0 turns the caching of large blocks off.
+    /// Most bytes of free large blocks one thread's cache keeps per stream, once the thread has found the pool's
+    /// lock taken (a thread working alone keeps none: they would be memory no other request can be cut from);
+    /// blocks of up to a sixteenth of it are kept. 0 turns the caching of large blocks off.
     #[serde(default = "default_thread_cache_large_bytes")]
     pub thread_cache_large_bytes: u64,
 }
@@ -114,8 +115,8 @@ impl Default for PoolConfig {
             page_size: None,
             zero_on_alloc: false,
             poison_on_free: false,
-            thread_cache_bytes: 8 << 20,
-            thread_cache_large_bytes: 256 << 20,
+            thread_cache_bytes: 32 << 20,
+            thread_cache_large_bytes: 1 << 30,
         }
     }
 }

@@ -26,11 +26,12 @@ pub use config::{parse_size, Limit, PoolConfig, SegmentMode, Strategy};
 
 use crate::backend::PoolAccess;
 use crate::engine::{Allocation, Engine, Restore, SegmentId};
-use crate::raw::lock::{PoolGuard, PoolMutex};
+use crate::raw::lock::{SlotGuard, SlotMutex};
 use crate::{Backend, BlockHandle, Error, HostPtr, PoolStats, Result, StreamId};
+use parking_lot::{Mutex, MutexGuard};
 use quick::{QuickBlock, QuickCache};
 use serde::Serialize;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use streams::StreamArenas;
@@ -165,13 +166,42 @@ enum Shortfall {
 /// One thread cache slot, alone on its cache lines so that threads working in their own slots do not share
 /// lines.
 #[repr(align(128))]
-struct Slot(parking_lot::Mutex<ThreadCache>);
+struct Slot {
+    cache: SlotMutex<ThreadCache>,
+    /// Set whenever the cache's statistics change, cleared when they are folded into the pool's: a pool
+    /// operation of the slot's thread folds them first only when set, so that a thread working with blocks too
+    /// large to cache does not take its slot's lock at all.
+    dirty: AtomicBool,
+    /// Whether the slot caches large blocks: set once its thread found the pool's lock taken, cleared by a
+    /// cleanup.
+    large: AtomicBool,
+}
+
+impl Slot {
+    /// The cache, locked.
+    #[inline(always)]
+    fn lock(&self) -> SlotGuard<'_, ThreadCache> {
+        self.cache.lock()
+    }
+
+    #[inline(always)]
+    fn is_dirty(&self) -> bool {
+        self.dirty.load(Ordering::Relaxed)
+    }
+
+    /// Folds the locked `cache` into `state`'s statistics.
+    #[inline(always)]
+    fn fold(&self, cache: &mut ThreadCache, stats: &mut PoolStats) {
+        cache.fold_into(stats);
+        self.dirty.store(false, Ordering::Relaxed);
+    }
+}
 
 /// What the pool's threads share: the engine's state behind the pool's lock, and the thread cache slots, each
 /// behind its own (see [`thread_cache`] for the lock order). Held in an `Arc` so that a thread's exit can
 /// drain its slot into a pool that still lives.
 struct Shared<S> {
-    state: PoolMutex<State<S>>,
+    state: Mutex<State<S>>,
     /// A power of two in number (a mask picks a thread's slot); empty when thread caches are off.
     slots: Box<[Slot]>,
 }
@@ -267,9 +297,9 @@ impl<B: Backend> Pool<B> {
         let arena_base = number << ARENA_BITS;
         let pooled = config.strategy == Strategy::Pooled;
         let cached_small_max = if pooled && config.thread_cache_bytes > 0 { config.small_request_max } else { 0 };
-        let cached_large_max = if pooled { config.thread_cache_large_bytes / 4 } else { 0 };
+        let cached_large_max = if pooled { config.thread_cache_large_bytes / 16 } else { 0 };
         let slots = if cached_small_max > 0 || cached_large_max > 0 { slot_count() } else { 0 };
-        let state = PoolMutex::new(State {
+        let state = Mutex::new(State {
             arena_base,
             arenas: Vec::new(),
             streams: StreamArenas::default(),
@@ -279,7 +309,13 @@ impl<B: Backend> Pool<B> {
             empty_plain_bytes: 0,
             cleanup_round: 0,
         });
-        let slots = (0..slots).map(|_| Slot(parking_lot::Mutex::new(ThreadCache::default()))).collect();
+        let slots = (0..slots)
+            .map(|_| Slot {
+                cache: SlotMutex::new(ThreadCache::default()),
+                dirty: AtomicBool::new(false),
+                large: AtomicBool::new(false),
+            })
+            .collect();
         Ok(Self {
             backend,
             config,
@@ -295,7 +331,7 @@ impl<B: Backend> Pool<B> {
 
     /// The lock over the engine and the pool's books.
     #[inline(always)]
-    fn state(&self) -> &PoolMutex<State<B::Segment>> {
+    fn state(&self) -> &Mutex<State<B::Segment>> {
         &self.shared.state
     }
 
@@ -337,46 +373,68 @@ impl<B: Backend> Pool<B> {
     /// else through the pool.
     #[inline(always)]
     fn allocate_any(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
-        let Some((slot, thread)) = self.thread_slot() else {
-            let mut state = self.state().lock();
-            return self.allocate_locked(&mut state, bytes, stream);
+        let Some((index, thread)) = self.thread_slot() else {
+            return self.allocate_uncached(bytes, stream);
         };
-        let mut cache = self.shared.slots[slot as usize].0.lock();
+        let slot = &self.shared.slots[index as usize];
         let align = self.backend.alignment();
         let size = bytes.wrapping_add(align - 1) & !(align - 1);
-        if let Some(large) = self.cached_class(&cache, bytes, size) {
-            if let Some((arena, block, lent)) = cache.take(stream, large, size, bytes, slot) {
-                return Ok(self.lent_handle(arena, block, bytes, lent));
-            }
+        let Some(large) = self.cached_class(slot, bytes, size) else {
+            // Not for the cache: straight to the pool, through the slot only if its statistics need folding.
+            return if slot.is_dirty() {
+                self.allocate_through_pool(slot.lock(), index, thread, bytes, stream)
+            } else {
+                self.allocate_uncached_from(slot, bytes, stream)
+            };
+        };
+        let mut cache = slot.lock();
+        if let Some((arena, block, lent)) = cache.take(stream, large, size, bytes, index) {
+            slot.dirty.store(true, Ordering::Relaxed);
+            return Ok(self.lent_handle(arena, block, bytes, lent));
         }
-        self.allocate_through_pool(cache, slot, thread, bytes, stream)
+        self.allocate_through_pool(cache, index, thread, bytes, stream)
+    }
+
+    /// An allocation the calling thread's cache does not serve and whose slot has nothing to fold.
+    #[inline(never)]
+    fn allocate_uncached_from(&self, slot: &Slot, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
+        let mut state = self.lock_state_from(slot);
+        self.allocate_locked(&mut state, bytes, stream)
     }
 
     /// For a request of `bytes` (`size` rounded) that `cache` serves, whether it is large; `None` for one it
     /// does not (too large to keep, a large one while the thread has not met contention, or invalid).
     #[inline(always)]
-    fn cached_class(&self, cache: &ThreadCache, bytes: u64, size: u64) -> Option<bool> {
+    fn cached_class(&self, slot: &Slot, bytes: u64, size: u64) -> Option<bool> {
         if bytes == 0 || size < bytes || size > self.max_block {
             None
         } else if size <= self.config.small_request_max {
             (size <= self.cached_small_max).then_some(false)
         } else {
-            (size <= self.cached_large_max && cache.caches_large()).then_some(true)
+            (size <= self.cached_large_max && slot.large.load(Ordering::Relaxed)).then_some(true)
         }
     }
 
-    /// The pool's lock, taken by the thread of `cache`. A thread that finds it held starts caching large blocks
+    /// The pool's lock, taken by the thread of `slot`. A thread that finds it held starts caching large blocks
     /// too: large blocks are cached only where threads contend, since a cached large block is memory that no
     /// other request can be cut from, and a thread working alone gains nothing from it.
     #[inline(always)]
-    fn lock_state_from(&self, cache: &mut ThreadCache) -> PoolGuard<'_, State<B::Segment>> {
+    fn lock_state_from(&self, slot: &Slot) -> MutexGuard<'_, State<B::Segment>> {
         if let Some(state) = self.state().try_lock() {
             return state;
         }
         if self.cached_large_max > 0 {
-            cache.cache_large();
+            slot.large.store(true, Ordering::Relaxed);
         }
         self.state().lock()
+    }
+
+    /// An allocation without thread caches (off, or the thread is exiting): straight through the pool. Kept out
+    /// of line so that the cached path stays small.
+    #[inline(never)]
+    fn allocate_uncached(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
+        let mut state = self.state().lock();
+        self.allocate_locked(&mut state, bytes, stream)
     }
 
     /// The calling thread's cache slot (and its thread record); `None` when thread caches are off or the
@@ -413,18 +471,19 @@ impl<B: Backend> Pool<B> {
     #[inline(never)]
     fn allocate_through_pool(
         &self,
-        mut cache: parking_lot::MutexGuard<'_, ThreadCache>,
+        mut cache: SlotGuard<'_, ThreadCache>,
         slot: u32,
         thread: ThreadSlot,
         bytes: u64,
         stream: StreamId,
     ) -> Result<BlockHandle> {
         cache.register(thread, || self.exit_hook());
-        let mut state = self.lock_state_from(&mut cache);
-        cache.fold_into(&mut state.stats);
+        let lender = &self.shared.slots[slot as usize];
+        let mut state = self.lock_state_from(lender);
+        lender.fold(&mut cache, &mut state.stats);
         let align = self.backend.alignment();
         let size = bytes.wrapping_add(align - 1) & !(align - 1);
-        let Some(large) = self.cached_class(&cache, bytes, size) else {
+        let Some(large) = self.cached_class(lender, bytes, size) else {
             // Blocks too large to cache and bad requests go through the pool; its out-of-memory retry may want
             // this slot.
             drop(cache);
@@ -469,15 +528,15 @@ impl<B: Backend> Pool<B> {
     /// whose threads stopped contending keeps none cached).
     fn drain_thread_caches(&self, cleanup: bool) {
         for slot in self.shared.slots.iter() {
-            let mut cache = slot.0.lock();
+            let mut cache = slot.lock();
             if cleanup {
-                cache.stop_caching_large();
+                slot.large.store(false, Ordering::Relaxed);
             }
             if cache.is_idle() {
                 continue;
             }
             let mut state = self.state().lock();
-            cache.fold_into(&mut state.stats);
+            slot.fold(&mut cache, &mut state.stats);
             cache.drain(|r| state.take_back(r, false));
             state.update_split();
         }
@@ -485,11 +544,11 @@ impl<B: Backend> Pool<B> {
 
     /// Folds every slot's statistics into the pool's and returns the state, locked: the slots are locked in
     /// order first, then the pool.
-    fn folded_state(&self) -> PoolGuard<'_, State<B::Segment>> {
-        let mut caches: Vec<_> = self.shared.slots.iter().map(|slot| slot.0.lock()).collect();
+    fn folded_state(&self) -> MutexGuard<'_, State<B::Segment>> {
+        let mut caches: Vec<_> = self.shared.slots.iter().map(|slot| slot.lock()).collect();
         let mut state = self.state().lock();
-        for cache in &mut caches {
-            cache.fold_into(&mut state.stats);
+        for (slot, cache) in self.shared.slots.iter().zip(&mut caches) {
+            slot.fold(cache, &mut state.stats);
         }
         state
     }
@@ -879,14 +938,26 @@ impl<B: Backend> Pool<B> {
         if let Some(lent) = block.lent {
             return self.free_lent(block, lent);
         }
+        self.free_through_pool(block)
+    }
+
+    /// Frees a block the pool handed out itself (not lent from a thread cache). Kept out of line so that the
+    /// cached path stays small.
+    #[inline(never)]
+    fn free_through_pool(&self, block: &BlockHandle) -> Result<()> {
         let unknown = || Error::UnknownBlock(format!("{block:?} in pool {}", self.backend.name()));
         let mut state = match self.thread_slot() {
-            // Fold the thread's slot first (see `allocate_through_pool`).
-            Some((slot, _)) => {
-                let mut cache = self.shared.slots[slot as usize].0.lock();
-                let mut state = self.lock_state_from(&mut cache);
-                cache.fold_into(&mut state.stats);
-                state
+            // Fold the thread's slot first when it holds changes (see `allocate_through_pool`).
+            Some((index, _)) => {
+                let slot = &self.shared.slots[index as usize];
+                if slot.is_dirty() {
+                    let mut cache = slot.lock();
+                    let mut state = self.lock_state_from(slot);
+                    slot.fold(&mut cache, &mut state.stats);
+                    state
+                } else {
+                    self.lock_state_from(slot)
+                }
             }
             None => self.state().lock(),
         };
@@ -920,24 +991,43 @@ impl<B: Backend> Pool<B> {
 
     /// Frees a block lent from a thread cache back into that cache (whichever thread frees it); past the
     /// cache's bounds, a batch goes back to the pool under one lock acquisition.
+    #[inline(always)]
     fn free_lent(&self, block: &BlockHandle, lent: Lent) -> Result<()> {
-        let unknown = || Error::UnknownBlock(format!("{block:?} in pool {}", self.backend.name()));
         let arena = block.arena.wrapping_sub(self.arena_base);
-        let slot = self.shared.slots.get(lent.slot as usize).filter(|_| arena < 1 << ARENA_BITS).ok_or_else(unknown)?;
+        let Some(slot) = self.shared.slots.get(lent.slot as usize).filter(|_| arena < 1 << ARENA_BITS) else {
+            return Err(self.unknown_block(block));
+        };
         let freed = QuickBlock { block: block.block, segment: block.segment, offset: block.offset, size: block.size };
-        let mut cache = slot.0.lock();
+        let mut cache = slot.lock();
         match cache.give_back(lent, arena as u32, freed, block.requested) {
-            Err(()) => Err(unknown()),
-            Ok(None) => Ok(()),
-            Ok(Some(overflow)) => {
-                let mut state = self.state().lock();
-                cache.fold_into(&mut state.stats);
-                state.take_back(overflow, false);
-                cache.trim_arena(arena as u32, |r| state.take_back(r, false));
-                state.update_split();
+            Ok(None) => {
+                slot.dirty.store(true, Ordering::Relaxed);
                 Ok(())
             }
+            Ok(Some(overflow)) => {
+                self.return_overflow(slot, cache, arena as u32, overflow);
+                Ok(())
+            }
+            Err(()) => Err(self.unknown_block(block)),
         }
+    }
+
+    /// A block that did not fit its thread cache goes back to the pool, with a batch of the cache's blocks.
+    #[cold]
+    #[inline(never)]
+    fn return_overflow(&self, slot: &Slot, mut cache: SlotGuard<'_, ThreadCache>, arena: u32, overflow: Returned) {
+        let mut state = self.state().lock();
+        slot.fold(&mut cache, &mut state.stats);
+        state.take_back(overflow, false);
+        cache.trim_arena(arena, |r| state.take_back(r, false));
+        state.update_split();
+    }
+
+    /// The error for a block this pool does not know (never handed out, freed, or another pool's).
+    #[cold]
+    #[inline(never)]
+    fn unknown_block(&self, block: &BlockHandle) -> Error {
+        Error::UnknownBlock(format!("{block:?} in pool {}", self.backend.name()))
     }
 
     /// Gives every cached byte back to the device: destroys empty plain segments and unmaps the free pages of
@@ -968,8 +1058,8 @@ impl<B: Backend> Pool<B> {
         // Thread caches first; a slot whose lock is taken (its thread waits for this one, say) keeps its blocks:
         // waiting for it here, under the pool's lock, would break the lock order.
         for slot in self.shared.slots.iter() {
-            if let Some(mut cache) = slot.0.try_lock() {
-                cache.fold_into(&mut state.stats);
+            if let Some(mut cache) = slot.cache.try_lock() {
+                slot.fold(&mut cache, &mut state.stats);
                 cache.drain(|r| state.take_back(r, false));
             }
         }
@@ -1149,10 +1239,10 @@ impl<B: Backend> Pool<B> {
 
     /// For a block lent from a thread cache, that slot, locked, once it is checked that the block is lent now
     /// (`None` if not); for any other block a lock of nothing. While the guard lives the block cannot be freed.
-    fn lock_lender(&self, block: &BlockHandle) -> Option<Option<parking_lot::MutexGuard<'_, ThreadCache>>> {
+    fn lock_lender(&self, block: &BlockHandle) -> Option<Option<SlotGuard<'_, ThreadCache>>> {
         let Some(lent) = block.lent else { return Some(None) };
         let arena = block.arena.wrapping_sub(self.arena_base);
-        let cache = self.shared.slots.get(lent.slot as usize).filter(|_| arena < 1 << ARENA_BITS)?.0.lock();
+        let cache = self.shared.slots.get(lent.slot as usize).filter(|_| arena < 1 << ARENA_BITS)?.lock();
         let parked = QuickBlock { block: block.block, segment: block.segment, offset: block.offset, size: block.size };
         cache.is_lent(lent, arena as u32, &parked).then_some(Some(cache))
     }
@@ -1244,9 +1334,9 @@ impl<B: Backend> Drop for Pool<B> {
 impl<S: Send + 'static> DrainOnExit for Shared<S> {
     fn drain_slot(&self, slot: u32) {
         let Some(slot) = self.slots.get(slot as usize & (self.slots.len().max(1) - 1)) else { return };
-        let mut cache = slot.0.lock();
+        let mut cache = slot.lock();
         let mut state = self.state.lock();
-        cache.fold_into(&mut state.stats);
+        slot.fold(&mut cache, &mut state.stats);
         cache.drain(|r| state.take_back(r, false));
         state.update_split();
     }

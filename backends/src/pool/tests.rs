@@ -756,7 +756,7 @@ fn a_pool_refuses_streams_past_the_most_it_can_number() {
 
 /// Bytes of free blocks in every thread cache slot of `pool`.
 fn thread_cached_bytes<B: Backend>(pool: &Pool<B>) -> u64 {
-    pool.shared.slots.iter().map(|slot| slot.0.lock().bytes()).sum()
+    pool.shared.slots.iter().map(|slot| slot.lock().bytes()).sum()
 }
 
 #[test]
@@ -801,7 +801,7 @@ fn a_block_freed_on_another_thread_goes_back_to_the_cache_that_lent_it() {
         .join()
         .unwrap();
     }
-    assert_eq!(pool.shared.slots[lender as usize].0.lock().bytes(), 8 * (64 << 10), "back in the lender's slot");
+    assert_eq!(pool.shared.slots[lender as usize].lock().bytes(), 8 * (64 << 10), "back in the lender's slot");
     for b in &blocks {
         assert!(pool.free(b).is_err(), "freed once already");
     }
@@ -955,35 +955,37 @@ fn large_blocks_are_cached_only_by_threads_that_met_contention() {
     pool.free(&alone).unwrap();
     // Hold the pool's lock while another thread allocates: it waits, and from then on caches large blocks.
     let held = pool.state().lock();
-    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let (cached_tx, cached_rx) = std::sync::mpsc::channel();
     let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
     let worker = {
         let pool = Arc::clone(&pool);
         std::thread::spawn(move || {
-            started_tx.send(()).unwrap();
+            let waited = pool.allocate(8 * MIB, S0).unwrap();
+            pool.free(&waited).unwrap();
             let first = pool.allocate(8 * MIB, S0).unwrap();
             pool.free(&first).unwrap();
             let again = pool.allocate(8 * MIB, S0).unwrap();
-            assert_eq!((again.offset, again.segment), (first.offset, first.segment), "from the thread's cache");
-            assert!(first.lent.is_some() && again.lent.is_some());
+            let cached = first.lent.is_some() && again.lent.is_some();
+            let same = (again.offset, again.segment) == (first.offset, first.segment);
             pool.free(&again).unwrap();
+            cached_tx.send((cached, same)).unwrap();
             go_rx.recv().unwrap();
             // After a cleanup the thread keeps none until it meets contention again.
             let after = pool.allocate(8 * MIB, S0).unwrap();
-            assert!(after.lent.is_none());
             pool.free(&after).unwrap();
+            after.lent.is_none()
         })
     };
-    started_rx.recv().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(50));
     drop(held);
-    while thread_cached_bytes(&pool) == 0 {
-        std::thread::yield_now();
-    }
+    let (cached, same) = cached_rx.recv().expect("the worker runs");
+    assert!(cached, "lent from the thread's cache once the thread met contention");
+    assert!(same, "the second block came from the thread's cache");
+    assert_eq!(thread_cached_bytes(&pool), 8 * MIB);
     pool.cleanup(0);
     assert_eq!(thread_cached_bytes(&pool), 0);
     go_tx.send(()).unwrap();
-    worker.join().unwrap();
+    assert!(worker.join().unwrap(), "no large caching after a cleanup");
     let s = pool.stats();
-    assert_eq!((s.allocated_bytes.current, s.num_allocs, s.num_frees), (0, 4, 4));
+    assert_eq!((s.allocated_bytes.current, s.num_allocs, s.num_frees), (0, 5, 5));
 }

@@ -124,9 +124,6 @@ pub(super) struct ThreadCache {
     /// Bytes of free blocks held, over all arenas.
     bytes: u64,
     tally: Tally,
-    /// Whether large blocks are cached: set once the slot's thread found the pool's lock taken, cleared when
-    /// the slot is drained (a cleanup).
-    large: bool,
 }
 
 /// A block taken out of a slot, to be handed to the pool.
@@ -300,22 +297,6 @@ impl ThreadCache {
             cache.bytes = 0;
         }
         self.bytes = 0;
-    }
-
-    /// Whether the slot caches large blocks.
-    #[inline(always)]
-    pub(super) fn caches_large(&self) -> bool {
-        self.large
-    }
-
-    /// Caches large blocks from now on.
-    pub(super) fn cache_large(&mut self) {
-        self.large = true;
-    }
-
-    /// Caches no more large blocks (those it holds stay until drained).
-    pub(super) fn stop_caching_large(&mut self) {
-        self.large = false;
     }
 
     /// Folds this slot's statistics into the pool's.
