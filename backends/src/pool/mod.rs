@@ -559,10 +559,7 @@ impl<B: Backend> Pool<B> {
     }
 
     fn allocate_inner(&self, bytes: u64, stream: StreamId, zeroed: bool) -> Result<BlockHandle> {
-        let handle = {
-            let mut state = self.state().lock();
-            self.allocate_locked(&mut state, bytes, stream)?
-        };
+        let handle = self.allocate_any(bytes, stream)?;
         if zeroed {
             if let Err(e) = self.fill(&handle, 0, handle.size, 0) {
                 let _ = self.free(&handle);

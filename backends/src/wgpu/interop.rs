@@ -1,7 +1,7 @@
 //! Pooled blocks as wgpu sees them: `(buffer, offset, size)` for bind groups and copies, and device-to-device
 //! copies between blocks.
 
-use super::WgpuBackend;
+use super::{WgpuBackend, WgpuSegment};
 use crate::{Backend, BlockHandle, Error, Pool, Result};
 use std::sync::Arc;
 use wgpu::BufferUsages;
@@ -32,6 +32,10 @@ impl WgpuBlock {
 
 /// The buffer holding `block` and the block's offset in it, for copies. Errors if the block is not live.
 pub fn segment_and_offset(pool: &Pool<WgpuBackend>, block: &BlockHandle) -> Result<(wgpu::Buffer, u64)> {
+    live_segment(pool, block).map(|(segment, offset)| (segment.buffer().clone(), offset))
+}
+
+fn live_segment(pool: &Pool<WgpuBackend>, block: &BlockHandle) -> Result<(WgpuSegment, u64)> {
     pool.segment_of(block).ok_or_else(|| Error::UnknownBlock(format!("{block:?} in pool {}", pool.backend().name())))
 }
 
@@ -80,7 +84,7 @@ pub fn uniform_binding(pool: &Pool<WgpuBackend>, block: &BlockHandle) -> Result<
 /// Copies `len` bytes from `src_block` at `src_offset` to `dst_block` at `dst_offset` on the device with
 /// `copy_buffer_to_buffer`, and waits. Both pools must be of one device; offsets (block offset plus the given
 /// offset) and `len` must be multiples of 4 (wgpu's copy alignment). Blocks in the same buffer are copied
-/// through a temporary buffer.
+/// through a temporary buffer. Holds the turns of mappable segments (see [`WgpuSegment`]) until the copy is done.
 #[allow(clippy::too_many_arguments)]
 pub fn copy_block(
     src_pool: &Pool<WgpuBackend>,
@@ -125,8 +129,9 @@ pub fn copy_block(
             ),
         });
     }
-    let (src_buffer, src_base) = segment_and_offset(src_pool, src_block)?;
-    let (dst_buffer, dst_base) = segment_and_offset(dst_pool, dst_block)?;
+    let (src_segment, src_base) = live_segment(src_pool, src_block)?;
+    let (dst_segment, dst_base) = live_segment(dst_pool, dst_block)?;
+    let (src_buffer, dst_buffer) = (src_segment.buffer(), dst_segment.buffer());
     let (from, to) = (src_base + src_offset, dst_base + dst_offset);
     if from % 4 != 0 || to % 4 != 0 || !len.is_multiple_of(4) {
         return Err(Error::Unsupported {
@@ -141,6 +146,7 @@ pub fn copy_block(
         return Ok(());
     }
     let shared = &dst.shared;
+    let _turns = WgpuSegment::both_turns(&src_segment, &dst_segment);
     shared.scoped(&name, "copy_buffer_to_buffer", || {
         let mut encoder = shared.device.create_command_encoder(&Default::default());
         if src_buffer == dst_buffer {
@@ -150,12 +156,12 @@ pub fn copy_block(
                 usage: BufferUsages::COPY_SRC | BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             });
-            encoder.copy_buffer_to_buffer(&src_buffer, from, &temp, 0, len);
-            encoder.copy_buffer_to_buffer(&temp, 0, &dst_buffer, to, len);
+            encoder.copy_buffer_to_buffer(src_buffer, from, &temp, 0, len);
+            encoder.copy_buffer_to_buffer(&temp, 0, dst_buffer, to, len);
             shared.queue.submit([encoder.finish()]);
             temp.destroy();
         } else {
-            encoder.copy_buffer_to_buffer(&src_buffer, from, &dst_buffer, to, len);
+            encoder.copy_buffer_to_buffer(src_buffer, from, dst_buffer, to, len);
             shared.queue.submit([encoder.finish()]);
         }
     })?;

@@ -6,10 +6,16 @@ use crate::{Error, Result};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
+use std::time::Duration;
 
 /// Largest piece moved through one staging buffer or one `write_buffer` call, so that staging memory stays
 /// bounded for large transfers.
 const CHUNK: u64 = 32 << 20;
+
+/// How long one wait for a map callback lasts before the device is polled again, and how many such waits pass
+/// before a mapping counts as failed.
+const MAP_WAIT: Duration = Duration::from_millis(50);
+const MAP_WAITS: u32 = 200;
 
 /// One opened wgpu device and its queue, shared by the pools of an adapter.
 pub(crate) struct DeviceShared {
@@ -188,7 +194,8 @@ impl DeviceShared {
         })
     }
 
-    /// Maps `[a, b)` of `buffer` (waiting for the device), hands the mapping to `f`, unmaps.
+    /// Maps `[a, b)` of `buffer` (waiting for the device), hands the mapping to `f`, unmaps. The caller holds the
+    /// buffer's turn when other threads could map it or submit work on it.
     fn map_and(
         &self,
         backend: &str,
@@ -204,20 +211,20 @@ impl DeviceShared {
                 let _ = tx.send(result);
             })
         })?;
-        self.wait(backend, "map_async")?;
         let driver =
             |message: String| Error::Driver { backend: backend.to_string(), call: "map_async".into(), message };
-        match rx.try_recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
+        match self.map_outcome(backend, &rx)? {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
                 let lost = self.lost_reason().map(|r| format!(" (device lost: {r})")).unwrap_or_default();
                 return Err(driver(format!("mapping {} bytes at {a} failed: {e}{lost}", b - a)));
             }
-            Err(_) => {
+            None => {
                 buffer.unmap();
                 return Err(driver(format!(
-                    "mapping {} bytes at {a} did not complete after polling the device",
-                    b - a
+                    "mapping {} bytes at {a} did not complete in {:?} of polling the device",
+                    b - a,
+                    MAP_WAIT * MAP_WAITS
                 )));
             }
         }
@@ -228,7 +235,27 @@ impl DeviceShared {
         buffer.unmap();
         result.map_err(|e| driver(format!("get_mapped_range of {} bytes at {a}: {e}", b - a)))
     }
+
+    /// Polls the device until the map callback behind `rx` has run, and returns what it said; `None` if it does not
+    /// run within [`MAP_WAITS`] waits. A poll or submit on any thread collects every finished mapping and runs
+    /// their callbacks after it lets go of the device, so this thread's poll can return while another thread is
+    /// about to run this callback: a finished poll is not yet a finished callback.
+    fn map_outcome(&self, backend: &str, rx: &mpsc::Receiver<MapResult>) -> Result<Option<MapResult>> {
+        for _ in 0..MAP_WAITS {
+            self.wait(backend, "map_async")?;
+            match rx.recv_timeout(MAP_WAIT) {
+                Ok(outcome) => return Ok(Some(outcome)),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                // wgpu dropped the callback without running it.
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(None),
+            }
+        }
+        Ok(None)
+    }
 }
+
+/// What a map callback reports.
+type MapResult = std::result::Result<(), wgpu::BufferAsyncError>;
 
 /// A mapped range handed to a closure.
 enum Mapped<'a> {

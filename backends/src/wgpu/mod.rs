@@ -1,7 +1,7 @@
 //! wgpu buffers (Vulkan, GL, Metal, DX12): every adapter becomes a [`WgpuDevice`] whose pools are
-//! [`Pool<WgpuBackend>`](crate::Pool) on the shared engine. A segment is one `wgpu::Buffer`; a block is
-//! `(buffer, offset, size)` with offsets on the binding alignment, so that it can be bound at its offset in a bind
-//! group ([`binding`]) or copied with `copy_buffer_to_buffer` ([`copy_block`]).
+//! [`Pool<WgpuBackend>`](crate::Pool) on the shared engine. A segment is one `wgpu::Buffer` ([`WgpuSegment`]); a
+//! block is `(buffer, offset, size)` with offsets on the binding alignment, so that it can be bound at its offset
+//! in a bind group ([`binding`]) or copied with `copy_buffer_to_buffer` ([`copy_block`]).
 //!
 //! wgpu loads its drivers at run time: with none installed, [`discover`] returns no device and says why.
 //!
@@ -10,8 +10,12 @@
 //!   lengths there, so the partial words at either end of an unaligned range are read, patched and written back
 //!   (those words lie inside the block: blocks start and end on the pool's alignment);
 //! - reads copy into a staging buffer (`MAP_READ | COPY_DST`), map it, and poll the device until the map is done;
-//! - mappable segments (host-pinned pools) are mapped directly instead; one mapping of a buffer may exist at a
-//!   time, so mapped I/O of one pool is serialised by a lock.
+//! - mappable segments (host-pinned pools) are mapped directly instead. wgpu maps whole buffers, not ranges, so
+//!   every access to a mappable segment takes the segment's turn ([`WgpuSegment`]): while one thread has it
+//!   mapped, another's copy or queued write of a neighbouring block would be refused.
+//!
+//! Work submitted by the caller on blocks of mappable pools (bind groups, copies) must likewise not overlap this
+//! backend's reads and writes of blocks in the same segment: wgpu refuses to submit work on a mapped buffer.
 //!
 //! Errors: wgpu reports validation, out-of-memory and internal errors asynchronously (and panics on those no one
 //! catches). Every call of this backend runs inside error scopes, and the device gets an uncaptured-error handler
@@ -21,9 +25,11 @@
 mod discover;
 mod interop;
 mod io;
+mod segment;
 
 pub use discover::{discover, WgpuDevice};
 pub use interop::{binding, copy_block, seal, segment_and_offset, uniform_binding, unseal, WgpuBlock};
+pub use segment::WgpuSegment;
 
 use crate::{Backend, BackendKind, Error, PoolPlacement, Result};
 use io::DeviceShared;
@@ -86,8 +92,6 @@ pub struct WgpuBackend {
     usage: BufferUsages,
     alignment: u64,
     shared: Arc<DeviceShared>,
-    /// wgpu allows one mapping of a buffer at a time: mapped reads and writes of this pool take turns.
-    map_lock: parking_lot::Mutex<()>,
     /// Sealed block ranges `(buffer, start, end)`: writes and fills there are refused (see [`seal`]).
     sealed: parking_lot::Mutex<Vec<(wgpu::Buffer, u64, u64)>>,
 }
@@ -118,15 +122,7 @@ impl WgpuBackend {
         }
         // Limits are powers of two; guard anyway so that Pool::new gets one.
         let alignment = alignment.next_power_of_two();
-        Self {
-            name,
-            kind,
-            usage,
-            alignment,
-            shared,
-            map_lock: parking_lot::Mutex::new(()),
-            sealed: parking_lot::Mutex::new(Vec::new()),
-        }
+        Self { name, kind, usage, alignment, shared, sealed: parking_lot::Mutex::new(Vec::new()) }
     }
 
     /// The wgpu device (shared by every pool of the adapter), for pipelines and bind groups.
@@ -197,7 +193,7 @@ impl WgpuBackend {
 impl crate::backend::sealed::Sealed for WgpuBackend {}
 
 impl Backend for WgpuBackend {
-    type Segment = wgpu::Buffer;
+    type Segment = WgpuSegment;
 
     fn name(&self) -> &str {
         &self.name
@@ -219,7 +215,7 @@ impl Backend for WgpuBackend {
     fn free_memory(&self) -> u64 {
         self.shared.free_memory()
     }
-    fn create_segment(&self, size: u64) -> Result<wgpu::Buffer> {
+    fn create_segment(&self, size: u64) -> Result<WgpuSegment> {
         let max = self.max_segment_size();
         if size > max {
             return Err(Error::TooLarge { device: self.name.clone(), requested: size, max });
@@ -233,29 +229,62 @@ impl Backend for WgpuBackend {
             })
         })?;
         self.shared.held.fetch_add(size, std::sync::atomic::Ordering::Relaxed);
-        Ok(buffer)
+        let mappable = self.usage.intersects(BufferUsages::MAP_READ | BufferUsages::MAP_WRITE);
+        Ok(WgpuSegment::new(buffer, mappable))
     }
-    fn destroy_segment(&self, segment: wgpu::Buffer, _: crate::backend::PoolAccess) {
-        self.sealed.lock().retain(|(b, _, _)| *b != segment);
+    fn destroy_segment(&self, segment: WgpuSegment, _: crate::backend::PoolAccess) {
+        let buffer = segment.buffer();
+        self.sealed.lock().retain(|(b, _, _)| b != buffer);
         // wgpu keeps the memory until submitted work that uses the buffer is done. On a lost device the call
         // may fail: that is logged, and the bytes are no longer counted either way.
-        let size = segment.size();
+        let size = buffer.size();
         if self.shared.lost_reason().is_none() {
-            if let Err(e) = self.shared.scoped(&self.name, "buffer.destroy", || segment.destroy()) {
+            if let Err(e) = self.shared.scoped(&self.name, "buffer.destroy", || buffer.destroy()) {
                 log::warn!("{e}");
             }
         }
         self.shared.held.fetch_sub(size, std::sync::atomic::Ordering::Relaxed);
     }
-    fn write(&self, segment: &wgpu::Buffer, offset: u64, src: &[u8]) -> Result<()> {
-        self.check_range(segment, offset, src.len() as u64)?;
-        self.check_unsealed(segment, offset, src.len() as u64)?;
+    fn write(&self, segment: &WgpuSegment, offset: u64, src: &[u8]) -> Result<()> {
+        let buffer = segment.buffer();
+        self.check_range(buffer, offset, src.len() as u64)?;
+        self.check_unsealed(buffer, offset, src.len() as u64)?;
         if src.is_empty() {
             return Ok(());
         }
+        let _turn = segment.turn();
+        self.write_bytes(buffer, offset, src)
+    }
+    fn read(&self, segment: &WgpuSegment, offset: u64, dst: &mut [u8]) -> Result<()> {
+        let buffer = segment.buffer();
+        self.check_range(buffer, offset, dst.len() as u64)?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let _turn = segment.turn();
+        self.read_bytes(buffer, offset, dst)
+    }
+    fn fill(&self, segment: &WgpuSegment, offset: u64, len: u64, value: u8) -> Result<()> {
+        let buffer = segment.buffer();
+        self.check_range(buffer, offset, len)?;
+        self.check_unsealed(buffer, offset, len)?;
+        let _turn = segment.turn();
+        let end = offset + len;
+        let (a, b) = (offset.next_multiple_of(4), end & !3);
+        if value == 0 && self.usage.contains(BufferUsages::COPY_DST) && a < b {
+            self.shared.clear(&self.name, buffer, a, b - a)?;
+            self.fill_by_writes(buffer, offset, a - offset, 0)?;
+            return self.fill_by_writes(buffer, b, end - b, 0);
+        }
+        self.fill_by_writes(buffer, offset, len, value)
+    }
+}
+
+/// Byte movement on a checked range, with the segment's turn already held by the caller.
+impl WgpuBackend {
+    fn write_bytes(&self, buffer: &wgpu::Buffer, offset: u64, src: &[u8]) -> Result<()> {
         if self.usage.contains(BufferUsages::MAP_WRITE) {
-            let _turn = self.map_lock.lock();
-            return self.shared.write_mapped(&self.name, segment, offset, src);
+            return self.shared.write_mapped(&self.name, buffer, offset, src);
         }
         if !self.usage.contains(BufferUsages::COPY_DST) {
             return Err(Error::Unsupported {
@@ -263,16 +292,12 @@ impl Backend for WgpuBackend {
                 what: format!("writing a buffer with usages {:?}", self.usage),
             });
         }
-        self.write_queued(segment, offset, src)
+        self.write_queued(buffer, offset, src)
     }
-    fn read(&self, segment: &wgpu::Buffer, offset: u64, dst: &mut [u8]) -> Result<()> {
-        self.check_range(segment, offset, dst.len() as u64)?;
-        if dst.is_empty() {
-            return Ok(());
-        }
+
+    fn read_bytes(&self, buffer: &wgpu::Buffer, offset: u64, dst: &mut [u8]) -> Result<()> {
         if self.usage.contains(BufferUsages::MAP_READ) {
-            let _turn = self.map_lock.lock();
-            return self.shared.read_mapped(&self.name, segment, offset, dst);
+            return self.shared.read_mapped(&self.name, buffer, offset, dst);
         }
         if !self.usage.contains(BufferUsages::COPY_SRC) {
             return Err(Error::Unsupported {
@@ -280,58 +305,44 @@ impl Backend for WgpuBackend {
                 what: format!("reading a buffer with usages {:?}", self.usage),
             });
         }
-        self.shared.read_staged(&self.name, segment, offset, dst)
+        self.shared.read_staged(&self.name, buffer, offset, dst)
     }
-    fn fill(&self, segment: &wgpu::Buffer, offset: u64, len: u64, value: u8) -> Result<()> {
-        self.check_range(segment, offset, len)?;
-        self.check_unsealed(segment, offset, len)?;
-        let end = offset + len;
-        let (a, b) = (offset.next_multiple_of(4), end & !3);
-        if value == 0 && self.usage.contains(BufferUsages::COPY_DST) && a < b {
-            self.shared.clear(&self.name, segment, a, b - a)?;
-            self.fill_by_writes(segment, offset, a - offset, 0)?;
-            return self.fill_by_writes(segment, b, end - b, 0);
-        }
-        self.fill_by_writes(segment, offset, len, value)
-    }
-}
 
-impl WgpuBackend {
     /// `queue.write_buffer` for the aligned middle; the partial words at the ends are read, patched, rewritten.
-    fn write_queued(&self, segment: &wgpu::Buffer, offset: u64, src: &[u8]) -> Result<()> {
+    fn write_queued(&self, buffer: &wgpu::Buffer, offset: u64, src: &[u8]) -> Result<()> {
         let end = offset + src.len() as u64;
         let (a, b) = (offset.next_multiple_of(4), end & !3);
         if a >= b {
             // The range lies within at most two words and covers none whole.
-            return self.patch(segment, offset, src);
+            return self.patch(buffer, offset, src);
         }
-        self.shared.write_queue(&self.name, segment, a, &src[(a - offset) as usize..(b - offset) as usize])?;
+        self.shared.write_queue(&self.name, buffer, a, &src[(a - offset) as usize..(b - offset) as usize])?;
         if offset < a {
-            self.patch(segment, offset, &src[..(a - offset) as usize])?;
+            self.patch(buffer, offset, &src[..(a - offset) as usize])?;
         }
         if end > b {
-            self.patch(segment, b, &src[(b - offset) as usize..])?;
+            self.patch(buffer, b, &src[(b - offset) as usize..])?;
         }
         Ok(())
     }
 
     /// Writes `src` (at most 8 bytes, inside the words around it) at `offset` by rewriting whole words.
-    fn patch(&self, segment: &wgpu::Buffer, offset: u64, src: &[u8]) -> Result<()> {
+    fn patch(&self, buffer: &wgpu::Buffer, offset: u64, src: &[u8]) -> Result<()> {
         let end = offset + src.len() as u64;
         let (start, stop) = (offset & !3, end.next_multiple_of(4));
         let mut words = vec![0u8; (stop - start) as usize];
-        self.read(segment, start, &mut words)?;
+        self.read_bytes(buffer, start, &mut words)?;
         words[(offset - start) as usize..(end - start) as usize].copy_from_slice(src);
-        self.shared.write_queue(&self.name, segment, start, &words)
+        self.shared.write_queue(&self.name, buffer, start, &words)
     }
 
-    fn fill_by_writes(&self, segment: &wgpu::Buffer, offset: u64, len: u64, value: u8) -> Result<()> {
+    fn fill_by_writes(&self, buffer: &wgpu::Buffer, offset: u64, len: u64, value: u8) -> Result<()> {
         const CHUNK: u64 = 4 << 20;
         let chunk = vec![value; CHUNK.min(len) as usize];
         let mut done = 0;
         while done < len {
             let n = CHUNK.min(len - done);
-            self.write(segment, offset + done, &chunk[..n as usize])?;
+            self.write_bytes(buffer, offset + done, &chunk[..n as usize])?;
             done += n;
         }
         Ok(())
