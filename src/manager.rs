@@ -263,6 +263,18 @@ impl UniversalMemoryManager {
         self.allocate_inner::<T>(data.len(), &options, Some(bytemuck::cast_slice(data)))
     }
 
+    /// Allocates a buffer holding a copy of `data`, with full options (device, access pattern). With
+    /// `Placement::ReadOnly` it is read-only afterwards: the only way to put data in a read-only buffer on a
+    /// chosen device.
+    #[track_caller]
+    pub fn allocate_universal_from_with<T: bytemuck::Pod>(
+        &self,
+        data: &[T],
+        options: AllocOptions,
+    ) -> Result<UniversalBuffer<T>> {
+        self.allocate_inner::<T>(data.len(), &options, Some(bytemuck::cast_slice(data)))
+    }
+
     /// Allocates `n` elements of `T` with full options.
     ///
     /// `n == 0` gives a working empty buffer (no memory is taken; reads and writes of zero elements succeed),

@@ -113,15 +113,17 @@ impl Target<'_> {
     /// Allocates, writes and checks one buffer.
     fn cycle(&self, thread: usize, cycle: usize) -> Result<Live, String> {
         let n = SIZES[(thread + cycle) % SIZES.len()];
-        let zeroed = cycle % ZEROED_EVERY == ZEROED_EVERY - 1;
-        let options = AllocOptions::new()
-            .placement(self.placement)
-            .device(DeviceSelector::Index(self.device.index()))
-            .zeroed(zeroed);
-        let mut buffer = self
-            .mm
-            .allocate_universal_with::<u32>(n, options)
-            .map_err(|e| format!("allocating {n} u32 (zeroed: {zeroed}): {e}"))?;
+        let data: Vec<u32> = (0..n).map(|i| value(thread, cycle, i)).collect();
+        let options = AllocOptions::new().placement(self.placement).device(DeviceSelector::Index(self.device.index()));
+        // A read-only buffer is filled once, when it is allocated: its data go in with the allocation.
+        let read_only = self.placement == Placement::ReadOnly;
+        let zeroed = !read_only && cycle % ZEROED_EVERY == ZEROED_EVERY - 1;
+        let allocated = if read_only {
+            self.mm.allocate_universal_from_with::<u32>(&data, options)
+        } else {
+            self.mm.allocate_universal_with::<u32>(n, options.zeroed(zeroed))
+        };
+        let mut buffer = allocated.map_err(|e| format!("allocating {n} u32 (zeroed: {zeroed}): {e}"))?;
         if (buffer.device().index(), buffer.placement()) != (self.device.index(), self.kind) {
             return Err(format!(
                 "landed in {} on {}: {}",
@@ -130,8 +132,9 @@ impl Target<'_> {
                 buffer.decision().reason
             ));
         }
-        let data: Vec<u32> = (0..n).map(|i| value(thread, cycle, i)).collect();
-        buffer.write(&data).map_err(|e| format!("writing {n} u32: {e}"))?;
+        if !read_only {
+            buffer.write(&data).map_err(|e| format!("writing {n} u32: {e}"))?;
+        }
         let live = Live { buffer, cycle };
         check(&live, thread)?;
         Ok(live)
@@ -191,7 +194,7 @@ fn every_device_of(api: Api, default_cycles: usize) {
             let placement = match kind {
                 PoolKind::HostPinned => Placement::HostPinned,
                 PoolKind::DeviceLocal => Placement::DeviceLocal,
-                // Each cycle writes once (a read-only buffer's fill) and then only reads.
+                // Each cycle fills the buffer at allocation and then only reads.
                 PoolKind::ReadOnly => Placement::ReadOnly,
                 PoolKind::Host => continue,
             };
