@@ -502,12 +502,22 @@ impl<B: Backend> Pool<B> {
         }
         let handle = match state.take_cached(arena, size) {
             Some(alloc) => state.record_alloc(arena, &alloc, bytes, true),
-            None => {
-                // The pool has nothing cached that fits: coalesce this slot's blocks of the arena before the
-                // pool grows, so that thread caches never make the pool reserve more.
+            None if !large => {
+                // The pool has nothing cached that fits: coalesce this slot's small blocks before the pool grows,
+                // so that thread caches never make the pool reserve more.
                 cache.drain_arena(arena as u32, |r| state.take_back(r, true));
                 self.allocate_locked(&mut state, bytes, stream)?
             }
+            // Large blocks are cached only by threads that contend, for whom a cache emptied at every miss would
+            // be no cache: the pool grows instead, by at most the cache's bound, and gets the blocks back when it
+            // runs out of memory.
+            None => match self.allocate_locked(&mut state, bytes, stream) {
+                Err(Error::OutOfMemory { .. }) if cache.holds_any() => {
+                    cache.drain(|r| state.take_back(r, true));
+                    self.allocate_locked(&mut state, bytes, stream)?
+                }
+                other => other?,
+            },
         };
         // Lent from the slot: parked in the engine, so that only the slot's ticket frees it.
         let parked = state.arenas[arena].engine.park(handle.block).expect("allocated just now");

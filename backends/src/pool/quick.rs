@@ -125,14 +125,7 @@ impl QuickCache {
             word += 1;
             bits = *self.occupied.get(word)?;
         }
-        let class = word * 64 + bits.trailing_zeros() as usize;
-        let list = &mut self.classes[class];
-        let block = list.pop().expect("occupied classes hold blocks");
-        if list.is_empty() {
-            self.occupied[class / 64] &= !(1 << (class % 64));
-        }
-        self.len -= 1;
-        Some(block)
+        Some(self.pop_class(word * 64 + bits.trailing_zeros() as usize))
     }
 
     /// The most recently freed block of the largest class held, if any. O(classes / 64).
@@ -141,14 +134,18 @@ impl QuickCache {
             return None;
         }
         let word = self.occupied.iter().rposition(|&bits| bits != 0)?;
-        let class = word * 64 + 63 - self.occupied[word].leading_zeros() as usize;
+        Some(self.pop_class(word * 64 + 63 - self.occupied[word].leading_zeros() as usize))
+    }
+
+    /// The most recently freed block of `class`, which holds blocks.
+    fn pop_class(&mut self, class: usize) -> QuickBlock {
         let list = &mut self.classes[class];
         let block = list.pop().expect("occupied classes hold blocks");
         if list.is_empty() {
             self.occupied[class / 64] &= !(1 << (class % 64));
         }
         self.len -= 1;
-        Some(block)
+        block
     }
 
     /// Takes every block out, handing each to `take`. O(blocks + classes / 64), without allocating.

@@ -289,6 +289,11 @@ impl ThreadCache {
         cache.bytes = 0;
     }
 
+    /// Whether the slot holds any free block.
+    pub(super) fn holds_any(&self) -> bool {
+        self.bytes > 0
+    }
+
     /// Takes every free block out, handing each to `out`.
     pub(super) fn drain(&mut self, mut out: impl FnMut(Returned)) {
         for cache in &mut self.arenas {
