@@ -513,6 +513,9 @@ impl<B: Backend> Pool<B> {
             // runs out of memory.
             None => match self.allocate_locked(&mut state, bytes, stream) {
                 Err(Error::OutOfMemory { .. }) if cache.holds_any() => {
+                    // This thread's own cached blocks were out of the pool's reach (its slot is held here): give
+                    // them back and try once more. The failure just counted was not the last word.
+                    state.stats.num_ooms -= 1;
                     cache.drain(|r| state.take_back(r, true));
                     self.allocate_locked(&mut state, bytes, stream)?
                 }

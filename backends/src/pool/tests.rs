@@ -995,3 +995,39 @@ fn large_blocks_are_cached_only_by_threads_that_met_contention() {
     let s = pool.stats();
     assert_eq!((s.allocated_bytes.current, s.num_allocs, s.num_frees), (0, 5, 5));
 }
+
+#[test]
+fn a_contending_thread_keeps_large_blocks_through_misses_and_gives_them_back_when_memory_runs_out() {
+    let pool = Arc::new(sim_pool(SegmentMode::Plain, Some(Limit::Bytes(64 * MIB))));
+    let held = pool.state().lock();
+    let worker = {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || {
+            // Waits for the lock: from now on this thread caches large blocks.
+            let first = pool.allocate(8 * MIB, S0).unwrap();
+            pool.free(&first).unwrap();
+            let blocks: Vec<_> = (0..3).map(|_| pool.allocate(16 * MIB, S0).unwrap()).collect();
+            for b in &blocks {
+                pool.free(b).unwrap();
+            }
+            let cached = thread_cached_bytes(&pool);
+            // A miss of another size does not empty the cache while memory lasts...
+            let other = pool.allocate(4 * MIB, S0).unwrap();
+            let kept = thread_cached_bytes(&pool);
+            pool.free(&other).unwrap();
+            // ...and when it runs out, the thread's own cached blocks go back and the request succeeds.
+            let big = pool.allocate(40 * MIB, S0).expect("the thread's cached blocks make room");
+            pool.free(&big).unwrap();
+            (cached, kept)
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    drop(held);
+    let (cached, kept) = worker.join().unwrap();
+    assert_eq!(cached, 48 * MIB, "three 16 MiB blocks cached");
+    assert!(kept >= 48 * MIB, "the miss kept them");
+    let s = pool.stats();
+    assert_eq!(s.num_ooms, 0, "the allocation succeeded in the end");
+    assert!(s.reserved_bytes.peak <= 64 * MIB);
+    assert_eq!(s.allocated_bytes.current, 0);
+}
