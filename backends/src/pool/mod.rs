@@ -377,29 +377,31 @@ impl<B: Backend> Pool<B> {
             return self.allocate_uncached(bytes, stream);
         };
         let slot = &self.shared.slots[index as usize];
-        let align = self.backend.alignment();
-        let size = bytes.wrapping_add(align - 1) & !(align - 1);
+        let size = self.rounded(bytes);
         let Some(large) = self.cached_class(slot, bytes, size) else {
-            // Not for the cache: straight to the pool, through the slot only if its statistics need folding.
-            return if slot.is_dirty() {
-                self.allocate_through_pool(slot.lock(), index, thread, bytes, stream)
-            } else {
-                self.allocate_uncached_from(slot, bytes, stream)
-            };
+            return self.allocate_uncached_from(slot, bytes, stream);
         };
         let mut cache = slot.lock();
         if let Some((arena, block, lent)) = cache.take(stream, large, size, bytes, index) {
             slot.dirty.store(true, Ordering::Relaxed);
             return Ok(self.lent_handle(arena, block, bytes, lent));
         }
-        self.allocate_through_pool(cache, index, thread, bytes, stream)
+        self.allocate_through_pool(cache, index, thread, bytes, size, large, stream)
     }
 
-    /// An allocation the calling thread's cache does not serve and whose slot has nothing to fold.
+    /// An allocation the calling thread's cache (`slot`) does not serve: straight to the pool.
     #[inline(never)]
     fn allocate_uncached_from(&self, slot: &Slot, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
-        let mut state = self.lock_state_from(slot);
+        let mut state = self.lock_state_folding(slot);
         self.allocate_locked(&mut state, bytes, stream)
+    }
+
+    /// `bytes` rounded up to the backend's alignment (wrapping: an overflow is caught where it matters, as a size
+    /// below the request).
+    #[inline(always)]
+    fn rounded(&self, bytes: u64) -> u64 {
+        let align = self.backend.alignment();
+        bytes.wrapping_add(align - 1) & !(align - 1)
     }
 
     /// For a request of `bytes` (`size` rounded) that `cache` serves, whether it is large; `None` for one it
@@ -427,6 +429,20 @@ impl<B: Backend> Pool<B> {
             slot.large.store(true, Ordering::Relaxed);
         }
         self.state().lock()
+    }
+
+    /// The pool's lock for an operation of `slot`'s thread that does not go through its cache, with the slot's
+    /// statistics folded first when they changed, so that a thread working alone keeps the books exact; a slot
+    /// with nothing to fold is not locked at all.
+    #[inline(always)]
+    fn lock_state_folding(&self, slot: &Slot) -> MutexGuard<'_, State<B::Segment>> {
+        if !slot.is_dirty() {
+            return self.lock_state_from(slot);
+        }
+        let mut cache = slot.lock();
+        let mut state = self.lock_state_from(slot);
+        slot.fold(&mut cache, &mut state.stats);
+        state
     }
 
     /// An allocation without thread caches (off, or the thread is exiting): straight through the pool. Kept out
@@ -463,32 +479,27 @@ impl<B: Backend> Pool<B> {
         }
     }
 
-    /// An allocation the thread's cache cannot serve, under the pool's lock: a small block from the pool's
-    /// cached blocks (then from this slot's own, coalesced, then new memory), lent from the slot; a large block
-    /// straight from the pool. Folds the slot's statistics first, so that a thread working alone keeps the
-    /// pool's books exact at every pool operation.
+    /// A miss of the thread's cache for a block of its classes (`size` rounded, `large` or small), under the
+    /// pool's lock: a block from the pool's cached blocks (for a small one, then from this slot's own,
+    /// coalesced), else new memory, lent from the slot. Folds the slot's statistics first, so that a thread
+    /// working alone keeps the pool's books exact at every pool operation.
     #[cold]
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     fn allocate_through_pool(
         &self,
         mut cache: SlotGuard<'_, ThreadCache>,
         slot: u32,
         thread: ThreadSlot,
         bytes: u64,
+        size: u64,
+        large: bool,
         stream: StreamId,
     ) -> Result<BlockHandle> {
         cache.register(thread, || self.exit_hook());
         let lender = &self.shared.slots[slot as usize];
         let mut state = self.lock_state_from(lender);
         lender.fold(&mut cache, &mut state.stats);
-        let align = self.backend.alignment();
-        let size = bytes.wrapping_add(align - 1) & !(align - 1);
-        let Some(large) = self.cached_class(lender, bytes, size) else {
-            // Blocks too large to cache and bad requests go through the pool; its out-of-memory retry may want
-            // this slot.
-            drop(cache);
-            return self.allocate_locked(&mut state, bytes, stream);
-        };
         let class = if large { ArenaClass::Large } else { ArenaClass::Small };
         let arena = self.arena_for(&mut state, stream, class)?;
         let (ceiling, max_bytes) = if large {
@@ -531,8 +542,7 @@ impl<B: Backend> Pool<B> {
 
     /// What a thread's exit drains its slot into.
     fn exit_hook(&self) -> Weak<dyn DrainOnExit> {
-        let weak: Weak<dyn DrainOnExit> = Arc::downgrade(&self.shared) as Weak<dyn DrainOnExit>;
-        weak
+        Arc::downgrade(&self.shared) as Weak<dyn DrainOnExit>
     }
 
     /// Hands every slot's free blocks and statistics to the pool: one slot at a time, each under its own lock
@@ -545,13 +555,9 @@ impl<B: Backend> Pool<B> {
             if cleanup {
                 slot.large.store(false, Ordering::Relaxed);
             }
-            if cache.is_idle() {
-                continue;
+            if !cache.is_idle() {
+                self.state().lock().absorb(slot, &mut cache);
             }
-            let mut state = self.state().lock();
-            slot.fold(&mut cache, &mut state.stats);
-            cache.drain(|r| state.take_back(r, false));
-            state.update_split();
         }
     }
 
@@ -619,8 +625,7 @@ impl<B: Backend> Pool<B> {
     /// common case), else go the slow way (new memory, retry, errors). O(1) on a hit.
     #[inline(always)]
     fn allocate_locked(&self, state: &mut State<B::Segment>, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
-        let align = self.backend.alignment();
-        let size = bytes.wrapping_add(align - 1) & !(align - 1);
+        let size = self.rounded(bytes);
         // Zero, overflow while rounding, and sizes past the backend's maximum all land in the slow path.
         if bytes == 0 || size < bytes || size > self.max_block || self.config.strategy != Strategy::Pooled {
             return self.allocate_slow(state, bytes, stream, false);
@@ -955,20 +960,9 @@ impl<B: Backend> Pool<B> {
     /// cached path stays small.
     #[inline(never)]
     fn free_through_pool(&self, block: &BlockHandle) -> Result<()> {
-        let unknown = || Error::UnknownBlock(format!("{block:?} in pool {}", self.backend.name()));
+        let unknown = || self.unknown_block(block);
         let mut state = match self.thread_slot() {
-            // Fold the thread's slot first when it holds changes (see `allocate_through_pool`).
-            Some((index, _)) => {
-                let slot = &self.shared.slots[index as usize];
-                if slot.is_dirty() {
-                    let mut cache = slot.lock();
-                    let mut state = self.lock_state_from(slot);
-                    slot.fold(&mut cache, &mut state.stats);
-                    state
-                } else {
-                    self.lock_state_from(slot)
-                }
-            }
+            Some((index, _)) => self.lock_state_folding(&self.shared.slots[index as usize]),
             None => self.state().lock(),
         };
         // Another pool's arena numbers wrap to far beyond this pool's arenas.
@@ -1003,19 +997,17 @@ impl<B: Backend> Pool<B> {
     /// cache's bounds, a batch goes back to the pool under one lock acquisition.
     #[inline(always)]
     fn free_lent(&self, block: &BlockHandle, lent: Lent) -> Result<()> {
-        let arena = block.arena.wrapping_sub(self.arena_base);
-        let Some(slot) = self.shared.slots.get(lent.slot as usize).filter(|_| arena < 1 << ARENA_BITS) else {
+        let Some((slot, arena, freed)) = self.lender(block, lent) else {
             return Err(self.unknown_block(block));
         };
-        let freed = QuickBlock { block: block.block, segment: block.segment, offset: block.offset, size: block.size };
         let mut cache = slot.lock();
-        match cache.give_back(lent, arena as u32, freed, block.requested) {
+        match cache.give_back(lent, arena, freed, block.requested) {
             Ok(None) => {
                 slot.dirty.store(true, Ordering::Relaxed);
                 Ok(())
             }
             Ok(Some(overflow)) => {
-                self.return_overflow(slot, cache, arena as u32, overflow);
+                self.return_overflow(slot, cache, arena, overflow);
                 Ok(())
             }
             Err(()) => Err(self.unknown_block(block)),
@@ -1069,8 +1061,7 @@ impl<B: Backend> Pool<B> {
         // waiting for it here, under the pool's lock, would break the lock order.
         for slot in self.shared.slots.iter() {
             if let Some(mut cache) = slot.cache.try_lock() {
-                slot.fold(&mut cache, &mut state.stats);
-                cache.drain(|r| state.take_back(r, false));
+                state.absorb(slot, &mut cache);
             }
         }
         for arena in 0..state.arenas.len() {
@@ -1251,10 +1242,19 @@ impl<B: Backend> Pool<B> {
     /// (`None` if not); for any other block a lock of nothing. While the guard lives the block cannot be freed.
     fn lock_lender(&self, block: &BlockHandle) -> Option<Option<SlotGuard<'_, ThreadCache>>> {
         let Some(lent) = block.lent else { return Some(None) };
+        let (slot, arena, parked) = self.lender(block, lent)?;
+        let cache = slot.lock();
+        cache.is_lent(lent, arena, &parked).then_some(Some(cache))
+    }
+
+    /// The slot `lent` names, the block's arena index and the block as the slot records it; `None` for a handle
+    /// whose slot or arena number is not this pool's (another pool's numbers wrap far past this one's arenas).
+    #[inline(always)]
+    fn lender(&self, block: &BlockHandle, lent: Lent) -> Option<(&Slot, u32, QuickBlock)> {
         let arena = block.arena.wrapping_sub(self.arena_base);
-        let cache = self.shared.slots.get(lent.slot as usize).filter(|_| arena < 1 << ARENA_BITS)?.lock();
+        let slot = self.shared.slots.get(lent.slot as usize).filter(|_| arena < 1 << ARENA_BITS)?;
         let parked = QuickBlock { block: block.block, segment: block.segment, offset: block.offset, size: block.size };
-        cache.is_lent(lent, arena as u32, &parked).then_some(Some(cache))
+        Some((slot, arena as u32, parked))
     }
 
     /// Runs `op` on the segment holding live `block` once `[offset, offset + len)` is checked to lie inside it.
@@ -1275,7 +1275,7 @@ impl<B: Backend> Pool<B> {
         if end > block.size {
             return Err(Error::OutOfBounds(format!("range {offset}..{end} outside a block of {} bytes", block.size)));
         }
-        let unknown = || Error::UnknownBlock(format!("{block:?} in pool {}", self.backend.name()));
+        let unknown = || self.unknown_block(block);
         let cache = self.lock_lender(block).ok_or_else(unknown)?;
         let state = self.state().lock();
         let segment = state.live_entry(block).ok_or_else(unknown)?;
@@ -1345,10 +1345,7 @@ impl<S: Send + 'static> DrainOnExit for Shared<S> {
     fn drain_slot(&self, slot: u32) {
         let Some(slot) = self.slots.get(slot as usize & (self.slots.len().max(1) - 1)) else { return };
         let mut cache = slot.lock();
-        let mut state = self.state.lock();
-        slot.fold(&mut cache, &mut state.stats);
-        cache.drain(|r| state.take_back(r, false));
-        state.update_split();
+        self.state.lock().absorb(slot, &mut cache);
     }
 }
 
@@ -1379,6 +1376,13 @@ impl<S> State<S> {
             }),
             None => a.engine.allocate(size),
         }
+    }
+
+    /// Takes everything `slot`'s cache holds: its statistics, folded, and its free blocks.
+    fn absorb(&mut self, slot: &Slot, cache: &mut ThreadCache) {
+        slot.fold(cache, &mut self.stats);
+        cache.drain(|r| self.take_back(r, false));
+        self.update_split();
     }
 
     /// Takes a free block back from a thread cache: into the arena's quick cache if it has room and
