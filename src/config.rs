@@ -2,7 +2,7 @@
 //!
 //! | variable | accepts | sets |
 //! |---|---|---|
-//! | `UMM_LIMIT` | bytes (`2GiB`, `1500MB`, `1048576`) or a fraction in (0, 1] (`0.8`) | every pool's cap on reserved bytes |
+//! | `UMM_LIMIT` | a size with a unit (`2GiB`, `1500MB`, `1048576B`) or a percentage of the device (`80%`); a bare number is refused | every pool's cap on reserved bytes |
 //! | `UMM_STRATEGY` | `pooled` or `direct` | caching (pooled) or one segment per block (direct, for debugging) |
 //! | `UMM_SEGMENT_MODE` | `auto`, `plain` or `virtual` | virtual reservations for large blocks where supported |
 //! | `UMM_SMALL_SEGMENT`, `UMM_LARGE_SEGMENT` | bytes | segment sizes of the small and large classes |
@@ -77,7 +77,7 @@ impl UmmConfig {
             self.pool.limit = Some(parse_limit(&v).map_err(|_| Error::InvalidEnv {
                 var: "UMM_LIMIT",
                 value: v,
-                expected: "a byte count (2GiB, 1500MB, 1048576) or a fraction in (0, 1]",
+                expected: Limit::ACCEPTED,
             })?);
         }
         if let Some(v) = lookup("UMM_STRATEGY") {
@@ -210,6 +210,11 @@ impl UmmConfig {
 
     /// Checks the values against each other.
     pub fn validate(&self) -> Result<()> {
+        if self.simulated_devices.contains(&0) {
+            return Err(Error::InvalidConfig(
+                "a simulated device of 0 bytes holds nothing: give a capacity above zero".into(),
+            ));
+        }
         self.decision.validate()?;
         self.pool.validate()?;
         Ok(())
@@ -218,24 +223,17 @@ impl UmmConfig {
 
 pub use umm_backends::parse_size;
 
-/// Parses a pool limit: a size as [`parse_size`] reads it, or a fraction of the device's capacity in `(0, 1]`
-/// written with a decimal point and no unit (`0.9`).
+/// Parses a pool limit: a size with a unit (`2GiB`, `1048576B`) or a percentage of the device's capacity
+/// (`90%`). A bare number is refused, since it could be bytes or a fraction; see [`Limit::parse`].
 pub fn parse_limit(text: &str) -> Result<Limit, String> {
-    let t = text.trim();
-    if t.contains('.') && t.chars().all(|c| c.is_ascii_digit() || c == '.') {
-        let fraction: f64 = t.parse().map_err(|_| format!("`{t}` is not a number"))?;
-        if fraction > 0.0 && fraction <= 1.0 {
-            return Ok(Limit::Fraction(fraction));
-        }
-        return Err(format!(
-            "`{t}` is a fraction outside (0, 1]: give a fraction of the device's capacity such as 0.9, \
-             or a size such as 2GiB"
-        ));
-    }
-    let bytes = parse_size(t).map_err(|e| format!("{e}; or a fraction of the device's capacity such as 0.9"))?;
-    match bytes {
-        0 => Err("a limit of zero bytes allows nothing: give a size such as 2GiB or a fraction such as 0.9".into()),
-        bytes => Ok(Limit::Bytes(bytes)),
+    Limit::parse(text)
+}
+
+/// Parses a device capacity (`--capacity`, `--sim`): a size as [`parse_size`] reads it, above zero.
+pub fn parse_capacity(text: &str) -> Result<u64, String> {
+    match parse_size(text)? {
+        0 => Err(format!("a capacity of `{}` holds nothing: give a size above zero such as 80GiB", text.trim())),
+        bytes => Ok(bytes),
     }
 }
 
@@ -251,6 +249,23 @@ fn parse_bool(text: &str) -> Option<bool> {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    fn apply(var: &str, value: &str) -> Result<UmmConfig> {
+        let mut config = UmmConfig::default();
+        config.apply_vars(|k| (k == var).then(|| value.to_string()))?;
+        Ok(config)
+    }
+
+    #[test]
+    fn umm_limit_takes_a_unit_or_a_percentage_and_refuses_bare_numbers() {
+        assert_eq!(apply("UMM_LIMIT", "80%").unwrap().pool.limit, Some(Limit::Fraction(0.8)));
+        assert_eq!(apply("UMM_LIMIT", "1048576B").unwrap().pool.limit, Some(Limit::Bytes(1 << 20)));
+        for bare in ["1", "1.0", "0.8", "1048576"] {
+            let text = apply("UMM_LIMIT", bare).unwrap_err().to_string();
+            assert!(text.contains("UMM_LIMIT") && text.contains(bare), "{bare}: {text}");
+            assert!(text.contains("GiB") && text.contains("90%"), "{bare}: names both forms: {text}");
+        }
+    }
 
     #[test]
     fn env_values_apply_and_errors_name_the_variable() {

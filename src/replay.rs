@@ -149,6 +149,11 @@ pub fn replay_on(backend: &str, trace: &Trace, opts: ReplayOptions<'_>) -> Resul
     let sim_capacity = opts.sim_capacity.unwrap_or(SIM_CAPACITY);
     let pool_error =
         |source| ReplayError::Pool { trace: trace.name.clone(), backend: backend.into(), source: Box::new(source) };
+    if opts.sim_capacity == Some(0) || opts.host_capacity == Some(0) {
+        return Err(pool_error(umm_backends::Error::InvalidConfig(
+            "a device capacity of 0 bytes holds nothing: give a capacity above zero".into(),
+        )));
+    }
     match backend {
         "sim" => {
             let device = format!("simulated {} device with virtual memory (CUDA-like)", human_bytes(sim_capacity));
@@ -349,7 +354,7 @@ fn median(times: &mut [Duration]) -> Duration {
     }
 }
 
-pub use crate::config::{parse_limit, parse_size};
+pub use crate::config::{parse_capacity, parse_limit, parse_size};
 
 /// `bytes` in binary units with two decimals (`7.19 GiB`), or plain bytes below 1 KiB.
 pub fn human_bytes(bytes: u64) -> String {
@@ -386,13 +391,15 @@ mod tests {
     }
 
     #[test]
-    fn limits_are_sizes_or_fractions() {
-        assert_eq!(parse_limit("0.9"), Ok(Limit::Fraction(0.9)));
-        assert_eq!(parse_limit("1.0"), Ok(Limit::Fraction(1.0)));
+    fn limits_are_sizes_with_units_or_percentages() {
+        assert_eq!(parse_limit("90%"), Ok(Limit::Fraction(0.9)));
         assert_eq!(parse_limit("2GiB"), Ok(Limit::Bytes(2 << 30)));
-        assert!(parse_limit("1.5").is_err());
-        assert!(parse_limit("0.0").is_err());
-        assert!(parse_limit("0").is_err());
+        for bad in ["0.9", "1.0", "1", "1.5", "0%", "0", "0B"] {
+            assert!(parse_limit(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_capacity("1GiB"), Ok(1 << 30));
+        assert!(parse_capacity("0").unwrap_err().contains("above zero"));
+        assert!(parse_capacity("0GiB").is_err());
     }
 
     #[test]

@@ -178,6 +178,12 @@ fn a_limit_below_the_request_is_out_of_memory_with_numbers() {
     assert!(mm.global_memory_stats().total.num_ooms == 1);
 }
 
+#[test]
+fn a_simulated_device_of_zero_bytes_is_refused() {
+    let err = UniversalMemoryManager::builder().backends(false, false, false).simulated_device(0).build().unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig(_)) && err.to_string().contains("above zero"), "{err}");
+}
+
 fn with_sims(capacities: &[u64]) -> UniversalMemoryManager {
     let mut b = UniversalMemoryManager::builder().backends(false, false, false);
     for &c in capacities {

@@ -111,7 +111,7 @@ fn limits_are_applied_and_ooms_reported() {
     assert!(report["ooms"].as_u64().unwrap() > 0, "blocks up to 3.5 MiB, three live, cannot fit 4 MiB: {report}");
     assert!(report["peak_reserved_bytes"].as_u64().unwrap() <= 4 << 20);
 
-    let output = umm(&["replay", "--json", "--limit", "0.5", "--capacity", "1GiB", path.to_str().unwrap()]);
+    let output = umm(&["replay", "--json", "--limit", "50%", "--capacity", "1GiB", path.to_str().unwrap()]);
     assert!(output.status.success(), "{}", text(&output.stderr));
     assert_eq!(json_lines(&output)[0]["limit_bytes"], 512 << 20);
 }
@@ -119,14 +119,45 @@ fn limits_are_applied_and_ooms_reported() {
 #[test]
 fn bad_limits_name_the_flag_and_what_it_accepts() {
     let path = small_trace("bad_limit");
-    for bad in ["2XB", "lots", "1.5", "0", "-3GiB", ""] {
+    for bad in ["2XB", "lots", "1.5", "0", "-3GiB", "", "0.5", "150%"] {
         let flag = format!("--limit={bad}");
         let stderr = failure(&umm(&["replay", &flag, path.to_str().unwrap()]));
         assert!(stderr.contains("--limit"), "{bad}: {stderr}");
-        assert!(stderr.contains("GiB") || stderr.contains("fraction"), "{bad}: says what it accepts: {stderr}");
+        assert!(stderr.contains("GiB") && stderr.contains("90%"), "{bad}: names both accepted forms: {stderr}");
     }
     let stderr = failure(&umm(&["replay", "--repeat", "many", path.to_str().unwrap()]));
     assert!(stderr.contains("--repeat"), "{stderr}");
+}
+
+#[test]
+fn a_bare_number_is_refused_as_a_limit_since_it_could_be_bytes_or_a_fraction() {
+    let path = small_trace("bare_limit");
+    for (bare, bytes, percent) in [("1", "1B", "100%"), ("1.0", "", "100%"), ("4194304", "4194304B", "")] {
+        let stderr = failure(&umm(&["replay", "--limit", bare, path.to_str().unwrap()]));
+        assert!(stderr.contains("no unit"), "{bare}: {stderr}");
+        assert!(stderr.contains(bytes) && stderr.contains(percent), "{bare}: spells out both readings: {stderr}");
+    }
+    let output = umm(&["replay", "--json", "--limit", "4194304B", path.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert_eq!(json_lines(&output)[0]["limit_bytes"], 4 << 20);
+    let output = umm(&["replay", "--json", "--limit", "100%", "--capacity", "1GiB", path.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert_eq!(json_lines(&output)[0]["limit_bytes"], 1 << 30);
+}
+
+#[test]
+fn a_capacity_of_zero_is_refused() {
+    let path = small_trace("zero_capacity");
+    for command in [&["replay", "--capacity", "0"][..], &["replay", "--backend", "host", "--capacity", "0GiB"]] {
+        let mut args = command.to_vec();
+        args.push(path.to_str().unwrap());
+        let stderr = failure(&umm(&args));
+        assert!(stderr.contains("--capacity") && stderr.contains("above zero"), "{args:?}: {stderr}");
+    }
+    let stderr = failure(&umm(&["snapshot", "--capacity", "0", path.to_str().unwrap()]));
+    assert!(stderr.contains("--capacity") && stderr.contains("above zero"), "{stderr}");
+    let stderr = failure(&umm(&["devices", "--sim", "0"]));
+    assert!(stderr.contains("--sim") && stderr.contains("above zero"), "{stderr}");
 }
 
 #[test]

@@ -39,7 +39,7 @@ struct DevicesArgs {
     #[arg(long)]
     json: bool,
     /// Add a simulated device of this capacity (repeatable), as UMM's tests and replays do.
-    #[arg(long = "sim", value_parser = replay::parse_size)]
+    #[arg(long = "sim", value_parser = replay::parse_capacity)]
     simulated: Vec<u64>,
 }
 
@@ -51,9 +51,10 @@ struct SnapshotArgs {
     #[arg(short, long, default_value = "snapshot.json")]
     output: PathBuf,
     /// Capacity of the simulated device (default 80GiB, an H100).
-    #[arg(long, value_parser = replay::parse_size)]
+    #[arg(long, value_parser = replay::parse_capacity)]
     capacity: Option<u64>,
-    /// Cap on the pool's reserved memory: a size or a fraction of the device.
+    /// Cap on the pool's reserved memory: a size with a unit (2GiB, 1.5GB, 1048576B) or a percentage of the
+    /// device (90%).
     #[arg(long, value_parser = replay::parse_limit)]
     limit: Option<Limit>,
     /// When to take the snapshot: `end` (after the last op) or `peak` (when live bytes first reach the peak).
@@ -86,7 +87,8 @@ struct ReplayArgs {
     /// device found; UMM_REPLAY_DEVICE=N picks another).
     #[arg(long, default_value = "sim")]
     backend: String,
-    /// Cap on the pool's reserved memory: a size (2GiB, 1.5GB, 1048576) or a fraction of the device (0.9).
+    /// Cap on the pool's reserved memory: a size with a unit (2GiB, 1.5GB, 1048576B) or a percentage of the
+    /// device (90%).
     #[arg(long, value_parser = replay::parse_limit)]
     limit: Option<Limit>,
     /// Warm replays after the cold one; ns/op warm is their median.
@@ -94,7 +96,7 @@ struct ReplayArgs {
     repeat: usize,
     /// Device capacity, as a size: for sim and sim-plain (default 80GiB, an H100), and for host (default the
     /// memory available now, MemAvailable).
-    #[arg(long, value_parser = replay::parse_size)]
+    #[arg(long, value_parser = replay::parse_capacity)]
     capacity: Option<u64>,
     /// Print one JSON object per trace (one per line) instead of a table.
     #[arg(long)]

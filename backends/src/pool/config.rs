@@ -13,6 +13,65 @@ pub enum Limit {
 }
 
 impl Limit {
+    /// The two forms [`Limit::parse`] accepts, in words, for error messages.
+    pub const ACCEPTED: &'static str =
+        "a size with a unit (2GiB, 1500MB, 1048576B) or a percentage of the device's capacity (90%)";
+
+    /// Parses a limit as users write it: a size with a unit (`2GiB`, `1.5GB`, `1048576B`, as [`parse_size`]
+    /// reads it) for [`Limit::Bytes`], or a percentage in `(0, 100]` (`90%`, `12.5%`) for [`Limit::Fraction`].
+    ///
+    /// A bare number is refused: `1` could mean one byte or the whole device (a fraction of 1), and a limit
+    /// read the wrong way either starves every allocation or removes the cap, with nothing to say so. The
+    /// error names both forms, with the number rewritten in each where that makes sense (`1B`, `100%`).
+    /// Zero bytes is refused too: it allows nothing.
+    pub fn parse(text: &str) -> Result<Limit, String> {
+        let t = text.trim();
+        if t.is_empty() {
+            return Err(format!("no limit given: expected {}", Self::ACCEPTED));
+        }
+        if let Some(number) = t.strip_suffix('%') {
+            let percent = number.trim().parse::<f64>().ok().filter(|p| p.is_finite());
+            return match percent {
+                Some(p) if p > 0.0 && p <= 100.0 => Ok(Limit::Fraction(p / 100.0)),
+                Some(_) => Err(format!("`{t}` is outside (0%, 100%]: expected {}", Self::ACCEPTED)),
+                None => Err(format!("`{t}` is not a percentage: expected {}", Self::ACCEPTED)),
+            };
+        }
+        if t.chars().all(|c| c.is_ascii_digit() || c == '.') {
+            let mut readings = Vec::new();
+            if t.chars().all(|c| c.is_ascii_digit()) {
+                match t.trim_start_matches('0') {
+                    "" => {}
+                    "1" => readings.push("1B for one byte".to_string()),
+                    _ => readings.push(format!("{t}B for {t} bytes")),
+                }
+            }
+            if let Some(f) = t.parse::<f64>().ok().filter(|f| *f > 0.0 && *f <= 1.0) {
+                readings.push(if f == 1.0 {
+                    "100% for the whole device".to_string()
+                } else {
+                    format!("{} for that share of the device", percent_text(f))
+                });
+            }
+            let write = if readings.is_empty() { String::new() } else { format!("write {}; ", readings.join(" or ")) };
+            return Err(format!(
+                "`{t}` has no unit, so it could be read as bytes or as a fraction of the device: {write}a limit is {}",
+                Self::ACCEPTED
+            ));
+        }
+        let bytes = parse_size(t).map_err(|e| {
+            if e.contains("64 bits") {
+                e
+            } else {
+                format!("`{t}` is neither a size with a unit nor a percentage: expected {}", Self::ACCEPTED)
+            }
+        })?;
+        match bytes {
+            0 => Err(format!("a limit of zero bytes allows nothing: expected {}", Self::ACCEPTED)),
+            bytes => Ok(Limit::Bytes(bytes)),
+        }
+    }
+
     /// The limit in bytes for a device of `capacity` bytes.
     pub fn resolve(self, capacity: u64) -> Result<u64> {
         match self {
@@ -22,6 +81,32 @@ impl Limit {
             Limit::Fraction(f) => Err(Error::InvalidConfig(format!("a limit fraction must be in (0, 1], got {f}"))),
         }
     }
+}
+
+impl std::str::FromStr for Limit {
+    type Err = String;
+
+    /// [`Limit::parse`].
+    fn from_str(text: &str) -> Result<Self, String> {
+        Limit::parse(text)
+    }
+}
+
+impl std::fmt::Display for Limit {
+    /// The form [`Limit::parse`] reads back: `1048576B` or `90%`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Limit::Bytes(b) => write!(f, "{b}B"),
+            Limit::Fraction(x) => f.write_str(&percent_text(*x)),
+        }
+    }
+}
+
+/// `fraction` as a percentage with at most six decimals and no trailing zeros (`0.9` → `90%`).
+fn percent_text(fraction: f64) -> String {
+    let text = format!("{:.6}", fraction * 100.0);
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    format!("{text}%")
 }
 
 /// How a pool gets memory for a request.

@@ -1031,3 +1031,29 @@ fn a_contending_thread_keeps_large_blocks_through_misses_and_gives_them_back_whe
     assert!(s.reserved_bytes.peak <= 64 * MIB);
     assert_eq!(s.allocated_bytes.current, 0);
 }
+
+#[test]
+fn limits_need_a_unit_or_a_percent_sign() {
+    assert_eq!(Limit::parse("90%"), Ok(Limit::Fraction(0.9)));
+    assert_eq!(Limit::parse(" 12.5 %"), Ok(Limit::Fraction(0.125)));
+    assert_eq!(Limit::parse("100%"), Ok(Limit::Fraction(1.0)));
+    assert_eq!(Limit::parse("2GiB"), Ok(Limit::Bytes(2 << 30)));
+    assert_eq!(Limit::parse("1B"), Ok(Limit::Bytes(1)));
+    assert_eq!("1048576B".parse::<Limit>(), Ok(Limit::Bytes(1 << 20)));
+    for limit in [Limit::Bytes(12345), Limit::Fraction(0.9), Limit::Fraction(0.125)] {
+        assert_eq!(Limit::parse(&limit.to_string()), Ok(limit), "{limit} reads back");
+    }
+    // A bare number is refused with both readings spelt out.
+    let err = Limit::parse("1").unwrap_err();
+    assert!(err.contains("1B") && err.contains("100%") && err.contains("no unit"), "{err}");
+    let err = Limit::parse("1.0").unwrap_err();
+    assert!(err.contains("100%") && err.contains("GiB"), "{err}");
+    let err = Limit::parse("0.5").unwrap_err();
+    assert!(err.contains("50%") && !err.contains("0.5B"), "{err}");
+    let err = Limit::parse("1048576").unwrap_err();
+    assert!(err.contains("1048576B") && err.contains('%'), "{err}");
+    for bad in ["0%", "150%", "-5%", "x%", "%", "", "0B", "0GiB", "lots", "-3GiB", "2XB"] {
+        let err = Limit::parse(bad).unwrap_err();
+        assert!(err.contains("GiB") && err.contains('%'), "{bad:?}: names both forms: {err}");
+    }
+}
