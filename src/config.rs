@@ -5,21 +5,28 @@
 //! | `UMM_LIMIT` | a size with a unit (`2GiB`, `1500MB`, `1048576B`) or a percentage of the device (`80%`); a bare number is refused | every pool's cap on reserved bytes |
 //! | `UMM_STRATEGY` | `pooled` or `direct` | caching (pooled) or one segment per block (direct, for debugging) |
 //! | `UMM_SEGMENT_MODE` | `auto`, `plain` or `virtual` | virtual reservations for large blocks where supported |
-//! | `UMM_SMALL_SEGMENT`, `UMM_LARGE_SEGMENT` | bytes | segment sizes of the small and large classes |
+//! | `UMM_SMALL_SEGMENT`, `UMM_LARGE_SEGMENT` | bytes, at least 1 MiB and 2 MiB | segment sizes of the small and large classes |
 //! | `UMM_SMALL_MAX`, `UMM_MEDIUM_MAX` | bytes | size-class thresholds of the decision table |
 //! | `UMM_PRESSURE` | a fraction in [0, 1] | used share of a device above which Auto avoids it |
 //! | `UMM_ZERO`, `UMM_POISON` | `0`/`1`, `true`/`false`, `on`/`off` | zero every allocation; poison every freed block |
-//! | `UMM_BACKENDS` | a comma list of `cuda`, `opencl`, `wgpu` (or `none`) | which APIs discovery probes |
+//! | `UMM_BACKENDS` | a comma list of `cuda`, `opencl`, `wgpu` (or `none`; not empty) | which APIs discovery probes |
 //! | `UMM_MAPPED_SLACK` | a fraction >= 0 or `off` | how far reserved may exceed live memory in virtual reservations before free pages are unmapped (default 0.03) |
 //! | `UMM_PAGE_SIZE` | bytes, a power of two (`8MiB`) | page size of virtual reservations (default the device's own, 2 MiB on CUDA): larger pages map and unmap with fewer driver calls, at some memory |
 //! | `UMM_THREAD_CACHE`, `UMM_THREAD_CACHE_LARGE` | bytes, `0` for off | most bytes of free small (large) blocks one thread's cache keeps per stream (default 32 MiB and 1 GiB; large blocks only once threads contend, up to a sixteenth of the bound each) |
 //! | `UMM_CLEANUP_IDLE_ROUNDS` | an integer | cleanups a cached segment must sit idle before `cleanup()` frees it |
 //! | `UMM_PROFILE` | `0`/`1`, `true`/`false`, `on`/`off` | record allocation, free and segment events from the start |
 //! | `UMM_PROFILE_CAPACITY` | an integer | events the profiler's ring keeps (default 100000) |
+//! | `UMM_LEAK_WARNING` | `0`/`1`, `true`/`false`, `on`/`off` | warn when a manager is dropped while buffers are alive (default on) |
 //! | `UMM_TRACE` | a file path (`{pid}` is replaced by the process id; `.gz` compresses) | write every allocation and free as an `umm-trace v1` file |
 //!
-//! `UMM_PROFILE`, `UMM_PROFILE_CAPACITY` and `UMM_TRACE` are read by every [`crate::Builder`], even without
-//! `from_env`, so that any program using the library can be profiled or traced without changing it.
+//! `UMM_PROFILE`, `UMM_PROFILE_CAPACITY`, `UMM_TRACE` and `UMM_LEAK_WARNING` are read by every
+//! [`crate::Builder`], even without `from_env`, so that any program using the library can be profiled or traced
+//! without changing it.
+//!
+//! Every invalid value is an error naming the variable and its value. `UMM_SMALL_SEGMENT` must be at least the
+//! largest small request (1 MiB) and `UMM_LARGE_SEGMENT` at least twice that (2 MiB); an empty `UMM_BACKENDS` is
+//! refused (`none` turns every accelerator API off). A variable named `UMM_...` that umm does not read draws a
+//! warning, once per process, naming the closest known variable ([`warn_unknown_env_vars`]).
 
 use crate::profiler::ProfilerConfig;
 use crate::{Error, Result};
@@ -65,59 +72,44 @@ impl Default for UmmConfig {
 }
 
 impl UmmConfig {
-    /// Applies every `UMM_*` variable that is set. An invalid value is an error naming the variable and what it
-    /// accepts.
+    /// Applies every `UMM_*` variable that is set. An invalid value is an error naming the variable, its value
+    /// and what it accepts. Also warns, once per process, about `UMM_*` variables that umm does not read
+    /// ([`warn_unknown_env_vars`]).
     pub fn apply_env(&mut self) -> Result<()> {
-        self.apply_vars(|name| std::env::var(name).ok())
+        warn_unknown_env_vars();
+        self.apply_vars(env_var)
     }
 
-    /// Applies variables from `lookup` (the environment, or a map in tests).
+    /// Applies variables from `lookup` (the environment, or a map in tests). An error names the variable and its
+    /// value; where the values are each valid but do not fit together (`UMM_SMALL_MAX` above `UMM_MEDIUM_MAX`),
+    /// it names the variable that breaks the rule and the value it conflicts with.
     pub fn apply_vars(&mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<()> {
+        let seen = std::cell::RefCell::new(Vec::<String>::new());
+        let lookup = |name: &str| {
+            let value = lookup(name);
+            if let Some(v) = &value {
+                seen.borrow_mut().push(format!("{name}={v:?}"));
+            }
+            value
+        };
         if let Some(v) = lookup("UMM_LIMIT") {
-            self.pool.limit = Some(parse_limit(&v).map_err(|_| Error::InvalidEnv {
-                var: "UMM_LIMIT",
-                value: v,
-                expected: Limit::ACCEPTED,
-            })?);
+            self.pool.limit = Some(parse_limit(&v).map_err(|_| invalid("UMM_LIMIT", v, Limit::ACCEPTED))?);
         }
         if let Some(v) = lookup("UMM_STRATEGY") {
-            self.pool.strategy = v.parse::<Strategy>().map_err(|_| Error::InvalidEnv {
-                var: "UMM_STRATEGY",
-                value: v,
-                expected: "pooled or direct",
-            })?;
+            self.pool.strategy = v.parse::<Strategy>().map_err(|_| invalid("UMM_STRATEGY", v, "pooled or direct"))?;
         }
         if let Some(v) = lookup("UMM_SEGMENT_MODE") {
-            self.pool.segment_mode = v.parse::<SegmentMode>().map_err(|_| Error::InvalidEnv {
-                var: "UMM_SEGMENT_MODE",
-                value: v,
-                expected: "auto, plain or virtual",
-            })?;
+            self.pool.segment_mode =
+                v.parse::<SegmentMode>().map_err(|_| invalid("UMM_SEGMENT_MODE", v, "auto, plain or virtual"))?;
         }
-        for (var, field) in [
-            ("UMM_SMALL_SEGMENT", &mut self.pool.small_segment_size),
-            ("UMM_LARGE_SEGMENT", &mut self.pool.large_segment_size),
-            ("UMM_SMALL_MAX", &mut self.decision.thresholds.small_max),
-            ("UMM_MEDIUM_MAX", &mut self.decision.thresholds.medium_max),
-        ] {
-            if let Some(v) = lookup(var) {
-                *field = parse_size(&v).ok().filter(|&b| b > 0).ok_or(Error::InvalidEnv {
-                    var,
-                    value: v,
-                    expected: "a byte count above zero (64KiB, 16MiB, 65536)",
-                })?;
-            }
-        }
+        self.apply_segment_vars(&lookup)?;
+        self.apply_threshold_vars(&lookup)?;
         for (var, field) in [
             ("UMM_THREAD_CACHE", &mut self.pool.thread_cache_bytes),
             ("UMM_THREAD_CACHE_LARGE", &mut self.pool.thread_cache_large_bytes),
         ] {
             if let Some(v) = lookup(var) {
-                *field = parse_size(&v).map_err(|_| Error::InvalidEnv {
-                    var,
-                    value: v,
-                    expected: "a byte count, 0 for off (8MiB, 0, 268435456)",
-                })?;
+                *field = parse_size(&v).map_err(|_| invalid(var, v, "a byte count, 0 for off (8MiB, 0, 268435456)"))?;
             }
         }
         if let Some(v) = lookup("UMM_PRESSURE") {
@@ -126,84 +118,144 @@ impl UmmConfig {
                 .parse::<f64>()
                 .ok()
                 .filter(|f| (0.0..=1.0).contains(f))
-                .ok_or(Error::InvalidEnv { var: "UMM_PRESSURE", value: v, expected: "a fraction in [0, 1]" })?;
+                .ok_or_else(|| invalid("UMM_PRESSURE", v, "a fraction in [0, 1]"))?;
         }
         for (var, field) in [("UMM_ZERO", &mut self.pool.zero_on_alloc), ("UMM_POISON", &mut self.pool.poison_on_free)]
         {
             if let Some(v) = lookup(var) {
-                *field = parse_bool(&v).ok_or(Error::InvalidEnv {
-                    var,
-                    value: v,
-                    expected: "0/1, true/false, on/off or yes/no",
-                })?;
+                *field = parse_bool(&v).ok_or_else(|| invalid(var, v, "0/1, true/false, on/off or yes/no"))?;
             }
         }
         if let Some(v) = lookup("UMM_BACKENDS") {
-            let (mut cuda, mut opencl, mut wgpu) = (false, false, false);
-            for name in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-                match name.to_ascii_lowercase().as_str() {
-                    "cuda" => cuda = true,
-                    "opencl" => opencl = true,
-                    "wgpu" => wgpu = true,
-                    "none" | "host" => {}
-                    _ => {
-                        return Err(Error::InvalidEnv {
-                            var: "UMM_BACKENDS",
-                            value: v.clone(),
-                            expected: "a comma-separated list of cuda, opencl, wgpu (or none)",
-                        })
-                    }
-                }
-            }
-            (self.cuda, self.opencl, self.wgpu) = (cuda, opencl, wgpu);
+            (self.cuda, self.opencl, self.wgpu) = parse_backends(&v).map_err(|expected| invalid("UMM_BACKENDS", v, expected))?;
         }
         if let Some(v) = lookup("UMM_MAPPED_SLACK") {
-            self.pool.mapped_slack = PoolConfig::parse_mapped_slack(&v).ok_or_else(|| Error::InvalidEnv {
-                var: "UMM_MAPPED_SLACK",
-                value: v.clone(),
-                expected: "a fraction >= 0 (0.03) or off",
-            })?;
+            self.pool.mapped_slack = PoolConfig::parse_mapped_slack(&v)
+                .ok_or_else(|| invalid("UMM_MAPPED_SLACK", v, "a fraction >= 0 (0.03) or off"))?;
         }
         if let Some(v) = lookup("UMM_PAGE_SIZE") {
-            self.pool.page_size =
-                Some(parse_size(&v).ok().filter(|b| b.is_power_of_two()).ok_or(Error::InvalidEnv {
-                    var: "UMM_PAGE_SIZE",
-                    value: v,
-                    expected: "a power of two of bytes (2MiB, 8MiB, 8388608)",
-                })?);
+            self.pool.page_size = Some(
+                parse_size(&v)
+                    .ok()
+                    .filter(|b| b.is_power_of_two())
+                    .ok_or_else(|| invalid("UMM_PAGE_SIZE", v, "a power of two of bytes (2MiB, 8MiB, 8388608)"))?,
+            );
         }
         if let Some(v) = lookup("UMM_CLEANUP_IDLE_ROUNDS") {
-            self.cleanup_idle_rounds = v.trim().parse().map_err(|_| Error::InvalidEnv {
-                var: "UMM_CLEANUP_IDLE_ROUNDS",
-                value: v,
-                expected: "a non-negative integer",
-            })?;
+            self.cleanup_idle_rounds =
+                v.trim().parse().map_err(|_| invalid("UMM_CLEANUP_IDLE_ROUNDS", v, "a non-negative integer"))?;
         }
-        self.apply_profiler_vars(lookup)?;
-        self.validate()
+        self.apply_profiler_vars(&lookup)?;
+        self.validate().map_err(|e| {
+            let seen = seen.borrow();
+            if seen.is_empty() {
+                e
+            } else {
+                Error::InvalidConfig(format!("{e} (with {} from the environment)", seen.join(", ")))
+            }
+        })
     }
 
-    /// Applies `UMM_PROFILE`, `UMM_PROFILE_CAPACITY` and `UMM_TRACE` from `lookup`.
+    /// `UMM_SMALL_SEGMENT` and `UMM_LARGE_SEGMENT`, each with its least sensible value: a small segment must hold
+    /// the largest small request, and a large segment (shared by medium requests, those above the small ones,
+    /// that fit in half of it) must hold two of the smallest medium requests. Anything smaller gives segments
+    /// that no request of their class can use, so every such request would get a segment of its own.
+    fn apply_segment_vars(&mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<()> {
+        let small_request_max = self.pool.small_request_max;
+        for (var, field, min, why) in [
+            (
+                "UMM_SMALL_SEGMENT",
+                &mut self.pool.small_segment_size,
+                small_request_max,
+                "a small segment must hold the largest small request",
+            ),
+            (
+                "UMM_LARGE_SEGMENT",
+                &mut self.pool.large_segment_size,
+                2 * small_request_max,
+                "a large segment is shared by requests above the small ones that fit in half of it",
+            ),
+        ] {
+            if let Some(v) = lookup(var) {
+                *field = parse_size(&v).ok().filter(|&b| b >= min).ok_or_else(|| {
+                    let min_text = crate::replay::human_bytes(min);
+                    invalid(var, v, format!("a size of at least {min_text} ({why}), such as 2MiB or 20MiB"))
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `UMM_SMALL_MAX` and `UMM_MEDIUM_MAX`: each a size above zero, the small one below the medium one.
+    fn apply_threshold_vars(&mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<()> {
+        let small = lookup("UMM_SMALL_MAX");
+        let medium = lookup("UMM_MEDIUM_MAX");
+        let thresholds = &mut self.decision.thresholds;
+        for (var, value, field) in
+            [("UMM_SMALL_MAX", &small, &mut thresholds.small_max), ("UMM_MEDIUM_MAX", &medium, &mut thresholds.medium_max)]
+        {
+            if let Some(v) = value {
+                *field = parse_size(v)
+                    .ok()
+                    .filter(|&b| b > 0)
+                    .ok_or_else(|| invalid(var, v.clone(), "a byte count above zero (64KiB, 16MiB, 65536)"))?;
+            }
+        }
+        if thresholds.validate().is_ok() {
+            return Ok(());
+        }
+        let (small_max, medium_max) = (thresholds.small_max, thresholds.medium_max);
+        let source = |set: &Option<String>, var: &str| {
+            if set.is_some() {
+                format!("set by {var}")
+            } else {
+                "the default".to_string()
+            }
+        };
+        Err(match (small, medium) {
+            (Some(v), medium) => invalid(
+                "UMM_SMALL_MAX",
+                v,
+                format!(
+                    "a size below the medium threshold, {} ({} bytes, {})",
+                    crate::replay::human_bytes(medium_max),
+                    medium_max,
+                    source(&medium, "UMM_MEDIUM_MAX")
+                ),
+            ),
+            (None, Some(v)) => invalid(
+                "UMM_MEDIUM_MAX",
+                v,
+                format!(
+                    "a size above the small threshold, {} ({small_max} bytes, the default)",
+                    crate::replay::human_bytes(small_max)
+                ),
+            ),
+            (None, None) => Error::Placement(umm_placement::Error::InvalidThresholds { small_max, medium_max }),
+        })
+    }
+
+    /// Applies `UMM_PROFILE`, `UMM_PROFILE_CAPACITY`, `UMM_TRACE` and `UMM_LEAK_WARNING` from `lookup`.
     pub fn apply_profiler_vars(&mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<()> {
         if let Some(v) = lookup("UMM_PROFILE") {
-            self.profiler.enabled = parse_bool(&v).ok_or(Error::InvalidEnv {
-                var: "UMM_PROFILE",
-                value: v,
-                expected: "0/1, true/false, on/off or yes/no",
-            })?;
+            self.profiler.enabled =
+                parse_bool(&v).ok_or_else(|| invalid("UMM_PROFILE", v, "0/1, true/false, on/off or yes/no"))?;
         }
         if let Some(v) = lookup("UMM_PROFILE_CAPACITY") {
-            self.profiler.capacity = v.trim().parse().map_err(|_| Error::InvalidEnv {
-                var: "UMM_PROFILE_CAPACITY",
-                value: v,
-                expected: "a non-negative integer (events kept)",
-            })?;
+            self.profiler.capacity = v
+                .trim()
+                .parse()
+                .map_err(|_| invalid("UMM_PROFILE_CAPACITY", v, "a non-negative integer (events kept)"))?;
         }
         if let Some(v) = lookup("UMM_TRACE") {
             if v.trim().is_empty() {
-                return Err(Error::InvalidEnv { var: "UMM_TRACE", value: v, expected: "a file path" });
+                return Err(invalid("UMM_TRACE", v, "a file path"));
             }
             self.profiler.trace_path = Some(v.trim().into());
+        }
+        if let Some(v) = lookup("UMM_LEAK_WARNING") {
+            self.profiler.leak_warning =
+                parse_bool(&v).ok_or_else(|| invalid("UMM_LEAK_WARNING", v, "0/1, true/false, on/off or yes/no"))?;
         }
         Ok(())
     }
@@ -219,6 +271,140 @@ impl UmmConfig {
         self.pool.validate()?;
         Ok(())
     }
+}
+
+/// The value of the environment variable `name`; one that is not Unicode comes back lossily converted, so that
+/// it is reported as invalid rather than ignored.
+pub(crate) fn env_var(name: &str) -> Option<String> {
+    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+}
+
+fn invalid(var: &'static str, value: String, expected: impl Into<String>) -> Error {
+    Error::InvalidEnv { var, value, expected: expected.into() }
+}
+
+/// `UMM_BACKENDS`: which of CUDA, OpenCL and wgpu to probe. An empty list is refused, so that an unset-looking
+/// `UMM_BACKENDS=` in a script does not silently turn every accelerator off: `none` says that on purpose.
+fn parse_backends(text: &str) -> Result<(bool, bool, bool), &'static str> {
+    const EXPECTED: &str = "a comma-separated list of cuda, opencl, wgpu, or none for no accelerator API";
+    let (mut cuda, mut opencl, mut wgpu) = (false, false, false);
+    let mut names = 0;
+    for name in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        names += 1;
+        match name.to_ascii_lowercase().as_str() {
+            "cuda" => cuda = true,
+            "opencl" => opencl = true,
+            "wgpu" => wgpu = true,
+            "none" | "host" => {}
+            _ => return Err(EXPECTED),
+        }
+    }
+    if names == 0 {
+        return Err("a comma-separated list of cuda, opencl, wgpu, or none for no accelerator API (an empty value \
+                    is refused rather than read as none)");
+    }
+    Ok((cuda, opencl, wgpu))
+}
+
+/// Every `UMM_*` variable that umm reads: the library's (the table above), `UMM_REPLAY_DEVICE` (`umm replay`),
+/// the C API's and Python binding's (`UMM_HUGE_MIN`, `UMM_CAPI_LIB`), and those of its benches and test suites.
+pub const KNOWN_VARS: &[&str] = &[
+    "UMM_LIMIT",
+    "UMM_STRATEGY",
+    "UMM_SEGMENT_MODE",
+    "UMM_SMALL_SEGMENT",
+    "UMM_LARGE_SEGMENT",
+    "UMM_SMALL_MAX",
+    "UMM_MEDIUM_MAX",
+    "UMM_PRESSURE",
+    "UMM_ZERO",
+    "UMM_POISON",
+    "UMM_BACKENDS",
+    "UMM_MAPPED_SLACK",
+    "UMM_PAGE_SIZE",
+    "UMM_THREAD_CACHE",
+    "UMM_THREAD_CACHE_LARGE",
+    "UMM_CLEANUP_IDLE_ROUNDS",
+    "UMM_PROFILE",
+    "UMM_PROFILE_CAPACITY",
+    "UMM_TRACE",
+    "UMM_LEAK_WARNING",
+    "UMM_REPLAY_DEVICE",
+    "UMM_HUGE_MIN",
+    "UMM_CAPI_LIB",
+    "UMM_REQUIRE_BACKENDS",
+    "UMM_TRACES",
+    "UMM_CONCURRENCY_CYCLES",
+    "UMM_STRESS_CYCLES",
+    "UMM_CUDA_ROUNDS",
+    "UMM_CUDA_PLANT_OOB",
+    "UMM_CUDA_NO_DEVICE_OOM",
+    "UMM_CUDA_DISCOVERY_CHILD",
+    "UMM_OPENCL_DISCOVERY_CHILD",
+    "UMM_OPENCL_THREADS_CHILD",
+];
+
+/// A variable named like umm's (`UMM_` in any case) that umm does not read, with the known name closest to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownVar {
+    /// The name as set.
+    pub name: String,
+    /// The known name closest to it, when one is close enough to be a likely misspelling.
+    pub suggestion: Option<&'static str>,
+}
+
+impl std::fmt::Display for UnknownVar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "environment variable {} is not one umm reads, so it has no effect", self.name)?;
+        match self.suggestion {
+            Some(known) => write!(f, ": did you mean {known}?"),
+            None => write!(f, " (the variables umm reads are listed in the documentation of umm::config)"),
+        }
+    }
+}
+
+/// The names among `names` that start with `UMM_` (in any case) but are not in [`KNOWN_VARS`], each with the
+/// closest known name (by edit distance, ignoring case) when it is within a third of the name's length.
+pub fn unknown_vars<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<UnknownVar> {
+    names
+        .into_iter()
+        .filter(|name| name.len() >= 4 && name[..4].eq_ignore_ascii_case("UMM_") && !KNOWN_VARS.contains(name))
+        .map(|name| {
+            let upper = name.to_ascii_uppercase();
+            let (distance, closest) =
+                KNOWN_VARS.iter().map(|known| (edit_distance(&upper, known), *known)).min().unwrap_or((usize::MAX, ""));
+            let close_enough = distance <= (name.len() - 4).div_ceil(3).max(1);
+            UnknownVar { name: name.to_string(), suggestion: close_enough.then_some(closest) }
+        })
+        .collect()
+}
+
+/// Levenshtein distance over bytes.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, &ca) in a.iter().enumerate() {
+        let mut current = vec![i + 1; b.len() + 1];
+        for (j, &cb) in b.iter().enumerate() {
+            current[j + 1] = (previous[j] + usize::from(ca != cb)).min(previous[j + 1] + 1).min(current[j] + 1);
+        }
+        previous = current;
+    }
+    previous[b.len()]
+}
+
+/// Warns, once per process, about every variable in the environment named like umm's (`UMM_...`) that umm does
+/// not read: a misspelt `UMM_LIMT=2GiB` would otherwise leave the pools uncapped without a word. The warning
+/// goes to stderr, or through `log` when a logger is installed. [`UmmConfig::apply_env`] and every
+/// [`crate::Builder::build`] call it.
+pub fn warn_unknown_env_vars() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let names: Vec<String> = std::env::vars_os().map(|(k, _)| k.to_string_lossy().into_owned()).collect();
+        for unknown in unknown_vars(names.iter().map(String::as_str)) {
+            crate::notice::warn(format_args!("{unknown}"));
+        }
+    });
 }
 
 pub use umm_backends::parse_size;
@@ -336,6 +522,65 @@ mod tests {
                 _ => None,
             })
             .unwrap_err();
-        assert!(err.to_string().contains("small_max"), "{err}");
+        assert!(err.to_string().contains("UMM_SMALL_MAX=\"32MiB\""), "{err}");
+    }
+
+    #[test]
+    fn segment_sizes_below_their_minimum_name_the_variable_and_the_minimum() {
+        for (var, value, min) in [
+            ("UMM_LARGE_SEGMENT", "1", "2.00 MiB"),
+            ("UMM_LARGE_SEGMENT", "1MiB", "2.00 MiB"),
+            ("UMM_SMALL_SEGMENT", "4KiB", "1.00 MiB"),
+        ] {
+            let err = apply(var, value).unwrap_err();
+            let text = err.to_string();
+            assert!(matches!(err, Error::InvalidEnv { .. }), "{text}");
+            assert!(text.contains(var) && text.contains(value) && text.contains(min), "{var}={value}: {text}");
+        }
+        assert_eq!(apply("UMM_LARGE_SEGMENT", "2MiB").unwrap().pool.large_segment_size, 2 << 20);
+        assert_eq!(apply("UMM_SMALL_SEGMENT", "1MiB").unwrap().pool.small_segment_size, 1 << 20);
+    }
+
+    #[test]
+    fn an_empty_backend_list_is_refused_and_none_is_how_to_say_no_accelerator() {
+        for empty in ["", " ", ",", " , "] {
+            let text = apply("UMM_BACKENDS", empty).unwrap_err().to_string();
+            assert!(text.contains("UMM_BACKENDS") && text.contains("none"), "{empty:?}: {text}");
+        }
+        let config = apply("UMM_BACKENDS", "none").unwrap();
+        assert!(!config.cuda && !config.opencl && !config.wgpu);
+    }
+
+    #[test]
+    fn threshold_errors_name_the_variable_its_value_and_the_value_it_conflicts_with() {
+        let text = apply("UMM_SMALL_MAX", "1TiB").unwrap_err().to_string();
+        assert!(text.contains("UMM_SMALL_MAX=\"1TiB\"") && text.contains("16.00 MiB"), "{text}");
+        let text = apply("UMM_MEDIUM_MAX", "1KiB").unwrap_err().to_string();
+        assert!(text.contains("UMM_MEDIUM_MAX=\"1KiB\"") && text.contains("64.00 KiB"), "{text}");
+        let vars: HashMap<&str, &str> = [("UMM_SMALL_MAX", "8MiB"), ("UMM_MEDIUM_MAX", "4MiB")].into();
+        let text = UmmConfig::default().apply_vars(|k| vars.get(k).map(|v| v.to_string())).unwrap_err().to_string();
+        assert!(text.contains("UMM_SMALL_MAX=\"8MiB\"") && text.contains("UMM_MEDIUM_MAX"), "{text}");
+        // Values valid alone that clash with a builder value: the error lists what the environment set.
+        let mut config = UmmConfig::default();
+        config.pool.small_request_max = 4 << 20;
+        let text = config.apply_vars(|k| (k == "UMM_ZERO").then(|| "1".to_string())).unwrap_err().to_string();
+        assert!(text.contains("small_segment_size") && text.contains("UMM_ZERO=\"1\""), "{text}");
+    }
+
+    #[test]
+    fn unknown_umm_variables_are_found_with_the_closest_known_name() {
+        let found = unknown_vars(["UMM_LIMT", "umm_limit", "UMM_LARGE_SEGMNT", "UMM_FROBNICATE", "PATH", "UMM_ZERO"]);
+        let pairs: Vec<(&str, Option<&str>)> = found.iter().map(|u| (u.name.as_str(), u.suggestion)).collect();
+        assert_eq!(
+            pairs,
+            [
+                ("UMM_LIMT", Some("UMM_LIMIT")),
+                ("umm_limit", Some("UMM_LIMIT")),
+                ("UMM_LARGE_SEGMNT", Some("UMM_LARGE_SEGMENT")),
+                ("UMM_FROBNICATE", None),
+            ]
+        );
+        assert!(found[0].to_string().contains("did you mean UMM_LIMIT?"), "{}", found[0]);
+        assert!(unknown_vars(KNOWN_VARS.iter().copied()).is_empty());
     }
 }

@@ -50,7 +50,7 @@ pub enum Error {
         /// Its value.
         value: String,
         /// What it accepts.
-        expected: &'static str,
+        expected: String,
     },
     /// An invalid builder or configuration value.
     #[error("invalid configuration: {0}")]

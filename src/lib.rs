@@ -26,6 +26,7 @@ pub mod device_table;
 mod discovery;
 mod error;
 mod host_info;
+mod notice;
 mod manager;
 mod migrate;
 pub mod observe;

@@ -166,18 +166,27 @@ impl Builder {
         self.config.profiler.capacity = events;
         self
     }
+    /// Whether dropping the manager while buffers are alive warns, listing them (`UMM_LEAK_WARNING`, default
+    /// on); see [`crate::ProfilerConfig::leak_warning`].
+    pub fn leak_warning(mut self, on: bool) -> Self {
+        self.config.profiler.leak_warning = on;
+        self
+    }
     /// Writes every allocation and free to an `umm-trace v1` file at `path` (`UMM_TRACE`).
     pub fn record_trace(mut self, path: impl Into<std::path::PathBuf>) -> Self {
         self.config.profiler.trace_path = Some(path.into());
         self
     }
-    /// Discovers devices and builds the manager. `UMM_PROFILE`, `UMM_PROFILE_CAPACITY` and `UMM_TRACE` are read
-    /// even without [`Builder::from_env`], so any program can be profiled or traced without changing it.
+    /// Discovers devices and builds the manager. `UMM_PROFILE`, `UMM_PROFILE_CAPACITY`, `UMM_TRACE` and
+    /// `UMM_LEAK_WARNING` are read even without [`Builder::from_env`], so any program can be profiled or traced
+    /// without changing it. `UMM_*` variables that umm does not read draw a warning, once per process
+    /// ([`crate::config::warn_unknown_env_vars`]).
     pub fn build(mut self) -> Result<UniversalMemoryManager> {
+        crate::config::warn_unknown_env_vars();
         if self.read_env {
             self.config.apply_env()?;
         } else {
-            self.config.apply_profiler_vars(|name| std::env::var(name).ok())?;
+            self.config.apply_profiler_vars(crate::config::env_var)?;
         }
         self.config.validate()?;
         let host = HostInfo::discover();
@@ -465,9 +474,14 @@ impl Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        let leaks = self.profiler.leak_report();
-        if !leaks.is_empty() {
-            log::warn!("memory manager dropped while buffers are alive (they stay valid until dropped): {leaks}");
+        if self.config.profiler.leak_warning {
+            let leaks = self.profiler.leak_report();
+            if !leaks.is_empty() {
+                crate::notice::warn(format_args!(
+                    "memory manager dropped while buffers are alive (they stay valid until dropped; \
+                     UMM_LEAK_WARNING=0 silences this): {leaks}"
+                ));
+            }
         }
         self.profiler.flush_trace();
     }

@@ -56,11 +56,16 @@ pub struct ProfilerConfig {
     /// `{pid}` in the name is replaced by the process id; a second manager of the same process writing to the
     /// same name gets `.2` (then `.3`, ...) before the extension.
     pub trace_path: Option<PathBuf>,
+    /// Warn when the manager is dropped while buffers are alive, with the [`LeakReport`] (`UMM_LEAK_WARNING`,
+    /// default on). The warning goes through `log` when a logger is installed, else to stderr, so that it is
+    /// seen in a program that never set up logging; turn it off where buffers outliving their manager is
+    /// intended.
+    pub leak_warning: bool,
 }
 
 impl Default for ProfilerConfig {
     fn default() -> Self {
-        Self { enabled: false, capacity: DEFAULT_CAPACITY, trace_path: None }
+        Self { enabled: false, capacity: DEFAULT_CAPACITY, trace_path: None, leak_warning: true }
     }
 }
 

@@ -160,6 +160,36 @@ fn a_capacity_of_zero_is_refused() {
     assert!(stderr.contains("--sim") && stderr.contains("above zero"), "{stderr}");
 }
 
+/// `umm` with extra environment variables.
+fn umm_env(args: &[&str], vars: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_umm"));
+    command.args(args).envs(vars.iter().copied());
+    command.output().expect("the umm binary runs")
+}
+
+#[test]
+fn a_misspelt_umm_variable_draws_one_warning_with_the_closest_name() {
+    let (a, b) = (small_trace("misspelt_a"), small_trace("misspelt_b"));
+    let output = umm_env(&["replay", "--json", a.to_str().unwrap(), b.to_str().unwrap()], &[("UMM_LIMT", "2GiB")]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let stderr = text(&output.stderr);
+    assert_eq!(stderr.matches("UMM_LIMT").count(), 1, "once per process, though each trace reads the env: {stderr}");
+    assert!(stderr.contains("did you mean UMM_LIMIT?"), "{stderr}");
+    let output = umm_env(&["devices", "--json"], &[("UMM_BACKENDS", "none"), ("UMM_POISSON", "1")]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(text(&output.stderr).contains("UMM_POISSON") && text(&output.stderr).contains("UMM_POISON?"));
+}
+
+#[test]
+fn environment_errors_name_the_variable_and_its_value() {
+    for (var, value) in [("UMM_SMALL_MAX", "1TiB"), ("UMM_LARGE_SEGMENT", "1"), ("UMM_BACKENDS", "")] {
+        let stderr = failure(&umm_env(&["devices"], &[(var, value)]));
+        assert!(stderr.contains(&format!("{var}={value:?}")), "{stderr}");
+    }
+    let stderr = failure(&umm_env(&["devices"], &[("UMM_LARGE_SEGMENT", "1")]));
+    assert!(stderr.contains("2.00 MiB"), "names the minimum: {stderr}");
+}
+
 #[test]
 fn unknown_backend_lists_the_available_ones() {
     let path = small_trace("backend");

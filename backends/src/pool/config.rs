@@ -221,6 +221,13 @@ impl PoolConfig {
         if self.small_request_max == 0 || self.small_segment_size == 0 || self.large_segment_size == 0 {
             return Err(Error::InvalidConfig("segment sizes and small_request_max must be above zero".into()));
         }
+        if self.large_segment_size < 2 * self.small_request_max {
+            return Err(Error::InvalidConfig(format!(
+                "large_segment_size ({}) must be at least twice small_request_max ({}): large segments are shared \
+                 by the requests above small_request_max that fit in half of one",
+                self.large_segment_size, self.small_request_max
+            )));
+        }
         if self.small_segment_size < self.small_request_max {
             return Err(Error::InvalidConfig(format!(
                 "small_segment_size ({}) must be at least small_request_max ({})",
