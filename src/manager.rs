@@ -479,7 +479,8 @@ impl Drop for Inner {
             if !leaks.is_empty() {
                 crate::notice::warn(format_args!(
                     "memory manager dropped while buffers are alive (they stay valid until dropped; \
-                     UMM_LEAK_WARNING=0 silences this): {leaks}"
+                     UMM_LEAK_WARNING=0 silences this): {}",
+                    leaks.to_string().trim_end()
                 ));
             }
         }

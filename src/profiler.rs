@@ -173,6 +173,32 @@ pub struct LeakGroup {
     pub count: usize,
     /// Their bytes in total.
     pub bytes: u64,
+    /// The smallest of them, in bytes.
+    pub min_bytes: u64,
+    /// The largest of them, in bytes.
+    pub max_bytes: u64,
+}
+
+impl fmt::Display for LeakGroup {
+    /// `5 × 512 B (2.50 KiB in all) "label" at src/main.rs:10:5`: the count, then the size of each buffer (or
+    /// the range, `256 B to 1.00 KiB`, when they differ), then the total where there is more than one, so that
+    /// a size is never read as per buffer when it is the sum.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use crate::replay::human_bytes;
+        write!(f, "{} × ", self.count)?;
+        if self.min_bytes == self.max_bytes {
+            f.write_str(&human_bytes(self.min_bytes))?;
+        } else {
+            write!(f, "{} to {}", human_bytes(self.min_bytes), human_bytes(self.max_bytes))?;
+        }
+        if self.count > 1 {
+            write!(f, " ({} in all)", human_bytes(self.bytes))?;
+        }
+        if let Some(label) = &self.label {
+            write!(f, " {label:?}")?;
+        }
+        write!(f, " at {}", self.call_site)
+    }
 }
 
 /// Every buffer alive now, with its label and call site (PyTorch users: the live blocks of
@@ -198,19 +224,23 @@ impl LeakReport {
 
     /// Live allocations grouped by call site and label, most bytes first. O(n log n).
     pub fn by_call_site(&self) -> Vec<LeakGroup> {
-        let mut groups: HashMap<(&CallSite, &Option<String>), (usize, u64)> = HashMap::new();
+        let mut groups: HashMap<(&CallSite, &Option<String>), (usize, u64, u64, u64)> = HashMap::new();
         for a in &self.allocations {
-            let entry = groups.entry((&a.call_site, &a.label)).or_default();
+            let entry = groups.entry((&a.call_site, &a.label)).or_insert((0, 0, u64::MAX, 0));
             entry.0 += 1;
             entry.1 += a.bytes;
+            entry.2 = entry.2.min(a.bytes);
+            entry.3 = entry.3.max(a.bytes);
         }
         let mut out: Vec<LeakGroup> = groups
             .into_iter()
-            .map(|((site, label), (count, bytes))| LeakGroup {
+            .map(|((site, label), (count, bytes, min_bytes, max_bytes))| LeakGroup {
                 call_site: site.clone(),
                 label: label.clone(),
                 count,
                 bytes,
+                min_bytes,
+                max_bytes,
             })
             .collect();
         out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.call_site.cmp(&b.call_site)));
@@ -218,7 +248,8 @@ impl LeakReport {
     }
 }
 
-/// Groups shown by the `Display` of a [`LeakReport`]; the rest are summed in one line.
+/// Groups shown by the `Display` of a [`LeakReport`] (one line each, as [`LeakGroup`] displays); the rest are
+/// summed in one line.
 const SHOWN_GROUPS: usize = 20;
 
 impl fmt::Display for LeakReport {
@@ -232,8 +263,7 @@ impl fmt::Display for LeakReport {
         )?;
         let groups = self.by_call_site();
         for g in groups.iter().take(SHOWN_GROUPS) {
-            let label = g.label.as_ref().map(|l| format!(" {l:?}")).unwrap_or_default();
-            writeln!(f, "  {:>4} x{label} {} at {}", g.count, crate::replay::human_bytes(g.bytes), g.call_site)?;
+            writeln!(f, "  {g}")?;
         }
         if groups.len() > SHOWN_GROUPS {
             let rest = &groups[SHOWN_GROUPS..];
@@ -241,7 +271,7 @@ impl fmt::Display for LeakReport {
             let bytes: u64 = rest.iter().map(|g| g.bytes).sum();
             writeln!(
                 f,
-                "  and {count} more from {} other call sites ({})",
+                "  and {count} more buffer(s) from {} other call sites ({} in all)",
                 rest.len(),
                 crate::replay::human_bytes(bytes)
             )?;

@@ -137,6 +137,71 @@ fn a_deliberate_leak_is_reported_with_its_file_and_line_and_logged_when_the_mana
     drop(leak);
 }
 
+#[test]
+fn leak_report_lines_give_the_size_of_each_buffer_and_the_total_apart() {
+    let site = |line| umm::CallSite { file: "src/main.rs".into(), line, column: 5 };
+    let live = |id, bytes, line, label: Option<&str>| umm::LiveAllocation {
+        id,
+        device: 0,
+        pool: umm::PoolKind::Host,
+        api: None,
+        bytes,
+        stream: 0,
+        label: label.map(str::to_string),
+        call_site: site(line),
+    };
+    let mut allocations: Vec<_> = (1..=5).map(|id| live(id, 512, 10, Some("cache"))).collect();
+    allocations.extend([live(6, 256, 20, None), live(7, 1024, 20, None), live(8, 4096, 30, None)]);
+    let total_bytes = allocations.iter().map(|a| a.bytes).sum();
+    let text = umm::LeakReport { allocations, total_bytes }.to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "8 live buffer(s), 7.75 KiB (7936 bytes):", "{text}");
+    assert!(lines.contains(&"  5 × 512 B (2.50 KiB in all) \"cache\" at src/main.rs:10:5"), "{text}");
+    assert!(lines.contains(&"  2 × 256 B to 1.00 KiB (1.25 KiB in all) at src/main.rs:20:5"), "{text}");
+    assert!(lines.contains(&"  1 × 4.00 KiB at src/main.rs:30:5"), "one buffer: no total: {text}");
+}
+
+/// The child half of the leak-warning tests: leaks five 512-byte buffers past their manager's drop, with the
+/// leak warning as `LEAK_WARNING_CHILD` says (`default` or `builder-off`). Does nothing unless asked.
+#[test]
+fn leak_warning_child() {
+    let Some(mode) = std::env::var_os("LEAK_WARNING_CHILD") else { return };
+    let mm = UniversalMemoryManager::builder()
+        .backends(false, false, false)
+        .leak_warning(mode != "builder-off")
+        .build()
+        .unwrap();
+    let buffers: Vec<_> =
+        (0..5).map(|_| mm.allocate_universal_with::<u8>(512, AllocOptions::new().label("kept")).unwrap()).collect();
+    drop(mm);
+    drop(buffers);
+}
+
+/// Runs `leak_warning_child` in a fresh process (no logger installed) and returns its stderr.
+fn leak_warning_stderr(mode: &str, vars: &[(&str, &str)]) -> String {
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args(["leak_warning_child", "--exact", "--nocapture", "--test-threads=1"])
+        .env("LEAK_WARNING_CHILD", mode)
+        .env_remove("UMM_LEAK_WARNING")
+        .envs(vars.iter().copied())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "child failed: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn without_a_logger_the_leak_warning_goes_to_stderr_unless_turned_off() {
+    let stderr = leak_warning_stderr("default", &[]);
+    assert!(stderr.contains("umm: warning: memory manager dropped while buffers are alive"), "{stderr}");
+    assert!(stderr.contains("5 × 512 B (2.50 KiB in all) \"kept\""), "{stderr}");
+    assert!(stderr.contains("UMM_LEAK_WARNING=0"), "says how to silence it: {stderr}");
+    for (mode, vars) in [("default", &[("UMM_LEAK_WARNING", "0")][..]), ("builder-off", &[])] {
+        let stderr = leak_warning_stderr(mode, vars);
+        assert!(!stderr.contains("dropped while buffers are alive"), "{mode} {vars:?}: {stderr}");
+    }
+}
+
 /// A deterministic trace of `n` allocations with mixed sizes and lifetimes, some left live.
 fn synthetic_trace(n: u64, seed: u64) -> Trace {
     let mut text = String::from("# umm-trace v1\n");
