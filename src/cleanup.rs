@@ -44,10 +44,28 @@ fn micros<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
 pub struct CleanupGuard {
     stop: Option<mpsc::Sender<()>>,
     thread: Option<JoinHandle<u64>>,
+    interval: Duration,
 }
 
 impl CleanupGuard {
-    pub(crate) fn start(manager: Weak<Inner>, interval: Duration) -> Self {
+    /// The shortest interval between two rounds; a shorter one asked of
+    /// [`crate::UniversalMemoryManager::start_periodic_cleanup`] is raised to it (with a warning).
+    ///
+    /// An interval of zero would run rounds back to back: a core spinning on the pools' locks, contending with
+    /// every allocation. Nor would faster rounds release memory sooner in any useful way: a cached segment is
+    /// released once it has sat idle for `cleanup_idle_rounds` rounds, so rounds a few microseconds apart would
+    /// empty the caches between two allocations and turn caching off. A millisecond keeps the cleaner's cost
+    /// below a thousand rounds a second whatever is asked. Starting a cleaner cannot fail: an interval computed
+    /// as zero gives a busy but bounded cleaner, not a panic or an error for callers to handle.
+    pub const MIN_INTERVAL: Duration = Duration::from_millis(1);
+
+    pub(crate) fn start(manager: Weak<Inner>, asked: Duration) -> Self {
+        let interval = asked.max(Self::MIN_INTERVAL);
+        if interval != asked {
+            crate::notice::warn(format_args!(
+                "periodic cleanup every {asked:?} raised to the minimum interval of {interval:?}"
+            ));
+        }
         let (stop, stopped) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("umm-cleanup".into())
@@ -68,7 +86,12 @@ impl CleanupGuard {
                 }
             })
             .ok();
-        Self { stop: Some(stop), thread }
+        Self { stop: Some(stop), thread, interval }
+    }
+
+    /// The interval between rounds: the one asked for, or [`CleanupGuard::MIN_INTERVAL`] if that was shorter.
+    pub fn interval(&self) -> Duration {
+        self.interval
     }
 
     /// Stops the cleaner and returns how many rounds it ran.

@@ -399,7 +399,9 @@ impl UniversalMemoryManager {
     }
 
     /// Runs [`UniversalMemoryManager::cleanup`] every `interval` on a background thread until the returned guard
-    /// is dropped.
+    /// is dropped. An interval below [`CleanupGuard::MIN_INTERVAL`] (1 ms; `Duration::ZERO` included) is raised
+    /// to it, with a warning, since rounds back to back would spin a core and empty the caches as fast as they
+    /// fill.
     pub fn start_periodic_cleanup(&self, interval: Duration) -> CleanupGuard {
         CleanupGuard::start(Arc::downgrade(&self.inner), interval)
     }

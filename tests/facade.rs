@@ -307,6 +307,20 @@ fn periodic_cleanup_releases_idle_segments_while_threads_allocate() {
 }
 
 #[test]
+fn a_zero_cleanup_interval_is_raised_to_the_minimum_instead_of_spinning() {
+    let mm = host_only();
+    let guard = mm.start_periodic_cleanup(Duration::ZERO);
+    assert_eq!(guard.interval(), umm::CleanupGuard::MIN_INTERVAL);
+    std::thread::sleep(Duration::from_millis(200));
+    let rounds = guard.stop();
+    // Each round waits at least the minimum interval, so 200 ms hold at most 200 rounds (not hundreds of
+    // thousands).
+    assert!((1..=200).contains(&rounds), "{rounds} rounds in 200 ms");
+    let guard = mm.start_periodic_cleanup(Duration::from_millis(7));
+    assert_eq!(guard.interval(), Duration::from_millis(7), "longer intervals are kept");
+}
+
+#[test]
 fn stats_serialise_and_cleanup_reports_per_device() {
     let mm = with_sims(&[1 << 30]);
     let a = mm.allocate_universal::<u8>(4 << 20, Placement::Auto).unwrap();
