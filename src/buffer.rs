@@ -125,12 +125,13 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
         self.block.as_ref().map(OwnedBlock::pool)
     }
 
-    /// Writes `data` (exactly `len` elements) into the buffer.
+    /// Writes `data` (exactly `len` elements, [`Error::LengthMismatch`] otherwise) into the buffer.
     pub fn write(&mut self, data: &[T]) -> Result<()> {
         self.write_range(0, data, true)
     }
 
-    /// Writes `data` starting at element `offset`; `offset + data.len()` must not pass the end.
+    /// Writes `data` starting at element `offset`; `offset + data.len()` must not pass the end
+    /// ([`Error::OutOfRange`] otherwise).
     pub fn write_at(&mut self, offset: usize, data: &[T]) -> Result<()> {
         self.write_range(offset, data, false)
     }
@@ -139,7 +140,7 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
         if self.meta.read_only && self.filled {
             return Err(Error::ReadOnly { label: self.meta.label.clone() });
         }
-        self.check("write", offset, data.len(), whole)?;
+        self.check(if whole { "write" } else { "write_at" }, offset, data.len(), whole)?;
         self.raw_write(offset, data)?;
         // A ReadOnly buffer takes one write (its fill) and is sealed after it.
         self.filled = self.meta.read_only;
@@ -156,18 +157,19 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
         Ok(())
     }
 
-    /// Reads the whole buffer into `out` (exactly `len` elements).
+    /// Reads the whole buffer into `out` (exactly `len` elements, [`Error::LengthMismatch`] otherwise).
     pub fn read(&self, out: &mut [T]) -> Result<()> {
         self.read_range(0, out, true)
     }
 
-    /// Reads `out.len()` elements starting at element `offset`.
+    /// Reads `out.len()` elements starting at element `offset`; `offset + out.len()` must not pass the end
+    /// ([`Error::OutOfRange`] otherwise).
     pub fn read_at(&self, offset: usize, out: &mut [T]) -> Result<()> {
         self.read_range(offset, out, false)
     }
 
     fn read_range(&self, offset: usize, out: &mut [T], whole: bool) -> Result<()> {
-        self.check("read", offset, out.len(), whole)?;
+        self.check(if whole { "read" } else { "read_at" }, offset, out.len(), whole)?;
         let Some(block) = &self.block else { return Ok(()) };
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
         block.read((offset * std::mem::size_of::<T>()) as u64, bytes)?;
@@ -250,13 +252,15 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
     }
 
     fn check(&self, op: &'static str, offset: usize, given: usize, whole: bool) -> Result<()> {
-        let available = self.len.saturating_sub(offset);
-        let fits = offset <= self.len && given <= available;
-        let exact = !whole || given == self.len;
-        if fits && exact {
-            Ok(())
-        } else {
-            Err(Error::LengthMismatch { op, buffer_len: available, given_len: given })
+        if whole {
+            if given == self.len {
+                return Ok(());
+            }
+            return Err(Error::LengthMismatch { op, buffer_len: self.len, given_len: given });
+        }
+        match offset.checked_add(given) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(Error::OutOfRange { op, len: self.len, offset, count: given }),
         }
     }
 }

@@ -26,15 +26,33 @@ pub enum Error {
         /// The element type.
         type_name: &'static str,
     },
-    /// A read or write whose length does not match the buffer.
-    #[error("{op}: the buffer holds {buffer_len} elements but {given_len} were given")]
+    /// A whole-buffer read or write (`read`, `write`) given a slice whose length is not the buffer's.
+    #[error(
+        "{op}: the buffer holds {buffer_len} elements but {given_len} were given ({op} takes exactly the buffer's \
+         length; {op}_at reads or writes part of it)"
+    )]
     LengthMismatch {
         /// The operation.
         op: &'static str,
-        /// Elements in the buffer (from the offset).
+        /// Elements in the buffer.
         buffer_len: usize,
         /// Elements passed.
         given_len: usize,
+    },
+    /// A partial read or write (`read_at`, `write_at`) that runs past the end of the buffer.
+    #[error(
+        "{op}: {count} element(s) at offset {offset} run past the end of a buffer of {len} elements ({})",
+        room(*.len, *.offset)
+    )]
+    OutOfRange {
+        /// The operation.
+        op: &'static str,
+        /// Elements in the buffer.
+        len: usize,
+        /// The element offset asked for.
+        offset: usize,
+        /// Elements asked for from the offset.
+        count: usize,
     },
     /// A write to a ReadOnly buffer after its initial fill.
     #[error("buffer{} is ReadOnly: it was filled at allocation and cannot be written", label_suffix(.label))]
@@ -74,6 +92,14 @@ pub enum Error {
         /// The error.
         source: std::io::Error,
     },
+}
+
+fn room(len: usize, offset: usize) -> String {
+    match len.checked_sub(offset) {
+        Some(0) => "the offset is the end: nothing fits there".into(),
+        Some(room) => format!("at most {room} fit from that offset"),
+        None => "the offset itself is past the end".into(),
+    }
 }
 
 fn label_suffix(label: &Option<String>) -> String {

@@ -61,17 +61,30 @@ fn length_mismatches_are_errors() {
     let mut x = mm.allocate_universal::<u32>(10, Placement::Auto).unwrap();
     let err = x.write(&[1, 2, 3]).unwrap_err();
     assert!(matches!(err, Error::LengthMismatch { op: "write", buffer_len: 10, given_len: 3 }), "{err}");
+    assert!(err.to_string().contains("write_at"), "points to the partial form: {err}");
     let mut out = vec![0u32; 11];
-    assert!(matches!(x.read(&mut out), Err(Error::LengthMismatch { op: "read", .. })));
-    // `buffer_len` counts the elements from the offset on: 2 after offset 8, none after an offset past the end.
-    let err = x.write_at(8, &[1, 2, 3]).unwrap_err();
-    assert!(matches!(err, Error::LengthMismatch { op: "write", buffer_len: 2, given_len: 3 }), "past the end: {err}");
-    let err = x.write_at(11, &[]).unwrap_err();
-    assert!(
-        matches!(err, Error::LengthMismatch { op: "write", buffer_len: 0, given_len: 0 }),
-        "offset past the end: {err}"
-    );
+    assert!(matches!(x.read(&mut out), Err(Error::LengthMismatch { op: "read", buffer_len: 10, given_len: 11 })));
     x.write_at(7, &[1, 2, 3]).unwrap();
+}
+
+#[test]
+fn ranges_past_the_end_state_the_length_the_offset_and_the_count() {
+    let mm = host_only();
+    let mut x = mm.allocate_universal::<u8>(1000, Placement::Auto).unwrap();
+    let err = x.write_at(1000, &[7]).unwrap_err();
+    assert!(matches!(err, Error::OutOfRange { op: "write_at", len: 1000, offset: 1000, count: 1 }), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("1 element(s) at offset 1000") && text.contains("buffer of 1000 elements"), "{text}");
+    assert!(!text.contains("holds 0"), "{text}");
+    let err = x.write_at(998, &[1, 2, 3]).unwrap_err();
+    assert!(err.to_string().contains("at most 2 fit from that offset"), "{err}");
+    let mut out = [0u8; 4];
+    let err = x.read_at(usize::MAX, &mut out).unwrap_err();
+    assert!(matches!(err, Error::OutOfRange { op: "read_at", len: 1000, offset: usize::MAX, count: 4 }), "{err}");
+    assert!(err.to_string().contains("past the end"), "{err}");
+    assert!(x.write_at(1001, &[]).is_err(), "an offset past the end is refused even for nothing");
+    x.write_at(1000, &[]).unwrap();
+    x.read_at(996, &mut out).unwrap();
 }
 
 #[test]

@@ -331,7 +331,7 @@ impl OwnedBlock {
         match offset.checked_add(len) {
             Some(end) if end <= self.handle.requested => Ok(()),
             _ => Err(crate::Error::OutOfBounds(format!(
-                "{len} bytes at offset {offset} in a buffer of {} bytes",
+                "{len} bytes at offset {offset} run past the end of a block of {} bytes",
                 self.handle.requested
             ))),
         }
