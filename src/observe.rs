@@ -225,15 +225,29 @@ impl UniversalMemoryManager {
     }
 }
 
-/// When [`snapshot_trace`] takes its snapshot.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, strum::Display, strum::EnumString)]
-#[strum(serialize_all = "snake_case", ascii_case_insensitive)]
+/// When [`snapshot_trace`] takes its snapshot. Parses from `end` or `peak` (any case); an unknown name is an
+/// error listing both.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, strum::Display, strum::EnumIter)]
+#[strum(serialize_all = "snake_case")]
 pub enum SnapshotAt {
     /// After the last op (blocks the trace leaves live stay live).
     #[default]
     End,
     /// At the first op where live bytes reach the trace's peak.
     Peak,
+}
+
+impl std::str::FromStr for SnapshotAt {
+    type Err = String;
+
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        use strum::IntoEnumIterator;
+        let wanted = text.trim();
+        Self::iter().find(|at| at.to_string().eq_ignore_ascii_case(wanted)).ok_or_else(|| {
+            let names: Vec<String> = Self::iter().map(|at| at.to_string()).collect();
+            format!("unknown snapshot point `{wanted}`: expected one of {}", names.join(", "))
+        })
+    }
 }
 
 /// Replays `trace` through a manager with one simulated device of `capacity` bytes and the profiler on (every

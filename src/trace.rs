@@ -37,13 +37,29 @@ pub enum TraceError {
         #[source]
         source: io::Error,
     },
-    /// The first line is not `# umm-trace v1`.
-    #[error("{path}:1: not an umm-trace v1 file: the first line must be `{HEADER}`, found `{found}`")]
+    /// The first line is not `# umm-trace v1`: the file is not an umm trace (or not one this version reads).
+    #[error(
+        "{path}:1: not an umm trace: expected umm-trace v1 text (plain or gzip-compressed) whose first line is \
+         `{HEADER}`, found {found}"
+    )]
     Header {
         /// The trace file.
         path: String,
-        /// The first line as found (shortened).
+        /// What the file starts with, in words: the first line in backquotes (shortened), `binary data` or
+        /// `an empty file`.
         found: String,
+    },
+    /// The file starts with the gzip magic bytes but does not decompress (corrupt, truncated, or not gzip).
+    #[error(
+        "{path}: not an umm trace: it starts like gzip but does not decompress ({source}); expected umm-trace v1 \
+         text, plain or gzip-compressed"
+    )]
+    Gzip {
+        /// The trace file.
+        path: String,
+        /// The decompressor's error.
+        #[source]
+        source: io::Error,
     },
     /// A line that is not a valid op.
     #[error("{path}:{line}: {what}")]
@@ -112,15 +128,15 @@ impl Trace {
         let head = buffered.fill_buf().map_err(|source| TraceError::Io { path: label.into(), source })?;
         if head.starts_with(&GZIP_MAGIC) {
             let decoder = flate2::bufread::MultiGzDecoder::new(buffered);
-            parse(name.into(), label, BufReader::with_capacity(1 << 16, decoder))
+            parse(name.into(), label, BufReader::with_capacity(1 << 16, decoder), true)
         } else {
-            parse(name.into(), label, buffered)
+            parse(name.into(), label, buffered, false)
         }
     }
 
     /// Parses a plain-text trace held in memory. `label` names the source in errors.
     pub fn parse_str(name: impl Into<String>, label: &str, text: &str) -> Result<Self, TraceError> {
-        parse(name.into(), label, text.as_bytes())
+        parse(name.into(), label, text.as_bytes(), false)
     }
 
     /// Number of ops.
@@ -240,16 +256,36 @@ impl Builder<'_> {
     }
 }
 
-fn parse(name: String, label: &str, mut reader: impl BufRead) -> Result<Trace, TraceError> {
-    let io_error = |source| TraceError::Io { path: label.to_string(), source };
-    let mut text = String::new();
-    if reader.read_line(&mut text).map_err(io_error)? == 0 || text.trim_end() != HEADER {
-        let mut found: String = text.trim_end().chars().take(60).collect();
-        if found.is_empty() {
-            found = "an empty file".into();
-        } else if found.chars().any(|c| c.is_control() && c != '\t') {
-            found = "binary data".into();
+/// Longest first line read while looking for the header, so that a binary file without line breaks is not read
+/// whole before being refused.
+const HEADER_SCAN: u64 = 256;
+
+/// Parses the text of a trace; `gzip` says whether `reader` decompresses, so that its read errors are reported as
+/// corrupt gzip data.
+fn parse(name: String, label: &str, mut reader: impl BufRead, gzip: bool) -> Result<Trace, TraceError> {
+    let io_error = |source: io::Error| {
+        let corrupt = matches!(
+            source.kind(),
+            io::ErrorKind::InvalidInput | io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof
+        );
+        if gzip && corrupt {
+            TraceError::Gzip { path: label.to_string(), source }
+        } else {
+            TraceError::Io { path: label.to_string(), source }
         }
+    };
+    let mut line = Vec::new();
+    reader.by_ref().take(HEADER_SCAN).read_until(b'\n', &mut line).map_err(io_error)?;
+    let first = std::str::from_utf8(&line).ok().map(str::trim_end);
+    if first != Some(HEADER) {
+        let found = match first {
+            _ if line.is_empty() => "an empty file".to_string(),
+            Some("") => "an empty first line".to_string(),
+            Some(text) if !text.chars().any(|c| c.is_control() && c != '\t') => {
+                format!("`{}`", text.chars().take(60).collect::<String>())
+            }
+            _ => "binary data".to_string(),
+        };
         return Err(TraceError::Header { path: label.to_string(), found });
     }
     let mut builder = Builder {
@@ -261,12 +297,15 @@ fn parse(name: String, label: &str, mut reader: impl BufRead) -> Result<Trace, T
     };
     let mut number = 1;
     loop {
-        text.clear();
-        if reader.read_line(&mut text).map_err(io_error)? == 0 {
+        line.clear();
+        if reader.read_until(b'\n', &mut line).map_err(io_error)? == 0 {
             break;
         }
         number += 1;
-        builder.line(number, &text)?;
+        let text = std::str::from_utf8(&line).map_err(|_| {
+            builder.error(number, "the line is not UTF-8 text (umm traces are text, plain or gzip-compressed)")
+        })?;
+        builder.line(number, text)?;
     }
     builder.trace.ops.shrink_to_fit();
     Ok(builder.trace)

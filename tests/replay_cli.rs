@@ -215,6 +215,25 @@ fn missing_and_malformed_files_are_errors_but_other_traces_still_run() {
 }
 
 #[test]
+fn random_bytes_are_refused_as_not_an_umm_trace_naming_the_file() {
+    let path = small_trace("random").with_file_name("random.bin");
+    let bytes: Vec<u8> = (0..2048u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8 | 0x80).collect();
+    std::fs::write(&path, bytes).unwrap();
+    let stderr = failure(&umm(&["replay", path.to_str().unwrap()]));
+    assert!(stderr.contains(path.to_str().unwrap()) && stderr.contains("not an umm trace"), "{stderr}");
+    assert!(stderr.contains("plain or gzip") && !stderr.contains("valid UTF-8"), "{stderr}");
+}
+
+#[test]
+fn an_unknown_snapshot_point_lists_the_accepted_ones() {
+    let path = small_trace("snapshot_at");
+    let stderr = failure(&umm(&["snapshot", "--at", "middle", path.to_str().unwrap()]));
+    assert!(stderr.contains("--at") && stderr.contains("middle"), "{stderr}");
+    assert!(stderr.contains("end, peak"), "lists the accepted values: {stderr}");
+    assert_eq!("PEAK".parse::<umm::observe::SnapshotAt>(), Ok(umm::observe::SnapshotAt::Peak));
+}
+
+#[test]
 fn host_refuses_a_trace_larger_than_its_memory() {
     let path = small_trace("host_small");
     let stderr = failure(&umm(&["replay", "--backend", "host", "--capacity", "1MiB", path.to_str().unwrap()]));

@@ -157,6 +157,39 @@ fn a_missing_file_or_corrupt_gzip_names_the_file() {
 }
 
 #[test]
+fn random_bytes_are_not_an_umm_trace_and_the_error_says_what_is_expected() {
+    // Bytes that are not UTF-8, with no line break: refused from the first line.
+    let random: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8 | 0x80).collect();
+    let path = temp_path("random.bin");
+    std::fs::write(&path, &random).unwrap();
+    let err = Trace::load(&path).unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, TraceError::Header { .. }), "{message}");
+    for part in [&path.display().to_string(), "not an umm trace", "binary data", "gzip", "# umm-trace v1"] {
+        assert!(message.contains(part), "`{part}` in `{message}`");
+    }
+    assert!(!message.contains("UTF-8"), "{message}");
+
+    // The gzip magic bytes followed by garbage.
+    let mut fake_gzip = vec![0x1f, 0x8b];
+    fake_gzip.extend_from_slice(&random[..64]);
+    let path = temp_path("fake.trace.gz");
+    std::fs::write(&path, &fake_gzip).unwrap();
+    let err = Trace::load(&path).unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, TraceError::Gzip { .. }), "{message}");
+    assert!(message.contains(&path.display().to_string()) && message.contains("not an umm trace"), "{message}");
+
+    // A valid header, then a line that is not text: the line is named.
+    let mut bytes = b"# umm-trace v1\na 1 64 0\n".to_vec();
+    bytes.extend_from_slice(&[0xff, 0xfe, b'\n']);
+    let path = temp_path("binary_tail.trace");
+    std::fs::write(&path, &bytes).unwrap();
+    let message = Trace::load(&path).unwrap_err().to_string();
+    assert!(message.contains(&format!("{}:3: ", path.display())) && message.contains("not UTF-8"), "{message}");
+}
+
+#[test]
 fn writer_round_trips_through_the_reader() {
     let mut writer = TraceWriter::new(Vec::new()).unwrap();
     writer.comment("recorded by a test\nsecond line").unwrap();
