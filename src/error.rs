@@ -105,3 +105,79 @@ fn room(len: usize, offset: usize) -> String {
 fn label_suffix(label: &Option<String>) -> String {
     label.as_ref().map(|l| format!(" {l:?}")).unwrap_or_default()
 }
+
+/// Predicates over the kinds of failure callers handle differently, so that they need not match the nested
+/// [`umm_backends::Error`] and [`umm_placement::Error`] variants (both `non_exhaustive`).
+impl Error {
+    /// The pool could not find the bytes, even after releasing its cache: freeing buffers, lowering the demand or
+    /// placing elsewhere may help. A request larger than the device can ever hold is [`Error::is_too_large`].
+    pub fn is_out_of_memory(&self) -> bool {
+        self.as_backend().is_some_and(umm_backends::Error::is_out_of_memory)
+    }
+
+    /// A request larger than the largest single allocation of its device: no amount of freeing makes it fit.
+    pub fn is_too_large(&self) -> bool {
+        self.as_backend().is_some_and(umm_backends::Error::is_too_large)
+    }
+
+    /// A block handle its pool did not hand out, or that was already freed.
+    pub fn is_unknown_block(&self) -> bool {
+        self.as_backend().is_some_and(umm_backends::Error::is_unknown_block)
+    }
+
+    /// An invalid configuration: a builder or config value ([`Error::InvalidConfig`]), an environment variable
+    /// ([`Error::InvalidEnv`]), a pool setting or a placement setting (thresholds out of order, a value out of
+    /// range).
+    pub fn is_invalid_config(&self) -> bool {
+        match self {
+            Error::InvalidConfig(_) | Error::InvalidEnv { .. } => true,
+            Error::Backend(e) => e.is_invalid_config(),
+            Error::Placement(e) => matches!(
+                e,
+                umm_placement::Error::InvalidConfig { .. } | umm_placement::Error::InvalidThresholds { .. }
+            ),
+            _ => false,
+        }
+    }
+
+    /// A read or write outside a buffer: a slice whose length is not the buffer's ([`Error::LengthMismatch`]),
+    /// a range past the end ([`Error::OutOfRange`]), or a pool's bounds check.
+    pub fn is_out_of_bounds(&self) -> bool {
+        match self {
+            Error::LengthMismatch { .. } | Error::OutOfRange { .. } => true,
+            Error::Backend(e) => e.is_out_of_bounds(),
+            _ => false,
+        }
+    }
+
+    /// No device can take the request: the selector names none, or none offers a pool that could hold it.
+    pub fn is_no_device(&self) -> bool {
+        matches!(
+            self,
+            Error::Placement(umm_placement::Error::NoDevice { .. } | umm_placement::Error::ImpossiblePlacement { .. })
+        )
+    }
+
+    /// A write to a buffer sealed ReadOnly.
+    pub fn is_read_only(&self) -> bool {
+        matches!(self, Error::ReadOnly { .. })
+    }
+
+    /// An operation the backend or placement does not offer.
+    pub fn is_unsupported(&self) -> bool {
+        self.as_backend().is_some_and(umm_backends::Error::is_unsupported)
+    }
+
+    /// A backend whose runtime is missing or has no device.
+    pub fn is_unavailable(&self) -> bool {
+        self.as_backend().is_some_and(umm_backends::Error::is_unavailable)
+    }
+
+    /// The pool's or backend's error, when that is what this is.
+    pub fn as_backend(&self) -> Option<&umm_backends::Error> {
+        match self {
+            Error::Backend(e) => Some(e),
+            _ => None,
+        }
+    }
+}

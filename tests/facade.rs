@@ -192,6 +192,53 @@ fn a_limit_below_the_request_is_out_of_memory_with_numbers() {
 }
 
 #[test]
+fn error_predicates_classify_without_matching_nested_variants() {
+    let mm = UniversalMemoryManager::builder()
+        .backends(false, false, false)
+        .simulated_device(1 << 30)
+        .limit(Limit::Bytes(8 * MIB))
+        .build()
+        .unwrap();
+    let oom = mm.allocate_universal::<u8>(16 << 20, Placement::Auto).unwrap_err();
+    assert!(oom.is_out_of_memory() && !oom.is_too_large() && !oom.is_invalid_config(), "{oom}");
+    assert!(oom.as_backend().is_some());
+    let on_sim = AllocOptions::new().placement(Placement::DeviceLocal).device(DeviceSelector::Index(1));
+    let too_large = mm.allocate_universal_with::<u8>(2 << 30, on_sim).unwrap_err();
+    assert!(too_large.is_too_large() && !too_large.is_out_of_memory(), "{too_large}");
+
+    let mut x = mm.allocate_universal::<u8>(10, Placement::Auto).unwrap();
+    let range = x.write_at(10, &[1]).unwrap_err();
+    let length = x.write(&[1]).unwrap_err();
+    assert!(range.is_out_of_bounds() && length.is_out_of_bounds() && !range.is_out_of_memory(), "{range} {length}");
+    let read_only = AllocOptions::new().placement(Placement::ReadOnly);
+    let mut sealed = mm.allocate_universal_from_with(&[1u8], read_only.clone().device(DeviceSelector::Host)).unwrap();
+    assert!(sealed.write(&[2]).unwrap_err().is_read_only());
+    // The simulated device holds no bytes: filling a buffer there is unsupported.
+    let on_sim_read_only = read_only.device(DeviceSelector::Index(1));
+    let unsupported = mm.allocate_universal_from_with(&[1u8], on_sim_read_only).unwrap_err();
+    assert!(unsupported.is_unsupported() && !unsupported.is_unavailable(), "{unsupported}");
+
+    let no_device = mm.allocate_universal_with::<u8>(10, AllocOptions::new().device(DeviceSelector::Index(9)));
+    assert!(no_device.unwrap_err().is_no_device());
+
+    let thresholds = UniversalMemoryManager::builder().backends(false, false, false).thresholds(1 << 20, 1 << 10);
+    let err = thresholds.build().unwrap_err();
+    assert!(err.is_invalid_config() && !err.is_out_of_memory(), "{err}");
+    let err = UniversalMemoryManager::builder().simulated_device(0).build().unwrap_err();
+    assert!(err.is_invalid_config(), "{err}");
+    let mut config = umm::UmmConfig::default();
+    let err = config.apply_vars(|k| (k == "UMM_STRATEGY").then(|| "hoard".to_string())).unwrap_err();
+    assert!(err.is_invalid_config() && matches!(err, Error::InvalidEnv { .. }), "{err}");
+
+    // A block freed twice, through a pool driven directly.
+    let pool = umm::backends::Pool::new(umm::backends::HostBackend::new("host", 1 << 30), Default::default()).unwrap();
+    let block = pool.allocate(4096, umm::StreamId(0)).unwrap();
+    pool.free(&block).unwrap();
+    let twice = Error::from(pool.free(&block).unwrap_err());
+    assert!(twice.is_unknown_block() && !twice.is_out_of_memory(), "{twice}");
+}
+
+#[test]
 fn a_simulated_device_of_zero_bytes_is_refused() {
     let err = UniversalMemoryManager::builder().backends(false, false, false).simulated_device(0).build().unwrap_err();
     assert!(matches!(err, Error::InvalidConfig(_)) && err.to_string().contains("above zero"), "{err}");

@@ -88,3 +88,54 @@ pub enum Error {
         reason: String,
     },
 }
+
+impl Error {
+    /// The pool could not find the bytes, even after releasing its cache ([`Error::OutOfMemory`]): freeing
+    /// memory, lowering the demand or waiting may help. A request larger than the device can ever hold is
+    /// [`Error::is_too_large`] instead.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, Error::OutOfMemory { .. })
+    }
+
+    /// A request larger than the largest single allocation of the device ([`Error::TooLarge`]): no amount of
+    /// freeing makes it fit.
+    pub fn is_too_large(&self) -> bool {
+        matches!(self, Error::TooLarge { .. })
+    }
+
+    /// A block handle this pool did not hand out, or that was already freed ([`Error::UnknownBlock`]).
+    pub fn is_unknown_block(&self) -> bool {
+        matches!(self, Error::UnknownBlock(_))
+    }
+
+    /// An invalid configuration value ([`Error::InvalidConfig`]).
+    pub fn is_invalid_config(&self) -> bool {
+        matches!(self, Error::InvalidConfig(_))
+    }
+
+    /// A read, write or copy outside the block ([`Error::OutOfBounds`]).
+    pub fn is_out_of_bounds(&self) -> bool {
+        matches!(self, Error::OutOfBounds(_))
+    }
+
+    /// A zero-byte request where a real block is needed ([`Error::ZeroSize`]), or a size that overflows 64 bits
+    /// ([`Error::SizeOverflow`]).
+    pub fn is_invalid_size(&self) -> bool {
+        matches!(self, Error::ZeroSize { .. } | Error::SizeOverflow { .. })
+    }
+
+    /// An operation this backend or placement does not offer ([`Error::Unsupported`]).
+    pub fn is_unsupported(&self) -> bool {
+        matches!(self, Error::Unsupported { .. })
+    }
+
+    /// The backend's runtime is missing or has no device ([`Error::Unavailable`]).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Error::Unavailable { .. })
+    }
+
+    /// A driver call failed ([`Error::Driver`]).
+    pub fn is_driver_error(&self) -> bool {
+        matches!(self, Error::Driver { .. })
+    }
+}

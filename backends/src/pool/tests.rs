@@ -1057,3 +1057,20 @@ fn limits_need_a_unit_or_a_percent_sign() {
         assert!(err.contains("GiB") && err.contains('%'), "{bad:?}: names both forms: {err}");
     }
 }
+
+#[test]
+fn error_predicates_name_the_kind_of_failure() {
+    let pool = sim_pool(SegmentMode::Plain, Some(Limit::Bytes(4 * MIB)));
+    let oom = pool.allocate(8 * MIB, S0).unwrap_err();
+    assert!(oom.is_out_of_memory() && !oom.is_too_large() && !oom.is_unknown_block(), "{oom}");
+    let too_large = sim_pool(SegmentMode::Plain, None).allocate(16 << 30, S0).unwrap_err();
+    assert!(too_large.is_too_large() && !too_large.is_out_of_memory(), "{too_large}");
+    assert!(pool.allocate(0, S0).unwrap_err().is_invalid_size());
+    let block = pool.allocate(MIB, S0).unwrap();
+    pool.free(&block).unwrap();
+    let twice = pool.free(&block).unwrap_err();
+    assert!(twice.is_unknown_block() && !twice.is_invalid_config(), "{twice}");
+    let bad = PoolConfig { large_segment_size: MIB, ..PoolConfig::default() };
+    let err = Pool::new(SimBackend::new("s", 1 << 30), bad).err().expect("a large segment below 2 MiB is refused");
+    assert!(err.is_invalid_config() && err.to_string().contains("large_segment_size"), "{err}");
+}
