@@ -102,8 +102,8 @@ impl UmmConfig {
             self.pool.segment_mode =
                 v.parse::<SegmentMode>().map_err(|_| invalid("UMM_SEGMENT_MODE", v, "auto, plain or virtual"))?;
         }
-        self.apply_segment_vars(&lookup)?;
-        self.apply_threshold_vars(&lookup)?;
+        self.apply_segment_vars(lookup)?;
+        self.apply_threshold_vars(lookup)?;
         for (var, field) in [
             ("UMM_THREAD_CACHE", &mut self.pool.thread_cache_bytes),
             ("UMM_THREAD_CACHE_LARGE", &mut self.pool.thread_cache_large_bytes),
@@ -127,7 +127,8 @@ impl UmmConfig {
             }
         }
         if let Some(v) = lookup("UMM_BACKENDS") {
-            (self.cuda, self.opencl, self.wgpu) = parse_backends(&v).map_err(|expected| invalid("UMM_BACKENDS", v, expected))?;
+            (self.cuda, self.opencl, self.wgpu) =
+                parse_backends(&v).map_err(|expected| invalid("UMM_BACKENDS", v, expected))?;
         }
         if let Some(v) = lookup("UMM_MAPPED_SLACK") {
             self.pool.mapped_slack = PoolConfig::parse_mapped_slack(&v)
@@ -145,7 +146,7 @@ impl UmmConfig {
             self.cleanup_idle_rounds =
                 v.trim().parse().map_err(|_| invalid("UMM_CLEANUP_IDLE_ROUNDS", v, "a non-negative integer"))?;
         }
-        self.apply_profiler_vars(&lookup)?;
+        self.apply_profiler_vars(lookup)?;
         self.validate().map_err(|e| {
             let seen = seen.borrow();
             if seen.is_empty() {
@@ -191,9 +192,10 @@ impl UmmConfig {
         let small = lookup("UMM_SMALL_MAX");
         let medium = lookup("UMM_MEDIUM_MAX");
         let thresholds = &mut self.decision.thresholds;
-        for (var, value, field) in
-            [("UMM_SMALL_MAX", &small, &mut thresholds.small_max), ("UMM_MEDIUM_MAX", &medium, &mut thresholds.medium_max)]
-        {
+        for (var, value, field) in [
+            ("UMM_SMALL_MAX", &small, &mut thresholds.small_max),
+            ("UMM_MEDIUM_MAX", &medium, &mut thresholds.medium_max),
+        ] {
             if let Some(v) = value {
                 *field = parse_size(v)
                     .ok()

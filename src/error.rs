@@ -132,10 +132,9 @@ impl Error {
         match self {
             Error::InvalidConfig(_) | Error::InvalidEnv { .. } => true,
             Error::Backend(e) => e.is_invalid_config(),
-            Error::Placement(e) => matches!(
-                e,
-                umm_placement::Error::InvalidConfig { .. } | umm_placement::Error::InvalidThresholds { .. }
-            ),
+            Error::Placement(e) => {
+                matches!(e, umm_placement::Error::InvalidConfig { .. } | umm_placement::Error::InvalidThresholds { .. })
+            }
             _ => false,
         }
     }

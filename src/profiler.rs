@@ -224,25 +224,22 @@ impl LeakReport {
 
     /// Live allocations grouped by call site and label, most bytes first. O(n log n).
     pub fn by_call_site(&self) -> Vec<LeakGroup> {
-        let mut groups: HashMap<(&CallSite, &Option<String>), (usize, u64, u64, u64)> = HashMap::new();
+        let mut groups: HashMap<(&CallSite, &Option<String>), LeakGroup> = HashMap::new();
         for a in &self.allocations {
-            let entry = groups.entry((&a.call_site, &a.label)).or_insert((0, 0, u64::MAX, 0));
-            entry.0 += 1;
-            entry.1 += a.bytes;
-            entry.2 = entry.2.min(a.bytes);
-            entry.3 = entry.3.max(a.bytes);
+            let group = groups.entry((&a.call_site, &a.label)).or_insert_with(|| LeakGroup {
+                call_site: a.call_site.clone(),
+                label: a.label.clone(),
+                count: 0,
+                bytes: 0,
+                min_bytes: u64::MAX,
+                max_bytes: 0,
+            });
+            group.count += 1;
+            group.bytes += a.bytes;
+            group.min_bytes = group.min_bytes.min(a.bytes);
+            group.max_bytes = group.max_bytes.max(a.bytes);
         }
-        let mut out: Vec<LeakGroup> = groups
-            .into_iter()
-            .map(|((site, label), (count, bytes, min_bytes, max_bytes))| LeakGroup {
-                call_site: site.clone(),
-                label: label.clone(),
-                count,
-                bytes,
-                min_bytes,
-                max_bytes,
-            })
-            .collect();
+        let mut out: Vec<LeakGroup> = groups.into_values().collect();
         out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.call_site.cmp(&b.call_site)));
         out
     }
