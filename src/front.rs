@@ -11,7 +11,8 @@
 //! - **An epoch** ([`Epoch`]) that invalidates every thread's placements at once. It moves when what a decision
 //!   depends on moved: a device's pressure state or its rank by free memory, or the usage evidence.
 //! - **Device figures** (free memory, through driver calls) are refreshed by the thread that finds them older
-//!   than [`REFRESH_INTERVAL`], checked every [`REFRESH_CHECK_EVERY`] allocations of a thread, by a cleanup
+//!   than [`UmmConfig::device_refresh`](crate::UmmConfig) (2 ms: a device filling up is noticed within a few
+//!   milliseconds, and the driver calls cost nothing per buffer), checked every [`REFRESH_CHECK_EVERY`] allocations of a thread, by a cleanup
 //!   round, after an allocation too big for a remembered placement (a sixteenth of the device's free memory
 //!   or more), and after an allocation that ran out of memory; never on every allocation.
 
@@ -20,13 +21,9 @@ use crate::registry::Device;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 use umm_backends::MemoryPool;
 use umm_placement::{AccessPattern, Api, Decision, DeviceSelector, Placement, SizeClass, UsageTracker};
 
-/// How old the device figures may get before an allocation refreshes them: short enough that a device filling
-/// up is noticed within a few milliseconds, long enough that the driver calls cost nothing per buffer.
-pub(crate) const REFRESH_INTERVAL: Duration = Duration::from_millis(2);
 /// Allocations of a thread between two looks at the clock (a look costs about as much as a cached allocation).
 pub(crate) const REFRESH_CHECK_EVERY: u32 = 8;
 /// Placements one thread keeps: a program allocates a handful of kinds of buffers.

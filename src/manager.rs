@@ -196,6 +196,11 @@ impl Builder {
         self.config.profiler.capacity = events;
         self
     }
+    /// How old the device figures placement decisions use may get (see [`UmmConfig::device_refresh`]).
+    pub fn device_refresh(mut self, interval: Duration) -> Self {
+        self.config.device_refresh = interval;
+        self
+    }
     /// Writes every allocation and free to an `umm-trace v1` file at `path` (`UMM_TRACE`).
     pub fn record_trace(mut self, path: impl Into<std::path::PathBuf>) -> Self {
         self.config.profiler.trace_path = Some(path.into());
@@ -287,6 +292,7 @@ impl UniversalMemoryManager {
 
     /// Allocates `n` elements of `T` where `placement` (and the decision table) says.
     #[track_caller]
+    #[inline]
     pub fn allocate_universal<T: bytemuck::Pod>(&self, n: usize, placement: Placement) -> Result<UniversalBuffer<T>> {
         self.allocate_universal_with(n, AllocOptions::new().placement(placement))
     }
@@ -321,6 +327,7 @@ impl UniversalMemoryManager {
     /// so generic code need not special-case empty tensors. `n * size_of::<T>()` overflowing 64 bits is
     /// [`Error::SizeOverflow`].
     #[track_caller]
+    #[inline]
     pub fn allocate_universal_with<T: bytemuck::Pod>(
         &self,
         n: usize,
@@ -541,10 +548,11 @@ impl UniversalMemoryManager {
 
 impl Inner {
     /// Refreshes the device figures and the evidence if the last refresh is older than
-    /// [`front::REFRESH_INTERVAL`].
+    /// [`UmmConfig::device_refresh`].
     fn refresh_if_due(&self) {
         let now = self.born.elapsed().as_nanos() as u64;
-        if now.saturating_sub(self.refreshed_ns.load(Ordering::Relaxed)) >= front::REFRESH_INTERVAL.as_nanos() as u64 {
+        if now.saturating_sub(self.refreshed_ns.load(Ordering::Relaxed)) >= self.config.device_refresh.as_nanos() as u64
+        {
             self.refresh();
         }
     }
