@@ -1,20 +1,20 @@
 //! [`UniversalBuffer<T>`]: a typed buffer in one pool, returned to it on drop. Its reads and writes feed the
 //! usage tracker.
 
+use crate::front::Placed;
 use crate::migrate::MigrationPath;
-use crate::profiler::Profiler;
 use crate::registry::Device;
 use crate::{Error, Result};
 use std::marker::PhantomData;
 use std::sync::Arc;
 use umm_backends::{BlockInfo, MemoryPool, OwnedBlock};
-use umm_placement::{AccessPattern, Decision, Placement, PoolKind, TrackId, UsageTracker};
+use umm_placement::{AccessPattern, Decision, Placement, PoolKind, TrackId};
 
 pub(crate) struct BufferMeta {
     pub(crate) requested: Placement,
     pub(crate) access: AccessPattern,
-    pub(crate) decision: Decision,
-    pub(crate) device: Arc<Device>,
+    /// The decision, device, pool, tracker and profiler: shared with the buffers placed alike on this thread.
+    pub(crate) placed: Arc<Placed>,
     pub(crate) label: Option<String>,
     pub(crate) read_only: bool,
 }
@@ -26,9 +26,9 @@ pub struct UniversalBuffer<T: bytemuck::Pod> {
     pub(crate) meta: BufferMeta,
     /// How the bytes got here, when the buffer was made by a migration.
     pub(crate) migrated_via: Option<MigrationPath>,
-    tracker: Arc<UsageTracker>,
     track: Option<TrackId>,
-    profile: (Arc<Profiler>, u64),
+    /// The buffer's entry in the profiler's live table.
+    profile: u64,
     filled: bool,
     _element: PhantomData<T>,
 }
@@ -39,22 +39,11 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
         block: Option<OwnedBlock>,
         len: usize,
         meta: BufferMeta,
-        tracker: Arc<UsageTracker>,
         track: TrackId,
-        profile: (Arc<Profiler>, u64),
+        profile: u64,
     ) -> Self {
         let filled = filled && meta.read_only;
-        Self {
-            block,
-            len,
-            meta,
-            migrated_via: None,
-            tracker,
-            track: Some(track),
-            profile,
-            filled,
-            _element: PhantomData,
-        }
+        Self { block, len, meta, migrated_via: None, track: Some(track), profile, filled, _element: PhantomData }
     }
 
     /// Elements.
@@ -74,7 +63,7 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
 
     /// The kind of pool the buffer lives in.
     pub fn placement(&self) -> PoolKind {
-        self.meta.decision.pool
+        self.meta.placed.decision.pool
     }
 
     /// The placement that was asked for (possibly `Auto`).
@@ -89,12 +78,12 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
 
     /// The decision that placed the buffer, with its reason.
     pub fn decision(&self) -> &Decision {
-        &self.meta.decision
+        &self.meta.placed.decision
     }
 
     /// The device the buffer lives on.
     pub fn device(&self) -> &Arc<Device> {
-        &self.meta.device
+        &self.meta.placed.device
     }
 
     /// The label given at allocation.
@@ -152,7 +141,7 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
         block.write((offset * std::mem::size_of::<T>()) as u64, bytes)?;
         if let Some(track) = &self.track {
-            self.tracker.record_host_write(track, bytes.len() as u64);
+            self.meta.placed.tracker.record_host_write(track, bytes.len() as u64);
         }
         Ok(())
     }
@@ -174,7 +163,7 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
         block.read((offset * std::mem::size_of::<T>()) as u64, bytes)?;
         if let Some(track) = &self.track {
-            self.tracker.record_host_read(track, bytes.len() as u64);
+            self.meta.placed.tracker.record_host_read(track, bytes.len() as u64);
         }
         Ok(())
     }
@@ -211,7 +200,7 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
         }
         self.filled = self.meta.read_only;
         if let Some(track) = &self.track {
-            self.tracker.record_host_write(track, self.size_bytes());
+            self.meta.placed.tracker.record_host_write(track, self.size_bytes());
         }
         Ok(())
     }
@@ -224,7 +213,7 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
         }
         let bytes = self.block.as_ref()?.host_bytes()?;
         if let Some(track) = &self.track {
-            self.tracker.record_host_read(track, bytes.len() as u64);
+            self.meta.placed.tracker.record_host_read(track, bytes.len() as u64);
         }
         bytemuck::try_cast_slice(bytes).ok()
     }
@@ -238,7 +227,7 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
             return Some(&mut []);
         }
         if let Some(track) = &self.track {
-            self.tracker.record_host_write(track, self.size_bytes());
+            self.meta.placed.tracker.record_host_write(track, self.size_bytes());
         }
         let bytes = self.block.as_mut()?.host_bytes_mut()?;
         bytemuck::try_cast_slice_mut(bytes).ok()
@@ -247,7 +236,7 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
     /// Records that a device kernel used the buffer (feeds the recommendations).
     pub fn record_device_use(&self) {
         if let Some(track) = &self.track {
-            self.tracker.record_device_use(track);
+            self.meta.placed.tracker.record_device_use(track);
         }
     }
 
@@ -268,9 +257,9 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
 impl<T: bytemuck::Pod> Drop for UniversalBuffer<T> {
     fn drop(&mut self) {
         if let Some(track) = self.track.take() {
-            self.tracker.retire(track);
+            self.meta.placed.tracker.retire(track);
         }
-        self.profile.0.on_free(self.profile.1);
+        self.meta.placed.profiler.on_free(self.profile);
     }
 }
 
@@ -279,8 +268,8 @@ impl<T: bytemuck::Pod> std::fmt::Debug for UniversalBuffer<T> {
         f.debug_struct("UniversalBuffer")
             .field("type", &std::any::type_name::<T>())
             .field("len", &self.len)
-            .field("placement", &self.meta.decision.pool)
-            .field("device", &self.meta.device.name())
+            .field("placement", &self.meta.placed.decision.pool)
+            .field("device", &self.meta.placed.device.name())
             .field("label", &self.meta.label)
             .finish()
     }

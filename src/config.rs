@@ -54,6 +54,16 @@ pub struct UmmConfig {
     pub cleanup_idle_rounds: u64,
     /// Event recording and `UMM_TRACE` recording.
     pub profiler: ProfilerConfig,
+    /// How old the device figures (free memory, pressure) that placement decisions use may get while
+    /// allocations go on (default 2 ms): they are refreshed off the allocation path, never per buffer.
+    #[serde(with = "duration_ms")]
+    pub device_refresh: std::time::Duration,
+}
+
+mod duration_ms {
+    pub fn serialize<S: serde::Serializer>(d: &std::time::Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64() * 1e3)
+    }
 }
 
 impl Default for UmmConfig {
@@ -67,6 +77,7 @@ impl Default for UmmConfig {
             simulated_devices: Vec::new(),
             cleanup_idle_rounds: 2,
             profiler: ProfilerConfig::default(),
+            device_refresh: std::time::Duration::from_millis(2),
         }
     }
 }

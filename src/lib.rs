@@ -25,6 +25,7 @@ pub mod config;
 pub mod device_table;
 mod discovery;
 mod error;
+mod front;
 mod host_info;
 mod manager;
 mod migrate;

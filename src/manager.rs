@@ -3,23 +3,24 @@
 
 use crate::buffer::{BufferMeta, UniversalBuffer};
 use crate::cleanup::{CleanupGuard, CleanupReport, DeviceCleanup};
+use crate::front::{self, Epoch, Key, Placed};
 use crate::host_info::HostInfo;
 use crate::profiler::{AllocEvent, Profiler};
 use crate::registry::{self, Device};
 use crate::stats::{DeviceStats, GlobalMemoryStats, PoolStatsEntry};
 use crate::{Error, Result, UmmConfig};
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use umm_backends::{OwnedBlock, PoolStats, StreamId};
 use umm_placement::{
-    AccessPattern, Decider, Decision, DeviceSelector, DeviceView, Placement, PoolKind, Recommendations, Request,
+    AccessPattern, Decider, Decision, DeviceSelector, DeviceView, Placement, Recommendations, Request, SizeClass,
     UsageTracker,
 };
 
-/// How often (in allocations) `Auto` refreshes the usage evidence it follows.
-const EVIDENCE_REFRESH_EVERY: u64 = 256;
+/// Numbers managers, so that a thread's placements (see [`front`]) name the manager they belong to.
+static NEXT_MANAGER_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Options of one allocation: placement, access pattern, device selector, zeroing, label, stream.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -77,8 +78,37 @@ pub(crate) struct Inner {
     pub(crate) decider: Decider,
     pub(crate) tracker: Arc<UsageTracker>,
     pub(crate) profiler: Arc<Profiler>,
+    /// The usage evidence `Auto` follows, as of the last refresh.
     evidence: RwLock<Option<Recommendations>>,
-    allocations: AtomicU64,
+    /// This manager's number among managers (see [`front::Key`]).
+    id: u64,
+    /// Moves when a refresh finds that what decisions depend on has changed.
+    epoch: Epoch,
+    /// The devices as of the last refresh: what decisions are made on.
+    views: RwLock<Arc<Vec<DeviceView>>>,
+    /// When the views were refreshed (nanoseconds since `born`).
+    refreshed_ns: AtomicU64,
+    born: Instant,
+    /// Held by the thread refreshing the views; what the last refresh found decisions depend on.
+    refresh: Mutex<Signature>,
+    /// The placements threads reuse (they hold `Weak`s): kept alive by the manager, not by idle threads.
+    placed: Mutex<Vec<Arc<Placed>>>,
+}
+
+/// What decisions depend on besides the request: which devices are under pressure, and their order by free
+/// memory.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Signature {
+    pressure: Vec<bool>,
+    by_free: Vec<usize>,
+}
+
+impl Signature {
+    fn of(views: &[DeviceView], pressure_threshold: f64) -> Self {
+        let mut by_free: Vec<usize> = (0..views.len()).collect();
+        by_free.sort_by(|&a, &b| views[b].free_bytes.cmp(&views[a].free_bytes).then(a.cmp(&b)));
+        Signature { pressure: views.iter().map(|v| v.used_fraction() > pressure_threshold).collect(), by_free }
+    }
 }
 
 /// The manager. `Send + Sync`; share it by reference or `Arc`. Buffers keep what they need alive, so they may
@@ -172,6 +202,11 @@ impl Builder {
         self.config.profiler.leak_warning = on;
         self
     }
+    /// How old the device figures placement decisions use may get (see [`UmmConfig::device_refresh`]).
+    pub fn device_refresh(mut self, interval: Duration) -> Self {
+        self.config.device_refresh = interval;
+        self
+    }
     /// Writes every allocation and free to an `umm-trace v1` file at `path` (`UMM_TRACE`).
     pub fn record_trace(mut self, path: impl Into<std::path::PathBuf>) -> Self {
         self.config.profiler.trace_path = Some(path.into());
@@ -194,6 +229,8 @@ impl Builder {
         let decider = Decider::new(self.config.decision)?;
         let tracker = Arc::new(UsageTracker::new(self.config.decision.thresholds)?);
         let profiler = Arc::new(Profiler::new(&self.config.profiler)?);
+        let views: Vec<DeviceView> = found.devices.iter().map(|d| d.view()).collect();
+        let signature = Signature::of(&views, self.config.decision.pressure_threshold);
         Ok(UniversalMemoryManager {
             inner: Arc::new(Inner {
                 config: self.config,
@@ -204,7 +241,13 @@ impl Builder {
                 tracker,
                 profiler,
                 evidence: RwLock::new(None),
-                allocations: AtomicU64::new(0),
+                id: NEXT_MANAGER_ID.fetch_add(1, Ordering::Relaxed),
+                epoch: Epoch::default(),
+                views: RwLock::new(Arc::new(views)),
+                refreshed_ns: AtomicU64::new(0),
+                born: Instant::now(),
+                refresh: Mutex::new(signature),
+                placed: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -246,16 +289,19 @@ impl UniversalMemoryManager {
         self.inner.devices.iter().map(|d| d.view()).collect()
     }
 
-    /// Where a request would go, and why, without allocating.
+    /// Where a request would go, and why, without allocating. Decided on the device figures of the last refresh
+    /// (at most a few milliseconds old while allocations go on; see [`UniversalMemoryManager::cleanup`]).
     pub fn decide(&self, bytes: u64, options: &AllocOptions) -> Result<Decision> {
         let request =
             Request::new(bytes).placement(options.placement).access(options.access).selector(options.selector);
         let evidence = self.evidence();
-        Ok(self.inner.decider.decide(&request, &self.device_views(), evidence.as_ref())?)
+        let views = Arc::clone(&self.inner.views.read());
+        Ok(self.inner.decider.decide(&request, &views, evidence.as_ref())?)
     }
 
     /// Allocates `n` elements of `T` where `placement` (and the decision table) says.
     #[track_caller]
+    #[inline]
     pub fn allocate_universal<T: bytemuck::Pod>(&self, n: usize, placement: Placement) -> Result<UniversalBuffer<T>> {
         self.allocate_universal_with(n, AllocOptions::new().placement(placement))
     }
@@ -290,6 +336,7 @@ impl UniversalMemoryManager {
     /// so generic code need not special-case empty tensors. `n * size_of::<T>()` overflowing 64 bits is
     /// [`Error::SizeOverflow`].
     #[track_caller]
+    #[inline]
     pub fn allocate_universal_with<T: bytemuck::Pod>(
         &self,
         n: usize,
@@ -314,29 +361,39 @@ impl UniversalMemoryManager {
             type_name: std::any::type_name::<T>(),
         })?;
         // Decide on at least one byte so an empty buffer still reports where it would live.
-        let decision = self.decide(bytes.max(1), options)?;
-        let device = Arc::clone(&self.inner.devices[decision.device]);
-        let api = match &options.selector {
-            DeviceSelector::Api(api) => Some(*api),
-            _ => None,
-        };
+        if front::tick() {
+            self.inner.refresh_if_due();
+        }
+        let (mut placed, mut cached, mut big) = self.placement(bytes, options, true)?;
         let block = if bytes == 0 {
             None
         } else {
-            let pool = device.pool(decision.pool, api, &self.inner.config.pool)?;
-            Some(match initial {
-                Some(data) => OwnedBlock::allocate_filled(pool, data, options.stream)?,
-                None => OwnedBlock::allocate(pool, bytes, options.stream, options.zeroed)?,
-            })
+            loop {
+                let pool = Arc::clone(placed.pool.as_ref().expect("placements for a non-empty buffer have a pool"));
+                let block = match initial {
+                    Some(data) => OwnedBlock::allocate_filled(pool, data, options.stream),
+                    None => OwnedBlock::allocate(pool, bytes, options.stream, options.zeroed),
+                };
+                match block {
+                    // The placement was made on figures up to a refresh interval old: decide again on fresh ones.
+                    Err(umm_backends::Error::OutOfMemory { .. }) if cached => {
+                        self.inner.refresh();
+                        (placed, cached, big) = self.placement(bytes, options, false)?;
+                    }
+                    other => break Some(other?),
+                }
+            }
         };
-        if self.inner.allocations.fetch_add(1, Ordering::Relaxed).is_multiple_of(EVIDENCE_REFRESH_EVERY) {
-            self.refresh_evidence();
+        if big {
+            // A block this large may have moved the device's pressure state: the next decision should know.
+            self.inner.refresh();
         }
-        let track = self.inner.tracker.register(bytes, options.placement, options.access, decision.pool);
-        let profile_id = self.inner.profiler.on_alloc(&AllocEvent {
+        let decision = &placed.decision;
+        let track = placed.tracker.register(bytes, options.placement, options.access, decision.pool);
+        let profile_id = placed.profiler.on_alloc(&AllocEvent {
             device: decision.device,
             pool: decision.pool,
-            api,
+            api: placed.api,
             bytes,
             stream: options.stream,
             label: options.label.as_deref(),
@@ -345,7 +402,7 @@ impl UniversalMemoryManager {
             pool_handle: block.as_ref().map(OwnedBlock::pool),
         });
         if let Some(data) = initial {
-            self.inner.tracker.record_host_write(&track, data.len() as u64);
+            placed.tracker.record_host_write(&track, data.len() as u64);
         }
         Ok(UniversalBuffer::new(
             initial.is_some(),
@@ -354,23 +411,74 @@ impl UniversalMemoryManager {
             BufferMeta {
                 requested: options.placement,
                 access: options.access,
-                decision,
-                device,
+                placed,
                 label: options.label.clone(),
                 read_only: options.placement == Placement::ReadOnly,
             },
-            Arc::clone(&self.inner.tracker),
             track,
-            (Arc::clone(&self.inner.profiler), profile_id),
+            profile_id,
         ))
+    }
+
+    /// The placement of a request: with `reuse`, the calling thread's for requests like it when the epoch has
+    /// not moved, else a fresh decision, which is remembered for the next request. Also returns whether it was
+    /// reused, and whether the request is too big for a remembered placement to serve (a sizeable share of the
+    /// device's free memory).
+    fn placement(&self, bytes: u64, options: &AllocOptions, reuse: bool) -> Result<(Arc<Placed>, bool, bool)> {
+        let inner = &self.inner;
+        let key = Key {
+            manager: inner.id,
+            placement: options.placement,
+            access: options.access,
+            selector: options.selector,
+            class: SizeClass::of(bytes.max(1), &inner.config.decision.thresholds),
+        };
+        let epoch = inner.epoch.now();
+        if let Some(placed) = front::lookup(&key, epoch, bytes).filter(|_| reuse) {
+            return Ok((placed, true, false));
+        }
+        let decision = self.decide(bytes.max(1), options)?;
+        let device = Arc::clone(&inner.devices[decision.device]);
+        let api = match options.selector {
+            DeviceSelector::Api(api) => Some(api),
+            _ => None,
+        };
+        let pool = match device.pool(decision.pool, api, &inner.config.pool) {
+            Ok(pool) => Some(pool),
+            Err(e) if bytes > 0 => return Err(e),
+            // An empty buffer needs no pool; a device that cannot make one still places it.
+            Err(_) => None,
+        };
+        let max_bytes = {
+            let views = inner.views.read();
+            let view = &views[decision.device];
+            if view.total_bytes == 0 {
+                u64::MAX
+            } else {
+                view.free_bytes / front::CACHED_SHARE_OF_FREE
+            }
+        };
+        let keep = pool.is_some();
+        let placed = Arc::new(Placed {
+            decision,
+            device,
+            pool,
+            api,
+            tracker: Arc::clone(&inner.tracker),
+            profiler: Arc::clone(&inner.profiler),
+        });
+        if keep {
+            let mut kept = inner.placed.lock();
+            kept.push(Arc::clone(&placed));
+            if let Some(replaced) = front::remember(key, epoch, max_bytes, &placed) {
+                kept.retain(|p| !std::ptr::eq(Arc::as_ptr(p), replaced.as_ptr()));
+            }
+        }
+        Ok((placed, false, bytes > max_bytes))
     }
 
     fn evidence(&self) -> Option<Recommendations> {
         self.inner.evidence.read().clone()
-    }
-
-    fn refresh_evidence(&self) {
-        *self.inner.evidence.write() = Some(self.inner.tracker.recommendations());
     }
 
     /// The recommended placement for small, medium and large buffers, read-only data and frequently accessed
@@ -378,6 +486,7 @@ impl UniversalMemoryManager {
     pub fn placement_recommendations(&self) -> Recommendations {
         let recs = self.inner.tracker.recommendations();
         *self.inner.evidence.write() = Some(recs.clone());
+        self.inner.epoch.advance();
         recs
     }
 
@@ -449,6 +558,36 @@ impl UniversalMemoryManager {
 }
 
 impl Inner {
+    /// Refreshes the device figures and the evidence if the last refresh is older than
+    /// [`UmmConfig::device_refresh`].
+    fn refresh_if_due(&self) {
+        let now = self.born.elapsed().as_nanos() as u64;
+        if now.saturating_sub(self.refreshed_ns.load(Ordering::Relaxed)) >= self.config.device_refresh.as_nanos() as u64
+        {
+            self.refresh();
+        }
+    }
+
+    /// Asks every device for its free memory and the tracker for its evidence, and moves the epoch when what
+    /// decisions depend on changed. One thread at a time; a thread that finds another refreshing goes on with
+    /// the figures it has.
+    fn refresh(&self) {
+        let Some(mut signature) = self.refresh.try_lock() else { return };
+        let views: Vec<DeviceView> = self.devices.iter().map(|d| d.view()).collect();
+        let fresh = Signature::of(&views, self.config.decision.pressure_threshold);
+        let evidence = self.tracker.recommendations();
+        let changed = *signature != fresh || self.evidence.read().as_ref() != Some(&evidence);
+        *self.views.write() = Arc::new(views);
+        *self.evidence.write() = Some(evidence);
+        *signature = fresh;
+        self.refreshed_ns.store(self.born.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if changed {
+            self.epoch.advance();
+        }
+        // Placements that no thread remembers and no buffer uses (their threads exited) go.
+        self.placed.lock().retain(|p| Arc::strong_count(p) > 1 || Arc::weak_count(p) > 0);
+    }
+
     pub(crate) fn cleanup(&self, idle_rounds: u64) -> CleanupReport {
         let start = Instant::now();
         let mut devices = Vec::new();
@@ -465,6 +604,7 @@ impl Inner {
         }
         // Halve the weight of old evidence each round so recommendations follow the current workload.
         let _ = self.tracker.decay(0.5);
+        self.refresh();
         CleanupReport {
             bytes_released: devices.iter().map(|d| d.bytes_released).sum(),
             segments_released: devices.iter().map(|d| d.segments_released).sum(),
@@ -501,5 +641,4 @@ fn _assert_send_sync() {
     fn is<T: Send + Sync>() {}
     is::<UniversalMemoryManager>();
     is::<UniversalBuffer<f32>>();
-    let _ = PoolKind::Host;
 }

@@ -32,7 +32,16 @@ pub struct SimBackend {
     physical: AtomicU64,
 }
 
+/// Free-memory queries answered by simulated devices in this process: what a driver's `cuMemGetInfo` would
+/// have been asked, so that a test can show which operations query the device.
+static FREE_MEMORY_QUERIES: AtomicU64 = AtomicU64::new(0);
+
 impl SimBackend {
+    /// Free-memory queries answered by every simulated device in this process so far.
+    pub fn free_memory_queries() -> u64 {
+        FREE_MEMORY_QUERIES.load(Ordering::Relaxed)
+    }
+
     /// Block alignment, as CUDA's.
     pub const ALIGNMENT: u64 = 256;
     /// Page and segment granularity, as CUDA's.
@@ -113,6 +122,7 @@ impl Backend for SimBackend {
         self.capacity
     }
     fn free_memory(&self) -> u64 {
+        FREE_MEMORY_QUERIES.fetch_add(1, Ordering::Relaxed);
         self.capacity - self.physical.load(Ordering::Relaxed)
     }
     fn create_segment(&self, size: u64) -> Result<SimSegment> {

@@ -86,8 +86,12 @@ fn identity(info: &wgpu::AdapterInfo) -> Option<String> {
     (info.vendor != 0 && info.device != 0).then(|| format!("pci-id:{:04x}:{:04x}", info.vendor, info.device))
 }
 
-/// Enumerates every adapter on every backend (Vulkan, GL, Metal, DX12; `WGPU_BACKEND` narrows the set). Never
-/// panics: with no driver installed the result has no devices and says why in `skipped`.
+/// Enumerates the adapters of the primary backends (Vulkan, Metal, DX12), or of the backends `WGPU_BACKEND` names
+/// (`WGPU_BACKEND=gl` for GL). GL is left out by default: on a machine with a GPU it shows the GPU a second time
+/// through a driver that often cannot open it (`Parent device is lost` on NVIDIA's), and on a headless machine
+/// Mesa's GL driver complains on stderr at every discovery. Every adapter is opened here, and one whose device
+/// cannot be created is skipped with the reason. Never panics: with no driver installed the result has no devices
+/// and says why in `skipped`.
 ///
 /// One physical device seen through two backends (lavapipe on Vulkan and llvmpipe on GL, a GPU on Vulkan and
 /// GL) is kept twice; the later one carries `same_device_as` = the earlier one's ordinal in its details, and
@@ -95,8 +99,11 @@ fn identity(info: &wgpu::AdapterInfo) -> Option<String> {
 pub fn discover() -> Discovery<WgpuDevice> {
     let mut discovery = Discovery { devices: Vec::new(), skipped: Vec::new() };
     let found = std::panic::catch_unwind(|| {
-        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::PRIMARY);
+        let mut descriptor = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+        descriptor.backends = backends;
+        let instance = wgpu::Instance::new(descriptor);
+        let adapters = pollster::block_on(instance.enumerate_adapters(backends));
         (instance, adapters)
     });
     let (instance, adapters) = match found {
@@ -113,8 +120,8 @@ pub fn discover() -> Discovery<WgpuDevice> {
     };
     if adapters.is_empty() {
         discovery.skipped.push(
-            "wgpu: no adapter on any backend (no Vulkan, GL, Metal or DX12 driver found; on Linux install \
-             mesa-vulkan-drivers and libvulkan1 for lavapipe)"
+            "wgpu: no adapter on the backends searched (no Vulkan, Metal or DX12 driver found, or none of those \
+             WGPU_BACKEND names; on Linux install mesa-vulkan-drivers and libvulkan1 for lavapipe)"
                 .into(),
         );
     }
@@ -131,11 +138,8 @@ pub fn discover() -> Discovery<WgpuDevice> {
                     && !twins.contains(&(d.info.ordinal, adapter_info.backend))
             })
         });
-        if let Some(other) = same_as {
-            twins.push((other, adapter_info.backend));
-        }
         let info = device_info(ordinal, &adapter, &adapter_info, key, same_as);
-        discovery.devices.push(WgpuDevice {
+        let device = WgpuDevice {
             info,
             limits: adapter.limits(),
             features: adapter.features(),
@@ -143,7 +147,20 @@ pub fn discover() -> Discovery<WgpuDevice> {
             adapter_info,
             _instance: instance.clone(),
             opened: Mutex::new(None),
-        });
+        };
+        // Opened now, so that an adapter no device can be made on is never offered (the device is kept for the
+        // pools).
+        if let Err(e) = device.open() {
+            discovery.skipped.push(format!(
+                "wgpu: {} ({}): the device cannot be opened: {e}",
+                device.info.name, device.adapter_info.backend
+            ));
+            continue;
+        }
+        if let Some(other) = same_as {
+            twins.push((other, device.adapter_info.backend));
+        }
+        discovery.devices.push(device);
     }
     discovery
 }
