@@ -213,7 +213,12 @@ impl Decider {
         }
         let thresholds = &self.config.thresholds;
         let size_class = SizeClass::of(req.bytes, thresholds);
-        let candidates: Vec<&DeviceView> = devices.iter().filter(|d| req.selector.matches(d)).collect();
+        // Auto on any device never picks a software or CPU runtime (llvmpipe, lavapipe, PoCL) while host memory
+        // is there: it is host memory behind a slower API. Such a device serves when a selector names it.
+        let host_exists = devices.iter().any(|d| d.kind == DeviceKind::Host);
+        let shun_software = req.placement == Placement::Auto && req.selector == DeviceSelector::Any && host_exists;
+        let usable = |d: &&DeviceView| !(shun_software && d.kind == DeviceKind::Cpu);
+        let candidates: Vec<&DeviceView> = devices.iter().filter(|d| req.selector.matches(d)).filter(usable).collect();
         if candidates.is_empty() {
             return Err(Error::NoDevice { asked: req.selector.describe(), available: describe_devices(devices) });
         }
@@ -232,7 +237,7 @@ impl Decider {
             reason: why.sentence(),
         };
 
-        if !devices.iter().any(DeviceView::is_accelerator) {
+        if !devices.iter().filter(usable).any(DeviceView::is_accelerator) {
             let order = if req.placement == Placement::HostPinned {
                 [PoolKind::HostPinned, PoolKind::Host]
             } else {
@@ -240,11 +245,26 @@ impl Decider {
             };
             for kind in order {
                 if let Some(host) = candidates.iter().find(|d| d.offers(kind)) {
-                    why.push(format!(
-                        "host memory only: no accelerator discovered, so it goes to {} on {}",
-                        kind.describe(),
-                        host.label()
-                    ));
+                    if devices.iter().any(DeviceView::is_accelerator) {
+                        why.push(format!(
+                            "host memory: Auto does not choose software or CPU devices ({}), which are host memory \
+                             behind a slower API (select one by index or API to use it), so it goes to {} on {}",
+                            devices
+                                .iter()
+                                .filter(|d| d.kind == DeviceKind::Cpu)
+                                .map(DeviceView::label)
+                                .collect::<Vec<_>>()
+                                .join(", "),
+                            kind.describe(),
+                            host.label()
+                        ));
+                    } else {
+                        why.push(format!(
+                            "host memory only: no accelerator discovered, so it goes to {} on {}",
+                            kind.describe(),
+                            host.label()
+                        ));
+                    }
                     return Ok(decision(host, kind, why));
                 }
             }

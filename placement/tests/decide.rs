@@ -177,11 +177,12 @@ fn devices_sharing_memory_prefer_zero_copy() {
     let d = decide(Request::new(MEDIUM).placement(Placement::DeviceLocal), &devices);
     assert_eq!((d.device, d.pool), (1, PoolKind::DeviceLocal));
 
-    // A shared-memory device without a pinned pool keeps its device-local pool (host memory anyway).
+    // A shared-memory device without a pinned pool keeps its device-local pool (host memory anyway); a CPU
+    // device serves Auto only when a selector names it.
     let mut cpu = igpu(1);
     cpu.kind = umm_placement::DeviceKind::Cpu;
     cpu.pools = vec![PoolKind::DeviceLocal];
-    let d = decide(auto(MEDIUM, AccessPattern::Unknown), &[host(0), cpu]);
+    let d = decide(auto(MEDIUM, AccessPattern::Unknown).selector(DeviceSelector::Index(1)), &[host(0), cpu]);
     assert_eq!((d.device, d.pool), (1, PoolKind::DeviceLocal));
     assert!(d.reason.contains("offers no pinned pool"), "{}", d.reason);
 }
@@ -336,4 +337,40 @@ fn decisions_serialize() {
     assert_eq!(json["pool"], "device_local");
     assert_eq!(json["size_class"], "medium");
     assert!(d.to_string().starts_with("device 1 device_local: Medium buffer"));
+}
+
+/// A software Vulkan adapter (lavapipe): a CPU device over host memory.
+fn software(index: usize) -> DeviceView {
+    DeviceView {
+        index,
+        name: "llvmpipe".into(),
+        kind: umm_placement::DeviceKind::Cpu,
+        apis: vec![Api::Wgpu],
+        shares_memory_with_host: true,
+        total_bytes: 16 * GIB,
+        free_bytes: 16 * GIB,
+        pools: vec![PoolKind::DeviceLocal, PoolKind::HostPinned, PoolKind::ReadOnly],
+    }
+}
+
+#[test]
+fn auto_never_picks_a_software_device_while_host_memory_exists() {
+    let devices = [host(0), software(1)];
+    for access in AccessPattern::iter() {
+        for bytes in [SMALL, MEDIUM, LARGE] {
+            let d = decide(auto(bytes, access), &devices);
+            assert_eq!(d.device, 0, "{access} {bytes}: {}", d.reason);
+            assert!(d.reason.contains("does not choose software or CPU devices"), "{}", d.reason);
+        }
+    }
+    // Named by a selector, or asked for explicitly, it serves.
+    let d = decide(auto(MEDIUM, AccessPattern::Unknown).selector(DeviceSelector::Index(1)), &devices);
+    assert_eq!(d.device, 1, "{}", d.reason);
+    let d = decide(auto(MEDIUM, AccessPattern::Unknown).selector(DeviceSelector::Api(Api::Wgpu)), &devices);
+    assert_eq!(d.device, 1, "{}", d.reason);
+    let d = decide(Request::new(MEDIUM).placement(Placement::DeviceLocal), &devices);
+    assert_eq!((d.device, d.pool), (1, PoolKind::DeviceLocal), "{}", d.reason);
+    // Beside a real GPU, Auto still goes to the GPU.
+    let d = decide(auto(MEDIUM, AccessPattern::Unknown), &[host(0), software(1), gpu(2, 80 * GIB, 80 * GIB)]);
+    assert_eq!(d.device, 2, "{}", d.reason);
 }
