@@ -291,7 +291,27 @@ struct LiveEntry {
     block: Option<(usize, u64)>,
 }
 
-/// The always-on table of live buffers: a slab whose slot numbers are what `on_alloc` returns.
+/// Shards of the live table. A thread records its allocations in a shard of its own (by a number taken at its
+/// first allocation), so that threads allocating at once do not queue on one lock; a free goes to the shard that
+/// recorded the buffer, whichever thread frees it.
+const LIVE_SHARDS: u64 = 32;
+
+/// The calling thread's live-table shard.
+fn live_shard() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    thread_local! {
+        static SHARD: u64 = NEXT.fetch_add(1, Ordering::Relaxed) % LIVE_SHARDS;
+    }
+    SHARD.try_with(|s| *s).unwrap_or(0)
+}
+
+/// One shard of the live table, alone on its cache lines.
+#[derive(Default)]
+#[repr(align(128))]
+struct LiveShard(Mutex<LiveTable>);
+
+/// The always-on table of live buffers (one shard of it): a slab whose slot numbers, with the shard's, are what
+/// `on_alloc` returns.
 #[derive(Default)]
 struct LiveTable {
     slots: Vec<Option<LiveEntry>>,
@@ -326,7 +346,7 @@ impl Ring {
 pub struct Profiler {
     enabled: AtomicBool,
     epoch: Instant,
-    live: Mutex<LiveTable>,
+    live: Box<[LiveShard]>,
     ring: Mutex<Ring>,
     trace: Option<TraceRecorder>,
 }
@@ -365,7 +385,7 @@ impl Profiler {
         Self {
             enabled: AtomicBool::new(enabled),
             epoch: Instant::now(),
-            live: Mutex::new(LiveTable::default()),
+            live: (0..LIVE_SHARDS).map(|_| LiveShard::default()).collect(),
             ring: Mutex::new(Ring { events: VecDeque::new(), capacity, dropped: 0, reserved: HashMap::new() }),
             trace: None,
         }
@@ -426,11 +446,13 @@ impl Profiler {
         }
     }
 
-    /// Every live buffer with its label and call site, oldest first. O(live log live).
+    /// Every live buffer with its label and call site, oldest first (exactly within a thread; across threads,
+    /// by each thread's count of allocations). O(live log live).
     pub fn leak_report(&self) -> LeakReport {
-        let live = self.live.lock();
-        let mut allocations: Vec<LiveAllocation> = live.slots.iter().flatten().map(live_allocation).collect();
-        drop(live);
+        let mut allocations: Vec<LiveAllocation> = Vec::new();
+        for shard in self.live.iter() {
+            allocations.extend(shard.0.lock().slots.iter().flatten().map(live_allocation));
+        }
         allocations.sort_by_key(|a| a.id);
         let total_bytes = allocations.iter().map(|a| a.bytes).sum();
         LeakReport { allocations, total_bytes }
@@ -438,15 +460,20 @@ impl Profiler {
 
     /// Live buffers by (pool address, block key), for labelling a snapshot's blocks. O(live).
     pub(crate) fn live_blocks(&self) -> HashMap<(usize, u64), LiveAllocation> {
-        let live = self.live.lock();
-        live.slots.iter().flatten().filter_map(|e| Some((e.block?, live_allocation(e)))).collect()
+        let mut blocks = HashMap::new();
+        for shard in self.live.iter() {
+            let live = shard.0.lock();
+            blocks.extend(live.slots.iter().flatten().filter_map(|e| Some((e.block?, live_allocation(e)))));
+        }
+        blocks
     }
 
     fn now_ns(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// Records an allocation; returns the id its free will be recorded with. O(1) (amortised), one mutex; the
+    /// Records an allocation; returns the handle its free is recorded with. O(1) (amortised), one mutex (the
+    /// calling thread's shard); the
     /// ring and trace only when on.
     #[inline]
     pub(crate) fn on_alloc(&self, event: &AllocEvent<'_>) -> u64 {
@@ -461,10 +488,12 @@ impl Profiler {
             location: event.location,
             block: event.block_key.zip(event.pool_handle.map(pool_address)).map(|(key, addr)| (addr, key)),
         };
+        let shard = live_shard();
         let (slot, id) = {
-            let mut live = self.live.lock();
+            let mut live = self.live[shard as usize].0.lock();
             live.next_id += 1;
-            let id = live.next_id;
+            // Unique over the shards, and in allocation order within each.
+            let id = live.next_id * LIVE_SHARDS + shard;
             let entry = Some(LiveEntry { id, ..entry });
             let slot = match live.vacant.pop() {
                 Some(slot) => {
@@ -486,7 +515,7 @@ impl Profiler {
         if self.is_enabled() {
             self.record_alloc(id, event);
         }
-        u64::from(slot)
+        u64::from(slot) * LIVE_SHARDS + shard
     }
 
     #[cold]
@@ -518,9 +547,10 @@ impl Profiler {
 
     /// Records the free of the allocation `on_alloc` returned `slot` for. O(1), one mutex.
     #[inline]
-    pub(crate) fn on_free(&self, slot: u64) {
+    pub(crate) fn on_free(&self, handle: u64) {
+        let (slot, shard) = (handle / LIVE_SHARDS, handle % LIVE_SHARDS);
         let entry = {
-            let mut live = self.live.lock();
+            let mut live = self.live[shard as usize].0.lock();
             let entry = live.slots.get_mut(slot as usize).and_then(Option::take);
             if entry.is_some() {
                 live.vacant.push(slot as u32);

@@ -61,6 +61,8 @@ impl TrackerConfig {
 pub struct TrackId {
     size_class: SizeClass,
     access: AccessPattern,
+    /// The shard that counts the buffer (its registering thread's).
+    shard: u8,
     registered: Instant,
 }
 
@@ -94,9 +96,11 @@ fn cell_index(size_class: SizeClass, access: AccessPattern) -> usize {
 ///
 /// # Cost
 /// The tracker holds 21 cells (3 size classes × 7 access patterns), each a small `parking_lot::Mutex` around a
-/// fixed-size tally. Every recording operation locks one cell, adds a few numbers and unlocks: O(1), no allocation,
-/// and threads recording buffers of different cells never contend. A [`TrackId`] carries its cell and
-/// registration time, so the tracker keeps no per-buffer table.
+/// fixed-size tally, once per shard (16): a thread registers its buffers in a shard of its own. Every recording
+/// operation locks one cell of the buffer's shard, adds a few numbers and unlocks: O(1), no allocation, and threads
+/// in different shards never contend. A [`TrackId`] carries its cell, shard and registration time, so the tracker
+/// keeps no per-buffer table. Reports sum the shards (O(shards) per cell). The automatic halving below applies to
+/// each shard's cells on their own counts.
 ///
 /// # Decay
 /// Old evidence fades in two ways:
@@ -112,7 +116,27 @@ fn cell_index(size_class: SizeClass, access: AccessPattern) -> usize {
 #[derive(Debug)]
 pub struct UsageTracker {
     config: TrackerConfig,
-    cells: [Mutex<Tally>; CELLS],
+    /// The cells, once per shard: a thread registers its buffers in a shard of its own, so that threads
+    /// allocating alike do not queue on one cell's lock; the figures reported are sums over the shards.
+    shards: Box<[Shard]>,
+}
+
+/// Shards of a tracker's cells.
+const SHARDS: usize = 16;
+
+/// One shard's cells, alone on its cache lines.
+#[derive(Debug)]
+#[repr(align(128))]
+struct Shard([Mutex<Tally>; CELLS]);
+
+/// The calling thread's shard (numbers are handed out round robin at a thread's first registration).
+fn this_threads_shard() -> u8 {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SHARD: u8 = (NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS) as u8;
+    }
+    SHARD.try_with(|s| *s).unwrap_or(0)
 }
 
 impl Default for UsageTracker {
@@ -140,7 +164,8 @@ impl UsageTracker {
     }
 
     fn with_valid_config(config: TrackerConfig) -> Self {
-        UsageTracker { config, cells: std::array::from_fn(|_| Mutex::new(Tally::default())) }
+        let shards = (0..SHARDS).map(|_| Shard(std::array::from_fn(|_| Mutex::new(Tally::default())))).collect();
+        UsageTracker { config, shards }
     }
 
     /// The tracker's settings.
@@ -152,8 +177,8 @@ impl UsageTracker {
     /// pool of kind `pool`. O(1), allocation-free.
     pub fn register(&self, bytes: u64, placement: Placement, access: AccessPattern, pool: PoolKind) -> TrackId {
         let size_class = SizeClass::of(bytes, &self.config.thresholds);
-        let id = TrackId { size_class, access, registered: Instant::now() };
-        let mut t = self.cells[id.cell()].lock();
+        let id = TrackId { size_class, access, shard: this_threads_shard(), registered: Instant::now() };
+        let mut t = self.cell(&id).lock();
         t.buffers += 1.0;
         t.live += 1;
         t.bytes += bytes as f64;
@@ -190,7 +215,7 @@ impl UsageTracker {
     }
 
     fn record_access(&self, id: &TrackId, add: impl FnOnce(&mut Tally)) {
-        let mut t = self.cells[id.cell()].lock();
+        let mut t = self.cell(id).lock();
         add(&mut t);
         if t.accesses() > self.config.access_cap as f64 {
             t.scale_accesses(0.5);
@@ -200,14 +225,14 @@ impl UsageTracker {
     /// Ends the buffer's lifetime; its evidence stays in the aggregate. O(1), allocation-free.
     pub fn retire(&self, id: TrackId) {
         let lifetime_ms = id.registered.elapsed().as_secs_f64() * 1e3;
-        let mut t = self.cells[id.cell()].lock();
+        let mut t = self.cell(&id).lock();
         t.live = t.live.saturating_sub(1);
         t.retired += 1.0;
         t.lifetime_ms_sum += lifetime_ms;
     }
 
     /// Multiplies every decayable sum in every cell by `factor` (1 keeps everything, 0 forgets everything but
-    /// the live-buffer counts). O(cells) = O(1).
+    /// the live-buffer counts). O(cells × shards) = O(1).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] unless `0 <= factor <= 1`.
@@ -219,7 +244,7 @@ impl UsageTracker {
                 expected: "a fraction in [0, 1]",
             });
         }
-        for cell in &self.cells {
+        for cell in self.shards.iter().flat_map(|shard| &shard.0) {
             let mut t = cell.lock();
             t.scale_buffers(factor);
             t.scale_accesses(factor);
@@ -227,12 +252,26 @@ impl UsageTracker {
         Ok(())
     }
 
-    /// The evidence for buffers of one size class and declared access pattern. O(1).
-    pub fn evidence(&self, size_class: SizeClass, access: AccessPattern) -> Evidence {
-        self.cells[cell_index(size_class, access)].lock().evidence()
+    /// The cell that counts the buffer `id`.
+    fn cell(&self, id: &TrackId) -> &Mutex<Tally> {
+        &self.shards[usize::from(id.shard)].0[id.cell()]
     }
 
-    /// One recommendation per [`Subject`] under the tracker's own rule settings. O(cells) = O(1) (allocates the
+    /// One cell summed over the shards.
+    fn tally(&self, size_class: SizeClass, access: AccessPattern) -> Tally {
+        let mut sum = Tally::default();
+        for shard in self.shards.iter() {
+            sum.add(&shard.0[cell_index(size_class, access)].lock());
+        }
+        sum
+    }
+
+    /// The evidence for buffers of one size class and declared access pattern. O(shards).
+    pub fn evidence(&self, size_class: SizeClass, access: AccessPattern) -> Evidence {
+        self.tally(size_class, access).evidence()
+    }
+
+    /// One recommendation per [`Subject`] under the tracker's own rule settings. O(cells × shards) = O(1) (allocates the
     /// result).
     pub fn recommendations(&self) -> Recommendations {
         self.recommendations_with(&self.config.recommend)
@@ -245,8 +284,7 @@ impl UsageTracker {
         for size_class in SizeClass::iter() {
             for access in AccessPattern::iter() {
                 let subject = Subject::of(size_class, access);
-                let cell = *self.cells[cell_index(size_class, access)].lock();
-                tallies[subject as usize].add(&cell);
+                tallies[subject as usize].add(&self.tally(size_class, access));
             }
         }
         Recommendations::from_tallies(self.config.thresholds, *config, &tallies)
