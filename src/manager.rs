@@ -444,7 +444,8 @@ impl UniversalMemoryManager {
             _ => None,
         };
         let pool = match device.pool(decision.pool, api, &inner.config.pool) {
-            Ok(pool) => Some(pool),
+            // This thread's own handle on the pool: its buffers count on it, not on the pool every thread shares.
+            Ok(pool) => Some(Arc::new(umm_backends::PoolLease::new(pool)) as Arc<dyn umm_backends::MemoryPool>),
             Err(e) if bytes > 0 => return Err(e),
             // An empty buffer needs no pool; a device that cannot make one still places it.
             Err(_) => None,

@@ -169,7 +169,7 @@ impl UniversalMemoryManager {
         for device in self.devices() {
             for (api, kind, pool) in device.pools() {
                 let snap = pool.snapshot();
-                let address = Arc::as_ptr(&pool) as *const () as usize;
+                let address = pool.identity();
                 let segments = snap
                     .segments
                     .iter()

@@ -368,7 +368,7 @@ impl fmt::Debug for Profiler {
 }
 
 fn pool_address(pool: &Arc<dyn MemoryPool>) -> usize {
-    Arc::as_ptr(pool) as *const () as usize
+    pool.identity()
 }
 
 impl Profiler {
@@ -755,6 +755,7 @@ mod tests {
     fn ring_drops_the_oldest_and_counts() {
         let p = Profiler::with_capacity(true, 2);
         let loc = Location::caller();
+        let mut handles = Vec::new();
         for bytes in 1..=3 {
             let event = AllocEvent {
                 device: 0,
@@ -767,14 +768,16 @@ mod tests {
                 block_key: None,
                 pool_handle: None,
             };
-            p.on_alloc(&event);
+            handles.push(p.on_alloc(&event));
         }
         let events = p.events();
         assert_eq!(events.iter().map(|e| e.bytes).collect::<Vec<_>>(), [2, 3]);
         assert_eq!(p.dropped_events(), 1);
         assert_eq!(p.leak_report().total_bytes, 6);
-        p.on_free(0);
+        p.on_free(handles[0]);
         assert_eq!(p.leak_report().total_bytes, 5);
-        assert_eq!(p.events().last().map(|e| (e.kind, e.id)), Some((EventKind::Free, 1)));
+        // The first allocation of this thread's shard.
+        let first_id = LIVE_SHARDS + live_shard();
+        assert_eq!(p.events().last().map(|e| (e.kind, e.id)), Some((EventKind::Free, first_id)));
     }
 }

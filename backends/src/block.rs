@@ -143,6 +143,99 @@ pub trait MemoryPool: sealed::Sealed + Send + Sync + 'static {
     fn set_limit(&self, limit: Option<Limit>) -> Result<()>;
     /// The concrete pool, for backend-specific interop (`downcast_ref::<Pool<CudaBackend>>()`).
     fn as_any(&self) -> &dyn Any;
+    /// What names the pool: its address, the same through every [`PoolLease`] of it.
+    fn identity(&self) -> usize {
+        self.as_any() as *const dyn Any as *const () as usize
+    }
+}
+
+/// A handle on a shared pool that forwards every call to it, for one thread to hold many of: each block
+/// allocated through the lease holds the lease's reference count, which only its thread writes, instead of the
+/// pool's, which every thread would write on every allocation and free (a cache line passed between cores at
+/// each). [`MemoryPool::identity`] and [`MemoryPool::as_any`] are the pool's.
+pub struct PoolLease(Arc<dyn MemoryPool>);
+
+impl PoolLease {
+    /// A lease on `pool`.
+    pub fn new(pool: Arc<dyn MemoryPool>) -> Self {
+        Self(pool)
+    }
+
+    /// The pool leased.
+    pub fn pool(&self) -> &Arc<dyn MemoryPool> {
+        &self.0
+    }
+}
+
+impl sealed::Sealed for PoolLease {}
+
+impl MemoryPool for PoolLease {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    fn kind(&self) -> BackendKind {
+        self.0.kind()
+    }
+    fn alignment(&self) -> u64 {
+        self.0.alignment()
+    }
+    fn capacity(&self) -> u64 {
+        self.0.capacity()
+    }
+    fn free_memory(&self) -> u64 {
+        self.0.free_memory()
+    }
+    fn allocate(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
+        self.0.allocate(bytes, stream)
+    }
+    fn allocate_zeroed(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
+        self.0.allocate_zeroed(bytes, stream)
+    }
+    fn allocate_filled(&self, data: &[u8], stream: StreamId) -> Result<BlockHandle> {
+        self.0.allocate_filled(data, stream)
+    }
+    fn free(&self, block: &BlockHandle) -> Result<()> {
+        self.0.free(block)
+    }
+    fn write(&self, block: &BlockHandle, offset: u64, src: &[u8]) -> Result<()> {
+        self.0.write(block, offset, src)
+    }
+    fn read(&self, block: &BlockHandle, offset: u64, dst: &mut [u8]) -> Result<()> {
+        self.0.read(block, offset, dst)
+    }
+    fn fill(&self, block: &BlockHandle, offset: u64, len: u64, value: u8) -> Result<()> {
+        self.0.fill(block, offset, len, value)
+    }
+    fn host_ptr(&self, block: &BlockHandle) -> Option<std::ptr::NonNull<u8>> {
+        self.0.host_ptr(block)
+    }
+    fn settle(&self) -> Result<()> {
+        self.0.settle()
+    }
+    fn stats(&self) -> PoolStats {
+        self.0.stats()
+    }
+    fn snapshot(&self) -> crate::pool::PoolSnapshot {
+        self.0.snapshot()
+    }
+    fn reset_peaks(&self) {
+        self.0.reset_peaks()
+    }
+    fn release_cached(&self) -> TrimReport {
+        self.0.release_cached()
+    }
+    fn cleanup(&self, idle_rounds: u64) -> TrimReport {
+        self.0.cleanup(idle_rounds)
+    }
+    fn set_limit(&self, limit: Option<Limit>) -> Result<()> {
+        self.0.set_limit(limit)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self.0.as_any()
+    }
+    fn identity(&self) -> usize {
+        self.0.identity()
+    }
 }
 
 impl<B: Backend> sealed::Sealed for Pool<B> {}

@@ -26,7 +26,7 @@ pub mod stats;
 pub mod wgpu_backend;
 
 pub use backend::{Backend, BackendKind, HostPtr, PoolAccess, VirtualMemory};
-pub use block::{BlockHandle, BlockInfo, MemoryPool, OwnedBlock};
+pub use block::{BlockHandle, BlockInfo, MemoryPool, OwnedBlock, PoolLease};
 pub use device::{DeviceInfo, DeviceType, Discovery, PoolPlacement};
 pub use device_copy::DevicePath;
 pub use error::{Error, Result};
