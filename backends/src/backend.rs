@@ -174,4 +174,11 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
         let _ = (segment, offset);
         None
     }
+
+    /// Whether [`Backend::host_ptr`] can return an address for any segment of this backend. `false` lets a pool
+    /// answer that a block has no host address without looking the block up under its locks (every buffer asks
+    /// once, at allocation). A backend that overrides `host_ptr` overrides this too.
+    fn may_be_host_addressable(&self) -> bool {
+        false
+    }
 }

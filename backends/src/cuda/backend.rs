@@ -434,4 +434,7 @@ impl Backend for CudaBackend {
         let host = segment.host_addr?;
         (offset < segment.size).then(|| raw::pinned_host_ptr(host, offset as usize)).flatten()
     }
+    fn may_be_host_addressable(&self) -> bool {
+        self.placement == PoolPlacement::HostPinned
+    }
 }

@@ -113,6 +113,9 @@ impl Backend for HostBackend {
     fn host_ptr(&self, segment: &HostSegment, offset: u64) -> Option<HostPtr> {
         (offset < segment.size).then(|| raw::host_ptr(segment.addr, offset as usize))
     }
+    fn may_be_host_addressable(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -401,6 +401,9 @@ impl Backend for OpenClBackend {
         let base = segment.0.mapped?;
         (offset < segment.size()).then(|| raw::mapped_host_ptr(base, offset as usize)).flatten()
     }
+    fn may_be_host_addressable(&self) -> bool {
+        true
+    }
 }
 
 /// The sub-buffer of a live block of `pool`, covering the bytes that were asked for, for use as a kernel

@@ -1311,6 +1311,9 @@ impl<B: Backend> Pool<B> {
 
     /// Host address of the block's first byte when its memory is host-addressable.
     pub fn host_ptr(&self, block: &BlockHandle) -> Option<std::ptr::NonNull<u8>> {
+        if !self.backend.may_be_host_addressable() {
+            return None;
+        }
         let (segment, offset) = self.segment_of(block)?;
         self.backend.host_ptr(&segment, offset).map(HostPtr::as_non_null)
     }
