@@ -50,6 +50,25 @@ pub struct DeviceRow {
     pub pools: Vec<PoolUsage>,
     /// What each API reports (vendor, details such as compute capability or driver).
     pub per_api: Vec<DeviceInfo>,
+    /// Indices of the devices that can read and write this one's memory directly (CUDA peers over NVLink or
+    /// PCIe): a buffer migrates between them by peer copy, and kernels of one may use the other's buffers.
+    pub peers: Vec<usize>,
+}
+
+/// The manager indices of the devices that the CUDA driver says can reach `device`'s memory as peers.
+fn cuda_peers(device: &crate::Device, all: &[std::sync::Arc<crate::Device>]) -> Vec<usize> {
+    let cuda_ordinal = |d: &crate::Device| {
+        d.api_infos().into_iter().find(|i| i.api == umm_backends::BackendKind::Cuda).map(|i| i.ordinal)
+    };
+    let Some(info) = device.api_infos().into_iter().find(|i| i.api == umm_backends::BackendKind::Cuda) else {
+        return Vec::new();
+    };
+    let Some((_, listed)) = info.details.iter().find(|(key, _)| key == "peers") else { return Vec::new() };
+    listed
+        .split(", ")
+        .filter_map(|p| p.strip_prefix("cuda:")?.parse::<usize>().ok())
+        .filter_map(|ordinal| all.iter().find(|d| cuda_ordinal(d) == Some(ordinal)).map(|d| d.index()))
+        .collect()
 }
 
 /// Every device, and what discovery skipped (`umm devices --json` prints this).
@@ -95,6 +114,7 @@ impl UniversalMemoryManager {
                         })
                         .collect(),
                     per_api: infos.into_iter().cloned().collect(),
+                    peers: cuda_peers(d, self.devices()),
                 }
             })
             .collect();
@@ -172,6 +192,10 @@ impl fmt::Display for DeviceTable {
         line(f, &header)?;
         for row in &rows {
             line(f, &row.each_ref().map(String::as_str))?;
+        }
+        for d in self.devices.iter().filter(|d| !d.peers.is_empty()) {
+            let from: Vec<String> = d.peers.iter().map(|p| format!("[{p}]")).collect();
+            writeln!(f, "peers: [{}] is reachable directly from {}", d.index, from.join(", "))?;
         }
         for reason in &self.skipped {
             writeln!(f, "skipped: {reason}")?;

@@ -83,8 +83,17 @@ fn auto_spreads_large_allocations_across_gpus_by_free_memory() {
 fn gpu_to_gpu_migration_is_a_peer_copy_and_its_bandwidth_is_reported() {
     let Some((mm, gpus)) = two_gpus(SegmentMode::Plain) else { return };
     let ordinals = (cuda_ordinal(&mm.devices()[gpus[0]]).unwrap(), cuda_ordinal(&mm.devices()[gpus[1]]).unwrap());
+    let table = mm.device_table();
+    for line in table.to_string().lines().filter(|l| l.starts_with("peers:")) {
+        println!("{line}");
+    }
+    for &g in &gpus {
+        let peers = &table.devices[g].peers;
+        assert!(peers.iter().all(|p| gpus.contains(p) && *p != g), "GPU [{g}] lists peers {peers:?}");
+    }
     drop(mm);
-    // Raw baseline before umm enabled peer access: cudarc's cross-context memcpy_dtod is cuMemcpyPeerAsync.
+    // Raw baseline: cudarc's cross-context memcpy_dtod is cuMemcpyPeerAsync, between cuMemAlloc buffers with peer
+    // access enabled.
     let raw_before = raw_peer_copy(ordinals);
     let mut failures = Vec::new();
     // Plain segments are cuMemAlloc memory; Auto maps virtual reservations (cuMemCreate/cuMemMap) where the
@@ -109,9 +118,10 @@ fn gpu_to_gpu_migration_is_a_peer_copy_and_its_bandwidth_is_reported() {
         }
     }
     let raw_after = raw_peer_copy(ordinals);
-    for (when, t) in [("before umm enabled peer access", raw_before), ("after", raw_after)] {
+    for (when, t) in [("first", raw_before), ("again, after umm's migrations", raw_after)] {
         println!(
-            "raw cuMemcpyPeerAsync (cudarc, cuMemAlloc memory) {when}, {} MiB, median of {ROUNDS}: {:.1} GB/s \
+            "raw cuMemcpyPeerAsync (cudarc, cuMemAlloc memory, peer access enabled) {when}, {} MiB, median of \
+             {ROUNDS}: {:.1} GB/s \
              ({:.2} ms)",
             PEER_BYTES / MIB,
             gb_per_s(PEER_BYTES, t),
@@ -122,7 +132,8 @@ fn gpu_to_gpu_migration_is_a_peer_copy_and_its_bandwidth_is_reported() {
 }
 
 /// Migrates a 256 MiB buffer between GPUs `a` and `b` `2 * ROUNDS` times (after a warm-up round trip that fills
-/// the pools' caches), checks the path and the contents, and returns the median time of one migration.
+/// the pools' caches), checks the path of each and the contents after them, then checks the contents after each
+/// of four more migrations; returns the median time of one timed migration.
 fn umm_peer_migrations(mm: &UniversalMemoryManager, a: usize, b: usize) -> Result<Duration, String> {
     let on = |g: usize| MigrateTo::new(Placement::DeviceLocal).device(DeviceSelector::Index(g));
     let data: Vec<u8> = (0..PEER_BYTES).map(|i| (i % 251) as u8).collect();
@@ -143,27 +154,58 @@ fn umm_peer_migrations(mm: &UniversalMemoryManager, a: usize, b: usize) -> Resul
         }
     }
     if buf.to_vec().map_err(|e| e.to_string())? != data {
-        return Err(format!("contents changed over {} peer migrations", 2 * ROUNDS + 2));
+        return Err(format!("contents changed over {} timed peer migrations", 2 * ROUNDS + 2));
+    }
+    // Then copies checked one by one (reading back between copies would change what the timed ones measure).
+    for round in 0..2 {
+        for target in [b, a] {
+            buf = buf.migrate(mm, on(target)).map_err(|e| e.to_string())?;
+            if buf.to_vec().map_err(|e| e.to_string())? != data {
+                return Err(format!("contents changed by the peer migration to [{target}] in checked round {round}"));
+            }
+        }
     }
     Ok(median(times))
 }
 
-/// Median time of `ROUNDS` peer copies of `PEER_BYTES` from CUDA device `a` to CUDA device `b` (ordinals), with
-/// cudarc alone, on the same primary contexts that umm uses.
+/// Median time of `ROUNDS` peer copies of `PEER_BYTES` from CUDA device `a` to CUDA device `b` (ordinals):
+/// `cuMemcpyPeerAsync` between two `cuMemAlloc` buffers, with peer access enabled both ways, on the same primary
+/// contexts that umm uses, then a synchronize.
+#[allow(unsafe_code)]
 fn raw_peer_copy((a, b): (usize, usize)) -> Duration {
+    use umm::backends::cuda::cudarc::driver::result;
     let (ctx_a, ctx_b) = (CudaContext::new(a).unwrap(), CudaContext::new(b).unwrap());
-    let (stream_a, stream_b) = (ctx_a.default_stream(), ctx_b.default_stream());
-    let src = stream_a.alloc_zeros::<u8>(PEER_BYTES).unwrap();
-    let mut dst = stream_b.alloc_zeros::<u8>(PEER_BYTES).unwrap();
-    stream_a.synchronize().unwrap();
+    let peer = umm::backends::cuda::enable_peer_access(&ctx_b, &ctx_a).unwrap()
+        && umm::backends::cuda::enable_peer_access(&ctx_a, &ctx_b).unwrap();
+    println!(
+        "raw baseline: peer access between cuda:{a} and cuda:{b}: {}",
+        if peer { "enabled" } else { "not possible" }
+    );
+    ctx_a.bind_to_thread().unwrap();
+    // SAFETY: a plain device allocation in the bound context `a`; freed below in the same context.
+    let src = unsafe { result::malloc_sync(PEER_BYTES) }.unwrap();
+    // SAFETY: `src` is `PEER_BYTES` long and nothing else uses it.
+    unsafe { result::memset_d8_sync(src, 7, PEER_BYTES) }.unwrap();
+    ctx_b.bind_to_thread().unwrap();
+    // SAFETY: as for `src`, in context `b`.
+    let dst = unsafe { result::malloc_sync(PEER_BYTES) }.unwrap();
+    let stream = ctx_b.default_stream();
     let mut times = Vec::new();
     for round in 0..=ROUNDS {
         let start = Instant::now();
-        stream_b.memcpy_dtod(&src, &mut dst).unwrap();
-        stream_b.synchronize().unwrap();
+        // SAFETY: both buffers are live allocations of `PEER_BYTES` in their contexts; the copy is waited for
+        // before either is freed.
+        unsafe { result::memcpy_peer_async(ctx_b.cu_ctx(), dst, ctx_a.cu_ctx(), src, PEER_BYTES, stream.cu_stream()) }
+            .unwrap();
+        stream.synchronize().unwrap();
         if round > 0 {
             times.push(start.elapsed());
         }
     }
+    // SAFETY: allocated above in context `b` (bound), no work pending.
+    unsafe { result::free_sync(dst) }.unwrap();
+    ctx_a.bind_to_thread().unwrap();
+    // SAFETY: allocated above in context `a`, no work pending.
+    unsafe { result::free_sync(src) }.unwrap();
     median(times)
 }

@@ -36,7 +36,7 @@ pub use backend::{CudaBackend, CudaSegment};
 pub use buffer::CudaBuffer;
 pub use cache::{allocate_batch, warm_up};
 pub use interop::{BlockView, BlockViewMut, CudaPoolExt};
-pub use peer::copy_block;
+pub use peer::{copy_block, enable_peer_access};
 pub use raw::foreign_stream;
 pub use scope::ContextScope;
 pub use stream_ids::stream_id;
@@ -58,6 +58,18 @@ pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     /// VMM page size when the device supports virtual memory management.
     vmm_page: Option<u64>,
+    /// Ordinals of the devices that can read and write this one's memory directly (NVLink or PCIe P2P).
+    peers: Vec<i32>,
+}
+
+/// The ordinals among `0..count` (other than `ordinal`) whose devices can reach device `ordinal`'s memory as
+/// peers. A query that fails counts as no.
+fn peers_of(ordinal: usize, count: usize) -> Vec<i32> {
+    let Ok(this) = raw::device(ordinal as i32) else { return Vec::new() };
+    (0..count as i32)
+        .filter(|&p| p != ordinal as i32)
+        .filter(|&p| raw::device(p).and_then(|peer| raw::can_access_peer(peer, this)).unwrap_or(false))
+        .collect()
 }
 
 /// Finds every CUDA device. Never panics and prints nothing: without the driver library, without a GPU, or
@@ -83,7 +95,7 @@ pub fn discover() -> Discovery<CudaDevice> {
         found.skipped.push("CUDA: the driver reports no devices".into());
     }
     for ordinal in 0..count.max(0) as usize {
-        match CudaDevice::open(ordinal) {
+        match CudaDevice::open(ordinal, count.max(0) as usize) {
             Ok(device) => found.devices.push(device),
             Err(e) => found.skipped.push(format!("CUDA device {ordinal}: {e}")),
         }
@@ -92,7 +104,7 @@ pub fn discover() -> Discovery<CudaDevice> {
 }
 
 impl CudaDevice {
-    fn open(ordinal: usize) -> Result<Self> {
+    fn open(ordinal: usize, count: usize) -> Result<Self> {
         let fail = |call: &str, e: cudarc::driver::DriverError| Error::Driver {
             backend: format!("cuda:{ordinal}"),
             call: call.into(),
@@ -119,6 +131,15 @@ impl CudaDevice {
         }
         details
             .push(("virtual_memory".into(), vmm_page.map_or("no".into(), |p| format!("yes ({} KiB pages)", p >> 10))));
+        let peers = peers_of(ordinal, count);
+        details.push((
+            "peers".into(),
+            if peers.is_empty() {
+                "none".into()
+            } else {
+                peers.iter().map(|p| format!("cuda:{p}")).collect::<Vec<_>>().join(", ")
+            },
+        ));
         let info = DeviceInfo {
             api: BackendKind::Cuda,
             ordinal,
@@ -134,7 +155,7 @@ impl CudaDevice {
             uuid,
             details,
         };
-        Ok(Self { info, ctx, vmm_page })
+        Ok(Self { info, ctx, vmm_page, peers })
     }
 
     /// What the device is.
@@ -154,7 +175,14 @@ impl CudaDevice {
 
     /// The backend of a pool for `placement` (for callers that build `Pool`s themselves).
     pub fn backend(&self, placement: PoolPlacement) -> CudaBackend {
-        CudaBackend::new(self.ctx.clone(), &self.info.name, placement, self.info.total_memory, self.vmm_page)
+        CudaBackend::new(
+            self.ctx.clone(),
+            &self.info.name,
+            placement,
+            self.info.total_memory,
+            self.vmm_page,
+            &self.peers,
+        )
     }
 
     /// A pool of this device for `placement`.

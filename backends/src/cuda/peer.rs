@@ -89,3 +89,25 @@ fn enable_peer_access_once(a: &CudaBackend, b: &CudaBackend) {
         }
     }
 }
+
+/// Lets `from`'s context read and write `to`'s memory directly (`cuCtxEnablePeerAccess`; NVLink or PCIe P2P).
+/// Returns whether access is enabled now: `false` where the devices cannot reach each other. Enabling access
+/// that is already enabled is not an error. Pools do this themselves before their first peer copy, and grant
+/// peers access to their virtual reservations' pages; this is for memory made outside umm (cudarc's own
+/// allocations).
+///
+/// # Errors
+/// [`Error::Driver`] when binding `from` or the driver call fails for another reason.
+pub fn enable_peer_access(
+    from: &std::sync::Arc<cudarc::driver::CudaContext>,
+    to: &std::sync::Arc<cudarc::driver::CudaContext>,
+) -> Result<bool> {
+    let driver = |call: &str, message: String| Error::Driver {
+        backend: format!("cuda:{}", from.ordinal()),
+        call: call.into(),
+        message,
+    };
+    super::scope::before_bind();
+    from.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e.to_string()))?;
+    raw::enable_peer_access(to.cu_ctx()).map_err(|f| driver(f.call, f.message()))
+}

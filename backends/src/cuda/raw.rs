@@ -276,14 +276,35 @@ pub(super) fn mem_unmap(ptr: u64, size: u64) -> Raw<()> {
     check(unsafe { sys::cuMemUnmap(ptr, size as usize) }, "cuMemUnmap")
 }
 
-/// `cuMemSetAccess`: read-write access from device `ordinal` to the mapped range.
-pub(super) fn set_access(ptr: u64, size: u64, ordinal: i32) -> Raw<()> {
-    let desc = sys::CUmemAccessDesc {
-        location: sys::CUmemLocation { type_: sys::CUmemLocationType_enum::CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal },
-        flags: sys::CUmemAccess_flags_enum::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-    };
-    // SAFETY: `[ptr, ptr + size)` is fully mapped (the backend just mapped it); one descriptor is passed.
-    check(unsafe { sys::cuMemSetAccess(ptr, size as usize, &desc, 1) }, "cuMemSetAccess")
+/// `cuMemSetAccess`: read-write access to the mapped range from each device in `ordinals` (the owner first, then
+/// the peers that can reach it).
+pub(super) fn set_access(ptr: u64, size: u64, ordinals: &[i32]) -> Raw<()> {
+    let descs: Vec<sys::CUmemAccessDesc> = ordinals
+        .iter()
+        .map(|&id| sys::CUmemAccessDesc {
+            location: sys::CUmemLocation { type_: sys::CUmemLocationType_enum::CU_MEM_LOCATION_TYPE_DEVICE, id },
+            flags: sys::CUmemAccess_flags_enum::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        })
+        .collect();
+    // SAFETY: `[ptr, ptr + size)` is fully mapped (the backend just mapped it); `descs.len()` descriptors are
+    // passed, each naming a device ordinal the driver reported.
+    check(unsafe { sys::cuMemSetAccess(ptr, size as usize, descs.as_ptr(), descs.len()) }, "cuMemSetAccess")
+}
+
+/// `cuDeviceCanAccessPeer`: whether device `device` can read and write memory of device `peer` directly.
+pub(super) fn can_access_peer(device: sys::CUdevice, peer: sys::CUdevice) -> Raw<bool> {
+    let mut can = 0;
+    // SAFETY: `can` is a valid place for one int; both devices came from cuDeviceGet.
+    check(unsafe { sys::cuDeviceCanAccessPeer(&mut can, device, peer) }, "cuDeviceCanAccessPeer")?;
+    Ok(can != 0)
+}
+
+/// `cuDeviceGet`: the device handle of `ordinal`.
+pub(super) fn device(ordinal: i32) -> Raw<sys::CUdevice> {
+    let mut device = 0;
+    // SAFETY: `device` is a valid place for one CUdevice; the driver checks the ordinal.
+    check(unsafe { sys::cuDeviceGet(&mut device, ordinal) }, "cuDeviceGet")?;
+    Ok(device)
 }
 
 // ----- copies, fills, synchronisation -----
