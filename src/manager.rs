@@ -453,10 +453,12 @@ impl UniversalMemoryManager {
         let max_bytes = {
             let views = inner.views.read();
             let view = &views[decision.device];
-            if view.total_bytes == 0 {
-                u64::MAX
+            let share = if view.total_bytes == 0 { u64::MAX } else { view.free_bytes / front::CACHED_SHARE_OF_FREE };
+            // A bigger request may not fit the device's largest single allocation: decided afresh.
+            if view.max_allocation == 0 {
+                share
             } else {
-                view.free_bytes / front::CACHED_SHARE_OF_FREE
+                share.min(view.max_allocation)
             }
         };
         let keep = pool.is_some();

@@ -119,6 +119,7 @@ impl Device {
             total_bytes: self.total_memory,
             free_bytes: self.free_memory(),
             pools: self.pool_kinds(),
+            max_allocation: self.apis.iter().map(|a| a.info.max_allocation).max().unwrap_or(0),
         }
     }
 

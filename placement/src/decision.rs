@@ -147,6 +147,11 @@ impl fmt::Display for Decision {
 ///   `(total - free) / total` is above `pressure_threshold`, or whose free memory is less than the request, are
 ///   skipped; the one with the most free memory wins (ties: the lower index). If all are skipped, Auto falls back
 ///   to pinned host memory. Explicit placements are honoured even under pressure.
+/// - **Largest allocation**: when the decider chooses the device (selector `Any`), a device whose
+///   [`DeviceView::max_allocation`] is below the request is passed over, with the reason; with none left the
+///   chain goes on (for `DeviceLocal`, to pinned host memory).
+/// - **Software devices**: `Auto` with selector `Any` never picks a [`DeviceKind::Cpu`] device (llvmpipe,
+///   lavapipe, PoCL) while host memory is among the views: it is host memory behind a slower API.
 /// - **Shared memory**: if the chosen device shares memory with the host and offers a pinned pool, Auto turns
 ///   `DeviceLocal` into `HostPinned` (zero-copy). `ReadOnly` stays.
 /// - **Pinned memory** goes through the selected accelerator with the most free memory that offers a pinned pool
@@ -289,9 +294,20 @@ impl Decider {
             Placement::HostPinned | Placement::Auto => &[],
         };
         for &kind in chain {
-            let offering: Vec<&DeviceView> = accels.iter().copied().filter(|d| d.offers(kind)).collect();
+            // A device that cannot hold the request in one allocation is passed over when the decider chooses the
+            // device; a selector that names devices gets what it named (and the allocation's own error).
+            let choosing = req.selector == DeviceSelector::Any;
+            let (offering, too_big): (Vec<&DeviceView>, Vec<&DeviceView>) =
+                accels.iter().copied().filter(|d| d.offers(kind)).partition(|d| !choosing || d.fits(req.bytes));
+            for d in &too_big {
+                why.push(format!(
+                    "skipped {}: the request is above its largest single allocation ({})",
+                    d.label(),
+                    text::bytes(d.max_allocation)
+                ));
+            }
             if offering.is_empty() {
-                if !accels.is_empty() {
+                if !accels.is_empty() && too_big.is_empty() {
                     why.push(format!("no selected accelerator offers {}", kind.describe()));
                 }
                 continue;

@@ -76,6 +76,10 @@ pub struct DeviceView {
     pub free_bytes: u64,
     /// The pool kinds this device offers.
     pub pools: Vec<PoolKind>,
+    /// The largest single allocation the device's API allows, in bytes (0 if unknown or unlimited): a request
+    /// above it goes to the next candidate.
+    #[serde(default)]
+    pub max_allocation: u64,
 }
 
 impl DeviceView {
@@ -90,12 +94,18 @@ impl DeviceView {
             total_bytes,
             free_bytes,
             pools: vec![PoolKind::Host, PoolKind::HostPinned],
+            max_allocation: 0,
         }
     }
 
     /// Whether this is an accelerator (anything but [`DeviceKind::Host`]).
     pub fn is_accelerator(&self) -> bool {
         self.kind != DeviceKind::Host
+    }
+
+    /// Whether a single allocation of `bytes` fits under [`DeviceView::max_allocation`].
+    pub fn fits(&self, bytes: u64) -> bool {
+        self.max_allocation == 0 || bytes <= self.max_allocation
     }
 
     /// Whether the device offers a pool of `kind`. O(pools).

@@ -22,6 +22,7 @@
 //!     total_bytes: 80 << 30,
 //!     free_bytes: 70 << 30,
 //!     pools: vec![PoolKind::DeviceLocal, PoolKind::HostPinned],
+//!     max_allocation: 0,
 //! };
 //! let d = Decider::default().decide(&Request::new(1 << 20), &[host, gpu], None)?;
 //! assert_eq!((d.device, d.pool), (1, PoolKind::DeviceLocal));

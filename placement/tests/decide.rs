@@ -350,6 +350,7 @@ fn software(index: usize) -> DeviceView {
         total_bytes: 16 * GIB,
         free_bytes: 16 * GIB,
         pools: vec![PoolKind::DeviceLocal, PoolKind::HostPinned, PoolKind::ReadOnly],
+        max_allocation: 0,
     }
 }
 
@@ -373,4 +374,22 @@ fn auto_never_picks_a_software_device_while_host_memory_exists() {
     // Beside a real GPU, Auto still goes to the GPU.
     let d = decide(auto(MEDIUM, AccessPattern::Unknown), &[host(0), software(1), gpu(2, 80 * GIB, 80 * GIB)]);
     assert_eq!(d.device, 2, "{}", d.reason);
+}
+
+#[test]
+fn a_request_above_a_devices_largest_allocation_goes_to_the_next_candidate() {
+    let mut small_limit = gpu(1, 80 * GIB, 80 * GIB);
+    small_limit.max_allocation = 2 * GIB;
+    let roomy = gpu(2, 24 * GIB, 20 * GIB);
+    // Auto: the device with the most free memory cannot hold it in one allocation; the next one serves.
+    let d = decide(auto(4 * GIB, AccessPattern::Unknown), &[host(0), small_limit.clone(), roomy]);
+    assert_eq!((d.device, d.pool), (2, PoolKind::DeviceLocal), "{}", d.reason);
+    assert!(d.reason.contains("above its largest single allocation (2 GiB)"), "{}", d.reason);
+    // Below the limit it is the first choice again.
+    let d = decide(auto(GIB, AccessPattern::Unknown), &[host(0), small_limit.clone(), gpu(2, 24 * GIB, 20 * GIB)]);
+    assert_eq!(d.device, 1, "{}", d.reason);
+    // Explicit device-local memory with no device that fits falls back along the chain to pinned host memory.
+    let d = decide(Request::new(4 * GIB).placement(Placement::DeviceLocal), &[host(0), small_limit]);
+    assert_eq!(d.pool, PoolKind::HostPinned, "{}", d.reason);
+    assert!(d.reason.contains("above its largest single allocation"), "{}", d.reason);
 }

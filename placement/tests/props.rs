@@ -38,6 +38,7 @@ fn device() -> impl Strategy<Value = DeviceView> {
             total_bytes: total,
             free_bytes: free,
             pools,
+            max_allocation: 0,
         });
     prop_oneof![1 => (bytes(), bytes()).prop_map(|(t, f)| DeviceView::host(0, t, f)), 3 => accel]
 }

@@ -23,6 +23,7 @@ pub fn gpu(index: usize, total: u64, free: u64) -> DeviceView {
         total_bytes: total,
         free_bytes: free,
         pools: vec![PoolKind::DeviceLocal, PoolKind::ReadOnly, PoolKind::HostPinned],
+        max_allocation: 0,
     }
 }
 
@@ -37,6 +38,7 @@ pub fn igpu(index: usize) -> DeviceView {
         total_bytes: 16 * GIB,
         free_bytes: 12 * GIB,
         pools: vec![PoolKind::DeviceLocal, PoolKind::HostPinned],
+        max_allocation: 0,
     }
 }
 
