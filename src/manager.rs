@@ -389,7 +389,7 @@ impl UniversalMemoryManager {
             self.inner.refresh();
         }
         let decision = &placed.decision;
-        let track = placed.tracker.register(bytes, options.placement, options.access, decision.pool);
+        let track = placed.tracker.register_sampled(bytes, options.placement, options.access, decision.pool);
         let profile_id = placed.profiler.on_alloc(&AllocEvent {
             device: decision.device,
             pool: decision.pool,

@@ -44,4 +44,4 @@ pub use device::{Api, DeviceKind, DeviceSelector, DeviceView};
 pub use error::{Error, Result};
 pub use placement::{AccessPattern, Placement, PoolKind, SizeClass, Thresholds};
 pub use recommend::{Evidence, PoolCounts, RecommendConfig, Recommendation, Recommendations, Subject};
-pub use tracker::{TrackId, TrackerConfig, UsageTracker};
+pub use tracker::{TrackId, TrackerConfig, UsageTracker, LIFETIME_SAMPLE};

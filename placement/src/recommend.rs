@@ -126,6 +126,8 @@ pub(crate) struct Tally {
     pub host_write_bytes: f64,
     pub device_uses: f64,
     pub retired: f64,
+    /// Retired buffers whose lifetime was measured (see [`crate::UsageTracker::register_sampled`]).
+    pub timed: f64,
     pub lifetime_ms_sum: f64,
 }
 
@@ -143,6 +145,7 @@ impl Tally {
             *count *= factor;
         }
         self.retired *= factor;
+        self.timed *= factor;
         self.lifetime_ms_sum *= factor;
     }
 
@@ -169,6 +172,7 @@ impl Tally {
         self.host_write_bytes += other.host_write_bytes;
         self.device_uses += other.device_uses;
         self.retired += other.retired;
+        self.timed += other.timed;
         self.lifetime_ms_sum += other.lifetime_ms_sum;
     }
 
@@ -207,7 +211,7 @@ impl Tally {
                 0.0
             },
             retired: round(self.retired),
-            mean_lifetime_ms: (self.retired > 0.0).then(|| self.lifetime_ms_sum / self.retired),
+            mean_lifetime_ms: (self.timed > 0.0).then(|| self.lifetime_ms_sum / self.timed),
         }
     }
 }

@@ -63,7 +63,8 @@ pub struct TrackId {
     access: AccessPattern,
     /// The shard that counts the buffer (its registering thread's).
     shard: u8,
-    registered: Instant,
+    /// When the buffer was registered, if its lifetime is measured.
+    registered: Option<Instant>,
 }
 
 impl TrackId {
@@ -77,8 +78,9 @@ impl TrackId {
         self.access
     }
 
-    /// When the buffer was registered.
-    pub fn registered_at(&self) -> Instant {
+    /// When the buffer was registered; `None` for a buffer registered with
+    /// [`UsageTracker::register_sampled`] whose lifetime is not measured.
+    pub fn registered_at(&self) -> Option<Instant> {
         self.registered
     }
 
@@ -123,6 +125,9 @@ pub struct UsageTracker {
 
 /// Shards of a tracker's cells.
 const SHARDS: usize = 16;
+
+/// One buffer in this many of a thread's is timed by [`UsageTracker::register_sampled`].
+pub const LIFETIME_SAMPLE: u32 = 8;
 
 /// One shard's cells, alone on its cache lines.
 #[derive(Debug)]
@@ -176,8 +181,38 @@ impl UsageTracker {
     /// Starts tracking a buffer of `bytes` bytes that was requested with `placement` and `access` and landed in a
     /// pool of kind `pool`. O(1), allocation-free.
     pub fn register(&self, bytes: u64, placement: Placement, access: AccessPattern, pool: PoolKind) -> TrackId {
+        self.register_timed(bytes, placement, access, pool, true)
+    }
+
+    /// As [`register`](Self::register), measuring the buffer's lifetime only for one buffer in
+    /// [`LIFETIME_SAMPLE`] of each thread's (the first of each run of them): reading the clock at registration and
+    /// at retirement costs about as much as the rest of the bookkeeping, and the mean lifetime of a sample is the
+    /// mean lifetime. The manager's allocation path uses this.
+    pub fn register_sampled(&self, bytes: u64, placement: Placement, access: AccessPattern, pool: PoolKind) -> TrackId {
+        thread_local! {
+            static COUNT: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+        }
+        let timed = COUNT
+            .try_with(|c| {
+                let n = c.get();
+                c.set(n.wrapping_add(1));
+                n.is_multiple_of(LIFETIME_SAMPLE)
+            })
+            .unwrap_or(true);
+        self.register_timed(bytes, placement, access, pool, timed)
+    }
+
+    fn register_timed(
+        &self,
+        bytes: u64,
+        placement: Placement,
+        access: AccessPattern,
+        pool: PoolKind,
+        timed: bool,
+    ) -> TrackId {
         let size_class = SizeClass::of(bytes, &self.config.thresholds);
-        let id = TrackId { size_class, access, shard: this_threads_shard(), registered: Instant::now() };
+        let registered = timed.then(Instant::now);
+        let id = TrackId { size_class, access, shard: this_threads_shard(), registered };
         let mut t = self.cell(&id).lock();
         t.buffers += 1.0;
         t.live += 1;
@@ -224,11 +259,14 @@ impl UsageTracker {
 
     /// Ends the buffer's lifetime; its evidence stays in the aggregate. O(1), allocation-free.
     pub fn retire(&self, id: TrackId) {
-        let lifetime_ms = id.registered.elapsed().as_secs_f64() * 1e3;
+        let lifetime_ms = id.registered.map(|at| at.elapsed().as_secs_f64() * 1e3);
         let mut t = self.cell(&id).lock();
         t.live = t.live.saturating_sub(1);
         t.retired += 1.0;
-        t.lifetime_ms_sum += lifetime_ms;
+        if let Some(ms) = lifetime_ms {
+            t.timed += 1.0;
+            t.lifetime_ms_sum += ms;
+        }
     }
 
     /// Multiplies every decayable sum in every cell by `factor` (1 keeps everything, 0 forgets everything but

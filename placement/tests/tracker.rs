@@ -171,6 +171,30 @@ fn caps_halve_old_evidence_so_new_behaviour_wins() {
 }
 
 #[test]
+fn sampled_registration_times_one_buffer_in_eight_and_counts_them_all() {
+    let tracker = UsageTracker::default();
+    // A fresh thread, so that its sample count starts at zero.
+    let tracker = std::thread::scope(|s| {
+        s.spawn(|| {
+            let ids: Vec<_> = (0..2 * umm_placement::LIFETIME_SAMPLE)
+                .map(|_| tracker.register_sampled(100, Placement::Auto, AccessPattern::Random, PoolKind::HostPinned))
+                .collect();
+            let timed = ids.iter().filter(|id| id.registered_at().is_some()).count();
+            assert_eq!(timed, 2, "the first of each run of LIFETIME_SAMPLE is timed");
+            std::thread::sleep(Duration::from_millis(20));
+            for id in ids {
+                tracker.retire(id);
+            }
+        });
+        &tracker
+    });
+    let e = tracker.evidence(SizeClass::Small, AccessPattern::Random);
+    assert_eq!(e.retired, 2 * u64::from(umm_placement::LIFETIME_SAMPLE));
+    // The mean is over the timed buffers only: untimed ones do not pull it towards zero.
+    assert!(e.mean_lifetime_ms.unwrap() >= 20.0, "{e:?}");
+}
+
+#[test]
 fn lifetimes_are_measured() {
     let tracker = UsageTracker::default();
     let id = tracker.register(100, Placement::HostPinned, AccessPattern::Random, PoolKind::HostPinned);
