@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use umm_backends::{OwnedBlock, PoolStats, StreamId};
 use umm_placement::{
     AccessPattern, Decider, Decision, DeviceSelector, DeviceView, Placement, Recommendations, Request, SizeClass,
-    UsageTracker,
+    Subject, UsageTracker,
 };
 
 /// Numbers managers, so that a thread's placements (see [`front`]) name the manager they belong to.
@@ -95,19 +95,28 @@ pub(crate) struct Inner {
     placed: Mutex<Vec<Arc<Placed>>>,
 }
 
-/// What decisions depend on besides the request: which devices are under pressure, and their order by free
-/// memory.
+/// What decisions depend on besides the request: which devices are under pressure, their order by free memory,
+/// and what `Auto` follows of the evidence (each subject's recommended placement and whether evidence backs it),
+/// not the evidence's running sums, which move with every buffer.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Signature {
     pressure: Vec<bool>,
     by_free: Vec<usize>,
+    followed: Vec<(Subject, Placement, bool)>,
 }
 
 impl Signature {
-    fn of(views: &[DeviceView], pressure_threshold: f64) -> Self {
+    fn of(views: &[DeviceView], pressure_threshold: f64, evidence: Option<&Recommendations>) -> Self {
         let mut by_free: Vec<usize> = (0..views.len()).collect();
         by_free.sort_by(|&a, &b| views[b].free_bytes.cmp(&views[a].free_bytes).then(a.cmp(&b)));
-        Signature { pressure: views.iter().map(|v| v.used_fraction() > pressure_threshold).collect(), by_free }
+        let followed = evidence
+            .map(|e| e.items.iter().map(|r| (r.subject, r.placement, r.from_evidence)).collect())
+            .unwrap_or_default();
+        Signature {
+            pressure: views.iter().map(|v| v.used_fraction() > pressure_threshold).collect(),
+            by_free,
+            followed,
+        }
     }
 }
 
@@ -230,7 +239,7 @@ impl Builder {
         let tracker = Arc::new(UsageTracker::new(self.config.decision.thresholds)?);
         let profiler = Arc::new(Profiler::new(&self.config.profiler)?);
         let views: Vec<DeviceView> = found.devices.iter().map(|d| d.view()).collect();
-        let signature = Signature::of(&views, self.config.decision.pressure_threshold);
+        let signature = Signature::of(&views, self.config.decision.pressure_threshold, None);
         Ok(UniversalMemoryManager {
             inner: Arc::new(Inner {
                 config: self.config,
@@ -577,14 +586,13 @@ impl Inner {
     fn refresh(&self) {
         let Some(mut signature) = self.refresh.try_lock() else { return };
         let views: Vec<DeviceView> = self.devices.iter().map(|d| d.view()).collect();
-        let fresh = Signature::of(&views, self.config.decision.pressure_threshold);
         let evidence = self.tracker.recommendations();
-        let changed = *signature != fresh || self.evidence.read().as_ref() != Some(&evidence);
+        let fresh = Signature::of(&views, self.config.decision.pressure_threshold, Some(&evidence));
         *self.views.write() = Arc::new(views);
         *self.evidence.write() = Some(evidence);
-        *signature = fresh;
         self.refreshed_ns.store(self.born.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        if changed {
+        if *signature != fresh {
+            *signature = fresh;
             self.epoch.advance();
         }
         // Placements that no thread remembers and no buffer uses (their threads exited) go.
