@@ -120,6 +120,9 @@ pub struct ReplayReport {
     pub peak_reserved_bytes: u64,
     /// `peak_reserved_bytes / peak_live_bytes` (0 for a trace that allocates nothing).
     pub reserved_over_live: f64,
+    /// The pool's peak of reserved bytes over the warm passes (the cold pass's peak when there are none): what a
+    /// repeating workload holds once it runs steadily.
+    pub peak_reserved_bytes_warm: u64,
     /// Nanoseconds per op of the first replay, on a fresh pool.
     pub ns_per_op_cold: f64,
     /// Median nanoseconds per op of the warm replays on the same pool.
@@ -128,6 +131,10 @@ pub struct ReplayReport {
     pub device_allocs: u64,
     /// Segments destroyed or page ranges unmapped during the cold pass.
     pub device_frees: u64,
+    /// Calls into the device's memory API during the warm passes, all of them together: segments created and
+    /// destroyed, ranges reserved, pages mapped and unmapped (see `PoolStats::num_device_calls`). A workload that
+    /// repeats should make none.
+    pub warm_device_calls: u64,
     /// Allocations of the cold pass that released cached memory and retried.
     pub oom_retries: u64,
     /// Allocations that failed with out of memory and were skipped (most in any pass).
@@ -255,6 +262,7 @@ pub fn replay<B: Backend>(
     let cold = run_pass(trace, pool, &mut slots, &mut |n| progress(n)).map_err(pool_error)?;
     let stats = pool.stats();
     free_all(pool, &mut slots).map_err(pool_error)?;
+    pool.reset_peaks();
 
     let mut warm = Vec::with_capacity(opts.repeat);
     let mut ooms = cold.ooms;
@@ -264,6 +272,9 @@ pub fn replay<B: Backend>(
         ooms = ooms.max(result.ooms);
         warm.push(result.elapsed);
     }
+    let after = pool.stats();
+    let warm_device_calls = after.num_device_calls - stats.num_device_calls;
+    let peak_reserved_warm = if opts.repeat == 0 { stats.reserved_bytes.peak } else { after.reserved_bytes.peak };
     let per_op = |d: Duration| if ops == 0 { 0.0 } else { d.as_nanos() as f64 / ops as f64 };
     let ns_per_op_cold = per_op(cold.elapsed);
     let ns_per_op_warm = if warm.is_empty() { ns_per_op_cold } else { per_op(median(&mut warm)) };
@@ -282,10 +293,12 @@ pub fn replay<B: Backend>(
         } else {
             peak_reserved as f64 / trace.peak_live_bytes as f64
         },
+        peak_reserved_bytes_warm: peak_reserved_warm,
         ns_per_op_cold,
         ns_per_op_warm,
         device_allocs: stats.num_device_alloc,
         device_frees: stats.num_device_free,
+        warm_device_calls,
         oom_retries: stats.num_alloc_retries,
         ooms,
         limit_bytes: stats.limit_bytes,

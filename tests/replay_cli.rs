@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const FIELDS: [&str; 16] = [
+const FIELDS: [&str; 18] = [
     "trace",
     "backend",
     "device",
@@ -13,10 +13,12 @@ const FIELDS: [&str; 16] = [
     "peak_live_bytes",
     "peak_reserved_bytes",
     "reserved_over_live",
+    "peak_reserved_bytes_warm",
     "ns_per_op_cold",
     "ns_per_op_warm",
     "device_allocs",
     "device_frees",
+    "warm_device_calls",
     "oom_retries",
     "ooms",
     "limit_bytes",

@@ -65,6 +65,9 @@ pub struct PoolStats {
     pub num_device_alloc: u64,
     /// Segments destroyed (or page ranges unmapped) through the backend.
     pub num_device_free: u64,
+    /// Every call the pool made into the device's memory API: segments created and destroyed, address ranges
+    /// reserved, page ranges mapped and unmapped (a page moved from one place to another is two calls).
+    pub num_device_calls: u64,
     /// Allocations that failed first, released cached memory and were retried.
     pub num_alloc_retries: u64,
     /// Allocations that failed for good with out of memory.
@@ -113,6 +116,7 @@ impl PoolStats {
         self.cache_misses += other.cache_misses;
         self.num_device_alloc += other.num_device_alloc;
         self.num_device_free += other.num_device_free;
+        self.num_device_calls += other.num_device_calls;
         self.num_alloc_retries += other.num_alloc_retries;
         self.num_ooms += other.num_ooms;
         self.limit_bytes = match (self.limit_bytes, other.limit_bytes) {

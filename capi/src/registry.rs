@@ -122,7 +122,7 @@ fn registry() -> &'static Registry {
 }
 
 /// The pool configuration: PyTorch's segment policy (the default), with `UMM_SEGMENT_MODE` (auto, plain,
-/// virtual), `UMM_MAPPED_SLACK` (a fraction or off), `UMM_PAGE_SIZE` (a power of two of bytes: the page size of
+/// virtual), `UMM_MAPPED_SLACK` (a fraction or off, the default), `UMM_PAGE_SIZE` (a power of two of bytes: the page size of
 /// virtual reservations) and `UMM_STRATEGY` (pooled, direct) read from the environment.
 fn pool_config() -> Result<PoolConfig, String> {
     let mut config = PoolConfig::default();

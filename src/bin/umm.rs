@@ -266,10 +266,11 @@ fn print_table(reports: &[ReplayReport], args: &ReplayArgs) {
         "ns/op cold",
         "ns/op warm",
         "device allocs",
+        "warm device calls",
         "retries",
         "ooms",
     ];
-    let rows: Vec<[String; 10]> = reports
+    let rows: Vec<[String; 11]> = reports
         .iter()
         .map(|r| {
             [
@@ -281,6 +282,7 @@ fn print_table(reports: &[ReplayReport], args: &ReplayArgs) {
                 format!("{:.1}", r.ns_per_op_cold),
                 format!("{:.1}", r.ns_per_op_warm),
                 r.device_allocs.to_string(),
+                r.warm_device_calls.to_string(),
                 r.oom_retries.to_string(),
                 r.ooms.to_string(),
             ]

@@ -150,11 +150,13 @@ pub struct PoolConfig {
     pub small_segment_size: u64,
     /// Size of the shared segments for medium requests (below half of it); larger requests get their own segment.
     pub large_segment_size: u64,
-    /// In virtual reservations, before mapping new pages that would raise reserved memory above both its
-    /// previous peak and `(1 + slack) × allocated`, unmap free pages first: the peak of reserved memory follows
-    /// the peak of live memory (varying shapes stop accumulating free mapped holes), at the price of device
-    /// unmaps and maps while the peak is being set. Below the previous peak nothing is trimmed, so a steady
-    /// workload does not churn pages. `None` never trims early.
+    /// Opt-in trimming on the allocation path, for virtual reservations: before mapping new pages that would raise
+    /// reserved memory above both its highest figure so far and `(1 + slack) × allocated`, unmap free pages
+    /// elsewhere first. The peak of reserved memory then follows the peak of live memory even when shapes vary,
+    /// but a workload whose shapes vary keeps moving pages (an unmap and a map, tens of microseconds each on a
+    /// GPU) on its allocation path in every later pass. `None` (the default) trims only where something demands
+    /// it: the limit, the device running out of memory, and cleanup rounds ([`crate::Pool::cleanup`]); a
+    /// workload that repeats then makes no device call once it has run once.
     pub mapped_slack: Option<f64>,
     /// Page size of virtual reservations: each page is one physical allocation, mapped and unmapped whole.
     /// A power of two of at least the backend's own page (2 MiB on CUDA); `None` for that page. Larger pages
@@ -196,7 +198,7 @@ impl Default for PoolConfig {
             small_request_max: 1 << 20,
             small_segment_size: 2 << 20,
             large_segment_size: 20 << 20,
-            mapped_slack: Some(0.03),
+            mapped_slack: None,
             page_size: None,
             zero_on_alloc: false,
             poison_on_free: false,

@@ -154,6 +154,10 @@ struct State<S> {
     /// Bytes of entirely free plain segments (cached, not split).
     empty_plain_bytes: u64,
     cleanup_round: u64,
+    /// Reserved bytes the allocation path may map up to without trimming for `mapped_slack`: the highest
+    /// reserved figure since the last full release, plus what such trims have given back since (see
+    /// [`Pool::mapped_budget`]).
+    mapped_hold: u64,
 }
 
 /// Why an attempt to allocate needs more memory than the pool may take.
@@ -307,6 +311,7 @@ impl<B: Backend> Pool<B> {
             mapped_bytes: 0,
             empty_plain_bytes: 0,
             cleanup_round: 0,
+            mapped_hold: 0,
         });
         let slots = (0..slots)
             .map(|_| Slot {
@@ -817,6 +822,7 @@ impl<B: Backend> Pool<B> {
         if state.arenas[arena].virtual_segments {
             let page = self.page_size.unwrap_or(granularity);
             let reservation = self.max_reservation.max(size.div_ceil(page) * page);
+            state.stats.num_device_calls += 1;
             let handle = self.backend.reserve_virtual(reservation).map_err(Shortfall::Device)?;
             let entry = SegmentEntry { handle, mapped: Some(0), last_used_round: state.cleanup_round };
             state.add_segment(arena, reservation, entry, true);
@@ -842,6 +848,7 @@ impl<B: Backend> Pool<B> {
         } else {
             return Err(Shortfall::Limit);
         };
+        state.stats.num_device_calls += 1;
         let handle = self.backend.create_segment(seg_size).map_err(Shortfall::Device)?;
         state.stats.num_device_alloc += 1;
         let entry = SegmentEntry { handle, mapped: None, last_used_round: state.cleanup_round };
@@ -885,6 +892,7 @@ impl<B: Backend> Pool<B> {
         let result = if limit.is_some_and(|l| state.reserved() + missing > l) {
             Err(Shortfall::Limit)
         } else {
+            state.stats.num_device_calls += 1;
             let entry = state.arenas[arena].segments[restore.segment.0 as usize].as_mut().expect("segment exists");
             self.backend.map_pages(&entry.handle, restore.offset, restore.len).map_err(Shortfall::Device).map(|()| {
                 *entry.mapped.as_mut().expect("virtual segment") += restore.len;
@@ -912,7 +920,7 @@ impl<B: Backend> Pool<B> {
     fn mapped_budget(&self, state: &State<B::Segment>, size: u64) -> u64 {
         let Some(slack) = self.config.mapped_slack else { return u64::MAX };
         let allocated_after = state.stats.allocated_bytes.current + size;
-        ((allocated_after as f64 * (1.0 + slack)) as u64).max(state.stats.reserved_bytes.peak)
+        ((allocated_after as f64 * (1.0 + slack)) as u64).max(state.mapped_hold)
     }
 
     /// Gives back a block taken on withheld pages that could not be mapped, and withholds the pages again.
@@ -1037,7 +1045,10 @@ impl<B: Backend> Pool<B> {
     pub fn release_cached(&self) -> TrimReport {
         self.drain_thread_caches(true);
         let mut state = self.state().lock();
-        self.release_cached_locked(&mut state, 0, u64::MAX)
+        let report = self.release_cached_locked(&mut state, 0, u64::MAX);
+        // The user asked for everything back: what the workload held before no longer says what it needs.
+        state.mapped_hold = state.reserved();
+        report
     }
 
     /// A periodic cleanup round: releases cached memory that has not been used for at least `idle_rounds`
@@ -1128,28 +1139,32 @@ impl<B: Backend> Pool<B> {
         });
         state.mapped_bytes -= bytes;
         state.stats.num_device_free += calls;
+        state.stats.num_device_calls += calls;
         // A shift, not a division (pages are powers of two, checked in `Pool::new`): this runs on every remap.
         (bytes >> page.trailing_zeros(), bytes)
     }
 
-    /// Unmaps every mapped range of a reservation (before it is destroyed or dropped); returns the bytes.
-    fn unmap_all(backend: &B, engine: &Engine, id: SegmentId, entry: &SegmentEntry<B::Segment>) -> u64 {
+    /// Unmaps every mapped range of a reservation (before it is destroyed or dropped); returns the bytes and the
+    /// calls made.
+    fn unmap_all(backend: &B, engine: &Engine, id: SegmentId, entry: &SegmentEntry<B::Segment>) -> (u64, u64) {
         if entry.mapped.is_none() {
-            return 0;
+            return (0, 0);
         }
-        let mut released = 0;
+        let (mut released, mut calls) = (0, 0);
         for (offset, len) in engine.backed_ranges(id) {
             backend.unmap_pages(&entry.handle, offset, len);
             released += len;
+            calls += 1;
         }
         debug_assert_eq!(Some(released), entry.mapped, "mapped bytes follow the engine's backed ranges");
-        released
+        (released, calls)
     }
 
     /// Destroys an empty segment; returns the physical bytes it held.
     fn destroy_segment(&self, state: &mut State<B::Segment>, arena: usize, id: SegmentId) -> u64 {
         let entry = state.arenas[arena].segments[id.0 as usize].take().expect("segment exists");
-        let unmapped = Self::unmap_all(&self.backend, &state.arenas[arena].engine, id, &entry);
+        let (unmapped, calls) = Self::unmap_all(&self.backend, &state.arenas[arena].engine, id, &entry);
+        state.stats.num_device_calls += calls + 1;
         let size = state.arenas[arena].engine.remove_segment(id).expect("segment is empty");
         let released = if entry.mapped.is_some() {
             state.mapped_bytes -= unmapped;
@@ -1433,6 +1448,7 @@ impl<S> State<S> {
     fn update_reserved(&mut self) {
         let reserved = self.reserved();
         self.stats.reserved_bytes.set(reserved);
+        self.mapped_hold = self.mapped_hold.max(reserved);
         self.update_split();
     }
 
