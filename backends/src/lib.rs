@@ -33,7 +33,7 @@ pub use error::{Error, Result};
 pub use host::HostBackend;
 pub use pool::{
     parse_size, BlockSnapshot, Limit, Pool, PoolConfig, PoolSnapshot, SegmentMode, SegmentSnapshot, Strategy,
-    TrimReport,
+    TrimReport, DEFAULT_PAGE_UNLIMITED,
 };
 pub use sim::SimBackend;
 pub use stats::{PoolStats, Stat};

@@ -8,7 +8,8 @@ const MIB: u64 = 1 << 20;
 const S0: StreamId = StreamId(0);
 
 fn sim_pool(mode: SegmentMode, limit: Option<Limit>) -> Pool<SimBackend> {
-    let config = PoolConfig { segment_mode: mode, limit, ..PoolConfig::default() };
+    // The sim's own 2 MiB pages: the page geometry these tests check is written for them.
+    let config = PoolConfig { segment_mode: mode, limit, page_size: Some(SimBackend::PAGE), ..PoolConfig::default() };
     Pool::new(SimBackend::new("sim0", 8 << 30), config).unwrap()
 }
 
@@ -177,7 +178,12 @@ fn a_device_whose_pages_are_not_powers_of_two_gets_no_virtual_reservations() {
 
 #[test]
 fn virtual_segments_prefer_mapped_holes_to_mapping_new_pages() {
-    let config = PoolConfig { segment_mode: SegmentMode::Virtual, mapped_slack: None, ..PoolConfig::default() };
+    let config = PoolConfig {
+        segment_mode: SegmentMode::Virtual,
+        mapped_slack: None,
+        page_size: Some(SimBackend::PAGE),
+        ..PoolConfig::default()
+    };
     let pool = Pool::new(SimBackend::new("sim0", 8 << 30), config).unwrap();
     let [a, b, c, d] = [6 * MIB, 2 * MIB, 10 * MIB, 2 * MIB].map(|size| pool.allocate(size, S0).unwrap());
     // a's hole loses its pages; c's hole keeps them.
@@ -196,7 +202,12 @@ fn virtual_segments_prefer_mapped_holes_to_mapping_new_pages() {
 
 #[test]
 fn virtual_segments_place_blocks_on_the_mapped_part_of_a_hole() {
-    let config = PoolConfig { segment_mode: SegmentMode::Virtual, mapped_slack: None, ..PoolConfig::default() };
+    let config = PoolConfig {
+        segment_mode: SegmentMode::Virtual,
+        mapped_slack: None,
+        page_size: Some(SimBackend::PAGE),
+        ..PoolConfig::default()
+    };
     let pool = Pool::new(SimBackend::new("sim0", 8 << 30), config).unwrap();
     let [a, b1, b2, c] = [4 * MIB, 4 * MIB, 6 * MIB, 2 * MIB].map(|size| pool.allocate(size, S0).unwrap());
     // A hole [4 MiB, 14 MiB) whose first 4 MiB lost their pages and whose last 6 MiB kept them.
@@ -220,7 +231,12 @@ fn virtual_segments_place_blocks_on_the_mapped_part_of_a_hole() {
 /// A virtual pool on the page-checking device whose reservation starts with 6 MiB of unmapped space, then a mapped
 /// hole of 10 MiB, then a live 2 MiB block (returned); nothing past it is mapped.
 fn unmapped_space_then_a_mapped_hole() -> (Pool<PageChecked>, BlockHandle) {
-    let config = PoolConfig { segment_mode: SegmentMode::Virtual, mapped_slack: None, ..PoolConfig::default() };
+    let config = PoolConfig {
+        segment_mode: SegmentMode::Virtual,
+        mapped_slack: None,
+        page_size: Some(SimBackend::PAGE),
+        ..PoolConfig::default()
+    };
     let backend =
         PageChecked { inner: SimBackend::new("checked", 8 << 30), mapped: Default::default(), reported_page: None };
     let pool = Pool::new(backend, config).unwrap();
@@ -476,7 +492,12 @@ fn snapshot_lists_segments_and_blocks_in_address_order() {
 #[test]
 fn mapped_slack_keeps_reserved_near_the_live_set() {
     let slack = 0.03;
-    let config = PoolConfig { segment_mode: SegmentMode::Virtual, mapped_slack: Some(slack), ..PoolConfig::default() };
+    let config = PoolConfig {
+        segment_mode: SegmentMode::Virtual,
+        mapped_slack: Some(slack),
+        page_size: Some(SimBackend::PAGE),
+        ..PoolConfig::default()
+    };
     let pool = Pool::new(SimBackend::new("sim0", 8 << 30), config).unwrap();
     // Shapes that never repeat: without trimming, free mapped holes would pile up.
     let mut live = Vec::new();
@@ -493,7 +514,12 @@ fn mapped_slack_keeps_reserved_near_the_live_set() {
     let bound = (s.allocated_bytes.peak as f64 * (1.0 + slack)) as u64 + 2 * SimBackend::PAGE * 7;
     assert!(s.reserved_bytes.peak <= bound, "{s:?}");
     let unbounded = {
-        let config = PoolConfig { segment_mode: SegmentMode::Virtual, mapped_slack: None, ..PoolConfig::default() };
+        let config = PoolConfig {
+            segment_mode: SegmentMode::Virtual,
+            mapped_slack: None,
+            page_size: Some(SimBackend::PAGE),
+            ..PoolConfig::default()
+        };
         let pool = Pool::new(SimBackend::new("sim1", 8 << 30), config).unwrap();
         let mut live = Vec::new();
         for i in 0..400u64 {
@@ -1150,4 +1176,20 @@ fn device_calls_count_every_call_into_the_backend() {
     assert_eq!(report.segments_released, 2, "{report:?}");
     // The empty reservation: one unmap of its mapped range, then its release; the small segment's release.
     assert_eq!(pool.stats().num_device_calls, 3 + 3);
+}
+
+#[test]
+fn pages_are_coarse_without_a_limit_and_the_devices_own_under_one() {
+    let reserved_for_3_mib = |limit: Option<Limit>, page_size: Option<u64>| {
+        let config = PoolConfig { segment_mode: SegmentMode::Virtual, limit, page_size, ..PoolConfig::default() };
+        let pool = Pool::new(SimBackend::new("sim0", 8 << 30), config).unwrap();
+        let b = pool.allocate(3 * MIB, S0).unwrap();
+        let reserved = pool.stats().reserved_bytes.current;
+        pool.free(&b).unwrap();
+        reserved
+    };
+    assert_eq!(reserved_for_3_mib(None, None), crate::DEFAULT_PAGE_UNLIMITED);
+    assert_eq!(reserved_for_3_mib(Some(Limit::Bytes(1 << 30)), None), 2 * SimBackend::PAGE);
+    assert_eq!(reserved_for_3_mib(None, Some(8 * MIB)), 8 * MIB);
+    assert_eq!(reserved_for_3_mib(Some(Limit::Bytes(1 << 30)), Some(16 * MIB)), 16 * MIB);
 }
