@@ -15,6 +15,9 @@ use umm_placement::{Api, DeviceKind, DeviceView, PoolKind};
 pub(crate) type PoolFactory =
     Box<dyn Fn(PoolPlacement, &PoolConfig) -> umm_backends::Result<Arc<dyn MemoryPool>> + Send + Sync>;
 
+/// The pool of an adopted buffer, held weakly: it lives as long as its buffer.
+type AdoptedPool = (Api, PoolKind, Weak<dyn MemoryPool>);
+
 /// A pool made for a device, with the API and kind it was made for.
 pub type DevicePool = (Api, PoolKind, Arc<dyn MemoryPool>);
 
@@ -53,7 +56,7 @@ pub struct Device {
     apis: Vec<ApiEntry>,
     pools: Mutex<Vec<DevicePool>>,
     /// The pools of adopted buffers, one each, alive while their buffer is.
-    adopted: Mutex<Vec<(Api, PoolKind, Weak<dyn MemoryPool>)>>,
+    adopted: Mutex<Vec<AdoptedPool>>,
 }
 
 impl Device {
