@@ -1,7 +1,8 @@
 //! Discovery of the optional backends (CUDA, OpenCL, wgpu), each behind its cargo feature and its config switch.
 //! A backend that finds no runtime or no device adds a reason to `skipped` and nothing else: no panic, no output.
 
-use crate::registry::ApiEntry;
+#[allow(unused_imports)]
+use crate::registry::{ApiEntry, ApiHandle};
 use crate::UmmConfig;
 #[allow(unused_imports)]
 use std::sync::Arc;
@@ -18,8 +19,10 @@ pub(crate) fn discover_all(config: &UmmConfig, entries: &mut Vec<ApiEntry>, skip
         let found = umm_backends::cuda::discover();
         skipped.extend(found.skipped.into_iter().map(|r| format!("cuda: {r}")));
         for device in found.devices {
+            let handle = ApiHandle::Cuda(device.clone());
             entries.push(ApiEntry {
                 api: Api::Cuda,
+                handle,
                 info: device.info().clone(),
                 placements: vec![PoolPlacement::DeviceLocal, PoolPlacement::HostPinned, PoolPlacement::ReadOnly],
                 factory: Box::new(move |placement, config| {
@@ -33,8 +36,10 @@ pub(crate) fn discover_all(config: &UmmConfig, entries: &mut Vec<ApiEntry>, skip
         let found = umm_backends::opencl::discover();
         skipped.extend(found.skipped.into_iter().map(|r| format!("opencl: {r}")));
         for device in found.devices {
+            let handle = ApiHandle::OpenCl(device.clone());
             entries.push(ApiEntry {
                 api: Api::OpenCl,
+                handle,
                 info: device.info().clone(),
                 placements: vec![PoolPlacement::DeviceLocal, PoolPlacement::HostPinned, PoolPlacement::ReadOnly],
                 factory: Box::new(move |placement, config| {
@@ -48,8 +53,11 @@ pub(crate) fn discover_all(config: &UmmConfig, entries: &mut Vec<ApiEntry>, skip
         let found = umm_backends::wgpu_backend::discover();
         skipped.extend(found.skipped.into_iter().map(|r| format!("wgpu: {r}")));
         for device in found.devices {
+            let device = Arc::new(device);
+            let handle = ApiHandle::Wgpu(Arc::clone(&device));
             entries.push(ApiEntry {
                 api: Api::Wgpu,
+                handle,
                 info: device.info().clone(),
                 placements: vec![PoolPlacement::DeviceLocal, PoolPlacement::HostPinned, PoolPlacement::ReadOnly],
                 factory: Box::new(move |placement, config| {

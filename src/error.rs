@@ -70,6 +70,38 @@ pub enum Error {
         /// What it accepts.
         expected: String,
     },
+    #[error("{op} needs a buffer in {wanted} memory, but this one{} lives in {found} memory", label_suffix(.label))]
+    /// A kernel view of one API asked of a buffer that lives in another API's memory (a wgpu binding of a CUDA
+    /// buffer, say).
+    WrongApi {
+        /// The view asked for.
+        op: &'static str,
+        /// The API the view is for.
+        wanted: umm_placement::Api,
+        /// The API the buffer's memory belongs to.
+        found: umm_placement::Api,
+        /// The buffer's label.
+        label: Option<String>,
+    },
+
+    #[error("{op} needs device memory, but the buffer{} is empty (it holds no block)", label_suffix(.label))]
+    /// A kernel view asked of an empty buffer, which has no memory to point at.
+    EmptyBuffer {
+        /// The view asked for.
+        op: &'static str,
+        /// The buffer's label.
+        label: Option<String>,
+    },
+
+    #[error("cannot adopt {what}: {reason}")]
+    /// An adoption the manager cannot place: no device of the buffer's API, or none that made the buffer.
+    Adopt {
+        /// What was being adopted.
+        what: &'static str,
+        /// Why it cannot be.
+        reason: String,
+    },
+
     /// An invalid builder or configuration value.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),

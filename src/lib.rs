@@ -19,6 +19,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod adopt;
 mod buffer;
 mod cleanup;
 pub mod config;
@@ -27,6 +28,7 @@ mod discovery;
 mod error;
 mod front;
 mod host_info;
+pub mod interop;
 mod manager;
 mod migrate;
 mod notice;
@@ -38,6 +40,7 @@ pub mod replay;
 mod stats;
 pub mod trace;
 
+pub use adopt::{AdoptOptions, Adoptable};
 pub use buffer::UniversalBuffer;
 pub use cleanup::{CleanupGuard, CleanupReport, DeviceCleanup};
 pub use config::UmmConfig;
@@ -51,7 +54,7 @@ pub use profiler::{CallSite, Event, EventKind, LeakReport, LiveAllocation, Profi
 pub use registry::Device;
 pub use stats::{DeviceStats, GlobalMemoryStats, PoolStatsEntry};
 
-pub use umm_backends::{BlockInfo, Limit, PoolStats, SegmentMode, Strategy, StreamId};
+pub use umm_backends::{BlockInfo, Limit, Ownership, PoolStats, SegmentMode, Strategy, StreamId};
 pub use umm_placement::{
     AccessPattern, Api, Decision, DeviceKind, DeviceSelector, Evidence, Placement, PoolKind, Recommendation,
     Recommendations, SizeClass, Subject,

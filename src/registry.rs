@@ -5,7 +5,7 @@ use crate::host_info::HostInfo;
 use crate::UmmConfig;
 use parking_lot::Mutex;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use umm_backends::{
     BackendKind, DeviceInfo, DeviceType, HostBackend, MemoryPool, Pool, PoolConfig, PoolPlacement, SimBackend,
 };
@@ -14,6 +14,9 @@ use umm_placement::{Api, DeviceKind, DeviceView, PoolKind};
 /// Makes a pool of one placement on one device through one API.
 pub(crate) type PoolFactory =
     Box<dyn Fn(PoolPlacement, &PoolConfig) -> umm_backends::Result<Arc<dyn MemoryPool>> + Send + Sync>;
+
+/// The pool of an adopted buffer, held weakly: it lives as long as its buffer.
+type AdoptedPool = (Api, PoolKind, Weak<dyn MemoryPool>);
 
 /// A pool made for a device, with the API and kind it was made for.
 pub type DevicePool = (Api, PoolKind, Arc<dyn MemoryPool>);
@@ -24,6 +27,21 @@ pub(crate) struct ApiEntry {
     pub(crate) info: DeviceInfo,
     pub(crate) placements: Vec<PoolPlacement>,
     pub(crate) factory: PoolFactory,
+    /// The backend's own device object, for kernels and adoption.
+    pub(crate) handle: ApiHandle,
+}
+
+/// A backend's device object, as discovery found it.
+#[derive(Clone)]
+pub(crate) enum ApiHandle {
+    /// Host and simulated devices: nothing beyond the pools.
+    Plain,
+    #[cfg(feature = "cuda")]
+    Cuda(umm_backends::cuda::CudaDevice),
+    #[cfg(feature = "opencl")]
+    OpenCl(umm_backends::opencl::OpenClDevice),
+    #[cfg(feature = "wgpu")]
+    Wgpu(Arc<umm_backends::wgpu_backend::WgpuDevice>),
 }
 
 /// A device: the host, a GPU, a CPU device (PoCL, lavapipe) or a simulated device, with the APIs it is seen
@@ -37,6 +55,8 @@ pub struct Device {
     pci_bus_id: Option<String>,
     apis: Vec<ApiEntry>,
     pools: Mutex<Vec<DevicePool>>,
+    /// The pools of adopted buffers, one each, alive while their buffer is.
+    adopted: Mutex<Vec<AdoptedPool>>,
 }
 
 impl Device {
@@ -86,9 +106,26 @@ impl Device {
         from_pools.or(from_info).unwrap_or(self.total_memory)
     }
 
-    /// The pools created so far, with their API and kind.
+    /// The pools created so far, with their API and kind, followed by the pool of each live adopted buffer
+    /// ([`crate::UniversalMemoryManager::adopt`]).
     pub fn pools(&self) -> Vec<DevicePool> {
-        self.pools.lock().clone()
+        let mut pools = self.pools.lock().clone();
+        let mut adopted = self.adopted.lock();
+        adopted.retain(|(_, _, pool)| pool.strong_count() > 0);
+        pools.extend(adopted.iter().filter_map(|(api, kind, pool)| Some((*api, *kind, pool.upgrade()?))));
+        pools
+    }
+
+    /// Lists the pool of an adopted buffer among the device's pools while the buffer lives.
+    pub(crate) fn register_adopted(&self, api: Api, kind: PoolKind, pool: &Arc<dyn MemoryPool>) {
+        let mut adopted = self.adopted.lock();
+        adopted.retain(|(_, _, pool)| pool.strong_count() > 0);
+        adopted.push((api, kind, Arc::downgrade(pool)));
+    }
+
+    /// The backend device objects of the APIs this device is seen through.
+    pub(crate) fn handles(&self) -> impl Iterator<Item = &ApiHandle> {
+        self.apis.iter().map(|a| &a.handle)
     }
 
     /// The pool kinds this device offers.
@@ -234,6 +271,7 @@ pub(crate) fn discover(config: &UmmConfig, host: &HostInfo) -> Discovered {
             let backend = HostBackend::new("host", host_capacity).with_alignment(host_alignment)?;
             Ok(Arc::new(Pool::new(backend, config.clone())?) as Arc<dyn MemoryPool>)
         }),
+        handle: ApiHandle::Plain,
     });
     crate::discovery::discover_all(config, &mut entries, &mut skipped);
     for (i, &capacity) in config.simulated_devices.iter().enumerate() {
@@ -260,6 +298,7 @@ pub(crate) fn discover(config: &UmmConfig, host: &HostInfo) -> Discovered {
                 let backend = SimBackend::new(format!("{name}/{placement}"), capacity);
                 Ok(Arc::new(Pool::new(backend, config.clone())?) as Arc<dyn MemoryPool>)
             }),
+            handle: ApiHandle::Plain,
         });
     }
     Discovered { devices: merge(entries), skipped }
@@ -293,6 +332,7 @@ fn merge(entries: Vec<ApiEntry>) -> Vec<Arc<Device>> {
                 pci_bus_id: apis.iter().find_map(|a| a.info.pci_bus_id.clone()),
                 apis,
                 pools: Mutex::new(Vec::new()),
+                adopted: Mutex::new(Vec::new()),
             })
         })
         .collect()

@@ -80,14 +80,16 @@ fn opencl(src: &OwnedBlock, dst: &mut OwnedBlock, len: u64) -> Result<Option<Dev
 
 #[cfg(feature = "wgpu")]
 fn wgpu(src: &OwnedBlock, dst: &mut OwnedBlock, len: u64) -> Result<Option<DevicePath>> {
-    use crate::wgpu_backend::{WgpuBackend, WgpuPoolKind as K};
+    use crate::wgpu_backend::WgpuBackend;
+    use wgpu::BufferUsages;
     let (Some(from), Some(to)) = (downcast::<Pool<WgpuBackend>>(src), downcast::<Pool<WgpuBackend>>(dst)) else {
         return Ok(None);
     };
     let (a, b) = (from.backend(), to.backend());
-    // COPY_SRC on the source, COPY_DST on the target (see WgpuPoolKind::usages).
-    let copy_src = matches!(a.pool_kind(), K::DeviceLocal | K::ReadOnly | K::Upload | K::Shared);
-    let copy_dst = matches!(b.pool_kind(), K::DeviceLocal | K::Readback | K::Shared);
+    // COPY_SRC on the source, COPY_DST on a target that is not read-only (see WgpuPoolKind::usages; adopted
+    // buffers have their own usages).
+    let copy_src = a.usage().contains(BufferUsages::COPY_SRC);
+    let copy_dst = b.usage().contains(BufferUsages::COPY_DST) && !b.is_read_only();
     if a.device() != b.device() || !copy_src || !copy_dst {
         return Ok(None);
     }

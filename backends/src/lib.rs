@@ -6,6 +6,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod adopt;
 pub mod backend;
 pub mod block;
 #[cfg(feature = "cuda")]
@@ -25,6 +26,7 @@ pub mod stats;
 #[path = "wgpu/mod.rs"]
 pub mod wgpu_backend;
 
+pub use adopt::Ownership;
 pub use backend::{Backend, BackendKind, HostPtr, PoolAccess, VirtualMemory};
 pub use block::{BlockHandle, BlockInfo, MemoryPool, OwnedBlock, PoolLease};
 pub use device::{DeviceInfo, DeviceType, Discovery, PoolPlacement};

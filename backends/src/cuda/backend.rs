@@ -11,6 +11,7 @@
 //! - Pinned memory is host memory: reads and writes are plain host copies and do not wait for the device.
 
 use super::raw::{self, Failure};
+use crate::adopt::{Adoption, Keeper, Ownership};
 use crate::HostPtr;
 use crate::{Backend, BackendKind, Error, PoolPlacement, Result, VirtualMemory};
 use cudarc::driver::CudaContext;
@@ -66,6 +67,8 @@ pub struct CudaBackend {
     /// peer. A reservation's pages are reachable only from the devices `cuMemSetAccess` names, so without the
     /// peers a GPU→GPU copy from virtual segments would be staged by the driver (a tenth of NVLink's speed).
     access: Vec<i32>,
+    /// For the backend of an adopted allocation: that allocation (see [`crate::adopt`]).
+    adoption: Option<Adoption<CudaSegment>>,
 }
 
 impl CudaBackend {
@@ -110,7 +113,19 @@ impl CudaBackend {
             granularity,
             spare_pages: Mutex::new(Vec::new()),
             access: std::iter::once(ordinal).chain(peers.iter().copied().filter(|&p| p != ordinal)).collect(),
+            adoption: None,
         }
+    }
+
+    /// This device-memory backend turned into the backend of a pool holding one adopted allocation of `size`
+    /// bytes at `device_ptr` (alignment 1: the block spans the allocation exactly; no virtual memory).
+    pub(super) fn adopting(mut self, device_ptr: u64, size: u64, keeper: Option<Keeper>, ownership: Ownership) -> Self {
+        let segment = CudaSegment { device_ptr, size, host_addr: None, pages: None };
+        self.name = format!("cuda:{} adopted", self.ordinal);
+        self.vmm = None;
+        self.granularity = 1;
+        self.adoption = Some(Adoption::new(segment, keeper, ownership));
+        self
     }
 
     /// The device's context (shared by all pools of the device).
@@ -247,6 +262,9 @@ impl Backend for CudaBackend {
     }
 
     fn alignment(&self) -> u64 {
+        if self.adoption.is_some() {
+            return 1;
+        }
         Self::ALIGNMENT
     }
 
@@ -274,6 +292,9 @@ impl Backend for CudaBackend {
     }
 
     fn create_segment(&self, size: u64) -> Result<CudaSegment> {
+        if let Some(adoption) = &self.adoption {
+            return adoption.take(&self.name);
+        }
         self.bind()?;
         if self.placement == PoolPlacement::HostPinned {
             let (host, device) = raw::host_alloc(size).map_err(|f| self.error(f))?;
@@ -287,6 +308,11 @@ impl Backend for CudaBackend {
         // Work queued before the blocks of this segment were freed may still run: wait for it.
         if let Err(e) = self.synchronize() {
             log::error!("{}: synchronizing before freeing a segment failed: {e}", self.name);
+        }
+        if let Some(adoption) = &self.adoption {
+            // Not this backend's allocation: an owned `CudaSlice` frees itself as it drops; borrowed memory stays.
+            adoption.release();
+            return;
         }
         let result = if let Some(host) = segment.host_addr {
             raw::host_free(host)

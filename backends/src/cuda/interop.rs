@@ -8,7 +8,7 @@
 
 use super::backend::CudaBackend;
 use super::raw;
-use crate::{Backend, BlockHandle, Error, Pool, PoolPlacement, Result, StreamId};
+use crate::{Backend, BlockHandle, Error, OwnedBlock, Pool, PoolPlacement, Result, StreamId};
 use cudarc::driver::{sys, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -79,6 +79,33 @@ impl<T> DevicePtrMut<T> for BlockViewMut<'_, T> {
     fn device_ptr_mut<'a>(&'a mut self, _stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
         (self.ptr, SyncOnDrop::Record(None))
     }
+}
+
+/// A read-only view of an owned block of a CUDA pool for kernels on `stream`, borrowing the block (which can
+/// then be neither freed nor written through its owner while the view lives). Marks the block as used on
+/// `stream` ([`super::CudaPool::record_stream`]), so that freeing it later waits for that stream's work. Errors
+/// with [`Error::Unsupported`] for a block of another API, and when `stream` belongs to another context.
+pub fn block_view<'a, T>(block: &'a OwnedBlock, stream: &'a Arc<CudaStream>) -> Result<BlockView<'a, T>> {
+    let pool = cuda_pool_of(block)?;
+    pool.record_stream(block.handle(), super::stream_id(stream))?;
+    view(pool.pool(), block.handle(), stream)
+}
+
+/// A writable view of an owned block of a CUDA pool, as [`block_view`]; the block is borrowed mutably, so no
+/// host slice of it lives meanwhile. Refused for read-only pools.
+pub fn block_view_mut<'a, T>(block: &'a mut OwnedBlock, stream: &'a Arc<CudaStream>) -> Result<BlockViewMut<'a, T>> {
+    let block: &'a OwnedBlock = block;
+    let pool = cuda_pool_of(block)?;
+    pool.record_stream(block.handle(), super::stream_id(stream))?;
+    view_mut(pool.pool(), block.handle(), stream)
+}
+
+fn cuda_pool_of(block: &OwnedBlock) -> Result<&super::CudaPool> {
+    let pool = block.pool();
+    pool.as_any().downcast_ref::<super::CudaPool>().ok_or_else(|| Error::Unsupported {
+        backend: pool.name().to_string(),
+        what: "a CUDA view of a block that is not CUDA memory".into(),
+    })
 }
 
 /// CUDA-specific operations on a `Pool<CudaBackend>`.

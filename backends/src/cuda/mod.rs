@@ -35,9 +35,9 @@ pub use cudarc;
 pub use backend::{CudaBackend, CudaSegment};
 pub use buffer::CudaBuffer;
 pub use cache::{allocate_batch, warm_up};
-pub use interop::{BlockView, BlockViewMut, CudaPoolExt};
+pub use interop::{block_view, block_view_mut, BlockView, BlockViewMut, CudaPoolExt};
 pub use peer::{copy_block, enable_peer_access};
-pub use raw::foreign_stream;
+pub use raw::{foreign_stream, ForeignDeviceMemory};
 pub use scope::ContextScope;
 pub use stream_ids::stream_id;
 pub use streams::CudaPool;
@@ -197,6 +197,47 @@ impl CudaDevice {
             config.poison_on_free = false;
         }
         Pool::new(self.backend(placement), config)
+    }
+
+    /// Adopts a cudarc slice of this device's context as the one block of a stream-safe pool of its own, taking
+    /// it over: the slice is dropped (cudarc frees it on its stream) when the block is freed. The block belongs
+    /// to the null stream. Errors: a slice of another device's context ([`Error::Unsupported`]), an empty one
+    /// ([`Error::ZeroSize`]).
+    pub fn adopt<T: 'static>(&self, slice: cudarc::driver::CudaSlice<T>) -> Result<crate::OwnedBlock> {
+        use cudarc::driver::DevicePtr;
+        if slice.context().cu_ctx() != self.ctx.cu_ctx() {
+            return Err(Error::Unsupported {
+                backend: format!("cuda:{}", self.info.ordinal),
+                what: format!("adopting a slice of the context of cuda:{}", slice.context().ordinal()),
+            });
+        }
+        let bytes = (slice.len() * std::mem::size_of::<T>()) as u64;
+        let ptr = {
+            let (ptr, _record) = slice.device_ptr(slice.stream());
+            ptr
+        };
+        self.adopt_raw(ptr, bytes, Some(Box::new(slice)), crate::Ownership::Owned)
+    }
+
+    /// Adopts device memory made outside umm as the one block of a stream-safe pool of its own, leaving it its
+    /// owner's: umm never frees it. Refuses zero bytes ([`Error::ZeroSize`]).
+    pub fn adopt_foreign(&self, memory: ForeignDeviceMemory) -> Result<crate::OwnedBlock> {
+        self.adopt_raw(memory.ptr(), memory.bytes(), None, crate::Ownership::Borrowed)
+    }
+
+    fn adopt_raw(
+        &self,
+        ptr: u64,
+        bytes: u64,
+        keeper: Option<crate::adopt::Keeper>,
+        ownership: crate::Ownership,
+    ) -> Result<crate::OwnedBlock> {
+        let backend = self.backend(PoolPlacement::DeviceLocal).adopting(ptr, bytes, keeper, ownership);
+        if bytes == 0 {
+            return Err(Error::ZeroSize { device: crate::Backend::name(&backend).to_string() });
+        }
+        let pool = Arc::new(CudaPool::new(Pool::new(backend, crate::adopt::pool_config())?));
+        crate::OwnedBlock::allocate(pool, bytes, crate::StreamId(0), false)
     }
 
     /// A stream-safe caching pool ([`CudaPool`]) of this device for `placement`.

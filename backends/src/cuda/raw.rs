@@ -57,6 +57,37 @@ pub unsafe fn foreign_stream(raw: u64) -> StreamId {
     super::stream_ids::vouch(raw)
 }
 
+/// Device memory allocated outside umm (by PyTorch, a C library, raw driver calls), vouched for so that a
+/// CUDA device can adopt it without taking it over ([`super::CudaDevice::adopt_foreign`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForeignDeviceMemory {
+    ptr: u64,
+    bytes: u64,
+}
+
+impl ForeignDeviceMemory {
+    /// Vouches for `bytes` bytes of device memory at `ptr`.
+    ///
+    /// # Safety
+    /// `[ptr, ptr + bytes)` is device memory (or memory the device can address) of the context of the device
+    /// that adopts it, readable and writable from it, and stays allocated until the buffer that adopts it has
+    /// been dropped and the device's work on it is done. Nothing else frees it meanwhile, and nothing else writes
+    /// it while umm lends it as a host slice (it never does for device memory).
+    pub unsafe fn new(ptr: u64, bytes: u64) -> Self {
+        Self { ptr, bytes }
+    }
+
+    /// The device address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The length in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
 /// Whether the CUDA driver library can be loaded. Loads and unloads it; prints nothing.
 pub(super) fn driver_library_present() -> bool {
     // SAFETY: `is_culib_present` only tries `dlopen` on cudarc's list of library names and drops what it opened;

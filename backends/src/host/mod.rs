@@ -2,8 +2,10 @@
 
 mod raw;
 
-use crate::{Backend, BackendKind, Error, HostPtr, Result};
+use crate::adopt::{Adoption, Keeper, Ownership};
+use crate::{Backend, BackendKind, Error, HostPtr, MemoryPool, OwnedBlock, Pool, Result, StreamId};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// One host segment: an aligned allocation.
 #[derive(Debug, Clone, Copy)]
@@ -23,6 +25,8 @@ pub struct HostBackend {
     capacity: u64,
     alignment: u64,
     held: AtomicU64,
+    /// For the backend of an adopted buffer: the memory it wraps (see [`crate::adopt`]).
+    adoption: Option<Adoption<HostSegment>>,
 }
 
 impl HostBackend {
@@ -31,7 +35,33 @@ impl HostBackend {
 
     /// A host backend named `name` over `capacity` bytes with 64-byte alignment.
     pub fn new(name: impl Into<String>, capacity: u64) -> Self {
-        Self { name: name.into(), capacity, alignment: Self::DEFAULT_ALIGNMENT, held: AtomicU64::new(0) }
+        Self {
+            name: name.into(),
+            capacity,
+            alignment: Self::DEFAULT_ALIGNMENT,
+            held: AtomicU64::new(0),
+            adoption: None,
+        }
+    }
+
+    /// The backend of a pool holding one adopted host allocation of `size` bytes at `addr` (alignment 1: the
+    /// block is the whole allocation, so its byte count is exact).
+    fn adopting(
+        name: String,
+        capacity: u64,
+        addr: usize,
+        size: u64,
+        keeper: Option<Keeper>,
+        ownership: Ownership,
+    ) -> Self {
+        let segment = HostSegment { addr, base: addr, size };
+        Self {
+            name,
+            capacity,
+            alignment: 1,
+            held: AtomicU64::new(0),
+            adoption: Some(Adoption::new(segment, keeper, ownership)),
+        }
     }
 
     /// Sets the block alignment (a power of two, at least 64: segments are aligned to it too).
@@ -70,6 +100,9 @@ impl Backend for HostBackend {
         self.alignment
     }
     fn segment_granularity(&self) -> u64 {
+        if self.adoption.is_some() {
+            return self.alignment;
+        }
         self.alignment.max(4096)
     }
     fn max_segment_size(&self) -> u64 {
@@ -83,6 +116,11 @@ impl Backend for HostBackend {
         self.capacity.saturating_sub(self.held.load(Ordering::Relaxed))
     }
     fn create_segment(&self, size: u64) -> Result<HostSegment> {
+        if let Some(adoption) = &self.adoption {
+            let segment = adoption.take(&self.name)?;
+            self.held.fetch_add(segment.size, Ordering::Relaxed);
+            return Ok(segment);
+        }
         let allocation = raw::alloc(size, self.alignment).ok_or_else(|| Error::Driver {
             backend: self.name.clone(),
             call: "alloc".into(),
@@ -92,6 +130,12 @@ impl Backend for HostBackend {
         Ok(HostSegment { addr: allocation.addr, base: allocation.base, size })
     }
     fn destroy_segment(&self, segment: HostSegment, _: crate::backend::PoolAccess) {
+        if let Some(adoption) = &self.adoption {
+            // Not this backend's allocation: the keeper (an owned `Vec`) frees it; borrowed memory stays.
+            adoption.release();
+            self.held.fetch_sub(segment.size, Ordering::Relaxed);
+            return;
+        }
         raw::dealloc(raw::Allocation { addr: segment.addr, base: segment.base }, segment.size, self.alignment);
         self.held.fetch_sub(segment.size, Ordering::Relaxed);
     }
@@ -116,6 +160,40 @@ impl Backend for HostBackend {
     fn may_be_host_addressable(&self) -> bool {
         true
     }
+}
+
+/// Adopts a host vector as the one block of a pool of its own, named `name`, on a host of `capacity` bytes:
+/// the vector is dropped (its memory freed) when the block is. An empty vector is refused
+/// ([`Error::ZeroSize`]): a block holds at least one byte.
+pub fn adopt_vec<T: bytemuck::Pod + Send + Sync>(name: &str, capacity: u64, data: Vec<T>) -> Result<OwnedBlock> {
+    let size = std::mem::size_of_val(data.as_slice()) as u64;
+    // The heap buffer does not move when the vector moves into its keeper.
+    let addr = data.as_ptr() as usize;
+    adopt(HostBackend::adopting(adopted_name(name), capacity, addr, size, Some(Box::new(data)), Ownership::Owned), size)
+}
+
+/// Adopts host memory that lives for the rest of the program (a leaked `Box`, a static) as the one block of a
+/// pool of its own: never freed by umm. Borrowed mutably for good, so nothing else reaches it meanwhile.
+pub fn adopt_static<T: bytemuck::Pod + Send + Sync>(
+    name: &str,
+    capacity: u64,
+    data: &'static mut [T],
+) -> Result<OwnedBlock> {
+    let size = std::mem::size_of_val(data) as u64;
+    let addr = data.as_mut_ptr() as usize;
+    adopt(HostBackend::adopting(adopted_name(name), capacity, addr, size, None, Ownership::Borrowed), size)
+}
+
+fn adopted_name(name: &str) -> String {
+    format!("{name} adopted")
+}
+
+fn adopt(backend: HostBackend, size: u64) -> Result<OwnedBlock> {
+    if size == 0 {
+        return Err(Error::ZeroSize { device: backend.name.clone() });
+    }
+    let pool: Arc<dyn MemoryPool> = Arc::new(Pool::new(backend, crate::adopt::pool_config())?);
+    OwnedBlock::allocate(pool, size, StreamId(0), false)
 }
 
 #[cfg(test)]

@@ -65,9 +65,11 @@ pub(super) fn fill(addr: usize, len: usize, value: u8) {
 /// The host address of byte `offset` of the segment allocated at `addr`.
 pub(super) fn host_ptr(addr: usize, offset: usize) -> HostPtr {
     let ptr = NonNull::new((addr + offset) as *mut u8).expect("a live allocation does not start at address 0");
-    // SAFETY: `addr` is a live allocation from `alloc` and the backend checked `offset` against its size. It is
-    // freed only when the pool destroys the segment, and the backend touches its bytes only in `copy_in`,
-    // `copy_out` and `fill`, when asked through the segment. No device writes host memory. `alloc` zeroes every
-    // byte, so all of them are initialised.
+    // SAFETY: `addr` is a live allocation from `alloc`, or adopted memory (an owned `Vec` of plain-old-data
+    // elements kept until the segment is destroyed, or a `&'static mut` slice of them handed over for good), and
+    // the backend checked `offset` against its size. It is freed only when the pool destroys the segment, and the
+    // backend touches its bytes only in `copy_in`, `copy_out` and `fill`, when asked through the segment. No
+    // device writes host memory. `alloc` zeroes every byte, and adopted elements are `bytemuck::Pod` values
+    // (no padding), so all of them are initialised.
     unsafe { HostPtr::new(ptr) }
 }

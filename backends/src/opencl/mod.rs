@@ -27,11 +27,15 @@ mod discover;
 mod raw;
 
 pub use discover::discover;
+/// The opencl3 this crate was built with, so that callers build programs and kernels with the same version.
+pub use opencl3;
 pub use raw::{ClEvent, ClFailure, PendingRead, PendingWrite};
 
+use crate::adopt::{Adoption, Ownership};
 use crate::HostPtr;
 use crate::{
-    Backend, BackendKind, BlockHandle, DeviceInfo, Error, OwnedBlock, Pool, PoolConfig, PoolPlacement, Result,
+    Backend, BackendKind, BlockHandle, DeviceInfo, Error, MemoryPool, OwnedBlock, Pool, PoolConfig, PoolPlacement,
+    Result,
 };
 use opencl3::command_queue::CommandQueue;
 use opencl3::context::Context;
@@ -119,7 +123,56 @@ impl OpenClDevice {
             name: format!("opencl:{} {placement} ({})", d.ordinal, d.name),
             device: Arc::clone(d),
             placement,
+            adoption: None,
         }
+    }
+
+    /// Adopts an opencl3 buffer made in this device's context ([`OpenClDevice::context`]) as the one block of a
+    /// pool of its own, taking it over: umm keeps a reference of its own and drops `buffer` (so the buffer is
+    /// released when the block is freed, unless other references to it live elsewhere). See
+    /// [`OpenClDevice::adopt_borrowed`] for the errors.
+    pub fn adopt<T>(&self, buffer: Buffer<T>) -> Result<OwnedBlock> {
+        self.adopt_as(&buffer, Ownership::Owned)
+    }
+
+    /// Adopts an opencl3 buffer made in this device's context as the one block of a pool of its own, leaving it
+    /// its owner's: umm holds a reference of its own while the block lives and releases only that one. Errors:
+    /// a buffer of another context ([`Error::Unsupported`]), an empty one ([`Error::ZeroSize`]), a failed query
+    /// ([`Error::Driver`]).
+    pub fn adopt_borrowed<T>(&self, buffer: &Buffer<T>) -> Result<OwnedBlock> {
+        self.adopt_as(buffer, Ownership::Borrowed)
+    }
+
+    fn adopt_as<T>(&self, buffer: &Buffer<T>, ownership: Ownership) -> Result<OwnedBlock> {
+        use opencl3::memory::ClMem;
+        let d = &self.shared;
+        let name = format!("opencl:{} adopted ({})", d.ordinal, d.name);
+        let fail = |call: &str, code: i32| Error::Driver {
+            backend: name.clone(),
+            call: call.into(),
+            message: opencl3::error_codes::error_text(code).to_string(),
+        };
+        let context = buffer.context().map_err(|e| fail("clGetMemObjectInfo", e.0))?;
+        if context != d.context.get() {
+            return Err(Error::Unsupported {
+                backend: name,
+                what: "adopting a buffer of another OpenCL context: make it in this device's context".into(),
+            });
+        }
+        let size = buffer.size().map_err(|e| fail("clGetMemObjectInfo", e.0))? as u64;
+        if size == 0 {
+            return Err(Error::ZeroSize { device: name });
+        }
+        let mem = MemObject::retained(buffer)?;
+        let segment = OpenClSegment(Arc::new(SegmentInner { mem, size, mapped: None, device: Arc::clone(d) }));
+        let backend = OpenClBackend {
+            name,
+            device: Arc::clone(d),
+            placement: PoolPlacement::DeviceLocal,
+            adoption: Some(Adoption::new(segment, None, ownership)),
+        };
+        let pool: Arc<dyn MemoryPool> = Arc::new(Pool::new(backend, crate::adopt::pool_config())?);
+        OwnedBlock::allocate(pool, size, crate::StreamId(0), false)
     }
 
     /// A pool of `placement` memory on this device. Pools of one device share its context and queue, so blocks
@@ -205,6 +258,8 @@ pub struct OpenClBackend {
     name: String,
     device: Arc<DeviceShared>,
     placement: PoolPlacement,
+    /// For the backend of an adopted buffer: that buffer (see [`crate::adopt`]).
+    adoption: Option<Adoption<OpenClSegment>>,
 }
 
 impl std::fmt::Debug for OpenClBackend {
@@ -317,9 +372,16 @@ impl Backend for OpenClBackend {
         BackendKind::OpenCl
     }
     fn alignment(&self) -> u64 {
+        // An adopted buffer's one block starts at origin 0 (aligned for any sub-buffer) and spans it exactly.
+        if self.adoption.is_some() {
+            return 1;
+        }
         self.device.alignment
     }
     fn segment_granularity(&self) -> u64 {
+        if self.adoption.is_some() {
+            return 1;
+        }
         self.device.alignment.max(4096)
     }
     fn max_segment_size(&self) -> u64 {
@@ -335,6 +397,11 @@ impl Backend for OpenClBackend {
 
     /// One clCreateBuffer (plus one map for host-visible `HostPinned` segments). O(1).
     fn create_segment(&self, size: u64) -> Result<OpenClSegment> {
+        if let Some(adoption) = &self.adoption {
+            let segment = adoption.take(&self.name)?;
+            self.device.held.fetch_add(segment.size(), Ordering::Relaxed);
+            return Ok(segment);
+        }
         if size > self.device.max_allocation {
             return Err(Error::TooLarge {
                 device: self.name.clone(),

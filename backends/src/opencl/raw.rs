@@ -18,8 +18,8 @@ use opencl3::context::Context;
 use opencl3::error_codes::error_text;
 use opencl3::event::{get_event_info, release_event, wait_for_events, CL_COMPLETE, CL_EVENT_COMMAND_EXECUTION_STATUS};
 use opencl3::memory::{
-    create_buffer, create_sub_buffer, release_mem_object, Buffer, CL_BUFFER_CREATE_TYPE_REGION, CL_MAP_READ,
-    CL_MAP_WRITE,
+    create_buffer, create_sub_buffer, release_mem_object, retain_mem_object, Buffer, ClMem,
+    CL_BUFFER_CREATE_TYPE_REGION, CL_MAP_READ, CL_MAP_WRITE,
 };
 use opencl3::types::{cl_buffer_region, cl_event, cl_int, cl_mem, cl_mem_flags, CL_BLOCKING, CL_NON_BLOCKING};
 use std::ffi::c_void;
@@ -79,6 +79,16 @@ impl MemObject {
             create_sub_buffer(self.0, 0, CL_BUFFER_CREATE_TYPE_REGION, ptr::from_ref(&region).cast::<c_void>())
         }
         .map_err(ClFailure::at("clCreateSubBuffer"))?;
+        Ok(Self(mem))
+    }
+
+    /// A reference of umm's own to the buffer behind `buffer` (which may be dropped afterwards: OpenCL keeps
+    /// the object while any reference lives).
+    pub(super) fn retained<T>(buffer: &Buffer<T>) -> Result<Self, ClFailure> {
+        let mem = buffer.get();
+        // SAFETY: `buffer` holds a reference to this live object for the whole call (opencl3's `Buffer` owns one
+        // and releases it only on drop), so retaining it is valid; the new reference is released once, in `Drop`.
+        unsafe { retain_mem_object(mem) }.map_err(ClFailure::at("clRetainMemObject"))?;
         Ok(Self(mem))
     }
 

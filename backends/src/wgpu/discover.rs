@@ -2,7 +2,11 @@
 
 use super::io::DeviceShared;
 use super::{WgpuBackend, WgpuPoolKind};
-use crate::{BackendKind, DeviceInfo, DeviceType, Discovery, Error, Pool, PoolConfig, PoolPlacement, Result};
+use crate::adopt::Ownership;
+use crate::{
+    BackendKind, DeviceInfo, DeviceType, Discovery, Error, MemoryPool, OwnedBlock, Pool, PoolConfig, PoolPlacement,
+    Result, StreamId,
+};
 use parking_lot::Mutex;
 use std::sync::Arc;
 
@@ -285,6 +289,33 @@ impl WgpuDevice {
         let shared = self.open()?;
         let name = format!("wgpu:{} {} {kind}", self.info.ordinal, self.info.name);
         Pool::new(WgpuBackend::new(name, kind, shared), config)
+    }
+
+    /// Adopts `buffer`, made on this adapter's device ([`WgpuDevice::device_and_queue`]), as the one block of a
+    /// pool of its own, with the buffer's own usages: umm reads and writes it as it does pooled blocks (reading
+    /// needs `COPY_SRC` or `MAP_READ`, writing `COPY_DST` or `MAP_WRITE`). With [`Ownership::Owned`] the buffer
+    /// is destroyed when the block is freed; with [`Ownership::Borrowed`] only umm's handle goes. A buffer of
+    /// another device fails at its first use with [`Error::Driver`] (wgpu's validation). Refused: an empty buffer
+    /// ([`Error::ZeroSize`]), and one whose size is not a multiple of 4 ([`Error::Unsupported`]: wgpu copies
+    /// whole words).
+    pub fn adopt(&self, buffer: wgpu::Buffer, ownership: Ownership) -> Result<OwnedBlock> {
+        let shared = self.open()?;
+        let name = format!("wgpu:{} {} adopted", self.info.ordinal, self.info.name);
+        let size = buffer.size();
+        if size == 0 {
+            return Err(Error::ZeroSize { device: name });
+        }
+        if !size.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT) {
+            return Err(Error::Unsupported {
+                backend: name,
+                what: format!(
+                    "adopting a buffer of {size} bytes: wgpu copies whole words, so the size must be a multiple of 4"
+                ),
+            });
+        }
+        let pool: Arc<dyn MemoryPool> =
+            Arc::new(Pool::new(WgpuBackend::adopting(name, shared, buffer, ownership), crate::adopt::pool_config())?);
+        OwnedBlock::allocate(pool, size, StreamId(0), false)
     }
 
     /// The opened device and queue (opening it if no pool has yet), for building pipelines over pooled blocks.

@@ -2,7 +2,7 @@
 //! copies between blocks.
 
 use super::{WgpuBackend, WgpuSegment};
-use crate::{Backend, BlockHandle, Error, Pool, Result};
+use crate::{Backend, BlockHandle, Error, OwnedBlock, Pool, Result};
 use std::sync::Arc;
 use wgpu::BufferUsages;
 
@@ -72,6 +72,19 @@ fn bind(
 pub fn binding(pool: &Pool<WgpuBackend>, block: &BlockHandle) -> Result<WgpuBlock> {
     let limit = pool.backend().limits().max_storage_buffer_binding_size;
     bind(pool, block, BufferUsages::STORAGE, limit, "storage")
+}
+
+/// An owned block of a wgpu pool for a storage binding, as [`binding`]. Errors with [`Error::Unsupported`] when
+/// the block is not of a wgpu pool.
+pub fn block_binding(block: &OwnedBlock) -> Result<WgpuBlock> {
+    let pool = block.pool();
+    let Some(wgpu) = pool.as_any().downcast_ref::<Pool<WgpuBackend>>() else {
+        return Err(Error::Unsupported {
+            backend: pool.name().to_string(),
+            what: "a wgpu binding of a block that is not wgpu memory".into(),
+        });
+    };
+    binding(wgpu, block.handle())
 }
 
 /// `block` for a uniform binding (ReadOnly pools). Errors if the pool's buffers lack `UNIFORM`, the block is

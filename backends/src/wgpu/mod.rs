@@ -28,9 +28,12 @@ mod io;
 mod segment;
 
 pub use discover::{discover, WgpuDevice};
-pub use interop::{binding, copy_block, seal, segment_and_offset, uniform_binding, unseal, WgpuBlock};
+pub use interop::{binding, block_binding, copy_block, seal, segment_and_offset, uniform_binding, unseal, WgpuBlock};
 pub use segment::WgpuSegment;
+/// The wgpu this crate was built with, so that callers build pipelines with the same version.
+pub use wgpu;
 
+use crate::adopt::{Adoption, Ownership};
 use crate::{Backend, BackendKind, Error, PoolPlacement, Result};
 use io::DeviceShared;
 use std::sync::Arc;
@@ -94,6 +97,8 @@ pub struct WgpuBackend {
     shared: Arc<DeviceShared>,
     /// Sealed block ranges `(buffer, start, end)`: writes and fills there are refused (see [`seal`]).
     sealed: parking_lot::Mutex<Vec<(wgpu::Buffer, u64, u64)>>,
+    /// For the backend of an adopted buffer: that buffer (see [`crate::adopt`]).
+    adoption: Option<Adoption<WgpuSegment>>,
 }
 
 impl std::fmt::Debug for WgpuBackend {
@@ -122,7 +127,30 @@ impl WgpuBackend {
         }
         // Limits are powers of two; guard anyway so that Pool::new gets one.
         let alignment = alignment.next_power_of_two();
-        Self { name, kind, usage, alignment, shared, sealed: parking_lot::Mutex::new(Vec::new()) }
+        Self { name, kind, usage, alignment, shared, sealed: parking_lot::Mutex::new(Vec::new()), adoption: None }
+    }
+
+    /// The backend of a pool holding one adopted buffer, with that buffer's own usages. Its one block starts at
+    /// offset 0, so no binding alignment applies; the alignment is wgpu's copy alignment (4), so that the block
+    /// spans whole words. Reported as [`WgpuPoolKind::DeviceLocal`]; [`WgpuBackend::usage`] tells what it allows.
+    fn adopting(name: String, shared: Arc<DeviceShared>, buffer: wgpu::Buffer, ownership: Ownership) -> Self {
+        let usage = buffer.usage();
+        let mappable = usage.intersects(BufferUsages::MAP_READ | BufferUsages::MAP_WRITE);
+        let segment = WgpuSegment::new(buffer, mappable);
+        Self {
+            name,
+            kind: WgpuPoolKind::DeviceLocal,
+            usage,
+            alignment: wgpu::COPY_BUFFER_ALIGNMENT,
+            shared,
+            sealed: parking_lot::Mutex::new(Vec::new()),
+            adoption: Some(Adoption::new(segment, None, ownership)),
+        }
+    }
+
+    /// Whether this backend's pool holds one adopted buffer.
+    pub fn is_adopted(&self) -> bool {
+        self.adoption.is_some()
     }
 
     /// The wgpu device (shared by every pool of the adapter), for pipelines and bind groups.
@@ -216,6 +244,11 @@ impl Backend for WgpuBackend {
         self.shared.free_memory()
     }
     fn create_segment(&self, size: u64) -> Result<WgpuSegment> {
+        if let Some(adoption) = &self.adoption {
+            let segment = adoption.take(&self.name)?;
+            self.shared.held.fetch_add(segment.buffer().size(), std::sync::atomic::Ordering::Relaxed);
+            return Ok(segment);
+        }
         let max = self.max_segment_size();
         if size > max {
             return Err(Error::TooLarge { device: self.name.clone(), requested: size, max });
@@ -238,7 +271,9 @@ impl Backend for WgpuBackend {
         // wgpu keeps the memory until submitted work that uses the buffer is done. On a lost device the call
         // may fail: that is logged, and the bytes are no longer counted either way.
         let size = buffer.size();
-        if self.shared.lost_reason().is_none() {
+        // A borrowed buffer stays its owner's: only umm's handle on it goes.
+        let owned = self.adoption.as_ref().is_none_or(Adoption::owned);
+        if owned && self.shared.lost_reason().is_none() {
             if let Err(e) = self.shared.scoped(&self.name, "buffer.destroy", || buffer.destroy()) {
                 log::warn!("{e}");
             }

@@ -1,0 +1,295 @@
+//! Kernels on universal buffers: what each API's kernels take, borrowed from a [`UniversalBuffer`], and the
+//! backend device objects that launch them.
+//!
+//! | API    | view                                                    | what a kernel gets                       |
+//! |--------|---------------------------------------------------------|------------------------------------------|
+//! | host   | [`UniversalBuffer::as_slice`] / `as_mut_slice`          | `&[T]` / `&mut [T]`                      |
+//! | wgpu   | [`UniversalBuffer::wgpu_binding`] / `wgpu_binding_mut`  | a `wgpu::BufferBinding` (buffer, offset, size) |
+//! | OpenCL | [`UniversalBuffer::opencl_buffer`] / `opencl_buffer_mut`| a sub-buffer `cl_mem` of exactly the buffer |
+//! | CUDA   | [`UniversalBuffer::cuda_view`] / `cuda_view_mut`        | cudarc `DevicePtr` / `DevicePtrMut`      |
+//!
+//! Every view borrows the buffer, so the buffer can be neither dropped nor migrated while a view lives; the
+//! `_mut` forms borrow it mutably (no host read or write meanwhile) and refuse read-only buffers
+//! ([`Error::ReadOnly`]). Asking for a view of another API's buffer is [`Error::WrongApi`]; of an empty buffer,
+//! [`Error::EmptyBuffer`].
+//!
+//! Alignment: pools place every block at an offset that is a multiple of the backend's alignment, which is at
+//! least wgpu's `min_storage_buffer_offset_alignment` (and `min_uniform_buffer_offset_alignment` for ReadOnly
+//! pools) and OpenCL's `CL_DEVICE_MEM_BASE_ADDR_ALIGN`, so a block can always be bound at its offset or become a
+//! sub-buffer. An adopted buffer is its own segment, at offset 0.
+
+use crate::registry::ApiHandle;
+use crate::{Error, Result, UniversalBuffer};
+#[allow(unused_imports)]
+use umm_backends::{BackendKind, OwnedBlock};
+use umm_placement::Api;
+
+/// The API that memory of a backend kind belongs to.
+pub(crate) fn api_of(kind: BackendKind) -> Api {
+    match kind {
+        BackendKind::Host => Api::Host,
+        BackendKind::Sim => Api::Sim,
+        BackendKind::Cuda => Api::Cuda,
+        BackendKind::OpenCl => Api::OpenCl,
+        BackendKind::Wgpu => Api::Wgpu,
+    }
+}
+
+impl<T: bytemuck::Pod> UniversalBuffer<T> {
+    /// The API whose memory holds the buffer (`None` for an empty buffer).
+    pub fn api(&self) -> Option<Api> {
+        self.block.as_ref().map(|b| api_of(b.pool().kind()))
+    }
+
+    /// The buffer's block, checked to be memory of `wanted`.
+    #[allow(dead_code)]
+    fn block_of(&self, op: &'static str, wanted: Api) -> Result<&OwnedBlock> {
+        let Some(block) = &self.block else {
+            return Err(Error::EmptyBuffer { op, label: self.meta.label.clone() });
+        };
+        let found = api_of(block.pool().kind());
+        if found != wanted {
+            return Err(Error::WrongApi { op, wanted, found, label: self.meta.label.clone() });
+        }
+        Ok(block)
+    }
+
+    /// As [`UniversalBuffer::block_of`], mutably, refusing read-only buffers.
+    #[allow(dead_code)]
+    fn block_of_mut(&mut self, op: &'static str, wanted: Api) -> Result<&mut OwnedBlock> {
+        self.block_of(op, wanted)?;
+        if self.meta.read_only {
+            return Err(Error::ReadOnly { label: self.meta.label.clone() });
+        }
+        Ok(self.block.as_mut().expect("checked by block_of"))
+    }
+}
+
+#[cfg(feature = "wgpu")]
+pub use self::wgpu_view::WgpuView;
+
+#[cfg(feature = "wgpu")]
+mod wgpu_view {
+    use super::*;
+    use umm_backends::wgpu_backend::{block_binding, wgpu, WgpuBackend, WgpuBlock};
+    use umm_backends::Backend;
+    use umm_backends::Pool;
+
+    /// A buffer as a wgpu storage binding, borrowing the buffer. Build bind groups with
+    /// [`WgpuView::binding_resource`], on [`WgpuView::device`], and submit on [`WgpuView::queue`] (the queue
+    /// umm's own copies use, so they are ordered with the kernels).
+    pub struct WgpuView<'a> {
+        block: WgpuBlock,
+        pool: &'a Pool<WgpuBackend>,
+    }
+
+    impl std::fmt::Debug for WgpuView<'_> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("WgpuView").field("block", &self.block).field("pool", &self.pool.backend().name()).finish()
+        }
+    }
+
+    impl WgpuView<'_> {
+        /// The `(buffer, offset, size)` binding: `offset` is the block's offset in its segment (a multiple of
+        /// the device's `min_storage_buffer_offset_alignment`), `size` the buffer's bytes rounded up to 4.
+        pub fn binding(&self) -> wgpu::BufferBinding<'_> {
+            self.block.as_buffer_binding()
+        }
+
+        /// The binding as a bind group resource.
+        pub fn binding_resource(&self) -> wgpu::BindingResource<'_> {
+            self.block.as_binding_resource()
+        }
+
+        /// The segment's buffer that holds the block.
+        pub fn buffer(&self) -> &wgpu::Buffer {
+            &self.block.buffer
+        }
+
+        /// Offset of the buffer's first byte in [`WgpuView::buffer`].
+        pub fn offset(&self) -> u64 {
+            self.block.offset
+        }
+
+        /// Bytes the binding spans.
+        pub fn size(&self) -> u64 {
+            self.block.size
+        }
+
+        /// The wgpu device the buffer lives on.
+        pub fn device(&self) -> &wgpu::Device {
+            self.pool.backend().device()
+        }
+
+        /// The device's queue.
+        pub fn queue(&self) -> &wgpu::Queue {
+            self.pool.backend().queue()
+        }
+    }
+
+    impl<T: bytemuck::Pod> UniversalBuffer<T> {
+        /// The buffer as a wgpu storage binding for shaders that read it. [`Error::WrongApi`] for a buffer of
+        /// another API, [`Error::EmptyBuffer`] for an empty one, and a backend error when the buffer's memory
+        /// cannot be bound as storage (an adopted buffer without `STORAGE`, a block larger than
+        /// `max_storage_buffer_binding_size`).
+        pub fn wgpu_binding(&self) -> Result<WgpuView<'_>> {
+            let block = self.block_of("wgpu_binding", Api::Wgpu)?;
+            view(block)
+        }
+
+        /// The buffer as a wgpu storage binding for shaders that write it: borrows the buffer mutably and
+        /// refuses read-only buffers ([`Error::ReadOnly`]); otherwise as [`UniversalBuffer::wgpu_binding`].
+        pub fn wgpu_binding_mut(&mut self) -> Result<WgpuView<'_>> {
+            let block = self.block_of_mut("wgpu_binding_mut", Api::Wgpu)?;
+            view(block)
+        }
+    }
+
+    fn view(block: &OwnedBlock) -> Result<WgpuView<'_>> {
+        let pool = block.pool().as_any().downcast_ref::<Pool<WgpuBackend>>().expect("wgpu memory lives in a wgpu pool");
+        Ok(WgpuView { block: block_binding(block)?, pool })
+    }
+}
+
+#[cfg(feature = "opencl")]
+pub use self::opencl_view::OpenClView;
+
+#[cfg(feature = "opencl")]
+mod opencl_view {
+    use super::*;
+    use umm_backends::opencl::{block_sub_buffer, opencl3, OpenClBackend, SubBuffer};
+    use umm_backends::Backend;
+    use umm_backends::Pool;
+
+    /// A buffer as an OpenCL sub-buffer (`clCreateSubBuffer` over exactly the buffer's bytes), borrowing the
+    /// buffer. Set [`OpenClView::as_raw`] as a kernel argument and enqueue on [`OpenClView::queue`] (the
+    /// in-order queue umm's own copies use). The sub-buffer is released when the view is dropped.
+    pub struct OpenClView<'a> {
+        sub: SubBuffer,
+        pool: &'a Pool<OpenClBackend>,
+    }
+
+    impl std::fmt::Debug for OpenClView<'_> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("OpenClView").field("sub", &self.sub).field("pool", &self.pool.backend().name()).finish()
+        }
+    }
+
+    impl OpenClView<'_> {
+        /// The sub-buffer's `cl_mem`.
+        pub fn as_raw(&self) -> opencl3::types::cl_mem {
+            self.sub.as_raw()
+        }
+
+        /// The sub-buffer's origin in its segment (a multiple of `CL_DEVICE_MEM_BASE_ADDR_ALIGN`).
+        pub fn offset(&self) -> u64 {
+            self.sub.offset()
+        }
+
+        /// Bytes the sub-buffer spans.
+        pub fn size(&self) -> u64 {
+            self.sub.size()
+        }
+
+        /// The device's context, for building programs.
+        pub fn context(&self) -> &opencl3::context::Context {
+            self.pool.backend().context()
+        }
+
+        /// The device's in-order queue.
+        pub fn queue(&self) -> &opencl3::command_queue::CommandQueue {
+            self.pool.backend().queue()
+        }
+    }
+
+    impl<T: bytemuck::Pod> UniversalBuffer<T> {
+        /// The buffer as an OpenCL sub-buffer for kernels that read it. [`Error::WrongApi`] for a buffer of
+        /// another API, [`Error::EmptyBuffer`] for an empty one.
+        pub fn opencl_buffer(&self) -> Result<OpenClView<'_>> {
+            let block = self.block_of("opencl_buffer", Api::OpenCl)?;
+            view(block)
+        }
+
+        /// The buffer as an OpenCL sub-buffer for kernels that write it: borrows the buffer mutably and refuses
+        /// read-only buffers ([`Error::ReadOnly`]); otherwise as [`UniversalBuffer::opencl_buffer`].
+        pub fn opencl_buffer_mut(&mut self) -> Result<OpenClView<'_>> {
+            let block = self.block_of_mut("opencl_buffer_mut", Api::OpenCl)?;
+            view(block)
+        }
+    }
+
+    fn view(block: &OwnedBlock) -> Result<OpenClView<'_>> {
+        let pool =
+            block.pool().as_any().downcast_ref::<Pool<OpenClBackend>>().expect("OpenCL memory lives in an OpenCL pool");
+        Ok(OpenClView { sub: block_sub_buffer(block)?, pool })
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda_view {
+    use super::*;
+    use std::sync::Arc;
+    use umm_backends::cuda::cudarc::driver::CudaStream;
+    use umm_backends::cuda::{block_view, block_view_mut, BlockView, BlockViewMut};
+
+    impl<T: bytemuck::Pod> UniversalBuffer<T> {
+        /// The buffer as a cudarc [`DevicePtr`](umm_backends::cuda::cudarc::driver::DevicePtr) for kernels on
+        /// `stream` that read it (`builder.arg(&view)`), or its raw `CUdeviceptr`
+        /// ([`BlockView::device_address`]). Marks the buffer as used on `stream`, so freeing it waits for that
+        /// stream's work. [`Error::WrongApi`] for a buffer of another API, [`Error::EmptyBuffer`] for an empty
+        /// one, a backend error for a stream of another context.
+        pub fn cuda_view<'a>(&'a self, stream: &'a Arc<CudaStream>) -> Result<BlockView<'a, T>> {
+            let block = self.block_of("cuda_view", Api::Cuda)?;
+            self.record_device_use();
+            Ok(block_view(block, stream)?)
+        }
+
+        /// The buffer as a cudarc `DevicePtrMut` for kernels on `stream` that write it: borrows the buffer
+        /// mutably and refuses read-only buffers ([`Error::ReadOnly`]); otherwise as
+        /// [`UniversalBuffer::cuda_view`].
+        pub fn cuda_view_mut<'a>(&'a mut self, stream: &'a Arc<CudaStream>) -> Result<BlockViewMut<'a, T>> {
+            self.record_device_use();
+            let block = self.block_of_mut("cuda_view_mut", Api::Cuda)?;
+            Ok(block_view_mut(block, stream)?)
+        }
+    }
+}
+
+impl crate::Device {
+    /// The device as CUDA sees it (its context, for streams, modules and kernels), when it is a CUDA device.
+    #[cfg(feature = "cuda")]
+    pub fn cuda(&self) -> Option<&umm_backends::cuda::CudaDevice> {
+        self.handles().find_map(|h| match h {
+            ApiHandle::Cuda(d) => Some(d),
+            _ => None,
+        })
+    }
+
+    /// The device as OpenCL sees it (its context and in-order queue), when it is an OpenCL device.
+    #[cfg(feature = "opencl")]
+    pub fn opencl(&self) -> Option<&umm_backends::opencl::OpenClDevice> {
+        self.handles().find_map(|h| match h {
+            ApiHandle::OpenCl(d) => Some(d),
+            _ => None,
+        })
+    }
+
+    /// The device as wgpu sees it (`device_and_queue` for pipelines), when it is a wgpu adapter.
+    #[cfg(feature = "wgpu")]
+    pub fn wgpu(&self) -> Option<&umm_backends::wgpu_backend::WgpuDevice> {
+        self.handles().find_map(|h| match h {
+            ApiHandle::Wgpu(d) => Some(&**d),
+            _ => None,
+        })
+    }
+
+    /// Whether the device is seen through `api`.
+    pub fn has_api(&self, api: Api) -> bool {
+        self.apis().contains(&api)
+    }
+}
+
+#[allow(dead_code)]
+fn _handles_used(h: &ApiHandle) -> bool {
+    matches!(h, ApiHandle::Plain)
+}

@@ -1,0 +1,419 @@
+//! Kernels on universal buffers (wgpu, OpenCL, CUDA views) and adopted buffers, through the public API. wgpu
+//! and OpenCL run on any machine with a driver (lavapipe, PoCL); CUDA tests skip without one. Each backend's
+//! tests skip with a printed reason when it is absent, unless `UMM_REQUIRE_BACKENDS` names it.
+
+use umm::backends::skip_or_fail;
+use umm::{
+    AdoptOptions, Adoptable, AllocOptions, Api, DeviceSelector, Error, Ownership, Placement, UniversalBuffer,
+    UniversalMemoryManager,
+};
+
+const N: usize = 1000;
+const A: f32 = 2.5;
+
+fn xs() -> Vec<f32> {
+    (0..N).map(|i| i as f32 * 0.5 - 7.0).collect()
+}
+
+fn ys() -> Vec<f32> {
+    (0..N).map(|i| (i as f32).sin()).collect()
+}
+
+fn expected(x: &[f32], y: &[f32]) -> Vec<f32> {
+    x.iter().zip(y).map(|(x, y)| A * x + y).collect()
+}
+
+fn host_only() -> UniversalMemoryManager {
+    UniversalMemoryManager::builder().backends(false, false, false).build().unwrap()
+}
+
+/// A manager that sees `api`'s devices, or `None` (after a skip notice) when there are none.
+fn manager_with(api: Api) -> Option<UniversalMemoryManager> {
+    let mm = UniversalMemoryManager::builder()
+        .backends(api == Api::Cuda, api == Api::OpenCl, api == Api::Wgpu)
+        .build()
+        .unwrap();
+    if mm.devices().iter().any(|d| d.apis().contains(&api)) {
+        return Some(mm);
+    }
+    skip_or_fail(&api.to_string(), &format!("no {api} device ({})", mm.skipped().join("; ")));
+    None
+}
+
+fn on(api: Api) -> AllocOptions {
+    AllocOptions::new().placement(Placement::DeviceLocal).device(DeviceSelector::Api(api))
+}
+
+fn device_of(mm: &UniversalMemoryManager, api: Api) -> &umm::Device {
+    mm.devices().iter().find(|d| d.apis().contains(&api)).unwrap()
+}
+
+#[test]
+fn views_of_another_api_or_of_empty_buffers_are_refused_by_name() {
+    let mm = host_only();
+    let mut host = mm.allocate_universal_with::<f32>(16, AllocOptions::new().label("h")).unwrap();
+    assert_eq!(host.api(), Some(Api::Host));
+    match host.wgpu_binding() {
+        Err(Error::WrongApi { op, wanted: Api::Wgpu, found: Api::Host, label }) => {
+            assert_eq!((op, label.as_deref()), ("wgpu_binding", Some("h")));
+        }
+        other => panic!("expected WrongApi, got {other:?}"),
+    }
+    assert!(matches!(host.wgpu_binding_mut(), Err(Error::WrongApi { wanted: Api::Wgpu, found: Api::Host, .. })));
+    assert!(matches!(host.opencl_buffer(), Err(Error::WrongApi { wanted: Api::OpenCl, found: Api::Host, .. })));
+    assert!(matches!(host.opencl_buffer_mut(), Err(Error::WrongApi { wanted: Api::OpenCl, .. })));
+    let empty = mm.allocate_universal::<f32>(0, Placement::Auto).unwrap();
+    assert_eq!(empty.api(), None);
+    assert!(matches!(empty.wgpu_binding(), Err(Error::EmptyBuffer { op: "wgpu_binding", .. })));
+    assert!(matches!(empty.opencl_buffer(), Err(Error::EmptyBuffer { op: "opencl_buffer", .. })));
+    let msg = host.opencl_buffer().unwrap_err().to_string();
+    assert!(msg.contains("opencl") && msg.contains("host"), "{msg}");
+}
+
+#[test]
+fn a_host_vector_adopted_is_read_written_counted_snapshotted_reported_and_migrated() {
+    let mm = host_only();
+    let before = mm.global_memory_stats().total.allocated_bytes.current;
+    let mut buf = mm.adopt(xs(), AdoptOptions::new().label("adopted-vec")).unwrap();
+    assert_eq!((buf.len(), buf.api(), buf.label()), (N, Some(Api::Host), Some("adopted-vec")));
+    assert_eq!(buf.to_vec().unwrap(), xs());
+    assert_eq!(buf.as_slice().unwrap(), &xs()[..]);
+    buf.write_at(3, &[42.0]).unwrap();
+    buf.as_mut_slice().unwrap()[4] = 43.0;
+    let mut x = xs();
+    (x[3], x[4]) = (42.0, 43.0);
+    assert_eq!(buf.to_vec().unwrap(), x);
+    let bytes = (N * 4) as u64;
+    assert_eq!(mm.global_memory_stats().total.allocated_bytes.current, before + bytes);
+    let snapshot = mm.snapshot();
+    let block = snapshot
+        .pools
+        .iter()
+        .flat_map(|p| &p.segments)
+        .flat_map(|s| &s.blocks)
+        .find(|b| b.label.as_deref() == Some("adopted-vec"));
+    assert_eq!(block.map(|b| (b.requested, b.free)), Some((Some(bytes), false)), "{}", snapshot.to_json());
+    let leaks = mm.leak_report();
+    assert!(leaks.allocations.iter().any(|a| a.label.as_deref() == Some("adopted-vec") && a.bytes == bytes));
+    let pools = mm.devices()[0].pools().len();
+    let moved = buf.migrate(&mm, DeviceSelector::Host).unwrap();
+    assert_eq!(moved.to_vec().unwrap(), x);
+    assert_eq!(mm.devices()[0].pools().len(), pools, "the adopted pool went with its buffer; the host pool came");
+    assert!(mm.devices()[0].pools().iter().all(|(_, _, p)| !p.name().contains("adopted")));
+    let host_block = moved.block_info().unwrap().size;
+    assert_eq!(mm.global_memory_stats().total.allocated_bytes.current, before + host_block);
+    assert!(!mm.leak_report().allocations.iter().any(|a| a.bytes == bytes && a.label.is_none()));
+}
+
+#[test]
+fn static_host_memory_is_adopted_borrowed_and_empty_or_ragged_memory_is_refused() {
+    let mm = host_only();
+    let data: &'static mut [u32] = Box::leak(vec![7u32; 64].into_boxed_slice());
+    let source = Adoptable::host_static(data);
+    assert_eq!(source.ownership(), Ownership::Borrowed);
+    let mut buf = mm.adopt(source, AdoptOptions::new()).unwrap();
+    buf.fill(9).unwrap();
+    assert_eq!(buf.to_vec().unwrap(), vec![9u32; 64]);
+    assert_eq!(Adoptable::vec(vec![1u8]).ownership(), Ownership::Owned);
+    let err = mm.adopt(Vec::<f32>::new(), AdoptOptions::new()).unwrap_err();
+    assert!(matches!(err, Error::Backend(umm::backends::Error::ZeroSize { .. })), "{err}");
+}
+
+// ---------------------------------------------------------------------------------------------------------- wgpu
+
+#[cfg(feature = "wgpu")]
+mod wgpu_kernels {
+    use super::*;
+    use umm::backends::wgpu_backend::wgpu;
+
+    pub(crate) const SAXPY: &str = r#"
+// x and y may be blocks of one pooled buffer: WebGPU forbids read and read-write use of one buffer in a
+// dispatch, so both are bound read_write.
+@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@group(0) @binding(2) var<uniform> a: vec4<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+    let i = id.x;
+    if (i < arrayLength(&y)) {
+        y[i] = a.x * x[i] + y[i];
+    }
+}
+"#;
+
+    /// y = A*x + y with `x` and `y` bound at their blocks' offsets.
+    pub(crate) fn saxpy(x: &UniversalBuffer<f32>, y: &mut UniversalBuffer<f32>) {
+        let xv = x.wgpu_binding().unwrap();
+        let (device, queue) = (xv.device().clone(), xv.queue().clone());
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("saxpy"),
+            source: wgpu::ShaderSource::Wgsl(SAXPY.into()),
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("saxpy"),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        let a = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("a"),
+            size: 16,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        queue.write_buffer(&a, 0, &[A.to_le_bytes(), [0; 4], [0; 4], [0; 4]].concat());
+        let n = y.len() as u32;
+        let yv = y.wgpu_binding_mut().unwrap();
+        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &[
+                wgpu::BindGroupEntry { binding: 0, resource: xv.binding_resource() },
+                wgpu::BindGroupEntry { binding: 1, resource: yv.binding_resource() },
+                wgpu::BindGroupEntry { binding: 2, resource: a.as_entire_binding() },
+            ],
+        });
+        let mut encoder = device.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &group, &[]);
+            pass.dispatch_workgroups(n.div_ceil(64), 1, 1);
+        }
+        queue.submit([encoder.finish()]);
+        device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+    }
+
+    #[test]
+    fn saxpy_on_pooled_buffers_at_aligned_offsets_matches_the_cpu() {
+        let Some(mm) = manager_with(Api::Wgpu) else { return };
+        // Small neighbours first, so that x and y sit at non-zero offsets of a shared segment.
+        let pads: Vec<_> = (0..3).map(|_| mm.allocate_universal_with::<f32>(5, on(Api::Wgpu)).unwrap()).collect();
+        let mut x = mm.allocate_universal_with::<f32>(N, on(Api::Wgpu)).unwrap();
+        let mut y = mm.allocate_universal_with::<f32>(N, on(Api::Wgpu)).unwrap();
+        x.write(&xs()).unwrap();
+        y.write(&ys()).unwrap();
+        let align = u64::from(device_of(&mm, Api::Wgpu).wgpu().unwrap().limits().min_storage_buffer_offset_alignment);
+        let offsets: Vec<u64> = [&x, &y].iter().map(|b| b.wgpu_binding().unwrap().offset()).collect();
+        assert!(offsets.iter().all(|o| o % align == 0), "offsets {offsets:?} on the {align}-byte alignment");
+        assert!(offsets.iter().any(|&o| o > 0), "a block bound at a non-zero offset: {offsets:?}");
+        assert_eq!(x.wgpu_binding().unwrap().size(), (N * 4) as u64);
+        saxpy(&x, &mut y);
+        assert_eq!(y.to_vec().unwrap(), expected(&xs(), &ys()));
+        drop(pads);
+    }
+
+    #[test]
+    fn read_only_buffers_refuse_writable_bindings() {
+        let Some(mm) = manager_with(Api::Wgpu) else { return };
+        let options = AllocOptions::new().placement(Placement::ReadOnly).device(DeviceSelector::Api(Api::Wgpu));
+        let mut ro = mm.allocate_universal_from_with(&xs(), options.label("weights")).unwrap();
+        assert!(ro.wgpu_binding().is_ok());
+        assert!(matches!(ro.wgpu_binding_mut(), Err(Error::ReadOnly { label: Some(ref l) }) if l == "weights"));
+    }
+
+    fn storage_buffer(mm: &UniversalMemoryManager, bytes: u64) -> wgpu::Buffer {
+        let (device, _) = device_of(mm, Api::Wgpu).wgpu().unwrap().device_and_queue().unwrap();
+        device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("user buffer"),
+            size: bytes,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    #[test]
+    fn adopted_wgpu_buffers_run_kernels_migrate_and_are_released_only_when_owned() {
+        let Some(mm) = manager_with(Api::Wgpu) else { return };
+        let bytes = (N * 4) as u64;
+        let user_x = storage_buffer(&mm, bytes);
+        let mut x =
+            mm.adopt(Adoptable::wgpu(user_x.clone(), Ownership::Borrowed), AdoptOptions::new().label("x")).unwrap();
+        let user_y = storage_buffer(&mm, bytes);
+        let mut y =
+            mm.adopt(Adoptable::wgpu(user_y.clone(), Ownership::Owned), AdoptOptions::new().label("y")).unwrap();
+        assert_eq!((x.len(), y.api()), (N, Some(Api::Wgpu)));
+        x.write(&xs()).unwrap();
+        y.write(&ys()).unwrap();
+        assert_eq!(x.wgpu_binding().unwrap().offset(), 0);
+        let device = device_of(&mm, Api::Wgpu);
+        assert_eq!(device.pools().iter().filter(|(_, _, p)| p.name().contains("adopted")).count(), 2);
+        let stats = mm.global_memory_stats();
+        let adopted: u64 = stats.devices[device.index()]
+            .pools
+            .iter()
+            .filter(|p| p.stats.name.contains("adopted"))
+            .map(|p| p.stats.allocated_bytes.current)
+            .sum();
+        assert_eq!(adopted, 2 * bytes);
+        saxpy(&x, &mut y);
+        let want = expected(&xs(), &ys());
+        assert_eq!(y.to_vec().unwrap(), want);
+        // A device copy into a pooled buffer, and the owned buffer destroyed with its adopter.
+        let moved =
+            y.migrate(&mm, umm::MigrateTo::new(Placement::DeviceLocal).device(DeviceSelector::Api(Api::Wgpu))).unwrap();
+        assert_eq!(moved.to_vec().unwrap(), want);
+        let again = mm.adopt(Adoptable::<f32>::wgpu(user_y, Ownership::Borrowed), AdoptOptions::new()).unwrap();
+        assert!(matches!(again.to_vec(), Err(Error::Backend(umm::backends::Error::Driver { .. }))), "y was destroyed");
+        // The borrowed buffer outlives its adopter.
+        drop(x);
+        let again = mm.adopt(Adoptable::<f32>::wgpu(user_x, Ownership::Borrowed), AdoptOptions::new()).unwrap();
+        assert_eq!(again.to_vec().unwrap(), xs());
+        assert_eq!(device.pools().iter().filter(|(_, _, p)| p.name().contains("adopted")).count(), 2);
+    }
+
+    #[test]
+    fn wgpu_adoption_refuses_ragged_sizes_and_devices_of_another_api() {
+        let Some(mm) = manager_with(Api::Wgpu) else { return };
+        let err = mm.adopt(Adoptable::<[f32; 3]>::wgpu(storage_buffer(&mm, 16), Ownership::Owned), AdoptOptions::new());
+        assert!(matches!(err, Err(Error::Backend(umm::backends::Error::InvalidConfig(_)))), "{err:?}");
+        let err = mm.adopt(Adoptable::<u8>::wgpu(storage_buffer(&mm, 6), Ownership::Owned), AdoptOptions::new());
+        assert!(matches!(err, Err(Error::Backend(umm::backends::Error::Unsupported { .. }))), "{err:?}");
+        let host = AdoptOptions::new().device(DeviceSelector::Index(0));
+        let err = mm.adopt(Adoptable::<f32>::wgpu(storage_buffer(&mm, 16), Ownership::Owned), host);
+        assert!(matches!(err, Err(Error::Adopt { what: "a wgpu buffer", .. })), "{err:?}");
+    }
+}
+
+// -------------------------------------------------------------------------------------------------------- OpenCL
+
+#[cfg(feature = "opencl")]
+mod opencl_kernels {
+    use super::*;
+    use opencl3::kernel::{ExecuteKernel, Kernel};
+    use opencl3::memory::{Buffer, ClMem, CL_MEM_READ_WRITE};
+    use opencl3::program::Program;
+    use umm::backends::opencl::opencl3;
+    use umm::interop::OpenClView;
+
+    const SAXPY: &str = "__kernel void saxpy(float a, __global const float* x, __global float* y, int n) {
+        int i = get_global_id(0);
+        if (i < n) y[i] = a * x[i] + y[i];
+    }";
+
+    pub(crate) fn saxpy(x: &UniversalBuffer<f32>, y: &mut UniversalBuffer<f32>) {
+        let n = y.len() as i32;
+        let xv: OpenClView<'_> = x.opencl_buffer().unwrap();
+        let program = Program::create_and_build_from_source(xv.context(), SAXPY, "").expect("saxpy builds");
+        let kernel = Kernel::create(&program, "saxpy").unwrap();
+        let yv = y.opencl_buffer_mut().unwrap();
+        let (xm, ym) = (xv.as_raw(), yv.as_raw());
+        // SAFETY: the arguments match the kernel's signature; both sub-buffers hold n floats and live (borrowed
+        // from their buffers) until the event below has completed.
+        let event = unsafe {
+            ExecuteKernel::new(&kernel)
+                .set_arg(&A)
+                .set_arg(&xm)
+                .set_arg(&ym)
+                .set_arg(&n)
+                .set_global_work_size(n as usize)
+                .enqueue_nd_range(yv.queue())
+                .unwrap()
+        };
+        event.wait().unwrap();
+    }
+
+    #[test]
+    fn saxpy_on_pooled_sub_buffers_matches_the_cpu() {
+        let Some(mm) = manager_with(Api::OpenCl) else { return };
+        let pad = mm.allocate_universal_with::<f32>(3, on(Api::OpenCl)).unwrap();
+        let mut x = mm.allocate_universal_with::<f32>(N, on(Api::OpenCl)).unwrap();
+        let mut y = mm.allocate_universal_with::<f32>(N, on(Api::OpenCl)).unwrap();
+        x.write(&xs()).unwrap();
+        y.write(&ys()).unwrap();
+        let align = device_of(&mm, Api::OpenCl).opencl().unwrap().info().alignment;
+        let view = y.opencl_buffer().unwrap();
+        assert!(view.offset() % align == 0 && view.offset() > 0, "origin {} on {align}", view.offset());
+        assert_eq!(view.size(), (N * 4) as u64);
+        drop(view);
+        saxpy(&x, &mut y);
+        assert_eq!(y.to_vec().unwrap(), expected(&xs(), &ys()));
+        assert!(matches!(x.wgpu_binding(), Err(Error::WrongApi { wanted: Api::Wgpu, found: Api::OpenCl, .. })));
+        drop(pad);
+    }
+
+    fn user_buffer(mm: &UniversalMemoryManager, n: usize) -> Buffer<f32> {
+        let cl = device_of(mm, Api::OpenCl).opencl().unwrap();
+        // SAFETY: no host pointer is passed (null with flags that read none).
+        unsafe { Buffer::<f32>::create(cl.context(), CL_MEM_READ_WRITE, n, std::ptr::null_mut()).unwrap() }
+    }
+
+    #[test]
+    fn adopted_opencl_buffers_run_kernels_migrate_and_keep_borrowed_references() {
+        let Some(mm) = manager_with(Api::OpenCl) else { return };
+        let user_x = user_buffer(&mm, N);
+        assert_eq!(user_x.reference_count().unwrap(), 1);
+        let mut x = mm.adopt(Adoptable::opencl_borrowed(&user_x), AdoptOptions::new().label("x")).unwrap();
+        assert_eq!(user_x.reference_count().unwrap(), 2, "umm holds a reference of its own");
+        let mut y = mm.adopt(Adoptable::opencl(user_buffer(&mm, N)), AdoptOptions::new().label("y")).unwrap();
+        x.write(&xs()).unwrap();
+        y.write(&ys()).unwrap();
+        saxpy(&x, &mut y);
+        let want = expected(&xs(), &ys());
+        assert_eq!(y.to_vec().unwrap(), want);
+        assert!(mm.leak_report().allocations.iter().any(|a| a.label.as_deref() == Some("y")));
+        let moved = y.migrate(&mm, DeviceSelector::Host).unwrap();
+        assert_eq!(moved.to_vec().unwrap(), want);
+        drop(x);
+        assert_eq!(user_x.reference_count().unwrap(), 1, "only umm's reference went");
+        let host = AdoptOptions::new().device(DeviceSelector::Index(0));
+        let err = mm.adopt(Adoptable::opencl_borrowed(&user_x), host).unwrap_err();
+        assert!(matches!(err, Error::Adopt { what: "an OpenCL buffer", .. }), "{err}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------- CUDA
+
+#[cfg(feature = "cuda")]
+mod cuda_kernels {
+    use super::*;
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    use umm::backends::cuda::{self, cudarc};
+
+    const SAXPY: &str = r#"
+extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + y[i];
+}
+"#;
+
+    #[test]
+    fn saxpy_on_pooled_and_adopted_cuda_buffers_matches_the_cpu() {
+        let Some(mm) = manager_with(Api::Cuda) else { return };
+        if !cuda::nvrtc_available() {
+            return skip_or_fail("cuda", "NVRTC (libnvrtc) is not available to compile the kernel");
+        }
+        let device = device_of(&mm, Api::Cuda).cuda().unwrap();
+        let ctx = device.context().clone();
+        let stream = ctx.default_stream();
+        let ptx = cudarc::nvrtc::compile_ptx(SAXPY).expect("NVRTC compiles saxpy");
+        let f = ctx.load_module(ptx).unwrap().load_function("saxpy").unwrap();
+        let mut x = mm.allocate_universal_with::<f32>(N, on(Api::Cuda)).unwrap();
+        x.write(&xs()).unwrap();
+        // y is a cudarc slice taken over by umm.
+        let y_slice = stream.clone_htod(&ys()).unwrap();
+        let mut y = mm.adopt(Adoptable::cuda(y_slice), AdoptOptions::new().label("y")).unwrap();
+        assert_eq!((y.api(), y.len()), (Some(Api::Cuda), N));
+        assert!(matches!(x.wgpu_binding(), Err(Error::WrongApi { wanted: Api::Wgpu, found: Api::Cuda, .. })));
+        let n = N as i32;
+        {
+            let xv = x.cuda_view(&stream).unwrap();
+            let yv = y.cuda_view_mut(&stream).unwrap();
+            let (xp, yp) = (xv.device_address(), yv.device_address());
+            let mut builder = stream.launch_builder(&f);
+            builder.arg(&A).arg(&xp).arg(&yp).arg(&n);
+            // SAFETY: the signature is (float, const float*, float*, int); both views hold n floats and live
+            // until the stream is synchronized below.
+            unsafe { builder.launch(LaunchConfig::for_num_elems(N as u32)) }.unwrap();
+            stream.synchronize().unwrap();
+        }
+        assert_eq!(y.to_vec().unwrap(), expected(&xs(), &ys()));
+        let host = mm.allocate_universal::<f32>(4, Placement::Auto).unwrap();
+        assert!(matches!(host.cuda_view(&stream), Err(Error::WrongApi { wanted: Api::Cuda, found: Api::Host, .. })));
+        let moved = y.migrate(&mm, DeviceSelector::Host).unwrap();
+        assert_eq!(moved.to_vec().unwrap(), expected(&xs(), &ys()));
+    }
+}
