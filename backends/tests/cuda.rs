@@ -559,13 +559,20 @@ fn trims_move_free_pages_to_new_blocks_and_leave_live_data_alone() {
         return;
     }
     const MIB: u64 = 1 << 20;
+    // Without a limit and a page size, 32 MiB pages; under a limit, the device's own 2 MiB.
+    let page_of = |config: PoolConfig| {
+        let pool = dev.pool(PoolPlacement::DeviceLocal, config).unwrap();
+        pool.backend().virtual_memory().expect("virtual memory").page_size
+    };
+    assert_eq!(page_of(config(SegmentMode::Virtual)), umm_backends::DEFAULT_PAGE_UNLIMITED);
+    assert_eq!(page_of(PoolConfig { limit: Some(Limit::Bytes(1 << 30)), ..config(SegmentMode::Virtual) }), 2 * MIB);
     // The device's own 2 MiB pages, and 8 MiB pages (one cuMemCreate each) as `page_size` asks for.
-    for page_size in [None, Some(8 * MIB)] {
+    for page_size in [Some(2 * MIB), Some(8 * MIB)] {
         // No slack: any mapping above the live set first unmaps free pages (which the backend then maps again).
         let config = PoolConfig { mapped_slack: Some(0.0), page_size, ..config(SegmentMode::Virtual) };
         let pool = dev.pool(PoolPlacement::DeviceLocal, config).unwrap();
         let page = pool.backend().virtual_memory().expect("virtual memory").page_size;
-        assert_eq!(page, page_size.unwrap_or(2 * MIB));
+        assert_eq!(Some(page), page_size);
         let s = StreamId(0);
         let pattern =
             |seed: u8, len: u64| (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect::<Vec<u8>>();
