@@ -50,6 +50,12 @@ impl<S> Adoption<S> {
         Self { segment: Mutex::new(Some(segment)), keeper: Mutex::new(keeper), ownership }
     }
 
+    /// Whether umm owns the memory (used where a backend must decide whether to destroy it).
+    #[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
+    pub(crate) fn owned(&self) -> bool {
+        self.ownership == Ownership::Owned
+    }
+
     /// The adopted segment, once; a second request (the pool growing) is refused.
     pub(crate) fn take(&self, backend: &str) -> Result<S> {
         self.segment.lock().take().ok_or_else(|| Error::Unsupported {
