@@ -11,6 +11,7 @@
 //! | `UMM_ZERO`, `UMM_POISON` | `0`/`1`, `true`/`false`, `on`/`off` | zero every allocation; poison every freed block |
 //! | `UMM_BACKENDS` | a comma list of `cuda`, `opencl`, `wgpu` (or `none`; not empty) | which APIs discovery probes |
 //! | `UMM_MAPPED_SLACK` | a fraction >= 0 or `off` | opt-in trimming on the allocation path: how far reserved may exceed live memory in virtual reservations before free pages are unmapped to map others (default `off`: only the limit, out of memory and cleanup rounds trim, so a repeating workload makes no driver call once warm) |
+//! | `UMM_SEGMENT_SLACK` | a fraction >= 0 or `off` | how far reserved may exceed live memory before a new plain segment first replaces empty ones (default 0.1) |
 //! | `UMM_PAGE_SIZE` | bytes, a power of two (`8MiB`) | page size of virtual reservations (default 32 MiB without a limit, the device's own page, 2 MiB on CUDA, under one): larger pages map and unmap with fewer driver calls, at some memory |
 //! | `UMM_THREAD_CACHE`, `UMM_THREAD_CACHE_LARGE` | bytes, `0` for off | most bytes of free small (large) blocks one thread's cache keeps per stream (default 32 MiB and 1 GiB; large blocks only once threads contend, up to a sixteenth of the bound each) |
 //! | `UMM_CLEANUP_IDLE_ROUNDS` | an integer | cleanups a cached segment must sit idle before `cleanup()` frees it |
@@ -142,8 +143,12 @@ impl UmmConfig {
                 parse_backends(&v).map_err(|expected| invalid("UMM_BACKENDS", v, expected))?;
         }
         if let Some(v) = lookup("UMM_MAPPED_SLACK") {
-            self.pool.mapped_slack = PoolConfig::parse_mapped_slack(&v)
+            self.pool.mapped_slack = PoolConfig::parse_slack(&v)
                 .ok_or_else(|| invalid("UMM_MAPPED_SLACK", v, "a fraction >= 0 (0.03) or off"))?;
+        }
+        if let Some(v) = lookup("UMM_SEGMENT_SLACK") {
+            self.pool.segment_slack = PoolConfig::parse_slack(&v)
+                .ok_or_else(|| invalid("UMM_SEGMENT_SLACK", v, "a fraction >= 0 (0.1) or off"))?;
         }
         if let Some(v) = lookup("UMM_PAGE_SIZE") {
             self.pool.page_size = Some(
@@ -334,6 +339,7 @@ pub const KNOWN_VARS: &[&str] = &[
     "UMM_POISON",
     "UMM_BACKENDS",
     "UMM_MAPPED_SLACK",
+    "UMM_SEGMENT_SLACK",
     "UMM_PAGE_SIZE",
     "UMM_THREAD_CACHE",
     "UMM_THREAD_CACHE_LARGE",

@@ -122,7 +122,7 @@ fn registry() -> &'static Registry {
 }
 
 /// The pool configuration: PyTorch's segment policy (the default), with `UMM_SEGMENT_MODE` (auto, plain,
-/// virtual), `UMM_MAPPED_SLACK` (a fraction or off, the default), `UMM_PAGE_SIZE` (a power of two of bytes: the page size of
+/// virtual), `UMM_MAPPED_SLACK` and `UMM_SEGMENT_SLACK` (a fraction or off), `UMM_PAGE_SIZE` (a power of two of bytes: the page size of
 /// virtual reservations) and `UMM_STRATEGY` (pooled, direct) read from the environment.
 fn pool_config() -> Result<PoolConfig, String> {
     let mut config = PoolConfig::default();
@@ -132,8 +132,12 @@ fn pool_config() -> Result<PoolConfig, String> {
             .map_err(|_| format!("UMM_SEGMENT_MODE={v:?} is not one of auto, plain, virtual"))?;
     }
     if let Ok(v) = std::env::var("UMM_MAPPED_SLACK") {
-        config.mapped_slack = PoolConfig::parse_mapped_slack(&v)
+        config.mapped_slack = PoolConfig::parse_slack(&v)
             .ok_or_else(|| format!("UMM_MAPPED_SLACK={v:?} is not a fraction >= 0 (0.03) or off"))?;
+    }
+    if let Ok(v) = std::env::var("UMM_SEGMENT_SLACK") {
+        config.segment_slack = PoolConfig::parse_slack(&v)
+            .ok_or_else(|| format!("UMM_SEGMENT_SLACK={v:?} is not a fraction >= 0 (0.1) or off"))?;
     }
     if let Ok(v) = std::env::var("UMM_PAGE_SIZE") {
         let page = umm_backends::parse_size(&v).ok().filter(|p| p.is_power_of_two());

@@ -131,6 +131,8 @@ struct SegmentEntry<S> {
     mapped: Option<u64>,
     /// Cleanup round in which a block was last taken from this segment.
     last_used_round: u64,
+    /// The pool's allocation count (hits and misses) when a block was last taken from this segment.
+    last_used_alloc: u64,
 }
 
 /// One free index: the blocks of one stream and one size class.
@@ -162,10 +164,9 @@ struct State<S> {
     /// Bytes of entirely free plain segments (cached, not split).
     empty_plain_bytes: u64,
     cleanup_round: u64,
-    /// Reserved bytes the allocation path may map up to without trimming for `mapped_slack`: the highest
-    /// reserved figure since the last full release, plus what such trims have given back since (see
-    /// [`Pool::mapped_budget`]).
-    mapped_hold: u64,
+    /// The highest reserved figure since the last full release: up to it the allocation path takes memory
+    /// without trimming for `mapped_slack` or `segment_slack` (see [`Pool::trim_budget`]).
+    reserved_high_water: u64,
 }
 
 /// Why an attempt to allocate needs more memory than the pool may take.
@@ -324,7 +325,7 @@ impl<B: Backend> Pool<B> {
             mapped_bytes: 0,
             empty_plain_bytes: 0,
             cleanup_round: 0,
-            mapped_hold: 0,
+            reserved_high_water: 0,
         });
         let slots = (0..slots)
             .map(|_| Slot {
@@ -837,7 +838,8 @@ impl<B: Backend> Pool<B> {
             let reservation = self.max_reservation.max(size.div_ceil(page) * page);
             state.stats.num_device_calls += 1;
             let handle = self.backend.reserve_virtual(reservation).map_err(Shortfall::Device)?;
-            let entry = SegmentEntry { handle, mapped: Some(0), last_used_round: state.cleanup_round };
+            let entry =
+                SegmentEntry { handle, mapped: Some(0), last_used_round: state.cleanup_round, last_used_alloc: 0 };
             state.add_segment(arena, reservation, entry, true);
             state.stats.segments.add(1);
             let alloc = self.map_withheld(state, arena, size)?.expect("a fresh reservation holds the request");
@@ -851,6 +853,12 @@ impl<B: Backend> Pool<B> {
         }
         .min(self.backend.max_segment_size())
         .max(size);
+        // Empty segments that would leave reserved memory above its `segment_slack` budget go first.
+        let excess =
+            (state.reserved() + preferred).saturating_sub(Self::trim_budget(state, self.config.segment_slack, size));
+        if excess > 0 && state.empty_plain_bytes > 0 {
+            self.release_least_recent_empty_segments(state, excess);
+        }
         // Under a limit, fall back to a segment of just the request's size rather than fail.
         let limit = state.stats.limit_bytes;
         let fits = |s: u64| limit.is_none_or(|l| state.reserved() + s <= l);
@@ -864,13 +872,32 @@ impl<B: Backend> Pool<B> {
         state.stats.num_device_calls += 1;
         let handle = self.backend.create_segment(seg_size).map_err(Shortfall::Device)?;
         state.stats.num_device_alloc += 1;
-        let entry = SegmentEntry { handle, mapped: None, last_used_round: state.cleanup_round };
+        let entry = SegmentEntry { handle, mapped: None, last_used_round: state.cleanup_round, last_used_alloc: 0 };
         let seg = state.add_segment(arena, seg_size, entry, false);
         state.plain_bytes += seg_size;
         state.empty_plain_bytes += seg_size;
         state.stats.segments.add(1);
         state.update_reserved();
         Ok(state.arenas[arena].engine.allocate_in(seg, size).expect("fresh segment fits"))
+    }
+
+    /// Destroys empty plain segments, least recently used first, until `want` bytes are released (or none is
+    /// left). O(segments log segments): runs only on a miss that creates a segment, which costs a device call.
+    fn release_least_recent_empty_segments(&self, state: &mut State<B::Segment>, want: u64) {
+        let mut empty: Vec<(u64, usize, SegmentId)> = Vec::new();
+        for (a, arena) in state.arenas.iter().enumerate().filter(|(_, arena)| !arena.virtual_segments) {
+            for id in arena.engine.empty_segments() {
+                empty.push((arena.entry(id).expect("segment exists").last_used_alloc, a, id));
+            }
+        }
+        empty.sort_unstable_by_key(|&(last_used, _, _)| last_used);
+        let mut released = 0;
+        for (_, arena, id) in empty {
+            if released >= want {
+                break;
+            }
+            released += self.destroy_segment(state, arena, id);
+        }
     }
 
     /// Serves `size` bytes from withheld (unmapped) space of the arena's reservations: restores the range that
@@ -892,7 +919,7 @@ impl<B: Backend> Pool<B> {
         // `mapped_slack` the live set's share. Trimming just the excess here, rather than failing and letting the
         // retry release cached memory the size of the whole request, keeps the other cached pages mapped.
         let limit = state.stats.limit_bytes;
-        let budget = self.mapped_budget(state, alloc.size).min(limit.unwrap_or(u64::MAX));
+        let budget = Self::trim_budget(state, self.config.mapped_slack, alloc.size).min(limit.unwrap_or(u64::MAX));
         let excess = (state.reserved() + missing).saturating_sub(budget).min(missing);
         if excess > 0 {
             let (round, mut trimmed) = (state.cleanup_round, 0);
@@ -925,15 +952,16 @@ impl<B: Backend> Pool<B> {
         }
     }
 
-    /// The reserved bytes above which [`Pool::map_withheld`] trims before mapping, for an allocation of `size`
-    /// bytes being added: with `mapped_slack`, the larger of `(1 + slack) × allocated` and the peak of reserved
-    /// memory (below its previous peak, a steady workload maps into memory it held before, and trimming there
-    /// would only churn pages); without, no budget.
+    /// The reserved bytes above which the allocation path gives cached memory back before taking more from the
+    /// device ([`Pool::map_withheld`] unmaps free pages with `mapped_slack`, [`Pool::grow`] destroys empty
+    /// segments with `segment_slack`), for an allocation of `size` bytes being added: the larger of
+    /// `(1 + slack) × allocated` and the pool's own high water mark of reserved memory (below it, a steady
+    /// workload reuses memory it held before, and trimming there would only churn); without a slack, no budget.
     #[inline(always)]
-    fn mapped_budget(&self, state: &State<B::Segment>, size: u64) -> u64 {
-        let Some(slack) = self.config.mapped_slack else { return u64::MAX };
+    fn trim_budget(state: &State<B::Segment>, slack: Option<f64>, size: u64) -> u64 {
+        let Some(slack) = slack else { return u64::MAX };
         let allocated_after = state.stats.allocated_bytes.current + size;
-        ((allocated_after as f64 * (1.0 + slack)) as u64).max(state.mapped_hold)
+        ((allocated_after as f64 * (1.0 + slack)) as u64).max(state.reserved_high_water)
     }
 
     /// Gives back a block taken on withheld pages that could not be mapped, and withholds the pages again.
@@ -1060,7 +1088,7 @@ impl<B: Backend> Pool<B> {
         let mut state = self.state().lock();
         let report = self.release_cached_locked(&mut state, 0, u64::MAX);
         // The user asked for everything back: what the workload held before no longer says what it needs.
-        state.mapped_hold = state.reserved();
+        state.reserved_high_water = state.reserved();
         report
     }
 
@@ -1461,7 +1489,7 @@ impl<S> State<S> {
     fn update_reserved(&mut self) {
         let reserved = self.reserved();
         self.stats.reserved_bytes.set(reserved);
-        self.mapped_hold = self.mapped_hold.max(reserved);
+        self.reserved_high_water = self.reserved_high_water.max(reserved);
         self.update_split();
     }
 
@@ -1489,6 +1517,7 @@ impl<S> State<S> {
         let a = &mut self.arenas[arena];
         let entry = a.segments[alloc.segment.0 as usize].as_mut().expect("segment exists");
         entry.last_used_round = round;
+        entry.last_used_alloc = self.stats.cache_hits + self.stats.cache_misses;
         if alloc.segment_was_empty && entry.mapped.is_none() {
             self.empty_plain_bytes -= a.engine.segment_size(alloc.segment).expect("segment exists");
         }

@@ -64,7 +64,14 @@ fn small_requests_share_small_segments_and_are_cache_hits_after_warmup() {
 
 #[test]
 fn limit_releases_cache_then_retries_then_reports_numbers() {
-    let pool = sim_pool(SegmentMode::Plain, Some(Limit::Bytes(64 * MIB)));
+    // No segment slack: the limit alone is what releases the cached segment here.
+    let config = PoolConfig {
+        segment_mode: SegmentMode::Plain,
+        limit: Some(Limit::Bytes(64 * MIB)),
+        segment_slack: None,
+        ..PoolConfig::default()
+    };
+    let pool = Pool::new(SimBackend::new("sim0", 8 << 30), config).unwrap();
     // Fill the cache with a 40 MiB segment, free it, then ask for 50 MiB: only fits after the cache is released.
     let a = pool.allocate(40 * MIB, S0).unwrap();
     pool.free(&a).unwrap();
@@ -1104,7 +1111,7 @@ fn error_predicates_name_the_kind_of_failure() {
 
 /// One pass of a workload whose shapes vary within the pass (as batches of varying sequence length do) but repeat
 /// from pass to pass; every block is freed at the end of the pass.
-fn varying_pass(pool: &Pool<SimBackend>) {
+fn varying_pass<B: Backend>(pool: &Pool<B>) {
     let mut live = Vec::new();
     for i in 0..300u64 {
         let size = (3 + (i * 7919) % 61) * MIB + (i % 7) * 4096;
@@ -1192,4 +1199,27 @@ fn pages_are_coarse_without_a_limit_and_the_devices_own_under_one() {
     assert_eq!(reserved_for_3_mib(Some(Limit::Bytes(1 << 30)), None), 2 * SimBackend::PAGE);
     assert_eq!(reserved_for_3_mib(None, Some(8 * MIB)), 8 * MIB);
     assert_eq!(reserved_for_3_mib(Some(Limit::Bytes(1 << 30)), Some(16 * MIB)), 16 * MIB);
+}
+
+#[test]
+fn segment_slack_replaces_empty_segments_and_settles() {
+    let run = |segment_slack: Option<f64>| {
+        let config = PoolConfig { segment_mode: SegmentMode::Plain, segment_slack, ..PoolConfig::default() };
+        let pool = Pool::new(SimBackend::plain("plain0", 8 << 30), config).unwrap();
+        let mut calls = Vec::new();
+        for _ in 0..8 {
+            let before = pool.stats().num_device_calls;
+            varying_pass(&pool);
+            calls.push(pool.stats().num_device_calls - before);
+        }
+        let s = pool.stats();
+        assert_eq!(s.allocated_bytes.current, 0);
+        (s.reserved_bytes.peak as f64 / s.allocated_bytes.peak as f64, calls)
+    };
+    let (kept, kept_calls) = run(None);
+    let (replaced, replaced_calls) = run(PoolConfig::default().segment_slack);
+    assert!(replaced < kept, "reserved over live: {replaced} with the slack, {kept} without");
+    assert!(kept_calls[1..].iter().all(|&c| c == 0), "{kept_calls:?}");
+    // Replacing segments settles: the last passes create and destroy nothing.
+    assert!(replaced_calls[4..].iter().all(|&c| c == 0), "{replaced_calls:?}");
 }
