@@ -1,0 +1,317 @@
+//! The offset assignment: greedy heuristics over an interval index on time.
+//!
+//! Every heuristic places allocations one at a time in some order. Placing one means finding the allocations
+//! already placed whose lifetimes meet its own, sorting their byte ranges, and taking a gap between them (or the
+//! top). A naive scan of everything placed is O(n²); here the placed allocations are indexed by time, so each
+//! placement costs O(log n + k log k) for the k placed allocations it meets: the sum of k is the number of
+//! pairs of allocations live at once, which the op count times the live set bounds.
+
+use super::reuse::{Fit, Heuristic, Order};
+
+/// One allocation to place: lifetime (steps, both included) and aligned size.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Item {
+    pub first: u64,
+    pub last: u64,
+    pub size: u64,
+}
+
+/// The best plan found.
+pub(crate) struct Solution {
+    pub offsets: Vec<u64>,
+    pub peak: u64,
+    pub lower_bound: u64,
+    pub heuristic: Heuristic,
+}
+
+/// The most bytes live at one step.
+pub(crate) fn lower_bound(items: &[Item]) -> u64 {
+    Timeline::new(items).live.iter().copied().max().unwrap_or(0)
+}
+
+/// Every heuristic tried, in order of preference among equal peaks.
+const HEURISTICS: [Heuristic; 8] = [
+    Heuristic { order: Order::Size, fit: Fit::Best },
+    Heuristic { order: Order::Size, fit: Fit::First },
+    Heuristic { order: Order::Breadth, fit: Fit::Best },
+    Heuristic { order: Order::Breadth, fit: Fit::First },
+    Heuristic { order: Order::Duration, fit: Fit::Best },
+    Heuristic { order: Order::Duration, fit: Fit::First },
+    Heuristic { order: Order::Area, fit: Fit::Best },
+    Heuristic { order: Order::Area, fit: Fit::First },
+];
+
+/// Runs every heuristic and keeps the smallest plan; among equal peaks the earlier in [`HEURISTICS`] wins, so
+/// the result does not depend on timing. Heuristics run on as many threads as the machine offers (they share
+/// nothing but the input), in rounds, and a round stops the search once a plan reaches the lower bound.
+pub(crate) fn solve(items: &[Item]) -> Solution {
+    let timeline = Timeline::new(items);
+    let lower_bound = timeline.live.iter().copied().max().unwrap_or(0);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, HEURISTICS.len());
+    let mut best: Option<Solution> = None;
+    for round in HEURISTICS.chunks(threads) {
+        let plans: Vec<(Vec<u64>, u64)> = std::thread::scope(|scope| {
+            let workers: Vec<_> = round
+                .iter()
+                .map(|h| {
+                    let timeline = &timeline;
+                    scope.spawn(move || place(items, timeline, &sequence(h.order, items, timeline), h.fit))
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().expect("a planning thread panicked")).collect()
+        });
+        for (&heuristic, (offsets, peak)) in round.iter().zip(plans) {
+            if best.as_ref().is_none_or(|b| peak < b.peak) {
+                best = Some(Solution { offsets, peak, lower_bound, heuristic });
+            }
+        }
+        if best.as_ref().is_some_and(|b| b.peak == lower_bound) {
+            break;
+        }
+    }
+    best.expect("at least one heuristic ran")
+}
+
+/// Lifetimes on compressed time: the distinct steps at which any lifetime starts or ends, each allocation's
+/// span as indices into them, and the live bytes at each.
+struct Timeline {
+    coords: Vec<u64>,
+    spans: Vec<(u32, u32)>,
+    /// Bytes live at each coordinate. Live bytes only grow at a first step, which is a coordinate, so the
+    /// maximum over coordinates is the maximum over all steps.
+    live: Vec<u64>,
+}
+
+impl Timeline {
+    fn new(items: &[Item]) -> Self {
+        let mut coords: Vec<u64> = items.iter().flat_map(|i| [i.first, i.last]).collect();
+        coords.sort_unstable();
+        coords.dedup();
+        let at = |t: u64| coords.binary_search(&t).expect("every endpoint is a coordinate") as u32;
+        let spans: Vec<(u32, u32)> = items.iter().map(|i| (at(i.first), at(i.last))).collect();
+        // Difference array: +size where a lifetime starts, -size after it ends.
+        let mut delta = vec![0i128; coords.len() + 1];
+        for (item, &(f, l)) in items.iter().zip(&spans) {
+            delta[f as usize] += i128::from(item.size);
+            delta[l as usize + 1] -= i128::from(item.size);
+        }
+        let mut running = 0i128;
+        let live = delta[..coords.len()]
+            .iter()
+            .map(|d| {
+                running += d;
+                u64::try_from(running).unwrap_or(u64::MAX)
+            })
+            .collect();
+        Self { coords, spans, live }
+    }
+}
+
+/// The order a heuristic places allocations in (indices into `items`). Ties fall back to earlier first step,
+/// then recording order, so every order is deterministic.
+fn sequence(order: Order, items: &[Item], timeline: &Timeline) -> Vec<u32> {
+    let mut sequence: Vec<u32> = (0..items.len() as u32).collect();
+    let duration = |i: u32| {
+        let item = &items[i as usize];
+        item.last - item.first + 1
+    };
+    match order {
+        Order::Size => sequence.sort_by_key(|&i| {
+            let item = &items[i as usize];
+            (std::cmp::Reverse(item.size), std::cmp::Reverse(duration(i)), item.first, i)
+        }),
+        Order::Duration => sequence.sort_by_key(|&i| {
+            let item = &items[i as usize];
+            (std::cmp::Reverse(duration(i)), std::cmp::Reverse(item.size), item.first, i)
+        }),
+        Order::Area => sequence.sort_by_key(|&i| {
+            let item = &items[i as usize];
+            let area = u128::from(item.size) * u128::from(duration(i));
+            (std::cmp::Reverse(area), std::cmp::Reverse(item.size), item.first, i)
+        }),
+        Order::Breadth => {
+            // Each allocation belongs to the busiest coordinate of its lifetime; coordinates are taken busiest
+            // first and their allocations largest first.
+            let busiest = RangeMax::new(&timeline.live);
+            let keys: Vec<(u64, u32)> = timeline.spans.iter().map(|&(f, l)| busiest.query(f, l)).collect();
+            sequence.sort_by_key(|&i| {
+                let (live, at) = keys[i as usize];
+                let item = &items[i as usize];
+                (std::cmp::Reverse(live), at, std::cmp::Reverse(item.size), item.first, i)
+            });
+        }
+    }
+    sequence
+}
+
+/// Places the allocations in `sequence` order; returns their offsets and the peak.
+fn place(items: &[Item], timeline: &Timeline, sequence: &[u32], fit: Fit) -> (Vec<u64>, u64) {
+    let mut index = PlacedIndex::new(timeline.coords.len());
+    let mut offsets = vec![0u64; items.len()];
+    let mut peak = 0u64;
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    for &i in sequence {
+        let (f, l) = timeline.spans[i as usize];
+        ranges.clear();
+        index.meeting(f, l, |j| {
+            let offset = offsets[j as usize];
+            ranges.push((offset, offset + items[j as usize].size));
+        });
+        ranges.sort_unstable();
+        let size = items[i as usize].size;
+        let offset = choose(&ranges, size, fit);
+        offsets[i as usize] = offset;
+        peak = peak.max(offset + size);
+        index.insert(i, f, l);
+    }
+    (offsets, peak)
+}
+
+/// The offset for `size` bytes among `ranges` (sorted by start; they may overlap one another, since they need
+/// not be live at the same time): a gap that holds it, as `fit` prefers, else the end of the highest range.
+fn choose(ranges: &[(u64, u64)], size: u64, fit: Fit) -> u64 {
+    let mut reach = 0u64; // the end of the ranges seen so far: everything below is taken
+    let mut best: Option<(u64, u64)> = None; // (gap, offset)
+    for &(start, end) in ranges {
+        if start > reach {
+            let gap = start - reach;
+            if gap == size || (gap > size && fit == Fit::First) {
+                return reach;
+            }
+            if gap > size && best.is_none_or(|(g, _)| gap < g) {
+                best = Some((gap, reach));
+            }
+        }
+        reach = reach.max(end);
+    }
+    best.map_or(reach, |(_, offset)| offset)
+}
+
+/// The placed allocations, indexed by time so that those meeting a lifetime `[f, l]` are found in
+/// O(log n + k): they are the ones live at `f` (a stabbing query on a segment tree whose nodes list the
+/// allocations covering them) and the ones starting in `(f, l]` (listed by first coordinate). The two sets are
+/// disjoint, so nothing is reported twice. Coordinates are lifetime endpoints only, so the coordinates inside
+/// `(f, l]` number at most twice the allocations starting or ending there: walking them is O(k) too.
+struct PlacedIndex {
+    leaves: usize,
+    /// Node `v` covers a range of coordinates; it lists the placed allocations whose span covers that range
+    /// but not its parent's (the canonical decomposition: each span is listed in O(log n) nodes).
+    nodes: Vec<Vec<u32>>,
+    /// The placed allocations starting at each coordinate.
+    starting: Vec<Vec<u32>>,
+}
+
+impl PlacedIndex {
+    fn new(coords: usize) -> Self {
+        let leaves = coords.next_power_of_two().max(1);
+        Self { leaves, nodes: vec![Vec::new(); 2 * leaves], starting: vec![Vec::new(); coords] }
+    }
+
+    fn insert(&mut self, i: u32, f: u32, l: u32) {
+        let (mut lo, mut hi) = (f as usize + self.leaves, l as usize + self.leaves + 1);
+        while lo < hi {
+            if lo & 1 == 1 {
+                self.nodes[lo].push(i);
+                lo += 1;
+            }
+            if hi & 1 == 1 {
+                hi -= 1;
+                self.nodes[hi].push(i);
+            }
+            lo >>= 1;
+            hi >>= 1;
+        }
+        self.starting[f as usize].push(i);
+    }
+
+    fn meeting(&self, f: u32, l: u32, mut report: impl FnMut(u32)) {
+        let mut v = f as usize + self.leaves;
+        while v >= 1 {
+            self.nodes[v].iter().copied().for_each(&mut report);
+            v >>= 1;
+        }
+        for starting in &self.starting[f as usize + 1..=l as usize] {
+            starting.iter().copied().for_each(&mut report);
+        }
+    }
+}
+
+/// Range maximum over a fixed array (segment tree): the largest value in `[lo, hi]` and its lowest index.
+struct RangeMax {
+    leaves: usize,
+    tree: Vec<(u64, std::cmp::Reverse<u32>)>,
+}
+
+impl RangeMax {
+    fn new(values: &[u64]) -> Self {
+        let leaves = values.len().next_power_of_two().max(1);
+        let mut tree = vec![(0, std::cmp::Reverse(u32::MAX)); 2 * leaves];
+        for (i, &v) in values.iter().enumerate() {
+            tree[leaves + i] = (v, std::cmp::Reverse(i as u32));
+        }
+        for v in (1..leaves).rev() {
+            tree[v] = tree[2 * v].max(tree[2 * v + 1]);
+        }
+        Self { leaves, tree }
+    }
+
+    fn query(&self, lo: u32, hi: u32) -> (u64, u32) {
+        let mut best = (0, std::cmp::Reverse(u32::MAX));
+        let (mut lo, mut hi) = (lo as usize + self.leaves, hi as usize + self.leaves + 1);
+        while lo < hi {
+            if lo & 1 == 1 {
+                best = best.max(self.tree[lo]);
+                lo += 1;
+            }
+            if hi & 1 == 1 {
+                hi -= 1;
+                best = best.max(self.tree[hi]);
+            }
+            lo >>= 1;
+            hi >>= 1;
+        }
+        (best.0, best.1 .0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn best_fit_takes_the_smallest_gap_first_fit_the_lowest() {
+        let ranges = [(0, 512), (2048, 2560), (3072, 4096)];
+        assert_eq!(choose(&ranges, 512, Fit::Best), 2560);
+        assert_eq!(choose(&ranges, 512, Fit::First), 512);
+        assert_eq!(choose(&ranges, 4096, Fit::Best), 4096);
+        // Overlapping ranges (not live at the same time as each other) leave no gap between them.
+        assert_eq!(choose(&[(0, 2048), (512, 1024)], 512, Fit::First), 2048);
+    }
+
+    #[test]
+    fn the_index_reports_exactly_the_placed_allocations_that_meet() {
+        let spans = [(0u32, 3u32), (2, 5), (4, 4), (6, 9), (1, 8)];
+        let mut index = PlacedIndex::new(10);
+        for (i, &(f, l)) in spans.iter().enumerate() {
+            index.insert(i as u32, f, l);
+        }
+        for f in 0..10 {
+            for l in f..10 {
+                let mut found = Vec::new();
+                index.meeting(f, l, |j| found.push(j));
+                found.sort_unstable();
+                let expected: Vec<u32> =
+                    (0..spans.len() as u32).filter(|&j| spans[j as usize].0 <= l && f <= spans[j as usize].1).collect();
+                assert_eq!(found, expected, "[{f}, {l}]");
+            }
+        }
+    }
+
+    #[test]
+    fn range_max_finds_the_busiest_lowest_coordinate() {
+        let max = RangeMax::new(&[3, 9, 1, 9, 4]);
+        assert_eq!(max.query(0, 4), (9, 1));
+        assert_eq!(max.query(2, 4), (9, 3));
+        assert_eq!(max.query(2, 2), (1, 2));
+    }
+}
