@@ -8,8 +8,8 @@
 //!   that file with [`LifetimeAnalyzer::from_trace_file`] (the manager does not hand its recording over in
 //!   memory).
 //! - [`LifetimeAnalyzer::compute_reuse_plan`] assigns offsets ([`ReusePlan`]): several greedy heuristics from
-//!   the literature (greedy by size and greedy by breadth as in TFLite, the lifetime and size × lifetime orders
-//!   of XLA's heap simulator; each with best fit and first fit), the smallest plan kept. [`ReusePlan::verify`]
+//!   the literature (greedy by size and greedy by breadth as in TFLite, the lifetime order of XLA's heap
+//!   simulator; each with best fit and first fit), the smallest plan kept. [`ReusePlan::verify`]
 //!   checks a plan independently of how it was made.
 //! - [`PlannedArena`] serves a repeating step from one pool block of the plan's size and falls back to the pool
 //!   when the step does something the plan did not foresee.
@@ -29,6 +29,7 @@
 
 mod analyzer;
 mod arena;
+mod occupancy;
 mod report;
 mod reuse;
 mod solve;

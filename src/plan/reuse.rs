@@ -16,8 +16,6 @@ pub enum Order {
     Breadth,
     /// Longest lifetime first, then largest (XLA's temporal order).
     Duration,
-    /// Largest size × lifetime first (XLA's area order).
-    Area,
 }
 
 /// Where the planner puts an allocation among the gaps left by allocations whose lifetimes meet its own.
@@ -45,7 +43,6 @@ impl fmt::Display for Heuristic {
             Order::Size => "greedy by size",
             Order::Breadth => "greedy by breadth",
             Order::Duration => "greedy by lifetime",
-            Order::Area => "greedy by area",
         };
         let fit = match self.fit {
             Fit::Best => "best fit",
