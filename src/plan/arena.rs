@@ -157,7 +157,7 @@ impl PlannedArena {
     /// would be).
     pub fn new(plan: &ReusePlan, pool: Arc<dyn MemoryPool>, stream: StreamId) -> Result<Self, ArenaError> {
         plan.verify()?;
-        if plan.alignment % pool.alignment() != 0 {
+        if !plan.alignment.is_multiple_of(pool.alignment()) {
             return Err(ArenaError::Alignment { plan: plan.alignment, pool: pool.alignment() });
         }
         let segment = match plan.peak_bytes {

@@ -167,7 +167,7 @@ impl ReusePlan {
         if a.bytes == 0 || a.size < a.bytes {
             return bad(format!("{} bytes reserved for a request of {}", a.size, a.bytes));
         }
-        if a.offset % align != 0 || a.size % align != 0 {
+        if !a.offset.is_multiple_of(align) || !a.size.is_multiple_of(align) {
             return bad(format!("offset {} or size {} is not a multiple of the alignment {align}", a.offset, a.size));
         }
         match a.offset.checked_add(a.size) {
