@@ -2,9 +2,10 @@
 //!
 //! Every heuristic places allocations one at a time in some order. Placing one means finding the bytes taken,
 //! at some step of its lifetime, by the allocations already placed, and taking a gap between them (or the top).
-//! A scan of everything placed is O(n²), and even a scan of only the allocations that meet it is O(n · live);
-//! here the taken bytes are kept per time range as merged runs ([`Occupancy`]), so a placement reads O(log n)
-//! run sets, which a good plan keeps short (packed bytes merge into one run).
+//! A scan of everything placed is O(n²). Here the taken bytes are indexed over time ([`Occupancy`]): a
+//! placement reads the byte ranges of the placed allocations that meet it, O(log n + k), or, where hundreds of
+//! allocations meet each one, O(log n) sets of byte runs merged as they are placed, which a good plan keeps
+//! short (packed bytes merge into one run).
 
 use super::occupancy::{Index, Occupancy};
 use super::reuse::{Fit, Heuristic, Order};
@@ -42,9 +43,10 @@ const HEURISTICS: [Heuristic; 4] = [
     Heuristic { order: Order::Duration, fit: Fit::First },
 ];
 
-/// Runs every heuristic and keeps the smallest plan; among equal peaks the earlier in [`HEURISTICS`] wins, so
-/// the result does not depend on timing. Heuristics run on as many threads as the machine offers (they share
-/// nothing but the input), in rounds, and a round stops the search once a plan reaches the lower bound.
+/// Runs every heuristic and keeps the smallest plan; among equal peaks the earlier in [`HEURISTICS`] wins.
+/// Heuristics run on as many threads as the machine offers (they share nothing but the input), in rounds, and
+/// the search stops after a round in which a plan reaches the lower bound: the result is the first heuristic
+/// (in order) to reach it, or the smallest of all, whatever the number of threads or their timing.
 pub(crate) fn solve(items: &[Item]) -> Solution {
     let timeline = Timeline::new(items);
     let lower_bound = timeline.live.iter().copied().max().unwrap_or(0);
