@@ -1,6 +1,7 @@
 //! The `umm` command line: `umm replay` replays allocation traces through umm's pools and reports memory and
 //! time per op; `umm devices` lists every device; `umm snapshot` replays a trace with the profiler on and writes
-//! a snapshot; `umm plot` draws a snapshot or a trace as a timeline SVG.
+//! a snapshot; `umm plot` draws a snapshot or a trace as a timeline SVG; `umm plan` computes an offline reuse
+//! plan for a trace and compares it with the lower bound and with what the pool reserved.
 
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -31,6 +32,22 @@ enum Command {
     Snapshot(SnapshotArgs),
     /// Draw a snapshot (JSON) or a trace as a timeline of live memory per device: a self-contained SVG.
     Plot(PlotArgs),
+    /// Plan every allocation of a trace at a fixed offset (lifetimes known ahead) and compare the plan's peak with
+    /// the lower bound (most bytes live at once) and with what umm's pool reserved replaying it.
+    Plan(PlanArgs),
+}
+
+#[derive(Args)]
+struct PlanArgs {
+    /// Print one JSON object per trace (one per line) instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Alignment of planned sizes and offsets in bytes (a power of two).
+    #[arg(long, default_value_t = umm::plan::DEFAULT_ALIGNMENT)]
+    alignment: u64,
+    /// Trace files.
+    #[arg(required = true)]
+    traces: Vec<PathBuf>,
 }
 
 #[derive(Args)]
@@ -113,6 +130,7 @@ fn main() -> ExitCode {
         Command::Devices(args) => report(devices_command(&args)),
         Command::Snapshot(args) => report(snapshot_command(&args)),
         Command::Plot(args) => report(plot_command(&args)),
+        Command::Plan(args) => plan_command(&args),
     }
 }
 
@@ -180,6 +198,69 @@ fn plot_command(args: &PlotArgs) -> Result<(), umm::Error> {
     }
     println!("wrote {}", args.output.display());
     Ok(())
+}
+
+/// Plans each trace, replays it on the simulated device for the pool's reserved peak, and prints a table or one
+/// JSON object per trace. A trace that fails is reported (naming the file) and the others still run.
+fn plan_command(args: &PlanArgs) -> ExitCode {
+    let mut rows = Vec::new();
+    let mut failed = false;
+    for path in &args.traces {
+        let result = Trace::load(path).map_err(|e| e.to_string()).and_then(|trace| {
+            let (plan, mut report) =
+                umm::plan::plan_trace(&trace, args.alignment).map_err(|e| format!("{}: {e}", path.display()))?;
+            let replayed = replay::replay_on("sim", &trace, ReplayOptions::default()).map_err(|e| e.to_string())?;
+            report.pool_reserved_bytes = Some(replayed.peak_reserved_bytes);
+            Ok((plan.heuristic, report))
+        });
+        match result {
+            Ok((_, report)) if args.json => {
+                let line = serde_json::to_string(&report).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+                let mut out = std::io::stdout().lock();
+                if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+                    return ExitCode::FAILURE;
+                }
+            }
+            Ok((heuristic, report)) => rows.push([
+                report.trace.clone(),
+                human_bytes(report.lower_bound_bytes),
+                human_bytes(report.plan_peak_bytes),
+                format!("{:.4}", report.plan_over_lower_bound),
+                report.pool_reserved_bytes.map_or_else(String::new, human_bytes),
+                report
+                    .pool_reserved_bytes
+                    .map_or_else(String::new, |r| format!("{:.4}", r as f64 / report.lower_bound_bytes.max(1) as f64)),
+                format!("{:.1}", report.planning_ms),
+                heuristic.to_string(),
+            ]),
+            Err(message) => {
+                eprintln!("error: {message}");
+                failed = true;
+            }
+        }
+    }
+    if !rows.is_empty() {
+        println!(
+            "alignment {} B; pool reserved: umm's pool replaying the trace on the simulated device",
+            args.alignment
+        );
+        let header = [
+            "trace",
+            "lower bound",
+            "plan peak",
+            "plan/lower",
+            "pool reserved",
+            "reserved/lower",
+            "plan ms",
+            "heuristic",
+        ];
+        print_rows(&header, &rows);
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 fn replay_command(args: &ReplayArgs) -> ExitCode {
@@ -288,8 +369,13 @@ fn print_table(reports: &[ReplayReport], args: &ReplayArgs) {
             ]
         })
         .collect();
+    print_rows(&header, &rows);
+}
+
+/// Prints a table: the first column left-aligned, the others right-aligned, each as wide as its widest cell.
+fn print_rows<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
     let mut widths = header.map(str::len);
-    for row in &rows {
+    for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.len());
         }
@@ -305,8 +391,8 @@ fn print_table(reports: &[ReplayReport], args: &ReplayArgs) {
         }
         println!("{}", text.trim_end());
     };
-    line(&header);
-    for row in &rows {
+    line(header);
+    for row in rows {
         line(&row.each_ref().map(String::as_str));
     }
 }
