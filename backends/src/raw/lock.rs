@@ -187,13 +187,24 @@ mod tests {
         use std::sync::atomic::{AtomicBool, Ordering};
         use std::time::Instant;
         let lock = Arc::new(LeanMutex::new(0u64));
-        let stop = Arc::new(AtomicBool::new(false));
+        let (stop, waiting) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        // The hog frees the lock and takes it again at once, holding it 20 µs each time, until the waiter got
+        // in or 10 s have passed. Only a starved waiter lets it run out its time: the verdict does not hang
+        // on how fast this machine schedules threads.
         let hog = {
-            let (lock, stop) = (Arc::clone(&lock), Arc::clone(&stop));
+            let (lock, stop, waiting) = (Arc::clone(&lock), Arc::clone(&stop), Arc::clone(&waiting));
             std::thread::spawn(move || {
-                let start = Instant::now();
-                // Free and take again at once, holding it for a few microseconds each time, for at most 3 s.
-                while !stop.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(3) {
+                let mut start = None;
+                loop {
+                    if stop.load(Ordering::Relaxed) {
+                        return true;
+                    }
+                    if waiting.load(Ordering::Relaxed) {
+                        let since = *start.get_or_insert_with(Instant::now);
+                        if since.elapsed() > Duration::from_secs(10) {
+                            return false;
+                        }
+                    }
                     let mut guard = lock.lock();
                     let until = Instant::now() + Duration::from_micros(20);
                     while Instant::now() < until {
@@ -202,13 +213,14 @@ mod tests {
                 }
             })
         };
-        std::thread::sleep(Duration::from_millis(10));
-        let start = Instant::now();
+        // Wait until the hog holds the lock in its loop, then ask for it.
+        while *lock.lock() == 0 {
+            std::hint::spin_loop();
+        }
+        waiting.store(true, Ordering::Relaxed);
         drop(lock.lock());
-        let waited = start.elapsed();
         stop.store(true, Ordering::Relaxed);
-        hog.join().unwrap();
-        assert!(waited < Duration::from_millis(100), "waited {waited:?} for a lock held 20 µs at a time");
+        assert!(hog.join().unwrap(), "the waiter got the lock only once the hog gave up after 10 s");
     }
 
     #[test]
