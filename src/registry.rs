@@ -28,6 +28,7 @@ pub(crate) struct ApiEntry {
     pub(crate) placements: Vec<PoolPlacement>,
     pub(crate) factory: PoolFactory,
     /// The backend's own device object, for kernels and adoption.
+    #[cfg_attr(not(any(feature = "cuda", feature = "opencl", feature = "wgpu")), allow(dead_code))]
     pub(crate) handle: ApiHandle,
 }
 
@@ -124,6 +125,7 @@ impl Device {
     }
 
     /// The backend device objects of the APIs this device is seen through.
+    #[cfg_attr(not(any(feature = "cuda", feature = "opencl", feature = "wgpu")), allow(dead_code))]
     pub(crate) fn handles(&self) -> impl Iterator<Item = &ApiHandle> {
         self.apis.iter().map(|a| &a.handle)
     }
