@@ -334,7 +334,8 @@ impl Decider {
                 if device.shares_memory_with_host && kind == PoolKind::DeviceLocal {
                     if device.offers(PoolKind::HostPinned) {
                         why.push(format!(
-                            "{} shares memory with the host, so Auto prefers zero-copy pinned host memory",
+                            "{} shares memory with the host, so Auto prefers pinned host memory, which it reads in place (whether the \
+                             host may also address the buffer as a slice depends on its API)",
                             device.label()
                         ));
                         return Ok(decision(device, PoolKind::HostPinned, why));
@@ -417,8 +418,11 @@ impl Decider {
         mut why: Reason,
     ) -> Option<(&'a DeviceView, PoolKind, Reason)> {
         if let Some(device) = most_free(accels.iter().copied().filter(|d| d.offers(PoolKind::HostPinned))) {
-            let zero_copy =
-                if device.shares_memory_with_host { ", zero-copy since it shares memory with the host" } else { "" };
+            let zero_copy = if device.shares_memory_with_host {
+                ", which it reads in place since it shares memory with the host"
+            } else {
+                ""
+            };
             why.push(format!("pinned host memory through {}{zero_copy}", device.label()));
             return Some((device, PoolKind::HostPinned, why));
         }

@@ -158,20 +158,22 @@ fn host_only_machine_resolves_everything_to_the_host() {
 }
 
 #[test]
-fn devices_sharing_memory_prefer_zero_copy() {
+fn devices_sharing_memory_prefer_pinned_memory_they_read_in_place() {
     let devices = [host(0), igpu(1)];
     for bytes in [MEDIUM, LARGE] {
         let d = decide(auto(bytes, AccessPattern::ReadWrite), &devices);
         assert_eq!((d.device, d.pool), (1, PoolKind::HostPinned));
         assert!(
-            d.reason.contains("shares memory with the host, so Auto prefers zero-copy pinned host memory"),
+            d.reason
+                .contains("shares memory with the host, so Auto prefers pinned host memory, which it reads in place")
+                && !d.reason.contains("zero-copy"),
             "{}",
             d.reason
         );
     }
     let d = decide(auto(SMALL, AccessPattern::ReadWrite), &devices);
     assert_eq!((d.device, d.pool), (1, PoolKind::HostPinned));
-    assert!(d.reason.contains("zero-copy"), "{}", d.reason);
+    assert!(d.reason.contains("reads in place since it shares memory with the host"), "{}", d.reason);
 
     // Explicit device-local memory is still honoured.
     let d = decide(Request::new(MEDIUM).placement(Placement::DeviceLocal), &devices);
