@@ -17,10 +17,11 @@ mod prefetch;
 pub use double_buffer::{DoubleBuffer, Front};
 pub use prefetch::{DeviceBatch, Prefetch, PrefetchError, Prefetcher};
 
-use crate::{AllocOptions, Error, Result, UniversalBuffer, UniversalMemoryManager};
-#[allow(unused_imports)]
+use crate::{AllocOptions, Result, UniversalBuffer, UniversalMemoryManager};
 use std::sync::Arc;
-use umm_placement::{Api, DeviceSelector, Placement};
+#[allow(unused_imports)] // Used by the match arms of the enabled backends.
+use umm_placement::Api;
+use umm_placement::{DeviceSelector, Placement};
 
 /// Where overlap helpers put their device buffers: a device selector (any device by default), a placement
 /// (`DeviceLocal` by default) and a label; on CUDA, the stream kernels read the buffers on.
@@ -285,6 +286,7 @@ mod cuda {
     //! The CUDA route: pinned staging from the device's pinned pool, a copy stream, events.
 
     use super::*;
+    use crate::Error;
     use umm_backends::cuda::cudarc::driver::{CudaEvent, CudaStream, DriverError};
     use umm_backends::{MemoryPool, OwnedBlock, StreamId};
     use umm_placement::PoolKind;
