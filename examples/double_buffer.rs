@@ -372,10 +372,10 @@ extern "C" __global__ void consume(const unsigned int* x, unsigned long long n, 
             let front = db.current()?;
             (front.buffer().cuda_view(&gpu.compute)?.device_address(), front.len())
         };
-        let probe = 2_000_000i64;
-        let base = gpu.time_kernel(front_addr, front_len, 0, scratch, 4)?;
-        let per_cycle = (gpu.time_kernel(front_addr, front_len, probe, scratch, 4)? - base).max(1e-6) / probe as f64;
-        let cycles = ((want_ms - base).max(0.0) / per_cycle) as i64;
+        // The spin counts from the kernel's start, so a kernel lasts about max(sum pass, cycles / clock).
+        let probe = 4_000_000i64;
+        let per_cycle = gpu.time_kernel(front_addr, front_len, probe, scratch, 4)? / probe as f64;
+        let cycles = (want_ms / per_cycle) as i64;
         let compute = Duration::from_secs_f64(gpu.time_kernel(front_addr, front_len, cycles, scratch, 8)? / 1e3);
         gpu.compute.synchronize()?;
         let bound = compute.max(upload);
