@@ -5,9 +5,11 @@ use crate::{Error, Result, UniversalBuffer, UniversalMemoryManager};
 
 /// One of the two buffers, with its upload lane and the length of the batch it holds.
 struct Slot<T: bytemuck::Pod> {
-    /// Dropped first: waits for the upload in flight before the buffer goes back to its pool.
-    lane: Lane,
+    /// Dropped first, while the lane's streams live: a free waits for an upload still writing the buffer through
+    /// the pool's stream rules (CUDA marks the buffer as used on the copy stream), or the queue's order.
     buffer: UniversalBuffer<T>,
+    /// Then the lane, which waits for its upload in flight before its staging goes.
+    lane: Lane,
     /// Elements of the batch uploaded last (`None`: nothing uploaded yet).
     len: Option<usize>,
 }
@@ -77,7 +79,7 @@ impl<T: bytemuck::Pod> DoubleBuffer<T> {
                 #[cfg(feature = "cuda")]
                 options.cuda_stream.as_ref(),
             )?;
-            Ok(Slot { lane, buffer, len: None })
+            Ok(Slot { buffer, lane, len: None })
         };
         Ok(Self { slots: [slot()?, slot()?], front: 0, capacity })
     }

@@ -159,14 +159,15 @@ enum Pending {
 /// Uploads on a lane run one after another: starting one first waits (on the host) for the previous one, whose
 /// staging it reuses.
 struct Lane {
-    route: Route,
     pending: Pending,
-    /// Pinned staging (CUDA): reused, grown when a batch needs more.
+    /// Pinned staging (CUDA): reused, grown when a batch needs more. Freed before the route's copy stream goes,
+    /// so that its free can be ordered after that stream's work.
     #[cfg(feature = "cuda")]
     pinned: Option<umm_backends::OwnedBlock>,
     /// The host bytes of the last OpenCL write, handed back when it completed, reused for the next.
     #[cfg(feature = "opencl")]
     spare: Vec<u8>,
+    route: Route,
 }
 
 impl Lane {
@@ -187,12 +188,12 @@ impl Lane {
         };
         let _ = mm;
         Ok(Self {
-            route,
             pending: Pending::None,
             #[cfg(feature = "cuda")]
             pinned: None,
             #[cfg(feature = "opencl")]
             spare: Vec::new(),
+            route,
         })
     }
 

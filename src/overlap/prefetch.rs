@@ -80,11 +80,16 @@ enum Outcome<T: bytemuck::Pod, E> {
     Failed(PrefetchError<E>),
 }
 
-struct State<T: bytemuck::Pod, E> {
+/// The source and the count of items pulled from it: locked apart from [`State`], so that a slow source holds up
+/// neither the consumer nor the workers handing in batches.
+struct Pull<T, E> {
     /// `None` once exhausted, broken by a panic, or stopped.
     source: Option<Source<T, E>>,
     /// Sequence number of the next item pulled.
     pulled: u64,
+}
+
+struct State<T: bytemuck::Pod, E> {
     /// Sequence number of the next item the consumer gets.
     yielded: u64,
     /// Items pulled, not yet yielded, that may still be pulled: at most `lookahead` are pulled ahead.
@@ -99,7 +104,9 @@ struct State<T: bytemuck::Pod, E> {
     running: usize,
 }
 
+/// Locks are taken in the order `pull`, then `state`, never the other way round.
 struct Shared<T: bytemuck::Pod, E> {
+    pull: Mutex<Pull<T, E>>,
     state: Mutex<State<T, E>>,
     /// Workers wait here for a permit.
     to_workers: Condvar,
@@ -185,9 +192,8 @@ impl Prefetcher {
         }
         let alloc = self.options.resolve(&self.mm)?;
         let shared = Arc::new(Shared {
+            pull: Mutex::new(Pull { source: Some(source), pulled: 0 }),
             state: Mutex::new(State {
-                source: Some(source),
-                pulled: 0,
                 yielded: 0,
                 permits: self.lookahead,
                 ready: BTreeMap::new(),
@@ -225,34 +231,44 @@ impl<T: bytemuck::Pod + Send + Sync, E: Send + 'static> Worker<T, E> {
     fn run(self) {
         let mut lane: Option<Lane> = None;
         loop {
-            let (seq, item) = {
+            {
                 let mut state = self.shared.state.lock();
-                while !state.stop && state.source.is_some() && state.permits == 0 {
+                while !state.stop && state.end.is_none() && state.permits == 0 {
                     self.shared.to_workers.wait(&mut state);
                 }
-                if state.stop {
+                if state.stop || state.end.is_some() {
                     break;
                 }
-                let Some(source) = state.source.as_mut() else { break };
-                // Pulled under the lock, so that sequence numbers follow the source's order.
-                let pulled = catch_unwind(AssertUnwindSafe(|| source.next()));
-                let seq = state.pulled;
+                // Taken before pulling: every item pulled holds one until it is yielded, so the item the consumer
+                // waits for is always on its way.
+                state.permits -= 1;
+            }
+            let (seq, item) = {
+                let mut pull = self.shared.pull.lock();
+                let seq = pull.pulled;
+                // Sequence numbers follow the source's order: they are taken under the source's lock.
+                let pulled = match pull.source.as_mut() {
+                    Some(source) => catch_unwind(AssertUnwindSafe(|| source.next())),
+                    None => Ok(None),
+                };
                 match pulled {
                     Ok(Some(item)) => {
-                        state.pulled += 1;
-                        state.permits -= 1;
+                        pull.pulled += 1;
                         (seq, item)
                     }
                     Ok(None) => {
-                        state.source = None;
-                        state.end = Some(seq);
+                        pull.source = None;
+                        let mut state = self.shared.state.lock();
+                        state.end = Some(state.end.map_or(seq, |end| end.min(seq)));
+                        state.permits += 1;
                         self.shared.to_workers.notify_all();
                         self.shared.to_consumer.notify_all();
                         break;
                     }
                     Err(panic) => {
-                        state.source = None;
-                        state.pulled += 1;
+                        pull.source = None;
+                        pull.pulled += 1;
+                        let mut state = self.shared.state.lock();
                         state.end = Some(seq + 1);
                         state.ready.insert(seq, Outcome::Failed(PrefetchError::WorkerPanicked(message(&*panic))));
                         self.shared.to_workers.notify_all();
@@ -356,14 +372,15 @@ impl<T: bytemuck::Pod + Send + Sync, E: Send + 'static> Iterator for Prefetch<T,
 
 impl<T: bytemuck::Pod + Send + Sync, E: Send + 'static> Drop for Prefetch<T, E> {
     fn drop(&mut self) {
-        let (ready, source) = {
+        let ready = {
             let mut state = self.shared.state.lock();
             state.stop = true;
             self.shared.to_workers.notify_all();
-            (std::mem::take(&mut state.ready), state.source.take())
+            std::mem::take(&mut state.ready)
         };
-        // Buffers and the source go outside the lock.
+        // Buffers and the source go outside the state's lock (the source's waits for a pull in progress).
         drop(ready);
+        let source = self.shared.pull.lock().source.take();
         drop(source);
         for worker in self.workers.drain(..) {
             if worker.join().is_err() {
@@ -378,7 +395,6 @@ impl<T: bytemuck::Pod + Send + Sync, E: Send + 'static> std::fmt::Debug for Pref
         let state = self.shared.state.lock();
         f.debug_struct("Prefetch")
             .field("yielded", &state.yielded)
-            .field("pulled", &state.pulled)
             .field("ready", &state.ready.len())
             .field("ended", &state.end.is_some())
             .finish()
