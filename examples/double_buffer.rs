@@ -504,7 +504,11 @@ extern "C" __global__ void consume(const unsigned int* x, unsigned long long n, 
         );
         let share = umm_gbs / raw_gbs;
         println!("\n  pinned host->device, {} MiB x {reps}:", bytes >> 20);
-        println!("    umm (pinned buffer -> device buffer)    {umm_gbs:>8.2} GB/s");
+        println!(
+            "    umm (a {} buffer's slice written into a {} buffer) {umm_gbs:>8.2} GB/s",
+            pinned.placement(),
+            target.placement()
+        );
         println!("    raw cuMemcpyHtoDAsync from pinned       {raw_gbs:>8.2} GB/s");
         println!("    umm / raw                               {:>8.1} %", share * 100.0);
         let mut missed = false;
