@@ -147,11 +147,30 @@ fn double_buffer_of_bytes_handles_lengths_that_are_not_whole_words() {
 }
 
 #[test]
+fn double_buffer_in_pinned_memory_works_on_every_backend() {
+    for (name, mm, selector) in backends() {
+        let options = OverlapOptions::new().device(selector).placement(umm::Placement::HostPinned);
+        let mut db = mm.double_buffer::<u64>(64, options).unwrap();
+        for i in 0..20u64 {
+            let batch: Vec<u64> = (0..i * 3).map(|j| i << 32 | j).collect();
+            db.prefetch_next(&batch).unwrap();
+            db.swap();
+            assert_eq!(db.current().unwrap().to_vec().unwrap(), batch, "{name}: batch {i}");
+        }
+    }
+}
+
+#[test]
 fn double_buffer_refuses_bad_inputs_by_name() {
     let mm = UniversalMemoryManager::builder().backends(false, false, false).build().unwrap();
     match mm.double_buffer::<f32>(0, DeviceSelector::Host) {
         Err(Error::ZeroParameter { what }) => assert!(what.contains("capacity"), "{what}"),
         other => panic!("expected ZeroParameter, got {other:?}"),
+    }
+    let read_only = OverlapOptions::new().device(DeviceSelector::Host).placement(umm::Placement::ReadOnly);
+    match mm.double_buffer::<f32>(8, read_only) {
+        Err(e @ Error::InvalidConfig(_)) => assert!(e.to_string().contains("ReadOnly"), "{e}"),
+        other => panic!("expected InvalidConfig for ReadOnly memory, got {other:?}"),
     }
     let mut db = mm.double_buffer::<f32>(8, DeviceSelector::Host).unwrap();
     match db.current() {

@@ -70,6 +70,11 @@ impl<T: bytemuck::Pod> DoubleBuffer<T> {
         if capacity == 0 {
             return Err(Error::ZeroParameter { what: "the double buffer's capacity" });
         }
+        if options.placement == Some(umm_placement::Placement::ReadOnly) {
+            return Err(Error::InvalidConfig(
+                "a double buffer rewrites its buffers, and ReadOnly memory takes one write: use DeviceLocal".into(),
+            ));
+        }
         let alloc = options.resolve(mm)?;
         let slot = || -> Result<Slot<T>> {
             let buffer = mm.allocate_universal_with::<T>(capacity, alloc.clone())?;

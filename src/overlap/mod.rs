@@ -65,7 +65,8 @@ impl OverlapOptions {
         self
     }
 
-    /// Where the device buffers live (`DeviceLocal` unless set).
+    /// Where the device buffers live (`DeviceLocal` unless set). Uploads into pinned memory are host copies;
+    /// a [`DoubleBuffer`] refuses `ReadOnly` memory, which takes one write only.
     pub fn placement(mut self, placement: Placement) -> Self {
         self.placement = Some(placement);
         self
@@ -178,8 +179,11 @@ impl Lane {
         #[cfg(feature = "cuda")] compute: Option<&Arc<umm_backends::cuda::cudarc::driver::CudaStream>>,
     ) -> Result<Self> {
         let route = match buffer.api() {
+            // Copies from pinned staging go to device memory; pinned buffers are written from the host directly.
             #[cfg(feature = "cuda")]
-            Some(Api::Cuda) => Route::Cuda(cuda::Route::new(mm, buffer, compute)?),
+            Some(Api::Cuda) if buffer.placement() == umm_placement::PoolKind::DeviceLocal => {
+                Route::Cuda(cuda::Route::new(mm, buffer, compute)?)
+            }
             #[cfg(feature = "opencl")]
             Some(Api::OpenCl) => Route::OpenCl,
             #[cfg(feature = "wgpu")]
