@@ -102,6 +102,25 @@ pub enum Error {
         reason: String,
     },
 
+    /// An overlap helper given a zero it cannot work with: a double buffer's capacity, a prefetcher's lookahead
+    /// or worker count.
+    #[error("{what} must be at least 1, not 0")]
+    ZeroParameter {
+        /// Which parameter.
+        what: &'static str,
+    },
+    /// A batch longer than the [`crate::overlap::DoubleBuffer`] it was given to.
+    #[error("a batch of {len} elements does not fit a double buffer of {capacity} elements")]
+    BatchTooLarge {
+        /// Elements in the batch.
+        len: usize,
+        /// The double buffer's capacity.
+        capacity: usize,
+    },
+    /// [`crate::overlap::DoubleBuffer::current`] with no batch uploaded into the front buffer.
+    #[error("no batch was uploaded into the front buffer: call prefetch_next, then swap, before current")]
+    NothingPrefetched,
+
     /// An invalid builder or configuration value.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),

@@ -33,6 +33,7 @@ mod manager;
 mod migrate;
 mod notice;
 pub mod observe;
+pub mod overlap;
 pub mod plan;
 pub mod plot;
 pub mod profiler;

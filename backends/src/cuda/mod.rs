@@ -28,6 +28,7 @@ mod raw;
 mod scope;
 mod stream_ids;
 mod streams;
+mod transfer;
 
 /// The cudarc this crate was built with, so that callers launch kernels with the same version.
 pub use cudarc;
@@ -41,6 +42,7 @@ pub use raw::{foreign_stream, ForeignDeviceMemory};
 pub use scope::ContextScope;
 pub use stream_ids::stream_id;
 pub use streams::CudaPool;
+pub use transfer::{upload_block_async, PinnedUploadBaseline};
 
 use crate::{BackendKind, DeviceInfo, DeviceType, Discovery, Error, Pool, PoolConfig, PoolPlacement, Result};
 use cudarc::driver::{sys::CUdevice_attribute as Attr, CudaContext};

@@ -404,6 +404,20 @@ pub(super) fn copy_htod_async(dst: u64, src: &[u8], stream: &LiveStream) -> Raw<
     )
 }
 
+/// Copy of `len` bytes of page-locked host memory at host address `src` into device memory at `dst`, queued on
+/// `stream` (`cuMemcpyHtoDAsync`): a DMA that the device runs while the host goes on.
+pub(super) fn copy_htod_async_pinned(dst: u64, src: usize, len: u64, stream: &LiveStream) -> Raw<()> {
+    // SAFETY: the caller checked `[src, src + len)` against a live pinned segment (cuMemHostAlloc) and
+    // `[dst, dst + len)` against live device memory of the bound context, and keeps both from being freed until
+    // the stream passes this copy (record_stream on pooled blocks, or a synchronize before freeing raw
+    // allocations). The driver only reads `src`: a host write to it meanwhile changes the bytes copied, never
+    // memory the Rust program owns elsewhere. `stream` is a live stream of the bound context (a `LiveStream`).
+    check(
+        unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len as usize, cu_stream(stream)) },
+        "cuMemcpyHtoDAsync",
+    )
+}
+
 /// Sets `len` bytes of device memory at `dst` to `value` (asynchronous on the null stream).
 pub(super) fn memset(dst: u64, value: u8, len: u64) -> Raw<()> {
     // SAFETY: the caller checked the range against a live segment of the bound context.

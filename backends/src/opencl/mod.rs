@@ -508,6 +508,29 @@ pub fn write_block_async(
     pool.backend().write_async(&segment, base + offset, data)
 }
 
+/// Non-blocking write into an owned block of an OpenCL pool: enqueues copying `data` into the block at `offset`
+/// (`clEnqueueWriteBuffer` without blocking) and returns the transfer, which owns `data` until the device has
+/// read it; wait on it ([`PendingWrite::wait`], which hands `data` back for reuse) or order kernels after its
+/// [`PendingWrite::event`]. Memory mapped into the host (pinned pools of devices that share host memory) is
+/// written at once instead, under the pool's lock, and gives `None`. Errors with [`Error::Unsupported`] when
+/// the block is not OpenCL memory, [`Error::OutOfBounds`] past the block's end.
+pub fn write_owned_block_async(block: &mut OwnedBlock, offset: u64, data: Vec<u8>) -> Result<Option<PendingWrite>> {
+    let pool = block.pool();
+    let Some(cl) = pool.as_any().downcast_ref::<Pool<OpenClBackend>>() else {
+        return Err(Error::Unsupported {
+            backend: pool.name().to_string(),
+            what: "an OpenCL write into a block that is not OpenCL memory".into(),
+        });
+    };
+    block.check_range(offset, data.len() as u64)?;
+    let (segment, _) = live(cl, block.handle())?;
+    if segment.0.mapped.is_some() {
+        block.write(offset, &data)?;
+        return Ok(None);
+    }
+    write_block_async(cl, block.handle(), offset, data).map(Some)
+}
+
 /// Non-blocking [`Pool::read`]: enqueues copying `len` bytes of the block at `offset` into a new host buffer.
 /// Refused for host-mapped memory (see [`device_memory`]).
 pub fn read_block_async(pool: &Pool<OpenClBackend>, block: &BlockHandle, offset: u64, len: u64) -> Result<PendingRead> {

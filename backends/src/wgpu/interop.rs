@@ -87,6 +87,52 @@ pub fn block_binding(block: &OwnedBlock) -> Result<WgpuBlock> {
     binding(wgpu, block.handle())
 }
 
+/// Queues writing `data` into an owned block of a wgpu pool at `offset` with `queue.write_buffer` and returns
+/// without waiting: wgpu copies `data` into its own staging at once, and the write lands before any work
+/// submitted to the device's queue afterwards (kernels included), so nothing needs to wait for it. A length
+/// that is not a multiple of 4 (wgpu's copy alignment) is padded with zeros up to one, inside the block's
+/// allocated size: up to 3 bytes after `data` are zeroed. Where that does not fit, for an `offset` that is not a
+/// multiple of 4, or when the pool's buffers are mapped for writing rather than copied into, the write is made
+/// the blocking way ([`OwnedBlock::write`]). Errors with [`Error::Unsupported`]
+/// when the block is not wgpu memory, [`Error::OutOfBounds`] past the block's end, and with the wgpu error a
+/// failed write raises.
+pub fn write_block_queued(block: &mut OwnedBlock, offset: u64, data: &[u8]) -> Result<()> {
+    let pool = block.pool();
+    let Some(wgpu) = pool.as_any().downcast_ref::<Pool<WgpuBackend>>() else {
+        return Err(Error::Unsupported {
+            backend: pool.name().to_string(),
+            what: "a queued wgpu write into a block that is not wgpu memory".into(),
+        });
+    };
+    block.check_range(offset, data.len() as u64)?;
+    if data.is_empty() {
+        return Ok(());
+    }
+    let backend = wgpu.backend();
+    let (segment, base) = live_segment(wgpu, block.handle())?;
+    let end = (offset + data.len() as u64).next_multiple_of(4);
+    let usage = backend.usage();
+    let copyable = usage.contains(BufferUsages::COPY_DST) && !usage.contains(BufferUsages::MAP_WRITE);
+    if !copyable || !offset.is_multiple_of(4) || end > block.handle().size() {
+        return block.write(offset, data);
+    }
+    let buffer = segment.buffer();
+    backend.check_unsealed(buffer, base + offset, end - offset)?;
+    let padded;
+    let words: &[u8] = if data.len().is_multiple_of(4) {
+        data
+    } else {
+        let mut v = vec![0u8; (end - offset) as usize];
+        v[..data.len()].copy_from_slice(data);
+        padded = v;
+        &padded
+    };
+    backend.shared.scoped(backend.name(), "queue.write_buffer", || {
+        backend.shared.queue.write_buffer(buffer, base + offset, words);
+        backend.shared.queue.submit([]);
+    })
+}
+
 /// `block` for a uniform binding (ReadOnly pools). Errors if the pool's buffers lack `UNIFORM`, the block is
 /// not live, or it spans more than `max_uniform_buffer_binding_size`.
 pub fn uniform_binding(pool: &Pool<WgpuBackend>, block: &BlockHandle) -> Result<WgpuBlock> {

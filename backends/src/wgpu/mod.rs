@@ -28,7 +28,10 @@ mod io;
 mod segment;
 
 pub use discover::{discover, WgpuDevice};
-pub use interop::{binding, block_binding, copy_block, seal, segment_and_offset, uniform_binding, unseal, WgpuBlock};
+pub use interop::{
+    binding, block_binding, copy_block, seal, segment_and_offset, uniform_binding, unseal, write_block_queued,
+    WgpuBlock,
+};
 pub use segment::WgpuSegment;
 /// The wgpu this crate was built with, so that callers build pipelines with the same version.
 pub use wgpu;
