@@ -81,6 +81,9 @@ fn main() -> Result<ExitCode, Box<dyn std::error::Error>> {
         elapsed.as_secs_f64() * 1e3,
         bytes as f64 / elapsed.as_secs_f64() / 1e9
     );
+    // On CUDA a buffer dropped while its stream may still use it goes back to its pool once that work is done;
+    // a cleanup round collects those whose work has finished (all of them here: every batch was read back).
+    mm.cleanup();
     let left = mm.global_memory_stats().total.allocated_bytes.current;
     println!("allocated after the loop: {left} bytes");
     if bad > 0 || good != count - 1 || left != 0 {
