@@ -1,4 +1,4 @@
-//! The host: memory from sysinfo, processor identity and features from raw-cpuid.
+//! The host: memory from sysinfo (through `umm_backends::host_memory`), processor identity and features from raw-cpuid.
 
 use serde::Serialize;
 
@@ -24,14 +24,8 @@ pub struct HostInfo {
 impl HostInfo {
     /// Reads the host now. Never fails: unknown facts are `None` or conservative defaults.
     pub fn discover() -> Self {
-        // sysinfo can fail on exotic platforms: fall back to unknown (zero) memory rather than fail discovery.
-        let (total_memory, available_memory) = match sysinfo::System::new() {
-            Ok(mut system) => {
-                system.refresh_memory();
-                (system.total_memory(), system.available_memory())
-            }
-            Err(_) => (0, 0),
-        };
+        // Unknown (zero) memory on a platform sysinfo cannot read, rather than a failed discovery.
+        let (total_memory, available_memory) = umm_backends::host_memory().unwrap_or((0, 0));
         let logical_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let (cpu_vendor, cpu_brand, cache_line_bytes, simd) = cpu_identity();
         Self { total_memory, available_memory, logical_cpus, cpu_vendor, cpu_brand, cache_line_bytes, simd }

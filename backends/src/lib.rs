@@ -32,7 +32,7 @@ pub use block::{BlockHandle, BlockInfo, MemoryPool, OwnedBlock, PoolLease};
 pub use device::{DeviceInfo, DeviceType, Discovery, PoolPlacement};
 pub use device_copy::DevicePath;
 pub use error::{Error, Result};
-pub use host::HostBackend;
+pub use host::{host_memory, HostBackend};
 pub use pool::{
     parse_size, BlockSnapshot, Limit, Pool, PoolConfig, PoolSnapshot, SegmentMode, SegmentSnapshot, Strategy,
     TrimReport, DEFAULT_PAGE_UNLIMITED,

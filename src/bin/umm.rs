@@ -320,18 +320,9 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
     }
 }
 
-/// Bytes the host can give without swapping: `MemAvailable` from /proc/meminfo, else sysinfo's figure.
+/// Bytes the host can give without swapping.
 fn available_host_memory() -> Option<u64> {
-    let from_proc = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
-        let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        Some(kib * 1024)
-    });
-    from_proc.or_else(|| {
-        let mut system = sysinfo::System::new().ok()?;
-        system.refresh_memory();
-        Some(system.available_memory()).filter(|&bytes| bytes > 0)
-    })
+    umm::backends::host_memory().map(|(_, available)| available).filter(|&bytes| bytes > 0)
 }
 
 fn print_table(reports: &[ReplayReport], args: &ReplayArgs) {

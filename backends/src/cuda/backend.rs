@@ -89,7 +89,7 @@ impl CudaBackend {
     ) -> Self {
         let ordinal = ctx.ordinal() as i32;
         let capacity = match placement {
-            PoolPlacement::HostPinned => host_memory().map_or(device_memory, |(total, _)| total),
+            PoolPlacement::HostPinned => crate::host::host_memory().map_or(device_memory, |(total, _)| total),
             _ => device_memory,
         };
         let vmm = match (placement, vmm_page) {
@@ -235,19 +235,6 @@ impl Drop for CudaBackend {
     }
 }
 
-/// Host memory (total, available) from /proc/meminfo, for the pinned pool's capacity.
-fn host_memory() -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let field = |name: &str| {
-        text.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kib| kib.parse::<u64>().ok())
-            .map(|kib| kib * 1024)
-    };
-    Some((field("MemTotal:")?, field("MemAvailable:").unwrap_or(0)))
-}
-
 impl crate::backend::sealed::Sealed for CudaBackend {}
 
 impl Backend for CudaBackend {
@@ -283,7 +270,7 @@ impl Backend for CudaBackend {
     /// Free device memory (cuMemGetInfo), or available host memory for the pinned pool. 0 when it cannot be read.
     fn free_memory(&self) -> u64 {
         if self.placement == PoolPlacement::HostPinned {
-            return host_memory().map_or(0, |(_, available)| available);
+            return crate::host::host_memory().map_or(0, |(_, available)| available);
         }
         if self.bind().is_err() {
             return 0;

@@ -1,6 +1,9 @@
 //! Host memory: aligned allocations from the global allocator. Host-addressable, so buffers offer host slices.
 
+mod memory;
 mod raw;
+
+pub use memory::host_memory;
 
 use crate::adopt::{Adoption, Keeper, Ownership};
 use crate::{Backend, BackendKind, Error, HostPtr, MemoryPool, OwnedBlock, Pool, Result, StreamId};

@@ -29,19 +29,6 @@ impl std::fmt::Debug for WgpuDevice {
     }
 }
 
-/// Host memory (total, available) in bytes from `/proc/meminfo`; `None` where there is none.
-pub(crate) fn host_memory() -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map(|kib| kib * 1024)
-    };
-    let total = field("MemTotal:")?;
-    Some((total, field("MemAvailable:").unwrap_or(total)))
-}
-
 /// Whether an adapter is a software rasteriser running on the CPU, whatever type it reports.
 fn is_software(info: &wgpu::AdapterInfo) -> bool {
     let name = info.name.to_lowercase();
@@ -186,7 +173,7 @@ fn device_info(
         wgpu::DeviceType::VirtualGpu | wgpu::DeviceType::Other => DeviceType::Other,
     };
     let shares = matches!(device_type, DeviceType::Cpu | DeviceType::IntegratedGpu);
-    let (total_memory, source) = match host_memory() {
+    let (total_memory, source) = match crate::host::host_memory() {
         Some((total, _)) if shares => (total, "host memory"),
         _ => (limits.max_buffer_size, "max_buffer_size (wgpu reports no memory size)"),
     };

@@ -71,7 +71,7 @@ impl DeviceShared {
     pub(crate) fn free_memory(&self) -> u64 {
         let held = self.held.load(Ordering::Relaxed);
         if self.shares_memory_with_host {
-            if let Some(available) = super::discover::host_memory().map(|m| m.1) {
+            if let Some(available) = crate::host::host_memory().map(|m| m.1) {
                 return available;
             }
         }
