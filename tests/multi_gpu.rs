@@ -33,12 +33,8 @@ fn two_gpus(mode: SegmentMode) -> Option<(UniversalMemoryManager, Vec<usize>)> {
             if mm.skipped().is_empty() { String::new() } else { format!(" ({})", mm.skipped().join("; ")) }
         );
         // No CUDA device at all fails when `UMM_REQUIRE_BACKENDS` names cuda; a single GPU is CUDA present, just
-        // not enough of it, so that only skips.
-        if gpus.is_empty() {
-            skip_or_fail("cuda", &reason);
-        } else {
-            eprintln!("skipping {reason}");
-        }
+        // not enough of it, which fails when it names multi-gpu.
+        skip_or_fail(if gpus.is_empty() { "cuda" } else { "multi-gpu" }, &reason);
         return None;
     }
     Some((mm, gpus))

@@ -69,6 +69,15 @@ pub enum Error {
         /// What was asked.
         what: String,
     },
+    /// The device is gone (a wgpu device lost to a driver reset, say): nothing more can be done with it, and
+    /// releasing cached memory will not help. Make new pools from a fresh discovery.
+    #[error("{backend}: the device is lost ({reason}); make new pools from a fresh discovery")]
+    DeviceLost {
+        /// Backend name.
+        backend: String,
+        /// What the driver said.
+        reason: String,
+    },
     /// A driver call failed.
     #[error("{backend} driver error in {call}: {message}")]
     Driver {
@@ -137,5 +146,10 @@ impl Error {
     /// A driver call failed ([`Error::Driver`]).
     pub fn is_driver_error(&self) -> bool {
         matches!(self, Error::Driver { .. })
+    }
+
+    /// The device is gone ([`Error::DeviceLost`]).
+    pub fn is_device_lost(&self) -> bool {
+        matches!(self, Error::DeviceLost { .. })
     }
 }

@@ -555,8 +555,8 @@ fn limits_release_cached_memory_retry_and_report_numbers() {
 fn trims_move_free_pages_to_new_blocks_and_leave_live_data_alone() {
     let Some(dev) = gpu() else { return };
     if !dev.supports_virtual_memory() {
-        eprintln!("skipping: no virtual memory management on this device");
-        return;
+        // `UMM_REQUIRE_BACKENDS=cuda-vmm` makes a device without it a failure.
+        return skip_or_fail("cuda-vmm", "no virtual memory management on this device");
     }
     const MIB: u64 = 1 << 20;
     // Without a limit and a page size, 32 MiB pages; under a limit, the device's own 2 MiB.

@@ -215,7 +215,8 @@ fn host_pinned_blocks_are_zero_copy_on_host_shared_devices() {
     if shared.is_empty() && !discrete.is_empty() {
         // OpenCL is present, only no device of it maps host memory: a skip, not a missing backend.
         let names: Vec<_> = discrete.iter().map(|d| d.info().name.clone()).collect();
-        eprintln!("skipping opencl zero-copy test: no device shares memory with the host ({})", names.join(", "));
+        let reason = format!("no device shares memory with the host ({})", names.join(", "));
+        skip_or_fail("opencl-shared-memory", &reason);
     }
     for d in shared {
         let p: Arc<dyn MemoryPool> = Arc::new(pool(&d, PoolPlacement::HostPinned));

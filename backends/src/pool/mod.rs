@@ -973,7 +973,10 @@ impl<B: Backend> Pool<B> {
 
     fn out_of_memory(&self, state: &mut State<B::Segment>, size: u64, shortfall: Shortfall) -> Error {
         state.stats.num_ooms += 1;
-        if let Shortfall::Device(e @ (Error::TooLarge { .. } | Error::InvalidConfig(_))) = shortfall {
+        // Errors that releasing memory cannot cure are reported as they are, not as out of memory.
+        if let Shortfall::Device(e @ (Error::TooLarge { .. } | Error::InvalidConfig(_) | Error::DeviceLost { .. })) =
+            shortfall
+        {
             return e;
         }
         let reserved = state.reserved();

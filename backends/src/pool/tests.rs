@@ -52,7 +52,7 @@ fn small_requests_share_small_segments_and_are_cache_hits_after_warmup() {
         assert_eq!((s.cache_misses, s.cache_hits), (1, 1));
         pool.free(&a).unwrap();
         pool.free(&b).unwrap();
-        assert!(pool.free(&a).is_err(), "double free is an error");
+        assert!(matches!(pool.free(&a), Err(Error::UnknownBlock(_))), "double free is an error");
         // Freed blocks wait in the quick cache until something drains it (a snapshot does).
         let _ = pool.snapshot();
         let s = pool.stats();
@@ -471,9 +471,11 @@ fn invalid_configs_are_refused() {
     let bad = PoolConfig { small_segment_size: 1024, ..PoolConfig::default() };
     assert!(matches!(Pool::new(SimBackend::new("s", 1 << 30), bad), Err(Error::InvalidConfig(_))));
     let virt = PoolConfig { segment_mode: SegmentMode::Virtual, ..PoolConfig::default() };
-    assert!(Pool::new(HostBackend::new("h", 1 << 30), virt).is_err(), "host has no virtual memory");
+    let err = Pool::new(HostBackend::new("h", 1 << 30), virt).err().expect("host has no virtual memory");
+    assert!(matches!(&err, Error::InvalidConfig(m) if m.contains("no virtual memory")), "{err}");
     let frac = PoolConfig { limit: Some(Limit::Fraction(1.5)), ..PoolConfig::default() };
-    assert!(Pool::new(SimBackend::new("s", 1 << 30), frac).is_err());
+    let err = Pool::new(SimBackend::new("s", 1 << 30), frac).err().expect("a limit of 150% is refused");
+    assert!(matches!(err, Error::InvalidConfig(_)), "{err}");
 }
 
 #[test]
@@ -843,7 +845,7 @@ fn a_block_freed_on_another_thread_goes_back_to_the_cache_that_lent_it() {
     }
     assert_eq!(pool.shared.slots[lender as usize].lock().bytes(), 8 * (64 << 10), "back in the lender's slot");
     for b in &blocks {
-        assert!(pool.free(b).is_err(), "freed once already");
+        assert!(matches!(pool.free(b), Err(Error::UnknownBlock(_))), "freed once already");
     }
     let s = pool.stats();
     assert_eq!((s.allocated_bytes.current, s.active_blocks.current, s.num_frees), (0, 0, 8));

@@ -79,11 +79,8 @@ impl DeviceShared {
     }
 
     fn lost_error(&self, backend: &str, call: &str) -> Option<Error> {
-        self.lost_reason().map(|reason| Error::Driver {
-            backend: backend.to_string(),
-            call: call.to_string(),
-            message: format!("the wgpu device is lost ({reason}); make a new pool from a fresh discovery"),
-        })
+        self.lost_reason()
+            .map(|reason| Error::DeviceLost { backend: backend.to_string(), reason: format!("{reason}, in {call}") })
     }
 
     /// Runs `f` inside out-of-memory, validation and internal error scopes; any error caught becomes
