@@ -503,7 +503,11 @@ fn limits_release_cached_memory_retry_and_report_numbers() {
     const MIB: u64 = 1 << 20;
     for mode in modes {
         let pool = dev
-            .pool(PoolPlacement::DeviceLocal, PoolConfig { limit: Some(Limit::Bytes(64 * MIB)), ..config(mode) })
+            // No segment slack: here the limit alone is what releases the cached segment.
+            .pool(
+                PoolPlacement::DeviceLocal,
+                PoolConfig { limit: Some(Limit::Bytes(64 * MIB)), segment_slack: None, ..config(mode) },
+            )
             .unwrap();
         let s = StreamId(0);
         let a = pool.allocate(48 * MIB, s).unwrap();
