@@ -5,7 +5,7 @@
 //! would be placed, and then move the bytes by the fastest path the two pools allow:
 //!
 //! 1. both blocks host-addressable (host memory, mapped pinned memory): one `memcpy`;
-//! 2. a device copy where one API holds both blocks (`migrate/fast.rs`): CUDA `cuMemcpy` within a context or
+//! 2. a device copy where one API holds both blocks (`umm_backends::device_copy`): CUDA `cuMemcpy` within a context or
 //!    `cuMemcpyPeer` between two GPUs, OpenCL `clEnqueueCopyBuffer` within one context, wgpu
 //!    `copy_buffer_to_buffer` within one device;
 //! 3. otherwise through the host in 8 MiB chunks: straight from or into whichever side is host-addressable, else

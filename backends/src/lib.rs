@@ -5,6 +5,7 @@
 //! segments. Backends never see the engine; the engine never sees a device.
 
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod adopt;
 pub mod backend;

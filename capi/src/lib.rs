@@ -16,6 +16,7 @@
 //! `umm_last_error()` returns on the same thread. Every `unsafe` of the crate is in [`ffi`].
 
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 mod error;
 pub mod ffi;
