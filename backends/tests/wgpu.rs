@@ -446,8 +446,10 @@ fn lost_device_errors_without_panicking() {
     let mut back = [0u8; 8];
     let err = pool.read(&block, 0, &mut back).unwrap_err();
     assert!(err.to_string().contains("lost"), "{err}");
+    let retries = pool.stats().num_alloc_retries;
     let err = pool.allocate(1 << 20, S0).unwrap_err();
     assert!(err.is_device_lost(), "an allocation on a lost device says so, not out of memory: {err}");
+    assert_eq!(pool.stats().num_alloc_retries, retries, "releasing memory cannot bring a device back");
     assert!(dev.lost_reason().is_some());
     pool.free(&block).unwrap();
 }

@@ -175,6 +175,14 @@ enum Shortfall {
     Device(Error),
 }
 
+impl Shortfall {
+    /// Whether releasing cached memory may cure it: not a request too large for the device, a configuration the
+    /// backend refuses, or a lost device, which are reported as they are.
+    fn memory_may_cure(&self) -> bool {
+        !matches!(self, Shortfall::Device(Error::TooLarge { .. } | Error::InvalidConfig(_) | Error::DeviceLost { .. }))
+    }
+}
+
 /// One thread cache slot, alone on its cache lines so that threads working in their own slots do not share
 /// lines.
 #[repr(align(128))]
@@ -726,7 +734,7 @@ impl<B: Backend> Pool<B> {
         size: u64,
         mut result: std::result::Result<(Allocation, bool), Shortfall>,
     ) -> Result<BlockHandle> {
-        if matches!(result, Err(Shortfall::Limit | Shortfall::Device(_))) {
+        if matches!(&result, Err(shortfall) if shortfall.memory_may_cure()) {
             state.stats.num_alloc_retries += 1;
             self.release_cached_locked(state, 0, size);
             result = self.try_allocate(state, arena, size, false);
@@ -973,10 +981,8 @@ impl<B: Backend> Pool<B> {
 
     fn out_of_memory(&self, state: &mut State<B::Segment>, size: u64, shortfall: Shortfall) -> Error {
         state.stats.num_ooms += 1;
-        // Errors that releasing memory cannot cure are reported as they are, not as out of memory.
-        if let Shortfall::Device(e @ (Error::TooLarge { .. } | Error::InvalidConfig(_) | Error::DeviceLost { .. })) =
-            shortfall
-        {
+        if !shortfall.memory_may_cure() {
+            let Shortfall::Device(e) = shortfall else { unreachable!("a limit is cured by memory") };
             return e;
         }
         let reserved = state.reserved();
