@@ -22,19 +22,19 @@ fn main() -> Result<(), umm::Error> {
         x.write(&input)?;
         let out = x.to_vec()?;
         assert_eq!(out, input, "round trip through {} changed the data", x.placement());
-        println!("\n{:>9} f32 -> {} on {}\n  why: {}", n, x.placement(), x.device().name(), x.decision().reason);
+        println!("\n{:>9} f32 -> {} on {}\n  why: {}", n, x.placement(), x.device().name(), x.decision().reason());
     }
 
     // Read-only weights, filled once; a staging buffer the host touches often.
     let weights: Vec<f32> = (0..4096).map(|i| (i as f32).sin()).collect();
     let w = mm.allocate_universal_from(&weights, Placement::ReadOnly)?;
-    println!("\nweights -> {} ({})", w.placement(), w.decision().reason);
+    println!("\nweights -> {} ({})", w.placement(), w.decision().reason());
     let staging = mm.allocate_universal_with::<u8>(
         1 << 20,
         AllocOptions::new().access(AccessPattern::HostFrequent).label("staging").zeroed(true),
     )?;
     assert!(staging.to_vec()?.iter().all(|&b| b == 0));
-    println!("staging -> {} ({})", staging.placement(), staging.decision().reason);
+    println!("staging -> {} ({})", staging.placement(), staging.decision().reason());
 
     // A training-loop-like churn: the pool serves repeats from cache.
     for _ in 0..1000 {

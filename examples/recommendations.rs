@@ -104,7 +104,7 @@ fn report(mm: &UniversalMemoryManager, title: &str, work: usize, sim: Option<usi
         let Some(device) = device else { continue };
         let options = AllocOptions::new().device(DeviceSelector::Index(device));
         match mm.decide(MEDIUM as u64 * 4, &options) {
-            Ok(d) => println!("  Auto on {what}: {} on device {}\n    why: {}", d.pool, d.device, d.reason),
+            Ok(d) => println!("  Auto on {what}: {} on device {}\n    why: {}", d.pool, d.device, d.reason()),
             Err(e) => println!("  Auto on {what}: cannot place a 1 MiB buffer: {e}"),
         }
     }

@@ -222,12 +222,13 @@ impl UniversalMemoryManager {
         let len = umm_backends::adopt::element_count(bytes, elem, "memory")?;
         device.register_adopted(api, kind, block.pool());
         let thresholds = &self.inner.config.decision.thresholds;
-        let decision = Decision {
-            device: device.index(),
-            pool: kind,
-            size_class: SizeClass::of(bytes.max(1), thresholds),
-            reason: format!("adopted {api} memory ({ownership}): it stays where it was made"),
-        };
+        let decision = Decision::adopted(
+            device.index(),
+            kind,
+            SizeClass::of(bytes.max(1), thresholds),
+            api,
+            ownership == Ownership::Owned,
+        );
         let placed = Arc::new(Placed {
             decision,
             device,

@@ -12,7 +12,7 @@
 //! let mut x = mm.allocate_universal::<f32>(1 << 16, Placement::Auto)?;
 //! x.write(&vec![1.5; 1 << 16])?;
 //! assert_eq!(x.to_vec()?[42], 1.5);
-//! println!("{} lives in {} on {}: {}", x.len(), x.placement(), x.device().name(), x.decision().reason);
+//! println!("{} lives in {} on {}: {}", x.len(), x.placement(), x.device().name(), x.decision().reason());
 //! # Ok::<(), umm::Error>(())
 //! ```
 

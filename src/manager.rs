@@ -79,13 +79,13 @@ pub(crate) struct Inner {
     pub(crate) tracker: Arc<UsageTracker>,
     pub(crate) profiler: Arc<Profiler>,
     /// The usage evidence `Auto` follows, as of the last refresh.
-    evidence: RwLock<Option<Recommendations>>,
+    evidence: RwLock<Option<Arc<Recommendations>>>,
     /// This manager's number among managers (see [`front::Key`]).
     id: u64,
     /// Moves when a refresh finds that what decisions depend on has changed.
     epoch: Epoch,
     /// The devices as of the last refresh: what decisions are made on.
-    views: RwLock<Arc<Vec<DeviceView>>>,
+    views: RwLock<Arc<[DeviceView]>>,
     /// When the views were refreshed (nanoseconds since `born`).
     refreshed_ns: AtomicU64,
     born: Instant,
@@ -252,7 +252,7 @@ impl Builder {
                 evidence: RwLock::new(None),
                 id: NEXT_MANAGER_ID.fetch_add(1, Ordering::Relaxed),
                 epoch: Epoch::default(),
-                views: RwLock::new(Arc::new(views)),
+                views: RwLock::new(Arc::from(views)),
                 refreshed_ns: AtomicU64::new(0),
                 born: Instant::now(),
                 refresh: Mutex::new(signature),
@@ -305,7 +305,7 @@ impl UniversalMemoryManager {
             Request::new(bytes).placement(options.placement).access(options.access).selector(options.selector);
         let evidence = self.evidence();
         let views = Arc::clone(&self.inner.views.read());
-        Ok(self.inner.decider.decide(&request, &views, evidence.as_ref())?)
+        Ok(self.inner.decider.decide_shared(&request, &views, evidence.as_deref())?)
     }
 
     /// Allocates `n` elements of `T` where `placement` (and the decision table) says.
@@ -489,7 +489,7 @@ impl UniversalMemoryManager {
         Ok((placed, false, bytes > max_bytes))
     }
 
-    fn evidence(&self) -> Option<Recommendations> {
+    fn evidence(&self) -> Option<Arc<Recommendations>> {
         self.inner.evidence.read().clone()
     }
 
@@ -497,7 +497,7 @@ impl UniversalMemoryManager {
     /// data, each with its reason and evidence. Also refreshes the evidence that `Auto` follows.
     pub fn placement_recommendations(&self) -> Recommendations {
         let recs = self.inner.tracker.recommendations();
-        *self.inner.evidence.write() = Some(recs.clone());
+        *self.inner.evidence.write() = Some(Arc::new(recs.clone()));
         self.inner.epoch.advance();
         recs
     }
@@ -588,8 +588,8 @@ impl Inner {
         let views: Vec<DeviceView> = self.devices.iter().map(|d| d.view()).collect();
         let evidence = self.tracker.recommendations();
         let fresh = Signature::of(&views, self.config.decision.pressure_threshold, Some(&evidence));
-        *self.views.write() = Arc::new(views);
-        *self.evidence.write() = Some(evidence);
+        *self.views.write() = Arc::from(views);
+        *self.evidence.write() = Some(Arc::new(evidence));
         self.refreshed_ns.store(self.born.elapsed().as_nanos() as u64, Ordering::Relaxed);
         if *signature != fresh {
             *signature = fresh;

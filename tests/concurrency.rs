@@ -129,7 +129,7 @@ impl Target<'_> {
                 "landed in {} on {}: {}",
                 buffer.placement(),
                 buffer.device(),
-                buffer.decision().reason
+                buffer.decision().reason()
             ));
         }
         if !read_only {

@@ -18,7 +18,7 @@ fn host_round_trip_and_host_slices() {
     assert_eq!(mm.devices().len(), 1);
     let mut x = mm.allocate_universal::<f32>(1000, Placement::Auto).unwrap();
     assert_eq!((x.len(), x.size_bytes(), x.placement()), (1000, 4000, PoolKind::Host));
-    assert!(x.decision().reason.contains("no accelerator"), "{}", x.decision().reason);
+    assert!(x.decision().reason().contains("no accelerator"), "{}", x.decision().reason());
     let data: Vec<f32> = (0..1000).map(|i| i as f32).collect();
     x.write(&data).unwrap();
     assert_eq!(x.to_vec().unwrap(), data);
@@ -36,9 +36,9 @@ fn every_explicit_placement_resolves_to_host_memory_on_a_host_only_machine() {
     let mm = host_only();
     for placement in [Placement::Auto, Placement::HostPinned, Placement::DeviceLocal, Placement::ReadOnly] {
         let d = mm.decide(1 << 20, &AllocOptions::new().placement(placement)).unwrap();
-        assert_eq!(d.device, 0, "{placement}: {}", d.reason);
-        assert!(matches!(d.pool, PoolKind::Host | PoolKind::HostPinned), "{placement}: {}", d.reason);
-        assert!(d.reason.contains("host"), "{}", d.reason);
+        assert_eq!(d.device, 0, "{placement}: {}", d.reason());
+        assert!(matches!(d.pool, PoolKind::Host | PoolKind::HostPinned), "{placement}: {}", d.reason());
+        assert!(d.reason().contains("host"), "{}", d.reason());
     }
 }
 
@@ -259,7 +259,7 @@ fn auto_places_medium_buffers_on_an_accelerator_and_small_ones_pinned() {
     let medium = mm.allocate_universal::<u8>(4 << 20, Placement::Auto).unwrap();
     assert_eq!((medium.device().index(), medium.placement()), (1, PoolKind::DeviceLocal));
     let small = mm.decide(1024, &AllocOptions::new()).unwrap();
-    assert_eq!(small.pool, PoolKind::HostPinned, "{}", small.reason);
+    assert_eq!(small.pool, PoolKind::HostPinned, "{}", small.reason());
     let ro = mm.decide(4 << 20, &AllocOptions::new().access(AccessPattern::ReadOnly)).unwrap();
     assert_eq!(ro.pool, PoolKind::ReadOnly);
 }
@@ -296,11 +296,11 @@ fn auto_avoids_a_device_under_pressure() {
         mm.allocate_universal_with::<u8>(600 << 20, AllocOptions::new().device(DeviceSelector::Index(1))).unwrap();
     assert_eq!(hog.device().index(), 1);
     let next = mm.allocate_universal::<u8>(4 << 20, Placement::Auto).unwrap();
-    assert_eq!(next.device().index(), 2, "{}", next.decision().reason);
+    assert_eq!(next.device().index(), 2, "{}", next.decision().reason());
     let _hog2 =
         mm.allocate_universal_with::<u8>(600 << 20, AllocOptions::new().device(DeviceSelector::Index(2))).unwrap();
     let last = mm.allocate_universal::<u8>(4 << 20, Placement::Auto).unwrap();
-    assert_eq!(last.device().index(), 0, "every accelerator is under pressure: {}", last.decision().reason);
+    assert_eq!(last.device().index(), 0, "every accelerator is under pressure: {}", last.decision().reason());
 }
 
 #[test]

@@ -76,6 +76,7 @@ fn a_host_vector_adopted_is_read_written_counted_snapshotted_reported_and_migrat
     let before = mm.global_memory_stats().total.allocated_bytes.current;
     let mut buf = mm.adopt(xs(), AdoptOptions::new().label("adopted-vec")).unwrap();
     assert_eq!((buf.len(), buf.api(), buf.label()), (N, Some(Api::Host), Some("adopted-vec")));
+    assert_eq!(buf.decision().reason(), "Adopted host memory (owned): it stays where it was made.");
     assert_eq!(buf.to_vec().unwrap(), xs());
     assert_eq!(buf.as_slice().unwrap(), &xs()[..]);
     buf.write_at(3, &[42.0]).unwrap();

@@ -69,7 +69,7 @@ fn pattern<T: bytemuck::Pod>(n: usize, f: impl Fn(usize) -> T) -> Vec<T> {
 fn check_at<T: bytemuck::Pod + PartialEq + std::fmt::Debug>(b: &mut UniversalBuffer<T>, t: &Target, data: &[T]) {
     // The host device has one pool: Host and HostPinned name the same memory there.
     let kind = if t.device == 0 && b.placement() == PoolKind::HostPinned { PoolKind::Host } else { b.placement() };
-    assert_eq!((b.device().index(), kind), (t.device, t.kind), "{}: {}", t.name, b.decision().reason);
+    assert_eq!((b.device().index(), kind), (t.device, t.kind), "{}: {}", t.name, b.decision().reason());
     assert_eq!(b.len(), data.len(), "{}", t.name);
     assert!(b.to_vec().unwrap() == data, "{}: contents differ after {:?}", t.name, b.migrated_via());
     if t.kind == PoolKind::ReadOnly {

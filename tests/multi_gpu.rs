@@ -64,7 +64,7 @@ fn auto_spreads_large_allocations_across_gpus_by_free_memory() {
     let mut per_gpu = vec![0usize; mm.devices().len()];
     for i in 0..(4 * gpus.len()) {
         let b = mm.allocate_universal::<f32>(256 * MIB, Placement::Auto).unwrap(); // 1 GiB each
-        println!("allocation {i}: 1 GiB on [{}] {}: {}", b.device().index(), b.placement(), b.decision().reason);
+        println!("allocation {i}: 1 GiB on [{}] {}: {}", b.device().index(), b.placement(), b.decision().reason());
         per_gpu[b.device().index()] += 1;
         buffers.push(b);
     }

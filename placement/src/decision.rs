@@ -2,10 +2,11 @@
 //! [`Decision`] (device, pool kind, size class, and the reason in a sentence).
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::device::{describe_devices, DeviceKind, DeviceSelector, DeviceView};
+use crate::device::{describe_devices, Api, DeviceKind, DeviceSelector, DeviceView};
 use crate::error::{Error, Result};
 use crate::placement::{AccessPattern, Placement, PoolKind, SizeClass, Thresholds};
 use crate::recommend::Recommendations;
@@ -105,7 +106,11 @@ impl DecisionConfig {
 }
 
 /// Where a request goes, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Plain data: the choice (device, pool, size class) and the facts that led to it as codes and numbers, with the
+/// devices as the decider saw them (shared, not copied). The reason is a sentence rendered only when asked for
+/// ([`Decision::reason`], `Display`), so deciding formats nothing.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
     /// The chosen device's [`DeviceView::index`].
     pub device: usize,
@@ -113,13 +118,222 @@ pub struct Decision {
     pub pool: PoolKind,
     /// The request's size class.
     pub size_class: SizeClass,
-    /// A sentence naming the size class, the thresholds and the deciding facts.
-    pub reason: String,
+    why: Why,
+}
+
+/// What a reason is rendered from.
+#[derive(Debug, Clone, PartialEq)]
+enum Why {
+    /// Decided by the table.
+    Table {
+        request: Request,
+        thresholds: Thresholds,
+        pressure_threshold: f64,
+        /// The devices the decision was made on; [`Step`]s name them by position in this slice.
+        devices: Arc<[DeviceView]>,
+        steps: Vec<Step>,
+    },
+    /// Memory made elsewhere and adopted: it stays where it was made.
+    Adopted { api: Api, owned: bool },
+}
+
+/// One fact of a decision, in the order the table met it. Devices are positions in [`Why::Table`]'s slice.
+#[derive(Debug, Clone, PartialEq)]
+enum Step {
+    /// No accelerator at all: host memory.
+    HostOnly { kind: PoolKind, host: usize },
+    /// Accelerators exist, but only software or CPU ones, which Auto does not choose.
+    SoftwareShunned { kind: PoolKind, host: usize },
+    /// Auto's table row.
+    TableRule(&'static str),
+    /// Usage evidence overrode the table.
+    Evidence { placement: Placement, reason: String },
+    /// The placement was explicit.
+    Explicit,
+    /// The selector matched no accelerator.
+    NoAcceleratorSelected,
+    /// A device that cannot hold the request in one allocation.
+    TooBig(usize),
+    /// No selected accelerator offers this pool.
+    NoOffer(PoolKind),
+    /// Auto passed over a device under pressure.
+    UnderPressure(usize),
+    /// Every candidate is under pressure.
+    AllUnderPressure,
+    /// Auto's choice: the most free memory among candidates.
+    MostFree { device: usize, kind: PoolKind },
+    /// The chosen device shares memory with the host and offers a pinned pool.
+    SharedPinned(usize),
+    /// The chosen device shares memory with the host but offers no pinned pool.
+    SharedNoPinned(usize),
+    /// An explicit placement honoured on a device under pressure.
+    HonouredUnderPressure(usize),
+    /// An explicit placement's device.
+    Chose(usize),
+    /// The chain found nothing on accelerators.
+    FallsBackToHost,
+    /// Pinned memory through an accelerator.
+    PinnedThrough(usize),
+    /// Pinned memory on the host device.
+    PinnedHost(usize),
+    /// Pageable host memory.
+    Pageable(usize),
+}
+
+impl Decision {
+    /// The decision for memory adopted from `api` (made elsewhere, [`Decision::reason`] says so): it stays on
+    /// `device`'s `pool`; `owned` says whether the adopter releases it.
+    pub fn adopted(device: usize, pool: PoolKind, size_class: SizeClass, api: Api, owned: bool) -> Self {
+        Decision { device, pool, size_class, why: Why::Adopted { api, owned } }
+    }
+
+    /// A sentence naming the size class, the thresholds and the deciding facts, rendered now from the figures
+    /// the decision was made on.
+    pub fn reason(&self) -> String {
+        match &self.why {
+            Why::Adopted { api, owned } => {
+                let ownership = if *owned { "owned" } else { "borrowed" };
+                format!("Adopted {api} memory ({ownership}): it stays where it was made.")
+            }
+            Why::Table { request, thresholds, pressure_threshold, devices, steps } => {
+                let r = Render { request, devices, pressure_threshold: *pressure_threshold };
+                let mut s = format!(
+                    "{} buffer of {} ({}), access {}",
+                    self.size_class,
+                    text::bytes(request.bytes),
+                    thresholds.describe(),
+                    request.access
+                );
+                for step in steps {
+                    s.push_str("; ");
+                    s.push_str(&r.clause(step));
+                }
+                if let Some(first) = s.get(..1) {
+                    let upper = first.to_ascii_uppercase();
+                    s.replace_range(..1, &upper);
+                }
+                s.push('.');
+                s
+            }
+        }
+    }
 }
 
 impl fmt::Display for Decision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "device {} {}: {}", self.device, self.pool, self.reason)
+        write!(f, "device {} {}: {}", self.device, self.pool, self.reason())
+    }
+}
+
+impl Serialize for Decision {
+    /// `{"device", "pool", "size_class", "reason"}`, the reason rendered.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut s = serializer.serialize_struct("Decision", 4)?;
+        s.serialize_field("device", &self.device)?;
+        s.serialize_field("pool", &self.pool)?;
+        s.serialize_field("size_class", &self.size_class)?;
+        s.serialize_field("reason", &self.reason())?;
+        s.end()
+    }
+}
+
+/// Renders [`Step`]s into clauses.
+struct Render<'a> {
+    request: &'a Request,
+    devices: &'a [DeviceView],
+    pressure_threshold: f64,
+}
+
+impl Render<'_> {
+    fn label(&self, at: usize) -> String {
+        self.devices[at].label()
+    }
+
+    fn clause(&self, step: &Step) -> String {
+        let req = self.request;
+        match step {
+            Step::SoftwareShunned { kind, host } => format!(
+                "host memory: Auto does not choose software or CPU devices ({}), which are host memory behind a \
+                 slower API (select one by index or API to use it), so it goes to {} on {}",
+                self.devices
+                    .iter()
+                    .filter(|d| d.kind == DeviceKind::Cpu)
+                    .map(DeviceView::label)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                kind.describe(),
+                self.label(*host)
+            ),
+            Step::HostOnly { kind, host } => format!(
+                "host memory only: no accelerator discovered, so it goes to {} on {}",
+                kind.describe(),
+                self.label(*host)
+            ),
+            Step::TableRule(rule) => format!("placement auto: the table says {rule}"),
+            Step::Evidence { placement, reason } => format!("but usage evidence says {placement}: {reason}"),
+            Step::Explicit => format!("{} was asked for explicitly", req.placement),
+            Step::NoAcceleratorSelected => format!("{} selects no accelerator", req.selector.describe()),
+            Step::TooBig(at) => format!(
+                "skipped {}: the request is above its largest single allocation ({})",
+                self.label(*at),
+                text::bytes(self.devices[*at].max_allocation)
+            ),
+            Step::NoOffer(kind) => format!("no selected accelerator offers {}", kind.describe()),
+            Step::UnderPressure(at) => format!("skipped {}: {}", self.label(*at), self.pressure_fact(*at)),
+            Step::AllUnderPressure => {
+                "every candidate device is under pressure, so it falls back to pinned host memory".to_owned()
+            }
+            Step::MostFree { device, kind } => format!(
+                "chose {} for {}, the most free memory among candidates: {}",
+                self.label(*device),
+                kind.describe(),
+                self.devices[*device].describe_memory()
+            ),
+            Step::SharedPinned(at) => format!(
+                "{} shares memory with the host, so Auto prefers pinned host memory, which it reads in place \
+                 (whether the host may also address the buffer as a slice depends on its API)",
+                self.label(*at)
+            ),
+            Step::SharedNoPinned(at) => format!(
+                "{} shares memory with the host but offers no pinned pool, so its device-local memory (host memory \
+                 anyway) is used",
+                self.label(*at)
+            ),
+            Step::HonouredUnderPressure(at) => {
+                format!("{} is honoured on {} although {}", req.placement, self.label(*at), self.pressure_fact(*at))
+            }
+            Step::Chose(at) => format!("chose {}: {}", self.label(*at), self.devices[*at].describe_memory()),
+            Step::FallsBackToHost => "it falls back to host memory".to_owned(),
+            Step::PinnedThrough(at) => {
+                let zero_copy = if self.devices[*at].shares_memory_with_host {
+                    ", which it reads in place since it shares memory with the host"
+                } else {
+                    ""
+                };
+                format!("pinned host memory through {}{zero_copy}", self.label(*at))
+            }
+            Step::PinnedHost(at) => format!("pinned host memory on {}", self.label(*at)),
+            Step::Pageable(at) => format!("no pinned pool is offered, so pageable host memory on {}", self.label(*at)),
+        }
+    }
+
+    /// Why the device at `at` is under pressure, in words.
+    fn pressure_fact(&self, at: usize) -> String {
+        let device = &self.devices[at];
+        if device.used_fraction() > self.pressure_threshold {
+            format!(
+                "{} used is above the {} pressure threshold",
+                text::percent(device.used_fraction()),
+                text::percent(self.pressure_threshold)
+            )
+        } else {
+            format!(
+                "only {} free, less than the {} asked",
+                text::bytes(device.free_bytes),
+                text::bytes(self.request.bytes)
+            )
+        }
     }
 }
 
@@ -162,28 +376,12 @@ pub struct Decider {
     config: DecisionConfig,
 }
 
-/// The clauses of a reason, joined into one sentence at the end.
-struct Reason(Vec<String>);
-
-impl Reason {
-    fn push(&mut self, clause: impl Into<String>) {
-        self.0.push(clause.into());
-    }
-
-    fn sentence(self) -> String {
-        let mut s = self.0.join("; ");
-        if let Some(first) = s.get(..1) {
-            let upper = first.to_ascii_uppercase();
-            s.replace_range(..1, &upper);
-        }
-        s.push('.');
-        s
-    }
-}
-
-/// The device with the most free memory (ties: the lower index).
-fn most_free<'a>(devices: impl IntoIterator<Item = &'a DeviceView>) -> Option<&'a DeviceView> {
-    devices.into_iter().max_by(|a, b| a.free_bytes.cmp(&b.free_bytes).then(b.index.cmp(&a.index)))
+/// The position (in `devices`) of the device with the most free memory (ties: the lower index).
+fn most_free(devices: &[DeviceView], positions: impl IntoIterator<Item = usize>) -> Option<usize> {
+    positions.into_iter().max_by(|&a, &b| {
+        let (a, b) = (&devices[a], &devices[b]);
+        a.free_bytes.cmp(&b.free_bytes).then(b.index.cmp(&a.index))
+    })
 }
 
 impl Decider {
@@ -202,7 +400,8 @@ impl Decider {
     }
 
     /// Decides where `req` goes among `devices` (whose indices should be unique), following `evidence` for Auto
-    /// where it contradicts the table. O(devices × (apis + pools)).
+    /// where it contradicts the table. O(devices × (apis + pools)). Copies `devices` into the decision (for its
+    /// reason); [`Decider::decide_shared`] shares them instead.
     ///
     /// # Errors
     /// [`Error::ZeroSize`] for a zero-byte request; [`Error::NoDevice`] when the selector matches no device;
@@ -213,64 +412,64 @@ impl Decider {
         devices: &[DeviceView],
         evidence: Option<&Recommendations>,
     ) -> Result<Decision> {
+        self.decide_shared(req, &Arc::from(devices), evidence)
+    }
+
+    /// As [`Decider::decide`], on devices the decision shares (one reference count, no copy): what a caller
+    /// deciding often on the same figures uses. Formats nothing unless it fails.
+    ///
+    /// # Errors
+    /// As [`Decider::decide`].
+    pub fn decide_shared(
+        &self,
+        req: &Request,
+        devices: &Arc<[DeviceView]>,
+        evidence: Option<&Recommendations>,
+    ) -> Result<Decision> {
         if req.bytes == 0 {
             return Err(Error::ZeroSize);
         }
-        let thresholds = &self.config.thresholds;
-        let size_class = SizeClass::of(req.bytes, thresholds);
+        let all: &[DeviceView] = devices;
+        let size_class = SizeClass::of(req.bytes, &self.config.thresholds);
         // Auto on any device never picks a software or CPU runtime (llvmpipe, lavapipe, PoCL) while host memory
         // is there: it is host memory behind a slower API. Such a device serves when a selector names it.
-        let host_exists = devices.iter().any(|d| d.kind == DeviceKind::Host);
+        let host_exists = all.iter().any(|d| d.kind == DeviceKind::Host);
         let shun_software = req.placement == Placement::Auto && req.selector == DeviceSelector::Any && host_exists;
-        let usable = |d: &&DeviceView| !(shun_software && d.kind == DeviceKind::Cpu);
-        let candidates: Vec<&DeviceView> = devices.iter().filter(|d| req.selector.matches(d)).filter(usable).collect();
+        let usable = |d: &DeviceView| !(shun_software && d.kind == DeviceKind::Cpu);
+        let candidates: Vec<usize> =
+            (0..all.len()).filter(|&i| req.selector.matches(&all[i]) && usable(&all[i])).collect();
         if candidates.is_empty() {
-            return Err(Error::NoDevice { asked: req.selector.describe(), available: describe_devices(devices) });
+            return Err(Error::NoDevice { asked: req.selector.describe(), available: describe_devices(all) });
         }
-        let mut why = Reason(vec![format!(
-            "{} buffer of {} ({}), access {}",
-            size_class,
-            text::bytes(req.bytes),
-            thresholds.describe(),
-            req.access
-        )]);
-        let impossible = || Error::ImpossiblePlacement { asked: req.describe(), available: describe_devices(devices) };
-        let decision = |device: &DeviceView, pool: PoolKind, why: Reason| Decision {
-            device: device.index,
+        let mut steps = Vec::with_capacity(4);
+        let impossible = || Error::ImpossiblePlacement { asked: req.describe(), available: describe_devices(all) };
+        let decision = |at: usize, pool: PoolKind, steps: Vec<Step>| Decision {
+            device: all[at].index,
             pool,
             size_class,
-            reason: why.sentence(),
+            why: Why::Table {
+                request: *req,
+                thresholds: self.config.thresholds,
+                pressure_threshold: self.config.pressure_threshold,
+                devices: Arc::clone(devices),
+                steps,
+            },
         };
 
-        if !devices.iter().filter(usable).any(DeviceView::is_accelerator) {
+        if !all.iter().filter(|d| usable(d)).any(DeviceView::is_accelerator) {
             let order = if req.placement == Placement::HostPinned {
                 [PoolKind::HostPinned, PoolKind::Host]
             } else {
                 [PoolKind::Host, PoolKind::HostPinned]
             };
             for kind in order {
-                if let Some(host) = candidates.iter().find(|d| d.offers(kind)) {
-                    if devices.iter().any(DeviceView::is_accelerator) {
-                        why.push(format!(
-                            "host memory: Auto does not choose software or CPU devices ({}), which are host memory \
-                             behind a slower API (select one by index or API to use it), so it goes to {} on {}",
-                            devices
-                                .iter()
-                                .filter(|d| d.kind == DeviceKind::Cpu)
-                                .map(DeviceView::label)
-                                .collect::<Vec<_>>()
-                                .join(", "),
-                            kind.describe(),
-                            host.label()
-                        ));
+                if let Some(&host) = candidates.iter().find(|&&i| all[i].offers(kind)) {
+                    steps.push(if all.iter().any(DeviceView::is_accelerator) {
+                        Step::SoftwareShunned { kind, host }
                     } else {
-                        why.push(format!(
-                            "host memory only: no accelerator discovered, so it goes to {} on {}",
-                            kind.describe(),
-                            host.label()
-                        ));
-                    }
-                    return Ok(decision(host, kind, why));
+                        Step::HostOnly { kind, host }
+                    });
+                    return Ok(decision(host, kind, steps));
                 }
             }
             return Err(impossible());
@@ -278,14 +477,14 @@ impl Decider {
 
         let auto = req.placement == Placement::Auto;
         let want = if auto {
-            self.auto_placement(req, size_class, evidence, &mut why)
+            self.auto_placement(req, size_class, evidence, &mut steps)
         } else {
-            why.push(format!("{} was asked for explicitly", req.placement));
+            steps.push(Step::Explicit);
             req.placement
         };
-        let accels: Vec<&DeviceView> = candidates.iter().copied().filter(|d| d.is_accelerator()).collect();
+        let accels: Vec<usize> = candidates.iter().copied().filter(|&i| all[i].is_accelerator()).collect();
         if accels.is_empty() {
-            why.push(format!("{} selects no accelerator", req.selector.describe()));
+            steps.push(Step::NoAcceleratorSelected);
         }
 
         let chain: &[PoolKind] = match want {
@@ -297,74 +496,53 @@ impl Decider {
             // A device that cannot hold the request in one allocation is passed over when the decider chooses the
             // device; a selector that names devices gets what it named (and the allocation's own error).
             let choosing = req.selector == DeviceSelector::Any;
-            let (offering, too_big): (Vec<&DeviceView>, Vec<&DeviceView>) =
-                accels.iter().copied().filter(|d| d.offers(kind)).partition(|d| !choosing || d.fits(req.bytes));
-            for d in &too_big {
-                why.push(format!(
-                    "skipped {}: the request is above its largest single allocation ({})",
-                    d.label(),
-                    text::bytes(d.max_allocation)
-                ));
-            }
+            let (offering, too_big): (Vec<usize>, Vec<usize>) = accels
+                .iter()
+                .copied()
+                .filter(|&i| all[i].offers(kind))
+                .partition(|&i| !choosing || all[i].fits(req.bytes));
+            steps.extend(too_big.iter().map(|&i| Step::TooBig(i)));
             if offering.is_empty() {
                 if !accels.is_empty() && too_big.is_empty() {
-                    why.push(format!("no selected accelerator offers {}", kind.describe()));
+                    steps.push(Step::NoOffer(kind));
                 }
                 continue;
             }
-            let (cool, hot): (Vec<&DeviceView>, Vec<&DeviceView>) =
-                offering.iter().partition(|d| !self.under_pressure(d, req.bytes));
+            let (cool, hot): (Vec<usize>, Vec<usize>) =
+                offering.iter().partition(|&&i| !self.under_pressure(&all[i], req.bytes));
             if auto {
-                for d in &hot {
-                    why.push(format!("skipped {}: {}", d.label(), self.pressure_fact(d, req.bytes)));
-                }
-                let Some(device) = most_free(cool.iter().copied()) else {
-                    why.push("every candidate device is under pressure, so it falls back to pinned host memory");
+                steps.extend(hot.iter().map(|&i| Step::UnderPressure(i)));
+                let Some(device) = most_free(all, cool.iter().copied()) else {
+                    steps.push(Step::AllUnderPressure);
                     return self
-                        .pinned(&accels, devices, why)
-                        .map(|(d, p, w)| decision(d, p, w))
+                        .pinned(all, &accels, &mut steps)
+                        .map(|(d, p)| decision(d, p, steps))
                         .ok_or_else(impossible);
                 };
-                why.push(format!(
-                    "chose {} for {}, the most free memory among candidates: {}",
-                    device.label(),
-                    kind.describe(),
-                    device.describe_memory()
-                ));
-                if device.shares_memory_with_host && kind == PoolKind::DeviceLocal {
-                    if device.offers(PoolKind::HostPinned) {
-                        why.push(format!(
-                            "{} shares memory with the host, so Auto prefers pinned host memory, which it reads in place (whether the \
-                             host may also address the buffer as a slice depends on its API)",
-                            device.label()
-                        ));
-                        return Ok(decision(device, PoolKind::HostPinned, why));
+                steps.push(Step::MostFree { device, kind });
+                if all[device].shares_memory_with_host && kind == PoolKind::DeviceLocal {
+                    if all[device].offers(PoolKind::HostPinned) {
+                        steps.push(Step::SharedPinned(device));
+                        return Ok(decision(device, PoolKind::HostPinned, steps));
                     }
-                    why.push(format!(
-                        "{} shares memory with the host but offers no pinned pool, so its device-local memory (host memory anyway) is used",
-                        device.label()
-                    ));
+                    steps.push(Step::SharedNoPinned(device));
                 }
-                return Ok(decision(device, kind, why));
+                return Ok(decision(device, kind, steps));
             }
-            let device =
-                most_free(cool.iter().copied()).or_else(|| most_free(hot.iter().copied())).unwrap_or(offering[0]);
-            if self.under_pressure(device, req.bytes) {
-                why.push(format!(
-                    "{} is honoured on {} although {}",
-                    req.placement,
-                    device.label(),
-                    self.pressure_fact(device, req.bytes)
-                ));
+            let device = most_free(all, cool.iter().copied())
+                .or_else(|| most_free(all, hot.iter().copied()))
+                .unwrap_or(offering[0]);
+            steps.push(if self.under_pressure(&all[device], req.bytes) {
+                Step::HonouredUnderPressure(device)
             } else {
-                why.push(format!("chose {}: {}", device.label(), device.describe_memory()));
-            }
-            return Ok(decision(device, kind, why));
+                Step::Chose(device)
+            });
+            return Ok(decision(device, kind, steps));
         }
         if !chain.is_empty() {
-            why.push("it falls back to host memory");
+            steps.push(Step::FallsBackToHost);
         }
-        self.pinned(&accels, devices, why).map(|(d, p, w)| decision(d, p, w)).ok_or_else(impossible)
+        self.pinned(all, &accels, &mut steps).map(|(d, p)| decision(d, p, steps)).ok_or_else(impossible)
     }
 
     /// The table's placement for Auto, overridden by evidence where it contradicts the table.
@@ -373,7 +551,7 @@ impl Decider {
         req: &Request,
         size_class: SizeClass,
         evidence: Option<&Recommendations>,
-        why: &mut Reason,
+        steps: &mut Vec<Step>,
     ) -> Placement {
         use AccessPattern as A;
         use Placement as P;
@@ -394,7 +572,7 @@ impl Decider {
             ),
             (_, S::Large) => (P::DeviceLocal, "large buffers go to device-local memory"),
         };
-        why.push(format!("placement auto: the table says {rule}"));
+        steps.push(Step::TableRule(rule));
         let rec = evidence.and_then(|e| e.for_buffer(size_class, req.access));
         if let Some(rec) = rec {
             let decisive = rec.from_evidence
@@ -402,7 +580,7 @@ impl Decider {
                 && rec.placement != rec.subject.table_default()
                 && rec.placement != table;
             if decisive {
-                why.push(format!("but usage evidence says {}: {}", rec.placement, rec.reason));
+                steps.push(Step::Evidence { placement: rec.placement, reason: rec.reason.clone() });
                 return rec.placement;
             }
         }
@@ -410,48 +588,25 @@ impl Decider {
     }
 
     /// Pinned host memory: through the selected accelerator with the most free memory that offers it, else the
-    /// host's pinned pool, else pageable host memory.
-    fn pinned<'a>(
-        &self,
-        accels: &[&'a DeviceView],
-        devices: &'a [DeviceView],
-        mut why: Reason,
-    ) -> Option<(&'a DeviceView, PoolKind, Reason)> {
-        if let Some(device) = most_free(accels.iter().copied().filter(|d| d.offers(PoolKind::HostPinned))) {
-            let zero_copy = if device.shares_memory_with_host {
-                ", which it reads in place since it shares memory with the host"
-            } else {
-                ""
-            };
-            why.push(format!("pinned host memory through {}{zero_copy}", device.label()));
-            return Some((device, PoolKind::HostPinned, why));
+    /// host's pinned pool, else pageable host memory. Returns the device's position and the pool.
+    fn pinned(&self, all: &[DeviceView], accels: &[usize], steps: &mut Vec<Step>) -> Option<(usize, PoolKind)> {
+        if let Some(device) = most_free(all, accels.iter().copied().filter(|&i| all[i].offers(PoolKind::HostPinned))) {
+            steps.push(Step::PinnedThrough(device));
+            return Some((device, PoolKind::HostPinned));
         }
-        let hosts = || devices.iter().filter(|d| d.kind == DeviceKind::Host);
-        if let Some(host) = hosts().find(|d| d.offers(PoolKind::HostPinned)) {
-            why.push(format!("pinned host memory on {}", host.label()));
-            return Some((host, PoolKind::HostPinned, why));
+        let mut hosts = (0..all.len()).filter(|&i| all[i].kind == DeviceKind::Host);
+        if let Some(host) = hosts.clone().find(|&i| all[i].offers(PoolKind::HostPinned)) {
+            steps.push(Step::PinnedHost(host));
+            return Some((host, PoolKind::HostPinned));
         }
-        let host = hosts().find(|d| d.offers(PoolKind::Host))?;
-        why.push(format!("no pinned pool is offered, so pageable host memory on {}", host.label()));
-        Some((host, PoolKind::Host, why))
+        let host = hosts.find(|&i| all[i].offers(PoolKind::Host))?;
+        steps.push(Step::Pageable(host));
+        Some((host, PoolKind::Host))
     }
 
     /// Whether Auto avoids `device` for a request of `bytes`: used fraction above the threshold, or too little
     /// free memory. Devices of unknown size are never under pressure.
     fn under_pressure(&self, device: &DeviceView, bytes: u64) -> bool {
         device.total_bytes > 0 && (device.used_fraction() > self.config.pressure_threshold || device.free_bytes < bytes)
-    }
-
-    /// Why `device` is under pressure, in words.
-    fn pressure_fact(&self, device: &DeviceView, bytes: u64) -> String {
-        if device.used_fraction() > self.config.pressure_threshold {
-            format!(
-                "{} used is above the {} pressure threshold",
-                text::percent(device.used_fraction()),
-                text::percent(self.config.pressure_threshold)
-            )
-        } else {
-            format!("only {} free, less than the {} asked", text::bytes(device.free_bytes), text::bytes(bytes))
-        }
     }
 }

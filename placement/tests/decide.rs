@@ -38,7 +38,7 @@ fn auto_table_rows_on_a_discrete_gpu() {
     for (access, pools) in rows {
         for (bytes, pool) in [SMALL, MEDIUM, LARGE].into_iter().zip(pools) {
             let d = decide(auto(bytes, access), &machine());
-            assert_eq!((d.device, d.pool), (1, pool), "{access} {bytes}: {}", d.reason);
+            assert_eq!((d.device, d.pool), (1, pool), "{access} {bytes}: {}", d.reason());
         }
     }
 }
@@ -49,7 +49,7 @@ fn auto_table_switches() {
     for access in [AccessPattern::Sequential, AccessPattern::WriteOnly] {
         let d = streams.decide(&auto(LARGE, access), &machine(), None).unwrap();
         assert_eq!(d.pool, PoolKind::HostPinned);
-        assert!(d.reason.contains("large_streams_to_pinned is on"), "{}", d.reason);
+        assert!(d.reason().contains("large_streams_to_pinned is on"), "{}", d.reason());
         // Medium streams are unaffected.
         let d = streams.decide(&auto(MEDIUM, access), &machine(), None).unwrap();
         assert_eq!(d.pool, PoolKind::DeviceLocal);
@@ -61,7 +61,7 @@ fn auto_table_switches() {
         Decider::new(DecisionConfig { large_host_frequent_to_pinned: false, ..DecisionConfig::default() }).unwrap();
     let d = no_big_pins.decide(&auto(LARGE, AccessPattern::HostFrequent), &machine(), None).unwrap();
     assert_eq!(d.pool, PoolKind::DeviceLocal);
-    assert!(d.reason.contains("large_host_frequent_to_pinned is off"), "{}", d.reason);
+    assert!(d.reason().contains("large_host_frequent_to_pinned is off"), "{}", d.reason());
     let d = no_big_pins.decide(&auto(MEDIUM, AccessPattern::HostFrequent), &machine(), None).unwrap();
     assert_eq!(d.pool, PoolKind::HostPinned);
 }
@@ -77,15 +77,15 @@ fn reasons_name_size_class_thresholds_and_fact() {
         "device 1 (gpu1)",
         "70 GiB free of 80 GiB",
     ] {
-        assert!(d.reason.contains(needle), "missing {needle:?} in {}", d.reason);
+        assert!(d.reason().contains(needle), "missing {needle:?} in {}", d.reason());
     }
-    assert!(d.reason.ends_with('.'));
+    assert!(d.reason().ends_with('.'));
     let custom =
         Decider::new(DecisionConfig { thresholds: Thresholds::new(512, 4096).unwrap(), ..DecisionConfig::default() })
             .unwrap();
     let d = custom.decide(&Request::new(8192), &machine(), None).unwrap();
     assert_eq!(d.size_class, SizeClass::Large);
-    assert!(d.reason.contains("small <= 512 B < medium <= 4 KiB < large"), "{}", d.reason);
+    assert!(d.reason().contains("small <= 512 B < medium <= 4 KiB < large"), "{}", d.reason());
 }
 
 #[test]
@@ -98,8 +98,8 @@ fn explicit_placements_are_honoured() {
         // Small and large alike: the table does not override an explicit choice.
         for bytes in [SMALL, LARGE] {
             let d = decide(Request::new(bytes).placement(placement).access(AccessPattern::HostFrequent), &machine());
-            assert_eq!((d.device, d.pool), (1, pool), "{placement}: {}", d.reason);
-            assert!(d.reason.contains("was asked for explicitly"), "{}", d.reason);
+            assert_eq!((d.device, d.pool), (1, pool), "{placement}: {}", d.reason());
+            assert!(d.reason().contains("was asked for explicitly"), "{}", d.reason());
         }
     }
 }
@@ -111,12 +111,12 @@ fn explicit_placements_fall_back_along_the_chain() {
     let devices = [host(0), plain.clone()];
     let d = decide(Request::new(MEDIUM).placement(Placement::ReadOnly), &devices);
     assert_eq!((d.device, d.pool), (1, PoolKind::DeviceLocal));
-    assert!(d.reason.contains("no selected accelerator offers read-only device memory"), "{}", d.reason);
+    assert!(d.reason().contains("no selected accelerator offers read-only device memory"), "{}", d.reason());
 
     // A GPU without a pinned pool: pinned memory comes from the host.
     let d = decide(Request::new(MEDIUM).placement(Placement::HostPinned), &devices);
     assert_eq!((d.device, d.pool), (0, PoolKind::HostPinned));
-    assert!(d.reason.contains("pinned host memory on device 0 (host)"), "{}", d.reason);
+    assert!(d.reason().contains("pinned host memory on device 0 (host)"), "{}", d.reason());
 
     // A GPU with no device pools at all: everything falls back to host memory.
     plain.pools = vec![];
@@ -124,7 +124,7 @@ fn explicit_placements_fall_back_along_the_chain() {
     for placement in [Placement::ReadOnly, Placement::DeviceLocal, Placement::Auto] {
         let d = decide(Request::new(MEDIUM).placement(placement), &devices);
         assert_eq!((d.device, d.pool), (0, PoolKind::HostPinned), "{placement}");
-        assert!(d.reason.contains("falls back to host memory"), "{}", d.reason);
+        assert!(d.reason().contains("falls back to host memory"), "{}", d.reason());
     }
 
     // A host that offers only pageable memory.
@@ -134,7 +134,7 @@ fn explicit_placements_fall_back_along_the_chain() {
     bare.pools = vec![PoolKind::DeviceLocal];
     let d = decide(Request::new(MEDIUM).placement(Placement::HostPinned), &[pageable, bare]);
     assert_eq!((d.device, d.pool), (0, PoolKind::Host));
-    assert!(d.reason.contains("no pinned pool is offered"), "{}", d.reason);
+    assert!(d.reason().contains("no pinned pool is offered"), "{}", d.reason());
 }
 
 #[test]
@@ -147,7 +147,7 @@ fn host_only_machine_resolves_everything_to_the_host() {
                 assert_eq!(d.device, 0);
                 let pool = if placement == Placement::HostPinned { PoolKind::HostPinned } else { PoolKind::Host };
                 assert_eq!(d.pool, pool, "{placement} {access}");
-                assert!(d.reason.contains("host memory only: no accelerator discovered"), "{}", d.reason);
+                assert!(d.reason().contains("host memory only: no accelerator discovered"), "{}", d.reason());
             }
         }
     }
@@ -164,16 +164,16 @@ fn devices_sharing_memory_prefer_pinned_memory_they_read_in_place() {
         let d = decide(auto(bytes, AccessPattern::ReadWrite), &devices);
         assert_eq!((d.device, d.pool), (1, PoolKind::HostPinned));
         assert!(
-            d.reason
+            d.reason()
                 .contains("shares memory with the host, so Auto prefers pinned host memory, which it reads in place")
-                && !d.reason.contains("zero-copy"),
+                && !d.reason().contains("zero-copy"),
             "{}",
-            d.reason
+            d.reason()
         );
     }
     let d = decide(auto(SMALL, AccessPattern::ReadWrite), &devices);
     assert_eq!((d.device, d.pool), (1, PoolKind::HostPinned));
-    assert!(d.reason.contains("reads in place since it shares memory with the host"), "{}", d.reason);
+    assert!(d.reason().contains("reads in place since it shares memory with the host"), "{}", d.reason());
 
     // Explicit device-local memory is still honoured.
     let d = decide(Request::new(MEDIUM).placement(Placement::DeviceLocal), &devices);
@@ -186,14 +186,14 @@ fn devices_sharing_memory_prefer_pinned_memory_they_read_in_place() {
     cpu.pools = vec![PoolKind::DeviceLocal];
     let d = decide(auto(MEDIUM, AccessPattern::Unknown).selector(DeviceSelector::Index(1)), &[host(0), cpu]);
     assert_eq!((d.device, d.pool), (1, PoolKind::DeviceLocal));
-    assert!(d.reason.contains("offers no pinned pool"), "{}", d.reason);
+    assert!(d.reason().contains("offers no pinned pool"), "{}", d.reason());
 }
 
 #[test]
 fn auto_picks_the_device_with_most_free_memory() {
     let devices = [host(0), gpu(1, 24 * GIB, 20 * GIB), gpu(2, 80 * GIB, 60 * GIB), gpu(3, 80 * GIB, 60 * GIB)];
     let d = decide(auto(MEDIUM, AccessPattern::Unknown), &devices);
-    assert_eq!(d.device, 2, "ties go to the lower index: {}", d.reason);
+    assert_eq!(d.device, 2, "ties go to the lower index: {}", d.reason());
 }
 
 #[test]
@@ -204,9 +204,9 @@ fn pressure_skips_busy_devices_then_falls_back_to_pinned_host_memory() {
     let d = decide(auto(MEDIUM, AccessPattern::Unknown), &[host(0), busy.clone(), calm]);
     assert_eq!((d.device, d.pool), (2, PoolKind::DeviceLocal));
     assert!(
-        d.reason.contains("skipped device 1 (gpu1): 92.5% used is above the 90% pressure threshold"),
+        d.reason().contains("skipped device 1 (gpu1): 92.5% used is above the 90% pressure threshold"),
         "{}",
-        d.reason
+        d.reason()
     );
 
     // Everything busy: pinned host memory.
@@ -214,9 +214,9 @@ fn pressure_skips_busy_devices_then_falls_back_to_pinned_host_memory() {
     let d = decide(auto(MEDIUM, AccessPattern::Unknown), &[host(0), busy.clone(), busy2.clone()]);
     assert_eq!(d.pool, PoolKind::HostPinned);
     assert!(
-        d.reason.contains("every candidate device is under pressure, so it falls back to pinned host memory"),
+        d.reason().contains("every candidate device is under pressure, so it falls back to pinned host memory"),
         "{}",
-        d.reason
+        d.reason()
     );
     // With no pinned pool on the GPUs, the host's pinned pool.
     let (mut b1, mut b2) = (busy.clone(), busy2);
@@ -228,7 +228,7 @@ fn pressure_skips_busy_devices_then_falls_back_to_pinned_host_memory() {
     // Explicit placements are honoured under pressure, and the reason says so.
     let d = decide(Request::new(MEDIUM).placement(Placement::DeviceLocal), &[host(0), busy.clone()]);
     assert_eq!((d.device, d.pool), (1, PoolKind::DeviceLocal));
-    assert!(d.reason.contains("is honoured on device 1 (gpu1) although 92.5% used"), "{}", d.reason);
+    assert!(d.reason().contains("is honoured on device 1 (gpu1) although 92.5% used"), "{}", d.reason());
 
     // A lower threshold counts more devices as busy.
     let strict = Decider::new(DecisionConfig { pressure_threshold: 0.25, ..DecisionConfig::default() }).unwrap();
@@ -242,7 +242,7 @@ fn a_request_that_does_not_fit_skips_the_device() {
     let big = gpu(2, 80 * GIB, 3 * GIB); // 96% used: busy too
     let d = decide(auto(6 * GIB, AccessPattern::Unknown), &[host(0), small, big]);
     assert_eq!(d.pool, PoolKind::HostPinned);
-    assert!(d.reason.contains("only 4 GiB free, less than the 6 GiB asked"), "{}", d.reason);
+    assert!(d.reason().contains("only 4 GiB free, less than the 6 GiB asked"), "{}", d.reason());
 }
 
 #[test]
@@ -251,7 +251,7 @@ fn devices_of_unknown_size_are_never_under_pressure() {
     wgpu.apis = vec![Api::Wgpu];
     let d = decide(auto(LARGE, AccessPattern::Unknown), &[host(0), wgpu]);
     assert_eq!((d.device, d.pool), (1, PoolKind::DeviceLocal));
-    assert!(d.reason.contains("memory size unknown"), "{}", d.reason);
+    assert!(d.reason().contains("memory size unknown"), "{}", d.reason());
 }
 
 #[test]
@@ -268,7 +268,7 @@ fn selectors_choose_and_explain() {
     for selector in [DeviceSelector::Host, DeviceSelector::Index(0), DeviceSelector::Api(Api::Host)] {
         let d = decide(Request::new(MEDIUM).selector(selector), &devices);
         assert_eq!((d.device, d.pool), (0, PoolKind::HostPinned), "{selector}");
-        assert!(d.reason.contains("selects no accelerator"), "{}", d.reason);
+        assert!(d.reason().contains("selects no accelerator"), "{}", d.reason());
     }
 }
 
@@ -362,20 +362,20 @@ fn auto_never_picks_a_software_device_while_host_memory_exists() {
     for access in AccessPattern::iter() {
         for bytes in [SMALL, MEDIUM, LARGE] {
             let d = decide(auto(bytes, access), &devices);
-            assert_eq!(d.device, 0, "{access} {bytes}: {}", d.reason);
-            assert!(d.reason.contains("does not choose software or CPU devices"), "{}", d.reason);
+            assert_eq!(d.device, 0, "{access} {bytes}: {}", d.reason());
+            assert!(d.reason().contains("does not choose software or CPU devices"), "{}", d.reason());
         }
     }
     // Named by a selector, or asked for explicitly, it serves.
     let d = decide(auto(MEDIUM, AccessPattern::Unknown).selector(DeviceSelector::Index(1)), &devices);
-    assert_eq!(d.device, 1, "{}", d.reason);
+    assert_eq!(d.device, 1, "{}", d.reason());
     let d = decide(auto(MEDIUM, AccessPattern::Unknown).selector(DeviceSelector::Api(Api::Wgpu)), &devices);
-    assert_eq!(d.device, 1, "{}", d.reason);
+    assert_eq!(d.device, 1, "{}", d.reason());
     let d = decide(Request::new(MEDIUM).placement(Placement::DeviceLocal), &devices);
-    assert_eq!((d.device, d.pool), (1, PoolKind::DeviceLocal), "{}", d.reason);
+    assert_eq!((d.device, d.pool), (1, PoolKind::DeviceLocal), "{}", d.reason());
     // Beside a real GPU, Auto still goes to the GPU.
     let d = decide(auto(MEDIUM, AccessPattern::Unknown), &[host(0), software(1), gpu(2, 80 * GIB, 80 * GIB)]);
-    assert_eq!(d.device, 2, "{}", d.reason);
+    assert_eq!(d.device, 2, "{}", d.reason());
 }
 
 #[test]
@@ -385,13 +385,40 @@ fn a_request_above_a_devices_largest_allocation_goes_to_the_next_candidate() {
     let roomy = gpu(2, 24 * GIB, 20 * GIB);
     // Auto: the device with the most free memory cannot hold it in one allocation; the next one serves.
     let d = decide(auto(4 * GIB, AccessPattern::Unknown), &[host(0), small_limit.clone(), roomy]);
-    assert_eq!((d.device, d.pool), (2, PoolKind::DeviceLocal), "{}", d.reason);
-    assert!(d.reason.contains("above its largest single allocation (2 GiB)"), "{}", d.reason);
+    assert_eq!((d.device, d.pool), (2, PoolKind::DeviceLocal), "{}", d.reason());
+    assert!(d.reason().contains("above its largest single allocation (2 GiB)"), "{}", d.reason());
     // Below the limit it is the first choice again.
     let d = decide(auto(GIB, AccessPattern::Unknown), &[host(0), small_limit.clone(), gpu(2, 24 * GIB, 20 * GIB)]);
-    assert_eq!(d.device, 1, "{}", d.reason);
+    assert_eq!(d.device, 1, "{}", d.reason());
     // Explicit device-local memory with no device that fits falls back along the chain to pinned host memory.
     let d = decide(Request::new(4 * GIB).placement(Placement::DeviceLocal), &[host(0), small_limit]);
-    assert_eq!(d.pool, PoolKind::HostPinned, "{}", d.reason);
-    assert!(d.reason.contains("above its largest single allocation"), "{}", d.reason);
+    assert_eq!(d.pool, PoolKind::HostPinned, "{}", d.reason());
+    assert!(d.reason().contains("above its largest single allocation"), "{}", d.reason());
+}
+
+#[test]
+fn a_decision_shares_the_devices_it_was_made_on_and_renders_its_reason_when_asked() {
+    let devices: std::sync::Arc<[DeviceView]> = vec![host(0), gpu(1, 80 * GIB, 70 * GIB)].into();
+    let d = Decider::default().decide_shared(&Request::new(MEDIUM), &devices, None).unwrap();
+    // One reference count, not a copy of the views.
+    assert_eq!(std::sync::Arc::strong_count(&devices), 2);
+    assert_eq!((d.device, d.pool), (1, PoolKind::DeviceLocal));
+    let copied = Decider::default().decide(&Request::new(MEDIUM), &devices, None).unwrap();
+    assert_eq!(d.reason(), copied.reason());
+    assert!(d.reason().contains("chose device 1 (gpu1) for device-local memory"), "{}", d.reason());
+    // The figures are those the decision was made on, whatever the devices show later.
+    assert!(d.reason().contains("70 GiB free of 80 GiB"), "{}", d.reason());
+    drop(devices);
+    assert!(d.reason().contains("70 GiB free of 80 GiB"), "{}", d.reason());
+    assert_eq!(d.to_string(), format!("device 1 device_local: {}", d.reason()));
+}
+
+#[test]
+fn a_decision_serialises_with_its_reason() {
+    let d = decide(Request::new(MEDIUM), &[host(0), gpu(1, 80 * GIB, 70 * GIB)]);
+    let json = serde_json::to_value(&d).unwrap();
+    assert_eq!(json["device"], 1);
+    assert_eq!(json["pool"], "device_local");
+    assert_eq!(json["size_class"], "medium");
+    assert_eq!(json["reason"], d.reason());
 }

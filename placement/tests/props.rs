@@ -120,7 +120,7 @@ proptest! {
                 prop_assert!(device.is_some(), "device {} does not exist", d.device);
                 prop_assert!(device.unwrap().offers(d.pool), "device {} lacks {}", d.device, d.pool);
                 prop_assert_eq!(d.size_class, SizeClass::of(req.bytes, &decider.config().thresholds));
-                prop_assert!(d.reason.ends_with('.') && d.reason.len() > 40, "{}", d.reason);
+                prop_assert!(d.reason().ends_with('.') && d.reason().len() > 40, "{}", d.reason());
                 prop_assert!(selectable && req.bytes > 0);
             }
             Err(e) => {

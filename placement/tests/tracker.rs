@@ -67,8 +67,8 @@ fn medium_buffers_flip_to_pinned_after_many_host_reads_and_auto_follows() {
     assert!(e.host_access_share > 0.5 && e.mean_lifetime_ms.is_some());
 
     let d = decider.decide(&req, &machine(), Some(&recs)).unwrap();
-    assert_eq!((d.device, d.pool), (1, PoolKind::HostPinned), "{}", d.reason);
-    assert!(d.reason.contains("but usage evidence says host_pinned: medium"), "{}", d.reason);
+    assert_eq!((d.device, d.pool), (1, PoolKind::HostPinned), "{}", d.reason());
+    assert!(d.reason().contains("but usage evidence says host_pinned: medium"), "{}", d.reason());
     // Other subjects and explicit placements are untouched by it.
     let d = decider.decide(&Request::new(64 * MIB), &machine(), Some(&recs)).unwrap();
     assert_eq!(d.pool, PoolKind::DeviceLocal);
@@ -92,7 +92,7 @@ fn small_buffers_the_host_never_touches_move_to_the_device() {
     let recs = tracker.recommendations();
     assert_eq!(recs.get(Subject::SmallBuffers).unwrap().placement, Placement::DeviceLocal);
     let d = Decider::default().decide(&Request::new(KIB), &machine(), Some(&recs)).unwrap();
-    assert_eq!(d.pool, PoolKind::DeviceLocal, "{}", d.reason);
+    assert_eq!(d.pool, PoolKind::DeviceLocal, "{}", d.reason());
 }
 
 #[test]
