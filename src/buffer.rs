@@ -2,7 +2,7 @@
 //! usage tracker.
 
 use crate::front::Placed;
-use crate::migrate::MigrationPath;
+use crate::migrate::path::MigrationPath;
 use crate::registry::Device;
 use crate::{Error, Result};
 use std::marker::PhantomData;

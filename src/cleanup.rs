@@ -1,9 +1,7 @@
 //! Cleanup reports and the periodic cleaner.
 
-use crate::manager::Inner;
 use serde::Serialize;
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::Weak;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -59,7 +57,7 @@ impl CleanupGuard {
     /// as zero gives a busy but bounded cleaner, not a panic or an error for callers to handle.
     pub const MIN_INTERVAL: Duration = Duration::from_millis(1);
 
-    pub(crate) fn start(manager: Weak<Inner>, asked: Duration) -> Self {
+    pub(crate) fn start(round: impl Fn() -> Option<CleanupReport> + Send + 'static, asked: Duration) -> Self {
         let interval = asked.max(Self::MIN_INTERVAL);
         if interval != asked {
             crate::notice::warn(format_args!(
@@ -77,8 +75,7 @@ impl CleanupGuard {
                         _ => return rounds,
                     }
                     // The manager may be gone: then there is nothing left to clean.
-                    let Some(inner) = manager.upgrade() else { return rounds };
-                    let report = inner.cleanup(inner.config.cleanup_idle_rounds);
+                    let Some(report) = round() else { return rounds };
                     rounds += 1;
                     if report.bytes_released > 0 {
                         log::debug!("periodic cleanup released {} bytes", report.bytes_released);

@@ -1,15 +1,38 @@
 //! Discovery of the optional backends (CUDA, OpenCL, wgpu), each behind its cargo feature and its config switch.
 //! A backend that finds no runtime or no device adds a reason to `skipped` and nothing else: no panic, no output.
 
-#[allow(unused_imports)]
-use crate::registry::{ApiEntry, ApiHandle};
 use crate::UmmConfig;
-#[allow(unused_imports)]
 use std::sync::Arc;
-#[allow(unused_imports)]
-use umm_backends::{MemoryPool, PoolPlacement};
-#[allow(unused_imports)]
+use umm_backends::{DeviceInfo, MemoryPool, PoolConfig, PoolPlacement};
 use umm_placement::Api;
+
+/// Makes a pool of one placement on one device through one API.
+pub(crate) type PoolFactory =
+    Box<dyn Fn(PoolPlacement, &PoolConfig) -> umm_backends::Result<Arc<dyn MemoryPool>> + Send + Sync>;
+
+/// One device as one API sees it, with the means to make its pools.
+pub(crate) struct ApiEntry {
+    pub(crate) api: Api,
+    pub(crate) info: DeviceInfo,
+    pub(crate) placements: Vec<PoolPlacement>,
+    pub(crate) factory: PoolFactory,
+    /// The backend's own device object, for kernels and adoption.
+    #[cfg_attr(not(any(feature = "cuda", feature = "opencl", feature = "wgpu")), allow(dead_code))]
+    pub(crate) handle: ApiHandle,
+}
+
+/// A backend's device object, as discovery found it.
+#[derive(Clone)]
+pub(crate) enum ApiHandle {
+    /// Host and simulated devices: nothing beyond the pools.
+    Plain,
+    #[cfg(feature = "cuda")]
+    Cuda(umm_backends::cuda::CudaDevice),
+    #[cfg(feature = "opencl")]
+    OpenCl(umm_backends::opencl::OpenClDevice),
+    #[cfg(feature = "wgpu")]
+    Wgpu(Arc<umm_backends::wgpu_backend::WgpuDevice>),
+}
 
 /// Appends the devices of every enabled backend to `entries`, and why anything was skipped to `skipped`.
 pub(crate) fn discover_all(config: &UmmConfig, entries: &mut Vec<ApiEntry>, skipped: &mut Vec<String>) {

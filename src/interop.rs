@@ -18,7 +18,7 @@
 //! pools) and OpenCL's `CL_DEVICE_MEM_BASE_ADDR_ALIGN`, so a block can always be bound at its offset or become a
 //! sub-buffer. An adopted buffer is its own segment, at offset 0.
 
-use crate::registry::ApiHandle;
+use crate::discovery::ApiHandle;
 use crate::{Error, Result, UniversalBuffer};
 #[allow(unused_imports)]
 use umm_backends::{BackendKind, OwnedBlock};

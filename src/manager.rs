@@ -524,7 +524,10 @@ impl UniversalMemoryManager {
     /// to it, with a warning, since rounds back to back would spin a core and empty the caches as fast as they
     /// fill.
     pub fn start_periodic_cleanup(&self, interval: Duration) -> CleanupGuard {
-        CleanupGuard::start(Arc::downgrade(&self.inner), interval)
+        let manager = Arc::downgrade(&self.inner);
+        // A round while the manager lives; `None` once it is gone, which ends the cleaner.
+        let round = move || manager.upgrade().map(|inner| inner.cleanup(inner.config.cleanup_idle_rounds));
+        CleanupGuard::start(round, interval)
     }
 
     /// Statistics of every pool, per device and in total (serde-serialisable).

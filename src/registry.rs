@@ -1,6 +1,7 @@
 //! The device registry: every device discovered through every API, merged so that one physical GPU seen through
 //! two APIs is one [`Device`] with two APIs. Pools are created on first use.
 
+use crate::discovery::{ApiEntry, ApiHandle};
 use crate::host_info::HostInfo;
 use crate::UmmConfig;
 use parking_lot::Mutex;
@@ -11,39 +12,11 @@ use umm_backends::{
 };
 use umm_placement::{Api, DeviceKind, DeviceView, PoolKind};
 
-/// Makes a pool of one placement on one device through one API.
-pub(crate) type PoolFactory =
-    Box<dyn Fn(PoolPlacement, &PoolConfig) -> umm_backends::Result<Arc<dyn MemoryPool>> + Send + Sync>;
-
 /// The pool of an adopted buffer, held weakly: it lives as long as its buffer.
 type AdoptedPool = (Api, PoolKind, Weak<dyn MemoryPool>);
 
 /// A pool made for a device, with the API and kind it was made for.
 pub type DevicePool = (Api, PoolKind, Arc<dyn MemoryPool>);
-
-/// One device as one API sees it, with the means to make its pools.
-pub(crate) struct ApiEntry {
-    pub(crate) api: Api,
-    pub(crate) info: DeviceInfo,
-    pub(crate) placements: Vec<PoolPlacement>,
-    pub(crate) factory: PoolFactory,
-    /// The backend's own device object, for kernels and adoption.
-    #[cfg_attr(not(any(feature = "cuda", feature = "opencl", feature = "wgpu")), allow(dead_code))]
-    pub(crate) handle: ApiHandle,
-}
-
-/// A backend's device object, as discovery found it.
-#[derive(Clone)]
-pub(crate) enum ApiHandle {
-    /// Host and simulated devices: nothing beyond the pools.
-    Plain,
-    #[cfg(feature = "cuda")]
-    Cuda(umm_backends::cuda::CudaDevice),
-    #[cfg(feature = "opencl")]
-    OpenCl(umm_backends::opencl::OpenClDevice),
-    #[cfg(feature = "wgpu")]
-    Wgpu(Arc<umm_backends::wgpu_backend::WgpuDevice>),
-}
 
 /// A device: the host, a GPU, a CPU device (PoCL, lavapipe) or a simulated device, with the APIs it is seen
 /// through and the pools made for it so far.

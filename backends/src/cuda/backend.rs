@@ -133,6 +133,11 @@ impl CudaBackend {
         &self.ctx
     }
 
+    /// `stream` as a live stream of this device's context, or an error saying why it is not one.
+    pub(super) fn live_stream(&self, stream: crate::StreamId) -> Result<raw::stream_ids::LiveStream> {
+        raw::stream_ids::live(stream, self.ctx.cu_ctx(), &self.name)
+    }
+
     /// Which placement this backend's pool serves.
     pub fn placement(&self) -> PoolPlacement {
         self.placement

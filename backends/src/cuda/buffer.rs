@@ -167,7 +167,7 @@ impl CudaBuffer {
         self.record_stream(stream)?;
         src.record_stream(stream)?;
         let backend = self.pool.backend();
-        let stream = super::stream_ids::live(stream, backend)?;
+        let stream = backend.live_stream(stream)?;
         backend.bind()?;
         raw::copy_async(self.ptr + dst_offset, src.ptr + src_offset, len, &stream).map_err(|f| backend.error(f))
     }

@@ -247,7 +247,7 @@ pub(super) fn upload(
 ) -> Result<()> {
     let (ptr, host) = range(pool, block, offset, src.len() as u64)?;
     let backend = pool.backend();
-    let stream = &super::stream_ids::live(stream, backend)?;
+    let stream = &backend.live_stream(stream)?;
     backend.bind()?;
     if host.is_some() {
         // A host copy under the pool's lock (`Pool::write`), so that it cannot land after the block was freed

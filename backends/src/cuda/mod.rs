@@ -26,7 +26,6 @@ mod interop;
 pub(crate) mod peer;
 mod raw;
 mod scope;
-mod stream_ids;
 mod streams;
 mod transfer;
 
@@ -38,9 +37,9 @@ pub use buffer::CudaBuffer;
 pub use cache::{allocate_batch, warm_up};
 pub use interop::{block_view, block_view_mut, BlockView, BlockViewMut, CudaPoolExt};
 pub use peer::{copy_block, enable_peer_access};
+pub use raw::stream_ids::stream_id;
 pub use raw::{foreign_stream, ForeignDeviceMemory};
 pub use scope::ContextScope;
-pub use stream_ids::stream_id;
 pub use streams::CudaPool;
 pub use transfer::{upload_block_async, PinnedUploadBaseline};
 

@@ -161,7 +161,7 @@ impl CudaPool {
             return Err(Error::UnknownBlock(format!("{block:?} in pool {}", self.pool.backend().name())));
         }
         // Refused now rather than at the free, where the event would be recorded on it.
-        super::stream_ids::live(stream, self.pool.backend())?;
+        self.pool.backend().live_stream(stream)?;
         let mut uses = self.uses();
         let streams = uses.extra.entry(block.key()).or_default();
         if !streams.contains(&stream) {
@@ -201,7 +201,7 @@ impl CudaPool {
                         message: e.to_string(),
                     })?,
                 };
-                let live = super::stream_ids::live(stream, backend)?;
+                let live = backend.live_stream(stream)?;
                 raw::event_record(&event, &live).map_err(|f| backend.error(f))?;
                 events.push(event);
             }
@@ -304,7 +304,7 @@ impl CudaPool {
         if host.is_some() {
             return self.pool.fill(block, offset, len, value);
         }
-        let stream = super::stream_ids::live(stream, backend)?;
+        let stream = backend.live_stream(stream)?;
         backend.bind()?;
         raw::memset_async(ptr, value, len, &stream).map_err(|f| backend.error(f))
     }

@@ -6,7 +6,7 @@
 //! pooled uploads against.
 
 use super::backend::CudaBackend;
-use super::{raw, stream_ids, CudaDevice, CudaPool};
+use super::{raw, CudaDevice, CudaPool};
 use crate::{Backend, Error, MemoryPool, OwnedBlock, PoolPlacement, Result};
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
@@ -51,7 +51,7 @@ pub fn upload_block_async(src: &OwnedBlock, dst: &mut OwnedBlock, len: u64, stre
         return Ok(());
     }
     let id = super::stream_id(stream);
-    let live = stream_ids::live(id, backend)?;
+    let live = backend.live_stream(id)?;
     from.record_stream(src.handle(), id)?;
     to.record_stream(dst.handle(), id)?;
     let (_, host) = super::interop::range(from.pool(), src.handle(), 0, len)?;
@@ -114,7 +114,7 @@ impl PinnedUploadBaseline {
     /// Queues one upload of all the bytes on `stream` (`cuMemcpyHtoDAsync` from the pinned side) and returns.
     /// Errors for a stream of another context.
     pub fn upload(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        let live = stream_ids::live(super::stream_id(stream), &self.backend)?;
+        let live = self.backend.live_stream(super::stream_id(stream))?;
         self.backend.bind()?;
         raw::copy_htod_async_pinned(self.device, self.host, self.bytes, &live).map_err(|f| self.backend.error(f))
     }

@@ -9,10 +9,12 @@
 
 #![allow(unsafe_code)]
 
-use super::stream_ids::LiveStream;
+pub(super) mod stream_ids;
+
 use crate::StreamId;
 use cudarc::driver::{sys, CudaEvent, DriverError};
 use std::ffi::{c_char, c_void, CStr};
+use stream_ids::LiveStream;
 
 /// A failed driver call: which call and the driver's code. The backend turns it into [`crate::Error`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,14 +49,14 @@ fn cu_stream(stream: &LiveStream) -> sys::CUstream {
 }
 
 /// The [`StreamId`] of a CUDA stream made outside cudarc (by PyTorch, say), registered so that umm's CUDA pools
-/// accept it (see [`super::stream_id`] for cudarc streams).
+/// accept it (see [`stream_ids::stream_id`] for cudarc streams).
 ///
 /// # Safety
 /// `raw` is 0 or a live `CUstream` of the context of the pools it is used with, and stays live for as long as
 /// umm may queue work or record events on it: until every block allocated on it, or marked as used on it with
 /// `record_stream`, has been freed and the pool's pending frees have been processed.
 pub unsafe fn foreign_stream(raw: u64) -> StreamId {
-    super::stream_ids::vouch(raw)
+    stream_ids::vouch(raw)
 }
 
 /// Device memory allocated outside umm (by PyTorch, a C library, raw driver calls), vouched for so that a

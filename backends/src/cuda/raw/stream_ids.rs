@@ -5,9 +5,8 @@
 //! [`foreign_stream`](super::foreign_stream) takes an `unsafe` promise for a stream made elsewhere (PyTorch's,
 //! through the C ABI). Everything else, but `StreamId(0)` (the null stream), is refused with an error.
 
-use super::backend::CudaBackend;
 use crate::{Error, Result, StreamId};
-use cudarc::driver::CudaStream;
+use cudarc::driver::{sys, CudaStream};
 use parking_lot::Mutex;
 use std::sync::{Arc, Weak};
 
@@ -52,25 +51,26 @@ fn register(raw: u64, known: Known) {
 
 /// A stream checked to be live and of the backend's context, kept alive (when cudarc's) while this lives: what
 /// the raw layer's stream-ordered calls take.
-pub(super) struct LiveStream {
+pub(in crate::cuda) struct LiveStream {
     raw: u64,
     _keep: Option<Arc<CudaStream>>,
 }
 
 impl LiveStream {
     /// The raw `CUstream` handle as an integer (0: the null stream).
-    pub(super) fn raw(&self) -> u64 {
+    pub(in crate::cuda) fn raw(&self) -> u64 {
         self.raw
     }
 }
 
-/// `stream` as a live stream of `backend`'s context, or an error saying why it is not one.
-pub(super) fn live(stream: StreamId, backend: &CudaBackend) -> Result<LiveStream> {
+/// `stream` as a live stream of `context` (the context of the device named `device`), or an error saying why it
+/// is not one.
+pub(in crate::cuda) fn live(stream: StreamId, context: sys::CUcontext, device: &str) -> Result<LiveStream> {
     if stream.0 == 0 {
         return Ok(LiveStream { raw: 0, _keep: None });
     }
     let refused = |why: &str| Error::Unsupported {
-        backend: crate::Backend::name(backend).to_string(),
+        backend: device.to_string(),
         what: format!("stream {:#x}: {why}; make stream ids with cuda::stream_id", stream.0),
     };
     let streams = KNOWN.lock();
@@ -79,7 +79,7 @@ pub(super) fn live(stream: StreamId, backend: &CudaBackend) -> Result<LiveStream
         Some(Known::Vouched) => Ok(LiveStream { raw: stream.0, _keep: None }),
         Some(Known::Made(weak)) => {
             let arc = weak.upgrade().ok_or_else(|| refused("the stream has been dropped"))?;
-            if arc.context().cu_ctx() != backend.context().cu_ctx() {
+            if arc.context().cu_ctx() != context {
                 return Err(refused("a stream of another device's context"));
             }
             Ok(LiveStream { raw: stream.0, _keep: Some(arc) })

@@ -17,11 +17,14 @@
 //!
 //! Failure keeps the source: [`UniversalBuffer::migrate`] hands the buffer back inside [`MigrateError`].
 
+pub(crate) mod path;
+
 use crate::buffer::UniversalBuffer;
 use crate::manager::UniversalMemoryManager;
 use crate::{AllocOptions, Error, Result};
+pub use path::MigrationPath;
 use std::sync::Arc;
-use umm_backends::{BackendKind, DevicePath, MemoryPool, OwnedBlock, StreamId};
+use umm_backends::{BackendKind, MemoryPool, OwnedBlock, StreamId};
 use umm_placement::{Api, DeviceSelector, Placement, PoolKind};
 
 /// Bytes moved per step when a migration goes through the host.
@@ -78,46 +81,6 @@ impl From<Placement> for MigrateTo {
 impl From<DeviceSelector> for MigrateTo {
     fn from(selector: DeviceSelector) -> Self {
         Self::new(Placement::Auto).device(selector)
-    }
-}
-
-/// How a migration moved the bytes (see [`UniversalBuffer::migrated_via`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::Display, strum::EnumIter, serde::Serialize)]
-#[strum(serialize_all = "kebab-case")]
-#[serde(rename_all = "kebab-case")]
-pub enum MigrationPath {
-    /// Nothing to move: the buffer is empty.
-    Empty,
-    /// Both blocks are host-addressable: one memcpy.
-    HostMemcpy,
-    /// CUDA device copy within one context (`cuMemcpy`; device or pinned memory).
-    CudaDevice,
-    /// CUDA copy between two GPUs (`cuMemcpyPeer`, with peer access enabled where possible).
-    CudaPeer,
-    /// OpenCL `clEnqueueCopyBuffer` within one context.
-    OpenClDevice,
-    /// wgpu `copy_buffer_to_buffer` within one device.
-    WgpuDevice,
-    /// Through the host in chunks, read into or written from the side that is host-addressable.
-    HostDirect,
-    /// Through the host in chunks, via a staging chunk of pinned memory.
-    PinnedStaging,
-    /// Through the host in chunks, via a pageable staging chunk.
-    HostStaging,
-    /// Gathered on the host and written at allocation (read-only targets).
-    FilledAtAllocation,
-}
-
-/// The name, in a migration, of a device path of the backends crate
-/// ([`umm_backends::OwnedBlock::copy_on_device_from`], which alone holds the blocks' handles).
-impl From<DevicePath> for MigrationPath {
-    fn from(path: DevicePath) -> Self {
-        match path {
-            DevicePath::CudaDevice => MigrationPath::CudaDevice,
-            DevicePath::CudaPeer => MigrationPath::CudaPeer,
-            DevicePath::OpenClDevice => MigrationPath::OpenClDevice,
-            DevicePath::WgpuDevice => MigrationPath::WgpuDevice,
-        }
     }
 }
 
