@@ -202,6 +202,13 @@ fn check_books<B: umm_backends::Backend>(pool: &Pool<B>, books: &Books, faults: 
     assert_eq!(s.reserved_bytes.current, faults.resident_bytes(), "{at}: reserved bytes against the device's");
     assert_eq!(s.segments.current, faults.live_segments(), "{at}: segments against the device's");
     assert!(s.reserved_bytes.current >= s.allocated_bytes.current, "{at}: reserved below allocated");
+    // Every call into the device's memory API is counted, failed or not; only those that succeeded allocated.
+    let [create, reserve, map] =
+        [FaultKind::CreateSegment, FaultKind::ReserveVirtual, FaultKind::MapPages].map(|k| faults.calls(k));
+    let calls = create + reserve + map + faults.unmap_calls() + faults.segments_destroyed();
+    assert_eq!(s.num_device_calls, calls, "{at}: device calls");
+    let failed = faults.injected(FaultKind::CreateSegment) + faults.injected(FaultKind::MapPages);
+    assert_eq!(s.num_device_alloc, create + map - failed, "{at}: device allocations");
     if let Some(limit) = s.limit_bytes {
         assert!(
             s.reserved_bytes.current <= limit,
@@ -333,28 +340,43 @@ struct Totals {
     failed: AtomicU64,
     recovered: AtomicU64,
     genuine_ooms: AtomicU64,
+    /// Per kind: values of k replayed, faults injected, requests failed, requests recovered.
+    by_kind: Mutex<std::collections::BTreeMap<FaultKind, [u64; 4]>>,
 }
 
 impl Totals {
-    fn add(&self, o: &Outcome) {
+    fn add(&self, o: &Outcome, fault: Option<Fault>) {
         self.replays.fetch_add(1, Ordering::Relaxed);
         self.injected.fetch_add(o.injected, Ordering::Relaxed);
         self.failed.fetch_add(o.failed, Ordering::Relaxed);
         self.recovered.fetch_add(o.recovered, Ordering::Relaxed);
         self.genuine_ooms.fetch_add(o.genuine_ooms, Ordering::Relaxed);
+        if let Some(f) = fault {
+            let mut by_kind = self.by_kind.lock().unwrap();
+            let entry = by_kind.entry(f.kind).or_default();
+            for (total, n) in entry.iter_mut().zip([1, o.injected, o.failed, o.recovered]) {
+                *total += n;
+            }
+        }
     }
 
     fn report(&self, what: &str) {
         eprintln!(
             "{what}: {} replays, {} faults injected, {} requests failed with the injected error and then \
-             succeeded, {} recovered inside the pool, {} out-of-memory errors without a fault; 0 leaks, 0 \
-             panics, 0 wrong statistics",
+             succeeded, {} recovered inside the pool, {} out-of-memory errors without a fault (traces that \
+             exceed their limit); 0 leaks, 0 panics, 0 wrong statistics",
             self.replays.load(Ordering::Relaxed),
             self.injected.load(Ordering::Relaxed),
             self.failed.load(Ordering::Relaxed),
             self.recovered.load(Ordering::Relaxed),
             self.genuine_ooms.load(Ordering::Relaxed),
         );
+        for (kind, [replays, injected, failed, recovered]) in self.by_kind.lock().unwrap().iter() {
+            eprintln!(
+                "  {kind}: {replays} faulted replays, {injected} faults injected, {failed} requests failed, \
+                 {recovered} recovered"
+            );
+        }
     }
 }
 
@@ -371,15 +393,28 @@ fn spread(calls: u64, n: u64) -> Vec<u64> {
 /// For every trace and scenario, a fault-free replay counts the calls of each kind; then each chosen k of each
 /// kind (`pick` from the count) is replayed with a persistent fault and with a one-shot one. Replays run on
 /// every core.
-fn sweep(prefix: Option<usize>, pick: impl Fn(u64) -> Vec<u64> + Sync) -> Totals {
+fn sweep(verbose: bool, pick: impl Fn(u64) -> Vec<u64> + Sync) -> Totals {
     let totals = Totals::default();
     let mut jobs: Vec<(&Trace, &[Op], Scenario, Fault, bool)> = Vec::new();
     for trace in traces() {
-        let ops = &trace.ops[..prefix.map_or(trace.ops.len(), |p| p.min(trace.ops.len()))];
+        let ops = &trace.ops[..];
         for scenario in scenarios(trace) {
             let clean = replay(trace, ops, scenario, None, false);
             let strict = clean.genuine_ooms == 0;
-            totals.add(&clean);
+            if verbose {
+                let calls: Vec<String> =
+                    TRACE_KINDS.iter().map(|&k| format!("{k} {}", clean.calls[k as usize])).collect();
+                eprintln!(
+                    "{} ({} ops) {:?} limit {:?}: {}; {} out-of-memory errors without a fault",
+                    trace.name,
+                    ops.len(),
+                    scenario.mode,
+                    scenario.limit,
+                    calls.join(", "),
+                    clean.genuine_ooms
+                );
+            }
+            totals.add(&clean, None);
             for kind in TRACE_KINDS {
                 for k in pick(clean.calls[kind as usize]) {
                     for persistent in [true, false] {
@@ -400,17 +435,17 @@ fn sweep(prefix: Option<usize>, pick: impl Fn(u64) -> Vec<u64> + Sync) -> Totals
                 if fault.persistent && strict && fault.kind != FaultKind::FreeMemory {
                     assert_eq!(outcome.failed, 1, "{} {scenario:?} {fault:?}: the request did not fail", trace.name);
                 }
-                totals.add(&outcome);
+                totals.add(&outcome, Some(fault));
             });
         }
     });
     totals
 }
 
-/// Twenty values of k per kind, trace and scenario, on the first 12,000 operations of each trace.
+/// Twenty values of k per kind, trace and scenario.
 #[test]
 fn sampled_faults_over_every_shared_trace() {
-    let totals = sweep(Some(12_000), |calls| spread(calls, 20));
+    let totals = sweep(false, |calls| spread(calls, 20));
     totals.report("sampled sweep");
     assert!(totals.injected.load(Ordering::Relaxed) > 0);
 }
@@ -420,7 +455,7 @@ fn sampled_faults_over_every_shared_trace() {
 #[ignore = "the full sweep: run in release with --ignored"]
 fn every_fault_over_every_shared_trace() {
     let start = std::time::Instant::now();
-    let totals = sweep(None, |calls| (1..=calls).collect());
+    let totals = sweep(true, |calls| (1..=calls).collect());
     totals.report("full sweep");
     eprintln!("full sweep took {:.1} s", start.elapsed().as_secs_f64());
 }
@@ -666,4 +701,118 @@ fn a_failed_poison_write_still_frees_the_block() {
     let block = sim.allocate(4 * MIB, StreamId(0)).unwrap();
     sim.free(&block).expect("nothing to poison on a device without bytes");
     assert_eq!(sim.stats().allocated_bytes.current, 0);
+}
+
+/// A batch is all or nothing: when the k-th device call of the batch fails for good, the blocks already taken
+/// go back, the statistics say nothing is allocated, and the same batch succeeds once the fault is gone.
+#[test]
+fn a_batch_that_meets_a_fault_takes_nothing() {
+    let sizes: Vec<u64> = (0..24).map(|i| [4096, 700_000, 3 * MIB, 30 * MIB][i % 4] + i as u64).collect();
+    for (mode, kinds) in [
+        (SegmentMode::Plain, &[FaultKind::CreateSegment][..]),
+        (SegmentMode::Virtual, &[FaultKind::CreateSegment, FaultKind::ReserveVirtual, FaultKind::MapPages][..]),
+    ] {
+        let make = || {
+            let (backend, faults) = FaultyBackend::new(SimBackend::new("sim-faulty", 16 * GIB));
+            let config = PoolConfig { segment_mode: mode, ..PoolConfig::default() };
+            (Pool::new(backend, config).unwrap(), faults)
+        };
+        let (pool, faults) = make();
+        let blocks = pool.allocate_batch(&sizes, StreamId(0)).unwrap();
+        let calls = FaultKind::ALL.map(|k| faults.calls(k));
+        for block in &blocks {
+            pool.free(block).unwrap();
+        }
+        for &kind in kinds {
+            for k in 1..=calls[kind as usize] {
+                let (pool, faults) = make();
+                faults.fail_from(kind, k);
+                let err = pool.allocate_batch(&sizes, StreamId(0)).unwrap_err();
+                assert!(is_injected(&err) && err.to_string().contains(kind.call()), "{mode:?} {kind} {k}: {err}");
+                let s = pool.stats();
+                let at = format!("{mode:?} {kind} {k}");
+                assert_eq!((s.allocated_bytes.current, s.active_blocks.current), (0, 0), "{at}");
+                assert_eq!(s.reserved_bytes.current, faults.resident_bytes(), "{at}");
+                assert_eq!(s.segments.current, faults.live_segments(), "{at}");
+                faults.clear_all();
+                let blocks = pool.allocate_batch(&sizes, StreamId(0)).unwrap();
+                assert_eq!(pool.stats().active_blocks.current, sizes.len() as u64, "{at}");
+                for block in &blocks {
+                    pool.free(block).unwrap();
+                }
+                drop(pool);
+                faults.check_released().unwrap_or_else(|e| panic!("{at}: {e}"));
+            }
+        }
+    }
+}
+
+/// Threads allocating and freeing through their caches while faults come and go: every error is the injected
+/// one (or out of memory under the limit), and the books balance once everything is freed.
+#[test]
+fn faults_under_contention_leave_the_books_exact() {
+    for mode in [SegmentMode::Plain, SegmentMode::Virtual] {
+        let (backend, faults) = FaultyBackend::new(SimBackend::new("sim-faulty", 16 * GIB));
+        let config = PoolConfig { segment_mode: mode, limit: Some(Limit::Bytes(GIB)), ..PoolConfig::default() };
+        let pool = Pool::new(backend, config).unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let errors = AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            for t in 0..4u64 {
+                let (pool, stop, errors) = (&pool, &stop, &errors);
+                scope.spawn(move || {
+                    let mut held: Vec<BlockHandle> = Vec::new();
+                    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t;
+                    // At least 4,000 requests, and on until the faults stop coming.
+                    let mut i = 0u64;
+                    while i < 4000 || !stop.load(Ordering::Relaxed) {
+                        i += 1;
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let bytes = if x.is_multiple_of(4) { 1 + x % (24 * MIB) } else { 1 + x % (256 << 10) };
+                        match pool.allocate(bytes, StreamId(t % 2)) {
+                            Ok(block) => held.push(block),
+                            Err(e) => {
+                                assert!(is_injected(&e) || e.is_out_of_memory(), "{e}");
+                                errors.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        if held.len() > 40 || (i.is_multiple_of(3) && !held.is_empty()) {
+                            let block = held.swap_remove((x % held.len() as u64) as usize);
+                            pool.free(&block).unwrap();
+                        }
+                    }
+                    for block in held {
+                        pool.free(&block).unwrap();
+                    }
+                });
+            }
+            // Faults come and go while the threads work.
+            scope.spawn(|| {
+                for round in 0..200u64 {
+                    let kind =
+                        [FaultKind::CreateSegment, FaultKind::ReserveVirtual, FaultKind::MapPages][round as usize % 3];
+                    faults.fail_from(kind, faults.calls(kind) + 1 + round % 3);
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                    faults.clear_all();
+                    if round.is_multiple_of(16) {
+                        pool.release_cached();
+                    }
+                }
+                stop.store(true, Ordering::Relaxed);
+            });
+        });
+        faults.clear_all();
+        let s = pool.stats();
+        assert_eq!((s.allocated_bytes.current, s.requested_bytes.current, s.active_blocks.current), (0, 0, 0));
+        assert_eq!(s.num_ooms, errors.load(Ordering::Relaxed), "{mode:?}: failed allocations");
+        assert_eq!(s.reserved_bytes.current, faults.resident_bytes(), "{mode:?}");
+        assert_eq!(s.segments.current, faults.live_segments(), "{mode:?}");
+        let next = pool.allocate(64 * MIB, StreamId(0)).expect("the pool serves once the faults are gone");
+        pool.free(&next).unwrap();
+        eprintln!("contention ({mode:?}): {} faults injected, {} requests failed", faults.total_injected(), s.num_ooms);
+        drop(pool);
+        faults.check_released().unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+    }
 }
