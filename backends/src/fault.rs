@@ -21,6 +21,9 @@
 //! faults.check_released().unwrap();
 //! ```
 //!
+//! The wrapper works over every backend (host, sim, CUDA, OpenCL, wgpu); a pool over it is a
+//! `Pool<FaultyBackend<B>>`, so helpers written for one backend's pools (`Pool<CudaBackend>`, say) do not take it.
+//!
 //! What each kind fails:
 //! - [`FaultKind::CreateSegment`], [`FaultKind::ReserveVirtual`], [`FaultKind::MapPages`], [`FaultKind::Copy`]
 //!   (`write`, `read` and `fill`, counted together) and [`FaultKind::Settle`] return an [`Error::Driver`] whose
