@@ -12,8 +12,9 @@ pub enum Error {
     /// The pool could not satisfy a request even after releasing its cached segments and retrying.
     #[error(
         "out of memory on {device}: asked for {requested} bytes; device free {free} bytes, \
-         cached in pool {cached} bytes, reserved {reserved} bytes, limit {}",
-        limit.map_or_else(|| "none".to_string(), |l| format!("{l} bytes"))
+         cached in pool {cached} bytes, reserved {reserved} bytes, limit {}{}",
+        limit.map_or_else(|| "none".to_string(), |l| format!("{l} bytes")),
+        cause.as_ref().map_or_else(String::new, |c| format!("; the device refused the last attempt: {c}"))
     )]
     OutOfMemory {
         /// Device (pool) name.
@@ -28,6 +29,9 @@ pub enum Error {
         reserved: u64,
         /// The pool's limit, if any.
         limit: Option<u64>,
+        /// The backend's error behind the last attempt when a device call failed (a segment it would not create,
+        /// pages it would not map), naming that call; `None` when the limit stopped the request.
+        cause: Option<String>,
     },
     /// A zero-byte request where the caller needs a real block.
     #[error("zero-byte allocation requested on {device}")]

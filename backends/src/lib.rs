@@ -16,6 +16,7 @@ pub mod device;
 mod device_copy;
 pub mod engine;
 pub mod error;
+pub mod fault;
 pub mod host;
 #[cfg(feature = "opencl")]
 pub mod opencl;

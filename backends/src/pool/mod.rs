@@ -987,6 +987,10 @@ impl<B: Backend> Pool<B> {
         }
         let reserved = state.reserved();
         let allocated = state.stats.allocated_bytes.current;
+        let cause = match shortfall {
+            Shortfall::Device(e) => Some(e.to_string()),
+            Shortfall::Limit => None,
+        };
         Error::OutOfMemory {
             device: self.backend.name().to_string(),
             requested: size,
@@ -994,6 +998,7 @@ impl<B: Backend> Pool<B> {
             cached: reserved - allocated,
             reserved,
             limit: state.stats.limit_bytes,
+            cause,
         }
     }
 
@@ -1002,12 +1007,35 @@ impl<B: Backend> Pool<B> {
     ///
     /// Errors with [`Error::UnknownBlock`] for a block that this pool did not hand out (handles carry their pool's
     /// number) or that was already freed;
-    /// nothing changes then.
+    /// nothing changes then. With `poison_on_free`, a device that fails to write the poison does not keep the
+    /// block: it is freed all the same and its error returned (a backend that holds no bytes, such as the
+    /// simulated device, is not poisoned at all).
     #[inline(always)]
     pub fn free(&self, block: &BlockHandle) -> Result<()> {
         if self.config.poison_on_free {
-            self.fill(block, 0, block.size, POISON_BYTE)?;
+            return self.free_poisoned(block);
         }
+        self.free_unpoisoned(block)
+    }
+
+    /// [`Pool::free`] with `poison_on_free`: the block is freed whether or not the poison could be written (an
+    /// owned block's drop, which cannot try again, would otherwise leave it live for the pool's life).
+    #[cold]
+    #[inline(never)]
+    fn free_poisoned(&self, block: &BlockHandle) -> Result<()> {
+        match self.fill(block, 0, block.size, POISON_BYTE) {
+            Ok(()) => self.free_unpoisoned(block),
+            Err(e) if e.is_unknown_block() => Err(e),
+            Err(e) if e.is_unsupported() => self.free_unpoisoned(block),
+            Err(e) => {
+                self.free_unpoisoned(block)?;
+                Err(e)
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn free_unpoisoned(&self, block: &BlockHandle) -> Result<()> {
         if let Some(lent) = block.lent {
             return self.free_lent(block, lent);
         }

@@ -1,0 +1,502 @@
+//! Fault injection: [`FaultyBackend`] wraps any [`Backend`] and fails the k-th call of a kind (creating a segment,
+//! reserving address space, mapping pages, copying bytes, settling, querying free memory), so that tests can
+//! check what a pool does when a device refuses: the error it reports, the memory it gives back, the statistics
+//! it keeps and whether it serves the next request.
+//!
+//! ```
+//! use umm_backends::fault::{FaultKind, FaultyBackend};
+//! use umm_backends::{Pool, PoolConfig, SegmentMode, SimBackend, StreamId};
+//!
+//! let (backend, faults) = FaultyBackend::new(SimBackend::plain("sim0", 1 << 30));
+//! let config = PoolConfig { segment_mode: SegmentMode::Plain, ..PoolConfig::default() };
+//! let pool = Pool::new(backend, config).unwrap();
+//! // Every segment creation fails from the first on, until cleared.
+//! faults.fail_from(FaultKind::CreateSegment, 1);
+//! let err = pool.allocate(64 << 20, StreamId(0)).unwrap_err();
+//! assert!(err.to_string().contains("create_segment"), "{err}");
+//! faults.clear_all();
+//! let block = pool.allocate(64 << 20, StreamId(0)).unwrap();
+//! pool.free(&block).unwrap();
+//! drop(pool);
+//! faults.check_released().unwrap();
+//! ```
+//!
+//! The wrapper works over every backend (host, sim, CUDA, OpenCL, wgpu); a pool over it is a
+//! `Pool<FaultyBackend<B>>`, so helpers written for one backend's pools (`Pool<CudaBackend>`, say) do not take it.
+//!
+//! What each kind fails:
+//! - [`FaultKind::CreateSegment`], [`FaultKind::ReserveVirtual`], [`FaultKind::MapPages`], [`FaultKind::Copy`]
+//!   (`write`, `read` and `fill`, counted together) and [`FaultKind::Settle`] return an [`Error::Driver`] whose
+//!   `call` is the backend call that failed and whose message says the fault was injected and which call of its
+//!   kind it was ([`is_injected`] recognises it, also inside the out-of-memory error a pool reports after its
+//!   retry).
+//! - [`FaultKind::FreeMemory`], the device query, cannot fail ([`Backend::free_memory`] returns a number): a
+//!   faulted call reports 0 bytes free, as a device that has run out would.
+//! - Unmapping pages and destroying segments cannot fail either ([`Backend::unmap_pages`] and
+//!   [`Backend::destroy_segment`] return nothing); the wrapper counts them and checks them against its ledger.
+//!
+//! The wrapper keeps a ledger of the segments the inner backend holds (each segment's size, whether it is a
+//! virtual reservation, and its mapped ranges), so that a test can ask after the pool is dropped whether every
+//! segment was destroyed and every page unmapped ([`FaultHandle::check_released`]), and while it lives how much
+//! physical memory the pool holds ([`FaultHandle::resident_bytes`], which should equal the pool's
+//! `reserved_bytes`). Misuse it sees (a segment destroyed twice or while pages are mapped in it, a page mapped
+//! twice, a range unmapped that was not mapped) is recorded in [`FaultHandle::violations`].
+
+use crate::backend::{sealed, PoolAccess};
+use crate::{Backend, BackendKind, Error, HostPtr, Result, VirtualMemory};
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A kind of backend call that [`FaultyBackend`] can fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FaultKind {
+    /// [`Backend::create_segment`].
+    CreateSegment,
+    /// [`Backend::reserve_virtual`].
+    ReserveVirtual,
+    /// [`Backend::map_pages`].
+    MapPages,
+    /// [`Backend::write`], [`Backend::read`] and [`Backend::fill`], counted together.
+    Copy,
+    /// [`Backend::settle`].
+    Settle,
+    /// [`Backend::free_memory`], the device query: a faulted call reports 0 bytes free.
+    FreeMemory,
+}
+
+impl FaultKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [FaultKind; 6] = [
+        FaultKind::CreateSegment,
+        FaultKind::ReserveVirtual,
+        FaultKind::MapPages,
+        FaultKind::Copy,
+        FaultKind::Settle,
+        FaultKind::FreeMemory,
+    ];
+
+    /// The backend call's name (`"copy"` for the three copies together).
+    pub fn call(self) -> &'static str {
+        match self {
+            FaultKind::CreateSegment => "create_segment",
+            FaultKind::ReserveVirtual => "reserve_virtual",
+            FaultKind::MapPages => "map_pages",
+            FaultKind::Copy => "copy",
+            FaultKind::Settle => "settle",
+            FaultKind::FreeMemory => "free_memory",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl std::fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.call())
+    }
+}
+
+/// The start of every injected error's message.
+const INJECTED: &str = "injected fault";
+
+/// Whether `error` is (or, for an out-of-memory error, was caused by) a fault that a [`FaultyBackend`] injected.
+pub fn is_injected(error: &Error) -> bool {
+    match error {
+        Error::Driver { message, .. } => message.starts_with(INJECTED),
+        Error::OutOfMemory { cause: Some(cause), .. } => cause.contains(INJECTED),
+        _ => false,
+    }
+}
+
+/// Which calls of one kind fail: those numbered `from..=to` (1-based, counted since the wrapper was made).
+#[derive(Debug, Clone, Copy)]
+struct Trigger {
+    from: u64,
+    to: u64,
+}
+
+/// A segment the inner backend holds, as the ledger sees it.
+#[derive(Debug)]
+struct Record {
+    size: u64,
+    reservation: bool,
+    /// Mapped ranges, start → end, disjoint and merged.
+    mapped: BTreeMap<u64, u64>,
+}
+
+#[derive(Debug, Default)]
+struct Ledger {
+    live: HashMap<u64, Record>,
+    /// Bytes of live plain segments plus mapped pages.
+    resident: u64,
+    mapped: u64,
+    created: u64,
+    destroyed: u64,
+    violations: Vec<String>,
+}
+
+impl Ledger {
+    fn violation(&mut self, what: String) {
+        log::error!("fault injection ledger: {what}");
+        self.violations.push(what);
+    }
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    calls: [AtomicU64; 6],
+    injected: [AtomicU64; 6],
+    unmap_calls: AtomicU64,
+    next_id: AtomicU64,
+    triggers: Mutex<[Option<Trigger>; 6]>,
+    ledger: Mutex<Ledger>,
+}
+
+impl Shared {
+    /// Counts a call of `kind` and says whether it is to fail (and its number).
+    fn call(&self, kind: FaultKind) -> Option<u64> {
+        let n = self.calls[kind.index()].fetch_add(1, Ordering::Relaxed) + 1;
+        let trigger = self.triggers.lock()[kind.index()]?;
+        (trigger.from..=trigger.to).contains(&n).then(|| {
+            self.injected[kind.index()].fetch_add(1, Ordering::Relaxed);
+            n
+        })
+    }
+}
+
+/// The test's side of a [`FaultyBackend`]: says which calls fail, and reads the counts and the ledger. Cheap to
+/// clone; every clone and the backend share one state.
+#[derive(Debug, Clone)]
+pub struct FaultHandle(Arc<Shared>);
+
+impl FaultHandle {
+    /// Fails the `k`-th call of `kind` (1-based, counted since the wrapper was made), once. A call already made
+    /// is not failed after the fact: a `k` at or below [`FaultHandle::calls`] never fires.
+    pub fn fail_nth(&self, kind: FaultKind, k: u64) {
+        self.0.triggers.lock()[kind.index()] = Some(Trigger { from: k, to: k });
+    }
+
+    /// Fails the `k`-th call of `kind` and every later one, until [`FaultHandle::clear`]: a fault that a retry
+    /// does not cure.
+    pub fn fail_from(&self, kind: FaultKind, k: u64) {
+        self.0.triggers.lock()[kind.index()] = Some(Trigger { from: k, to: u64::MAX });
+    }
+
+    /// Fails the next call of `kind`, once.
+    pub fn fail_next(&self, kind: FaultKind) {
+        self.fail_nth(kind, self.calls(kind) + 1);
+    }
+
+    /// Stops failing calls of `kind`.
+    pub fn clear(&self, kind: FaultKind) {
+        self.0.triggers.lock()[kind.index()] = None;
+    }
+
+    /// Stops failing calls of every kind.
+    pub fn clear_all(&self) {
+        *self.0.triggers.lock() = [None; 6];
+    }
+
+    /// Calls of `kind` made so far, failed or not.
+    pub fn calls(&self, kind: FaultKind) -> u64 {
+        self.0.calls[kind.index()].load(Ordering::Relaxed)
+    }
+
+    /// Calls of `kind` failed so far.
+    pub fn injected(&self, kind: FaultKind) -> u64 {
+        self.0.injected[kind.index()].load(Ordering::Relaxed)
+    }
+
+    /// Calls of every kind failed so far.
+    pub fn total_injected(&self) -> u64 {
+        FaultKind::ALL.iter().map(|&k| self.injected(k)).sum()
+    }
+
+    /// Calls of [`Backend::unmap_pages`] made so far.
+    pub fn unmap_calls(&self) -> u64 {
+        self.0.unmap_calls.load(Ordering::Relaxed)
+    }
+
+    /// Segments and reservations the inner backend holds now (created and not yet destroyed).
+    pub fn live_segments(&self) -> u64 {
+        self.0.ledger.lock().live.len() as u64
+    }
+
+    /// Segments and reservations created so far.
+    pub fn segments_created(&self) -> u64 {
+        self.0.ledger.lock().created
+    }
+
+    /// Segments and reservations destroyed so far.
+    pub fn segments_destroyed(&self) -> u64 {
+        self.0.ledger.lock().destroyed
+    }
+
+    /// Bytes of pages mapped now in virtual reservations.
+    pub fn mapped_bytes(&self) -> u64 {
+        self.0.ledger.lock().mapped
+    }
+
+    /// Physical bytes held now: live plain segments plus mapped pages (what a pool reports as `reserved_bytes`).
+    pub fn resident_bytes(&self) -> u64 {
+        self.0.ledger.lock().resident
+    }
+
+    /// Misuse the ledger saw: segments destroyed twice or with pages mapped, pages mapped twice, ranges unmapped
+    /// that were not mapped.
+    pub fn violations(&self) -> Vec<String> {
+        self.0.ledger.lock().violations.clone()
+    }
+
+    /// `Ok` when nothing is held (every segment destroyed, every page unmapped) and nothing was misused; else
+    /// what is wrong. Call it once the pool is dropped.
+    pub fn check_released(&self) -> std::result::Result<(), String> {
+        let ledger = self.0.ledger.lock();
+        let mut problems = ledger.violations.clone();
+        if !ledger.live.is_empty() {
+            let bytes: u64 = ledger.live.values().map(|r| r.size).sum();
+            problems.push(format!(
+                "{} segments ({bytes} bytes of address space) not destroyed ({} created, {} destroyed)",
+                ledger.live.len(),
+                ledger.created,
+                ledger.destroyed
+            ));
+        }
+        if ledger.mapped > 0 {
+            problems.push(format!("{} bytes of pages still mapped", ledger.mapped));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
+        }
+    }
+}
+
+/// A segment of a [`FaultyBackend`]: the inner backend's, with the number the ledger knows it by.
+#[derive(Debug, Clone)]
+pub struct FaultySegment<S> {
+    inner: S,
+    id: u64,
+}
+
+impl<S> FaultySegment<S> {
+    /// The inner backend's segment.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+}
+
+/// A backend that delegates every call to `B`, fails the calls its [`FaultHandle`] names, and keeps a ledger of
+/// the segments and pages `B` holds. See the [module documentation](self).
+#[derive(Debug)]
+pub struct FaultyBackend<B: Backend> {
+    inner: B,
+    shared: Arc<Shared>,
+}
+
+impl<B: Backend> FaultyBackend<B> {
+    /// Wraps `inner`; nothing fails until the returned handle says so.
+    pub fn new(inner: B) -> (Self, FaultHandle) {
+        let shared = Arc::new(Shared::default());
+        (Self { inner, shared: shared.clone() }, FaultHandle(shared))
+    }
+
+    /// The wrapped backend.
+    pub fn inner(&self) -> &B {
+        &self.inner
+    }
+
+    /// A handle on this wrapper's faults, counts and ledger.
+    pub fn handle(&self) -> FaultHandle {
+        FaultHandle(self.shared.clone())
+    }
+
+    /// The error of the `nth` call of `kind`, failed by injection; `call` is the backend call's name.
+    fn injected(&self, kind: FaultKind, call: &str, nth: u64) -> Error {
+        Error::Driver {
+            backend: self.inner.name().to_string(),
+            call: call.to_string(),
+            message: format!("{INJECTED}: call {nth} of {kind} failed on purpose (umm_backends::fault)"),
+        }
+    }
+
+    /// Counts a call of `kind` and returns its injected error if it is to fail.
+    fn check(&self, kind: FaultKind, call: &str) -> Result<()> {
+        match self.shared.call(kind) {
+            Some(nth) => Err(self.injected(kind, call, nth)),
+            None => Ok(()),
+        }
+    }
+
+    fn track(&self, inner: B::Segment, size: u64, reservation: bool) -> FaultySegment<B::Segment> {
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut ledger = self.shared.ledger.lock();
+        ledger.live.insert(id, Record { size, reservation, mapped: BTreeMap::new() });
+        ledger.created += 1;
+        if !reservation {
+            ledger.resident += size;
+        }
+        FaultySegment { inner, id }
+    }
+}
+
+impl<B: Backend> sealed::Sealed for FaultyBackend<B> {}
+
+impl<B: Backend> Backend for FaultyBackend<B> {
+    type Segment = FaultySegment<B::Segment>;
+
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn kind(&self) -> BackendKind {
+        self.inner.kind()
+    }
+    fn alignment(&self) -> u64 {
+        self.inner.alignment()
+    }
+    fn segment_granularity(&self) -> u64 {
+        self.inner.segment_granularity()
+    }
+    fn max_segment_size(&self) -> u64 {
+        self.inner.max_segment_size()
+    }
+    fn capacity(&self) -> u64 {
+        self.inner.capacity()
+    }
+    fn free_memory(&self) -> u64 {
+        let free = self.inner.free_memory();
+        match self.shared.call(FaultKind::FreeMemory) {
+            Some(_) => 0,
+            None => free,
+        }
+    }
+    fn create_segment(&self, size: u64) -> Result<Self::Segment> {
+        self.check(FaultKind::CreateSegment, "create_segment")?;
+        let inner = self.inner.create_segment(size)?;
+        Ok(self.track(inner, size, false))
+    }
+    fn destroy_segment(&self, segment: Self::Segment, access: PoolAccess) {
+        let mut ledger = self.shared.ledger.lock();
+        match ledger.live.remove(&segment.id) {
+            Some(record) => {
+                ledger.destroyed += 1;
+                if !record.reservation {
+                    ledger.resident -= record.size;
+                }
+                let mapped: u64 = record.mapped.iter().map(|(start, end)| end - start).sum();
+                if mapped > 0 {
+                    ledger.mapped -= mapped;
+                    ledger.resident -= mapped;
+                    ledger.violation(format!("segment {} destroyed with {mapped} bytes still mapped", segment.id));
+                }
+            }
+            None => ledger.violation(format!("segment {} destroyed twice (or never created)", segment.id)),
+        }
+        drop(ledger);
+        self.inner.destroy_segment(segment.inner, access);
+    }
+    fn virtual_memory(&self) -> Option<VirtualMemory> {
+        self.inner.virtual_memory()
+    }
+    fn set_page_size(&mut self, page: u64) -> Result<()> {
+        self.inner.set_page_size(page)
+    }
+    fn reserve_virtual(&self, size: u64) -> Result<Self::Segment> {
+        self.check(FaultKind::ReserveVirtual, "reserve_virtual")?;
+        let inner = self.inner.reserve_virtual(size)?;
+        Ok(self.track(inner, size, true))
+    }
+    fn map_pages(&self, segment: &Self::Segment, offset: u64, len: u64) -> Result<()> {
+        self.check(FaultKind::MapPages, "map_pages")?;
+        self.inner.map_pages(&segment.inner, offset, len)?;
+        let end = offset + len;
+        let mut ledger = self.shared.ledger.lock();
+        let Some(record) = ledger.live.get_mut(&segment.id) else {
+            ledger.violation(format!("map_pages on segment {}, which is not live", segment.id));
+            return Ok(());
+        };
+        let overlaps = record.mapped.range(..end).next_back().is_some_and(|(_, &e)| e > offset);
+        let beyond = end > record.size;
+        if !overlaps && !beyond {
+            // Merge with the neighbours it touches.
+            let mut start = offset;
+            let mut stop = end;
+            if let Some((&s, &e)) = record.mapped.range(..=offset).next_back() {
+                if e == offset {
+                    start = s;
+                    record.mapped.remove(&s);
+                }
+            }
+            if let Some(e) = record.mapped.remove(&end) {
+                stop = e;
+            }
+            record.mapped.insert(start, stop);
+            ledger.mapped += len;
+            ledger.resident += len;
+        } else {
+            ledger.violation(format!(
+                "map_pages of {offset}..{end} in segment {}: {}",
+                segment.id,
+                if beyond { "past its end" } else { "overlaps mapped pages" }
+            ));
+        }
+        Ok(())
+    }
+    fn unmap_pages(&self, segment: &Self::Segment, offset: u64, len: u64) {
+        self.shared.unmap_calls.fetch_add(1, Ordering::Relaxed);
+        let end = offset + len;
+        let mut ledger = self.shared.ledger.lock();
+        let covering = ledger
+            .live
+            .get(&segment.id)
+            .and_then(|r| r.mapped.range(..=offset).next_back().map(|(&s, &e)| (s, e)))
+            .filter(|&(_, e)| e >= end);
+        match covering {
+            Some((s, e)) => {
+                let record = ledger.live.get_mut(&segment.id).expect("looked up above");
+                record.mapped.remove(&s);
+                if s < offset {
+                    record.mapped.insert(s, offset);
+                }
+                if end < e {
+                    record.mapped.insert(end, e);
+                }
+                ledger.mapped -= len;
+                ledger.resident -= len;
+            }
+            None => ledger.violation(format!("unmap_pages of {offset}..{end} in segment {}: not mapped", segment.id)),
+        }
+        drop(ledger);
+        self.inner.unmap_pages(&segment.inner, offset, len);
+    }
+    fn release_spare_pages(&self) {
+        self.inner.release_spare_pages();
+    }
+    fn settle(&self) -> Result<()> {
+        self.check(FaultKind::Settle, "settle")?;
+        self.inner.settle()
+    }
+    fn write(&self, segment: &Self::Segment, offset: u64, src: &[u8]) -> Result<()> {
+        self.check(FaultKind::Copy, "write")?;
+        self.inner.write(&segment.inner, offset, src)
+    }
+    fn read(&self, segment: &Self::Segment, offset: u64, dst: &mut [u8]) -> Result<()> {
+        self.check(FaultKind::Copy, "read")?;
+        self.inner.read(&segment.inner, offset, dst)
+    }
+    fn fill(&self, segment: &Self::Segment, offset: u64, len: u64, value: u8) -> Result<()> {
+        self.check(FaultKind::Copy, "fill")?;
+        self.inner.fill(&segment.inner, offset, len, value)
+    }
+    fn host_ptr(&self, segment: &Self::Segment, offset: u64) -> Option<HostPtr> {
+        self.inner.host_ptr(&segment.inner, offset)
+    }
+    fn may_be_host_addressable(&self) -> bool {
+        self.inner.may_be_host_addressable()
+    }
+}
