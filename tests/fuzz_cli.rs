@@ -346,3 +346,46 @@ fn binary_command_lines() {
 fn binary_command_lines_long() {
     binary_target(3_000);
 }
+
+// Regressions: inputs the fuzzers found, each with what it gets now.
+
+fn parse_error(args: &[&str]) -> String {
+    Cli::try_parse_from(args).err().map(|e| e.to_string()).unwrap_or_default()
+}
+
+#[test]
+fn numeric_options_say_what_they_expect() {
+    // Was clap's "invalid digit found in string" and "number too large to fit in target type".
+    let message = parse_error(&["umm", "replay", "--repeat", "lots", "t.trace"]);
+    assert!(message.contains("`lots` is not a whole number"), "{message}");
+    let message = parse_error(&["umm", "replay", "--repeat", "99999999999999999999999", "t.trace"]);
+    assert!(message.contains("is too large: expected a whole number up to"), "{message}");
+    let message = parse_error(&["umm", "plan", "--alignment", "3", "t.trace"]);
+    assert!(message.contains("`3` is not a power of two"), "{message}");
+}
+
+#[test]
+fn a_plot_of_u32_max_pixels_is_refused_and_the_library_clamps_it() {
+    // `--width 4294967295` kept a column per pixel: a 51 GB allocation that aborted the process.
+    let message = parse_error(&["umm", "plot", "t.trace", "--width", "4294967295"]);
+    assert!(message.contains("`4294967295` is outside 1 to 32768 pixels"), "{message}");
+    let message = parse_error(&["umm", "plot", "t.trace", "--height", "0"]);
+    assert!(message.contains("`0` is outside 1 to 32768 pixels"), "{message}");
+    let timeline = Timeline::from_trace(&small_trace());
+    let options = PlotOptions { width: u32::MAX, panel_height: u32::MAX, max_shapes: usize::MAX };
+    assert!(umm::plot::render_svg(&timeline, &options).contains(r#"width="32768""#));
+}
+
+#[test]
+fn a_simulated_device_near_2_to_the_64_bytes_replays_without_overflow() {
+    // `umm replay --capacity 9999999999999999999.73B` overflowed the simulated device's reservation size, then
+    // its address space.
+    for capacity in [u64::MAX, 9_999_999_999_999_999_999, 1 << 63] {
+        for backend in ["sim", "sim-plain"] {
+            let opts = ReplayOptions { repeat: 1, sim_capacity: Some(capacity), ..ReplayOptions::default() };
+            if let Err(e) = umm::replay::replay_on(backend, &small_trace(), opts) {
+                assert!(e.to_string().contains("fuzz"), "{e}");
+            }
+        }
+    }
+}

@@ -120,10 +120,13 @@ fn calls(rng: &mut Rng, count: c_int) -> Vec<Call> {
             11 => match rng.below(3) {
                 0 => Call::EmptyCache { device: device(rng, count) },
                 1 => Call::ResetPeaks { device: device(rng, count) },
-                _ => Call::SetLimit {
-                    device: device(rng, count),
-                    bytes: rng.pick(&[0, 0, 1, 4096, 1 << 20, 1 << 30, 64 << 30, u64::MAX, rng.next()]),
-                },
+                _ => {
+                    let any = rng.next();
+                    Call::SetLimit {
+                        device: device(rng, count),
+                        bytes: rng.pick(&[0, 0, 1, 4096, 1 << 20, 1 << 30, 64 << 30, u64::MAX, any]),
+                    }
+                }
             },
             12 => Call::DeviceCount,
             _ => Call::ClearError,
