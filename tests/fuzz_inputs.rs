@@ -87,7 +87,7 @@ fn trace_bytes(rng: &mut Rng) -> Vec<u8> {
     let ids = *rng.pick(&[2, 4, 16, 1000]);
     for _ in 0..rng.below(40) {
         out.extend(trace_line(rng, ids));
-        let end: &[u8] = *rng.pick(&[&b"\n"[..], b"\n", b"\n", b"\r\n", b"\r", b"\n\n"]);
+        let end: &&[u8] = rng.pick(&[&b"\n"[..], b"\n", b"\n", b"\r\n", b"\r", b"\n\n"]);
         out.extend_from_slice(end);
     }
     if rng.one_in(8) {
@@ -424,10 +424,9 @@ fn env_value(rng: &mut Rng) -> String {
     match rng.below(10) {
         0 | 1 => size_text(rng),
         2 => rng.pick(&["0", "1", "true", "FALSE", "On", "off", " yes ", "no", "2", "y", "", "maybe"]).to_string(),
-        3 => format!(
-            "{}",
-            rng.pick(&["0.5", "1", "1.0", "1.5", "-0", "-0.1", "NaN", "inf", "1e-3", "0.03", "off", "none", "OFF"])
-        ),
+        3 => rng
+            .pick(&["0.5", "1", "1.0", "1.5", "-0", "-0.1", "NaN", "inf", "1e-3", "0.03", "off", "none", "OFF"])
+            .to_string(),
         4 => {
             let names = ["cuda", "opencl", "wgpu", "none", "host", "CUDA", "metal", "", " "];
             (0..rng.below(4)).map(|_| *rng.pick(&names)).collect::<Vec<_>>().join(*rng.pick(&[",", ", ", ";"]))

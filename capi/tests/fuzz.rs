@@ -205,7 +205,7 @@ fn run_case(calls: &[Call], count: c_int) -> Result<(), String> {
                         return Err(format!("{call:?} succeeded at {p:#x}"));
                     }
                     let bytes = size as u64;
-                    if p % 256 != 0 {
+                    if !p.is_multiple_of(256) {
                         return Err(format!("{call:?}: {p:#x} is not 256-byte aligned"));
                     }
                     // No overlap with a live block.
@@ -291,7 +291,7 @@ fn run_case(calls: &[Call], count: c_int) -> Result<(), String> {
         Ok(())
     })();
     // Leave nothing behind for the next case: free what is live, lift limits.
-    for (&p, _) in &live {
+    for &p in live.keys() {
         // SAFETY: NULL stream; a block this case allocated.
         unsafe { umm_free(p as *mut c_void, 0, 0, ptr::null_mut()) };
     }
