@@ -263,7 +263,7 @@ fn inputs(dir: &Path) -> Vec<PathBuf> {
 /// Runs the binary with a random command line and random `UMM_*` variables, a few hundred times: each run exits
 /// 0, 1 or 2 within the time limit, without a panic, and a failure prints `error: ` and names something given.
 fn binary_target(cases: u64) {
-    let dir = std::env::temp_dir().join(format!("umm-fuzz-cli-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("umm-fuzz-cli-{}-{cases}", std::process::id()));
     let files = inputs(&dir);
     let out = dir.join("out");
     std::fs::create_dir_all(&out).unwrap();

@@ -87,8 +87,8 @@ fn trace_bytes(rng: &mut Rng) -> Vec<u8> {
     let ids = *rng.pick(&[2, 4, 16, 1000]);
     for _ in 0..rng.below(40) {
         out.extend(trace_line(rng, ids));
-        let end: &&[u8] = rng.pick(&[&b"\n"[..], b"\n", b"\n", b"\r\n", b"\r", b"\n\n"]);
-        out.extend_from_slice(end);
+        const ENDS: [&[u8]; 6] = [b"\n", b"\n", b"\n", b"\r\n", b"\r", b"\n\n"];
+        out.extend_from_slice(rng.pick::<&[u8]>(&ENDS));
     }
     if rng.one_in(8) {
         out.truncate(rng.below(out.len() as u64 + 1) as usize);
