@@ -105,7 +105,7 @@ impl UmmConfig {
             value
         };
         if let Some(v) = lookup("UMM_LIMIT") {
-            self.pool.limit = Some(parse_limit(&v).map_err(|_| invalid("UMM_LIMIT", v, Limit::ACCEPTED))?);
+            self.pool.limit = Some(parse_limit(&v).map_err(|e| invalid_because("UMM_LIMIT", v, Limit::ACCEPTED, &e))?);
         }
         if let Some(v) = lookup("UMM_STRATEGY") {
             self.pool.strategy = v.parse::<Strategy>().map_err(|_| invalid("UMM_STRATEGY", v, "pooled or direct"))?;
@@ -121,7 +121,8 @@ impl UmmConfig {
             ("UMM_THREAD_CACHE_LARGE", &mut self.pool.thread_cache_large_bytes),
         ] {
             if let Some(v) = lookup(var) {
-                *field = parse_size(&v).map_err(|_| invalid(var, v, "a byte count, 0 for off (8MiB, 0, 268435456)"))?;
+                *field = parse_size(&v)
+                    .map_err(|e| invalid_because(var, v, "a byte count, 0 for off (8MiB, 0, 268435456)", &e))?;
             }
         }
         if let Some(v) = lookup("UMM_PRESSURE") {
@@ -151,12 +152,12 @@ impl UmmConfig {
                 .ok_or_else(|| invalid("UMM_SEGMENT_SLACK", v, "a fraction >= 0 (0.1) or off"))?;
         }
         if let Some(v) = lookup("UMM_PAGE_SIZE") {
-            self.pool.page_size = Some(
-                parse_size(&v)
-                    .ok()
-                    .filter(|b| b.is_power_of_two())
-                    .ok_or_else(|| invalid("UMM_PAGE_SIZE", v, "a power of two of bytes (2MiB, 8MiB, 8388608)"))?,
-            );
+            const PAGE: &str = "a power of two of bytes (2MiB, 8MiB, 8388608)";
+            self.pool.page_size = Some(match parse_size(&v) {
+                Ok(bytes) if bytes.is_power_of_two() => bytes,
+                Ok(bytes) => return Err(invalid_because("UMM_PAGE_SIZE", v, PAGE, &format!("{bytes} is not one"))),
+                Err(e) => return Err(invalid_because("UMM_PAGE_SIZE", v, PAGE, &e)),
+            });
         }
         if let Some(v) = lookup("UMM_CLEANUP_IDLE_ROUNDS") {
             self.cleanup_idle_rounds =
@@ -194,10 +195,13 @@ impl UmmConfig {
             ),
         ] {
             if let Some(v) = lookup(var) {
-                *field = parse_size(&v).ok().filter(|&b| b >= min).ok_or_else(|| {
-                    let min_text = crate::replay::human_bytes(min);
-                    invalid(var, v, format!("a size of at least {min_text} ({why}), such as 2MiB or 20MiB"))
-                })?;
+                let min_text = crate::replay::human_bytes(min);
+                let expected = format!("a size of at least {min_text} ({why}), such as 2MiB or 20MiB");
+                *field = match parse_size(&v) {
+                    Ok(bytes) if bytes >= min => bytes,
+                    Ok(_) => return Err(invalid(var, v, expected)),
+                    Err(e) => return Err(invalid_because(var, v, expected, &e)),
+                };
             }
         }
         Ok(())
@@ -213,10 +217,12 @@ impl UmmConfig {
             ("UMM_MEDIUM_MAX", &medium, &mut thresholds.medium_max),
         ] {
             if let Some(v) = value {
-                *field = parse_size(v)
-                    .ok()
-                    .filter(|&b| b > 0)
-                    .ok_or_else(|| invalid(var, v.clone(), "a byte count above zero (64KiB, 16MiB, 65536)"))?;
+                const EXPECTED: &str = "a byte count above zero (64KiB, 16MiB, 65536)";
+                *field = match parse_size(v) {
+                    Ok(bytes) if bytes > 0 => bytes,
+                    Ok(_) => return Err(invalid(var, v.clone(), EXPECTED)),
+                    Err(e) => return Err(invalid_because(var, v.clone(), EXPECTED, &e)),
+                };
             }
         }
         if thresholds.validate().is_ok() {
@@ -299,6 +305,14 @@ pub(crate) fn env_var(name: &str) -> Option<String> {
 
 fn invalid(var: &'static str, value: String, expected: impl Into<String>) -> Error {
     Error::InvalidEnv { var, value, expected: expected.into() }
+}
+
+/// [`invalid`], adding what the parser found wrong (`` `99999999999TiB` is too large ``), without the parser's
+/// own list of accepted forms: a value that looks right but overflows, or has a sign, says so.
+fn invalid_because(var: &'static str, value: String, expected: impl Into<String>, parse_error: &str) -> Error {
+    let problem = parse_error.split(": expected ").next().unwrap_or(parse_error);
+    let problem = problem.split("; a limit is ").next().unwrap_or(problem);
+    invalid(var, value, format!("{}; {problem}", expected.into()))
 }
 
 /// `UMM_BACKENDS`: which of CUDA, OpenCL and wgpu to probe. An empty list is refused, so that an unset-looking
@@ -387,7 +401,11 @@ impl std::fmt::Display for UnknownVar {
 pub fn unknown_vars<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<UnknownVar> {
     names
         .into_iter()
-        .filter(|name| name.len() >= 4 && name[..4].eq_ignore_ascii_case("UMM_") && !KNOWN_VARS.contains(name))
+        // Bytes, not `&name[..4]`: a name with a multi-byte character among its first four bytes is not a
+        // char boundary there (`UMM€`).
+        .filter(|name| {
+            name.as_bytes().get(..4).is_some_and(|p| p.eq_ignore_ascii_case(b"UMM_")) && !KNOWN_VARS.contains(name)
+        })
         .map(|name| {
             let upper = name.to_ascii_uppercase();
             let (distance, closest) =

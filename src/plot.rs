@@ -196,12 +196,17 @@ impl Timeline {
     }
 }
 
+/// The largest width and panel height [`render_svg`] draws, in pixels; larger values are drawn at this size.
+/// The band drawing keeps a column per horizontal pixel, so a width of `u32::MAX` would ask for tens of
+/// gigabytes.
+pub const MAX_PIXELS: u32 = 32_768;
+
 /// Size and detail of a plot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlotOptions {
-    /// Width in pixels.
+    /// Width in pixels (300 to [`MAX_PIXELS`]; values outside are drawn at the nearer end).
     pub width: u32,
-    /// Height of each panel in pixels.
+    /// Height of each panel in pixels (120 to [`MAX_PIXELS`]; values outside are drawn at the nearer end).
     pub panel_height: u32,
     /// Allocations drawn as their own band, largest first; the rest share the "other" band.
     pub max_shapes: usize,
@@ -227,8 +232,8 @@ const PALETTE: [&str; 10] =
 /// and `data-end`; the merged small ones are one `<polygon class="other">`; each panel's peak is a
 /// `<g class="peak">` with `data-step` and `data-bytes`. O(n log n + frees × live bands above them).
 pub fn render_svg(timeline: &Timeline, options: &PlotOptions) -> String {
-    let width = f64::from(options.width.max(300));
-    let panel_h = f64::from(options.panel_height.max(120));
+    let width = f64::from(options.width.clamp(300, MAX_PIXELS));
+    let panel_h = f64::from(options.panel_height.clamp(120, MAX_PIXELS));
     let height = TITLE_H + panel_h * timeline.panels.len().max(1) as f64;
     let mut svg = String::new();
     let _ = writeln!(

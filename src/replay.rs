@@ -233,7 +233,7 @@ fn first_device<D>(backend: &str, found: umm_backends::Discovery<D>, trace: &Tra
 
 /// The device index `UMM_REPLAY_DEVICE` asks for: 0 when unset, an error naming the variable when it is not a
 /// number.
-fn device_index(value: Option<&str>) -> Result<usize, ReplayError> {
+pub fn device_index(value: Option<&str>) -> Result<usize, ReplayError> {
     let Some(value) = value else { return Ok(0) };
     value.trim().parse().map_err(|_| ReplayError::InvalidDevice { value: value.into() })
 }
@@ -398,7 +398,7 @@ mod tests {
         assert_eq!(parse_size("3MB"), Ok(3_000_000));
         assert_eq!(parse_size("1TiB"), Ok(1 << 40));
         assert!(parse_size("2XB").unwrap_err().contains("unknown unit"));
-        assert!(parse_size("GiB").unwrap_err().contains("no number"));
+        assert!(parse_size("GiB").unwrap_err().contains("does not start with a number"));
         assert!(parse_size("1.2.3GiB").is_err());
         assert!(parse_size("99999999999TiB").is_err());
     }

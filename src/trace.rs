@@ -181,9 +181,16 @@ impl Builder<'_> {
         let mut fields = text.split_ascii_whitespace();
         let op = fields.next().unwrap_or_default();
         let mut field = |name: &str| -> Result<u64, TraceError> {
-            let value = fields.next().ok_or_else(|| self.error(number, format!("`{op}` op is missing its {name}")))?;
+            let value = fields
+                .next()
+                .ok_or_else(|| self.error(number, format!("`{op}` op is missing its {name} (in {})", quote(text))))?;
             value.parse::<u64>().map_err(|_| {
-                self.error(number, format!("{name} `{value}` is not a non-negative integer (in `{text}`)"))
+                let problem = if value.bytes().all(|b| b.is_ascii_digit()) {
+                    format!("is too large (at most {})", u64::MAX)
+                } else {
+                    "is not a non-negative integer".to_string()
+                };
+                self.error(number, format!("{name} {} {problem} (in {})", quote(value), quote(text)))
             })
         };
         match op {
@@ -201,14 +208,16 @@ impl Builder<'_> {
             }
             other => Err(self.error(
                 number,
-                format!("unknown op `{other}` (expected `a ID BYTES STREAM`, `f ID` or a `#` comment)"),
+                format!("unknown op {} (expected `a ID BYTES STREAM`, `f ID` or a `#` comment)", quote(other)),
             )),
         }
     }
 
     fn no_extra(&self, number: u64, extra: Option<&str>, text: &str) -> Result<(), TraceError> {
         match extra {
-            Some(extra) => Err(self.error(number, format!("unexpected extra field `{extra}` in `{text}`"))),
+            Some(extra) => {
+                Err(self.error(number, format!("unexpected extra field {} in {}", quote(extra), quote(text))))
+            }
             None => Ok(()),
         }
     }
@@ -256,6 +265,28 @@ impl Builder<'_> {
     }
 }
 
+/// Longest text of a trace line quoted in an error; longer text is cut with `...`.
+const QUOTE_CHARS: usize = 60;
+
+/// `text` in backquotes for an error message: control characters escaped (so that a line of binary data cannot
+/// move the terminal's cursor) and cut after [`QUOTE_CHARS`] characters.
+fn quote(text: &str) -> String {
+    let mut quoted = String::from("`");
+    for (i, c) in text.chars().enumerate() {
+        if i == QUOTE_CHARS {
+            quoted.push_str("...");
+            break;
+        }
+        if c.is_control() {
+            quoted.extend(c.escape_debug());
+        } else {
+            quoted.push(c);
+        }
+    }
+    quoted.push('`');
+    quoted
+}
+
 /// Longest first line read while looking for the header, so that a binary file without line breaks is not read
 /// whole before being refused.
 const HEADER_SCAN: u64 = 256;
@@ -281,9 +312,7 @@ fn parse(name: String, label: &str, mut reader: impl BufRead, gzip: bool) -> Res
         let found = match first {
             _ if line.is_empty() => "an empty file".to_string(),
             Some("") => "an empty first line".to_string(),
-            Some(text) if !text.chars().any(|c| c.is_control() && c != '\t') => {
-                format!("`{}`", text.chars().take(60).collect::<String>())
-            }
+            Some(text) if !text.chars().any(|c| c.is_control() && c != '\t') => quote(text),
             _ => "binary data".to_string(),
         };
         return Err(TraceError::Header { path: label.to_string(), found });

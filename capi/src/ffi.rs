@@ -45,9 +45,9 @@ fn guarded<T>(what: &str, failed: T, body: impl FnOnce() -> Result<T, String>) -
 /// (the contract of PyTorch's allocator interface).
 #[no_mangle]
 pub unsafe extern "C" fn umm_alloc(size: isize, device: c_int, stream: Stream) -> *mut c_void {
-    // SAFETY: this function's contract is `foreign_stream`'s.
-    let stream = unsafe { foreign_stream(stream as usize as u64) };
     guarded("umm_alloc", std::ptr::null_mut(), || {
+        // SAFETY: this function's contract is `foreign_stream`'s.
+        let stream = unsafe { foreign_stream(stream as usize as u64) };
         registry::alloc(size as i64, i64::from(device), stream).map(|p| p as usize as *mut c_void)
     })
 }
@@ -63,9 +63,11 @@ pub unsafe extern "C" fn umm_alloc(size: isize, device: c_int, stream: Stream) -
 #[no_mangle]
 pub unsafe extern "C" fn umm_free(ptr: *mut c_void, size: isize, device: c_int, stream: Stream) {
     let _ = size;
-    // SAFETY: this function's contract is `foreign_stream`'s.
-    let stream = unsafe { foreign_stream(stream as usize as u64) };
-    guarded("umm_free", (), || registry::free(ptr as usize as u64, i64::from(device), stream))
+    guarded("umm_free", (), || {
+        // SAFETY: this function's contract is `foreign_stream`'s.
+        let stream = unsafe { foreign_stream(stream as usize as u64) };
+        registry::free(ptr as usize as u64, i64::from(device), stream)
+    })
 }
 
 /// Marks the live allocation at `ptr` as used on `stream` too (PyTorch's `record_stream`): its free then waits
@@ -76,9 +78,11 @@ pub unsafe extern "C" fn umm_free(ptr: *mut c_void, size: isize, device: c_int, 
 /// work queued on it by then has completed.
 #[no_mangle]
 pub unsafe extern "C" fn umm_record_stream(ptr: *mut c_void, stream: Stream) -> c_int {
-    // SAFETY: this function's contract is `foreign_stream`'s.
-    let stream = unsafe { foreign_stream(stream as usize as u64) };
-    guarded("umm_record_stream", -1, || registry::record_stream(ptr as usize as u64, stream).map(|()| 0))
+    guarded("umm_record_stream", -1, || {
+        // SAFETY: this function's contract is `foreign_stream`'s.
+        let stream = unsafe { foreign_stream(stream as usize as u64) };
+        registry::record_stream(ptr as usize as u64, stream).map(|()| 0)
+    })
 }
 
 /// The number of CUDA devices umm sees (0 without a driver or GPU). Discovers devices on first use.

@@ -122,46 +122,59 @@ fn registry() -> &'static Registry {
 }
 
 /// The pool configuration: PyTorch's segment policy (the default), with `UMM_SEGMENT_MODE` (auto, plain,
-/// virtual), `UMM_MAPPED_SLACK` and `UMM_SEGMENT_SLACK` (a fraction or off), `UMM_PAGE_SIZE` (a power of two of bytes: the page size of
-/// virtual reservations) and `UMM_STRATEGY` (pooled, direct) read from the environment.
-fn pool_config() -> Result<PoolConfig, String> {
+/// virtual), `UMM_MAPPED_SLACK` and `UMM_SEGMENT_SLACK` (a fraction or off), `UMM_PAGE_SIZE` (a power of two of
+/// bytes: the page size of virtual reservations) and `UMM_STRATEGY` (pooled, direct) read through `var` (the
+/// environment). An error names the variable and its value.
+fn pool_config(var: impl Fn(&str) -> Option<String>) -> Result<PoolConfig, String> {
     let mut config = PoolConfig::default();
-    if let Ok(v) = std::env::var("UMM_SEGMENT_MODE") {
+    if let Some(v) = var("UMM_SEGMENT_MODE") {
         config.segment_mode = v
             .parse::<SegmentMode>()
             .map_err(|_| format!("UMM_SEGMENT_MODE={v:?} is not one of auto, plain, virtual"))?;
     }
-    if let Ok(v) = std::env::var("UMM_MAPPED_SLACK") {
+    if let Some(v) = var("UMM_MAPPED_SLACK") {
         config.mapped_slack = PoolConfig::parse_slack(&v)
             .ok_or_else(|| format!("UMM_MAPPED_SLACK={v:?} is not a fraction >= 0 (0.03) or off"))?;
     }
-    if let Ok(v) = std::env::var("UMM_SEGMENT_SLACK") {
+    if let Some(v) = var("UMM_SEGMENT_SLACK") {
         config.segment_slack = PoolConfig::parse_slack(&v)
             .ok_or_else(|| format!("UMM_SEGMENT_SLACK={v:?} is not a fraction >= 0 (0.1) or off"))?;
     }
-    if let Ok(v) = std::env::var("UMM_PAGE_SIZE") {
-        let page = umm_backends::parse_size(&v).ok().filter(|p| p.is_power_of_two());
-        config.page_size =
-            Some(page.ok_or_else(|| format!("UMM_PAGE_SIZE={v:?} is not a power of two of bytes (8MiB)"))?);
+    if let Some(v) = var("UMM_PAGE_SIZE") {
+        config.page_size = Some(match umm_backends::parse_size(&v) {
+            Ok(page) if page.is_power_of_two() => page,
+            Ok(page) => return Err(format!("UMM_PAGE_SIZE={v:?} is not a power of two of bytes (8MiB): {page} bytes")),
+            Err(e) => return Err(format!("UMM_PAGE_SIZE={v:?} is not a power of two of bytes (8MiB): {e}")),
+        });
     }
-    if let Ok(v) = std::env::var("UMM_STRATEGY") {
+    if let Some(v) = var("UMM_STRATEGY") {
         config.strategy =
             v.parse::<Strategy>().map_err(|_| format!("UMM_STRATEGY={v:?} is not one of pooled, direct"))?;
     }
     Ok(config)
 }
 
-fn huge_min() -> Result<u64, String> {
-    match std::env::var("UMM_HUGE_MIN") {
-        Ok(v) => v.trim().parse::<u64>().map_err(|_| format!("UMM_HUGE_MIN={v:?} is not a byte count (0 disables)")),
-        Err(_) => Ok(DEFAULT_HUGE_MIN),
+/// `UMM_HUGE_MIN` read through `var`: a byte count, 0 (the default) for no huge pool.
+fn huge_min(var: impl Fn(&str) -> Option<String>) -> Result<u64, String> {
+    match var("UMM_HUGE_MIN") {
+        Some(v) => v
+            .trim()
+            .parse::<u64>()
+            .map_err(|_| format!("UMM_HUGE_MIN={v:?} is not a byte count (an integer such as 1073741824; 0 disables)")),
+        None => Ok(DEFAULT_HUGE_MIN),
     }
+}
+
+/// The environment variable `name`; a value that is not Unicode comes back lossily converted, so that it is
+/// reported as invalid rather than ignored.
+fn env_var(name: &str) -> Option<String> {
+    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
 }
 
 impl Registry {
     fn discover() -> Self {
         let found = cuda::discover();
-        let config = pool_config().and_then(|c| Ok((c, huge_min()?)));
+        let config = pool_config(env_var).and_then(|c| Ok((c, huge_min(env_var)?)));
         let huge_min = config.as_ref().map_or(0, |(_, h)| *h);
         let mut devices: Vec<Slot> = Vec::new();
         for device in &found.devices {
@@ -365,4 +378,71 @@ pub(crate) fn reset_peaks(device: i64) -> Result<(), String> {
         slot.pools().for_each(|p| p.reset_peaks());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Random values for every variable the C ABI reads: `Ok`, or an error that names the variable and quotes
+    /// its value; never a panic. 10,000 cases (`UMM_FUZZ_CASES` overrides).
+    #[test]
+    fn fuzzed_variables_are_read_or_refused_by_name() {
+        let cases: u64 = std::env::var("UMM_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
+        const VARS: [&str; 6] = [
+            "UMM_SEGMENT_MODE",
+            "UMM_MAPPED_SLACK",
+            "UMM_SEGMENT_SLACK",
+            "UMM_PAGE_SIZE",
+            "UMM_STRATEGY",
+            "UMM_HUGE_MIN",
+        ];
+        const VALUES: [&str; 24] = [
+            "",
+            " ",
+            "0",
+            "1",
+            "-1",
+            "0.1",
+            "NaN",
+            "inf",
+            "off",
+            "none",
+            "auto",
+            "plain",
+            "virtual",
+            "VIRTUAL",
+            "pooled",
+            "direct",
+            "8MiB",
+            "3MiB",
+            "1e30B",
+            "99999999999999999999",
+            "18446744073709551615",
+            "2 MiB",
+            "µ",
+            "\u{0}",
+        ];
+        let mut state = 0x1234_5678_u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..cases {
+            let name = VARS[(next() % 6) as usize];
+            let value = if next() % 4 == 0 {
+                (0..next() % 8).map(|_| char::from_u32((next() % 0x3000) as u32).unwrap_or('?')).collect()
+            } else {
+                format!("{}{}", VALUES[(next() % 24) as usize], ["", "MiB", " ", "%"][(next() % 4) as usize])
+            };
+            let lookup = |k: &str| (k == name).then(|| value.clone());
+            for result in [pool_config(lookup).map(|_| ()), huge_min(lookup).map(|_| ())] {
+                if let Err(e) = result {
+                    assert!(e.contains(&format!("{name}={value:?}")), "{name}={value:?}: {e}");
+                }
+            }
+        }
+    }
 }

@@ -3,125 +3,19 @@
 //! a snapshot; `umm plot` draws a snapshot or a trace as a timeline SVG; `umm plan` computes an offline reuse
 //! plan for a trace and compares it with the lower bound and with what the pool reserved.
 
-use clap::{Args, Parser, Subcommand};
+#[path = "umm/args.rs"]
+mod args;
+
+use args::{Cli, Command, DevicesArgs, PlanArgs, PlotArgs, ReplayArgs, SnapshotArgs};
+use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
-use umm::backends::Limit;
-use umm::observe::{self, SnapshotAt};
+use umm::observe;
 use umm::plot::{PlotOptions, Timeline};
 use umm::replay::{self, human_bytes, ReplayOptions, ReplayReport};
 use umm::trace::Trace;
-
-#[derive(Parser)]
-#[command(name = "umm", version, about = "umm: a universal memory manager for accelerators")]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Replay allocation traces (umm-trace v1, plain or gzip) through a pool and report memory and time per op.
-    Replay(ReplayArgs),
-    /// List every device with its APIs, memory, limits and pool usage (nvidia-smi and clinfo in one table).
-    Devices(DevicesArgs),
-    /// Replay a trace on a simulated device with the profiler on and write a snapshot (segments, blocks, events).
-    Snapshot(SnapshotArgs),
-    /// Draw a snapshot (JSON) or a trace as a timeline of live memory per device: a self-contained SVG.
-    Plot(PlotArgs),
-    /// Plan every allocation of a trace at a fixed offset (lifetimes known ahead) and compare the plan's peak with
-    /// the lower bound (most bytes live at once) and with what umm's pool reserved replaying it.
-    Plan(PlanArgs),
-}
-
-#[derive(Args)]
-struct PlanArgs {
-    /// Print one JSON object per trace (one per line) instead of a table.
-    #[arg(long)]
-    json: bool,
-    /// Alignment of planned sizes and offsets in bytes (a power of two).
-    #[arg(long, default_value_t = umm::plan::DEFAULT_ALIGNMENT)]
-    alignment: u64,
-    /// Trace files.
-    #[arg(required = true)]
-    traces: Vec<PathBuf>,
-}
-
-#[derive(Args)]
-struct DevicesArgs {
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    json: bool,
-    /// Add a simulated device of this capacity (repeatable), as UMM's tests and replays do.
-    #[arg(long = "sim", value_parser = replay::parse_capacity)]
-    simulated: Vec<u64>,
-}
-
-#[derive(Args)]
-struct SnapshotArgs {
-    /// The trace (umm-trace v1, plain or gzip).
-    trace: PathBuf,
-    /// Where to write the snapshot JSON.
-    #[arg(short, long, default_value = "snapshot.json")]
-    output: PathBuf,
-    /// Capacity of the simulated device (default 80GiB, an H100).
-    #[arg(long, value_parser = replay::parse_capacity)]
-    capacity: Option<u64>,
-    /// Cap on the pool's reserved memory: a size with a unit (2GiB, 1.5GB, 1048576B) or a percentage of the
-    /// device (90%).
-    #[arg(long, value_parser = replay::parse_limit)]
-    limit: Option<Limit>,
-    /// When to take the snapshot: `end` (after the last op) or `peak` (when live bytes first reach the peak).
-    #[arg(long, default_value = "end")]
-    at: SnapshotAt,
-}
-
-#[derive(Args)]
-struct PlotArgs {
-    /// A snapshot (JSON, from `umm snapshot` or `mm.snapshot()`) or a trace.
-    input: PathBuf,
-    /// Where to write the SVG.
-    #[arg(short, long, default_value = "timeline.svg")]
-    output: PathBuf,
-    /// Width in pixels.
-    #[arg(long, default_value_t = PlotOptions::default().width)]
-    width: u32,
-    /// Height of each device's panel in pixels.
-    #[arg(long, default_value_t = PlotOptions::default().panel_height)]
-    height: u32,
-    /// Allocations drawn as bands of their own (the largest); smaller ones are merged into one grey band.
-    #[arg(long, default_value_t = PlotOptions::default().max_shapes)]
-    max_shapes: usize,
-}
-
-#[derive(Args)]
-struct ReplayArgs {
-    /// Backend to replay on: sim (simulated device with virtual memory, like CUDA), sim-plain (segments only,
-    /// like OpenCL and wgpu), host (this machine's memory), or cuda, opencl, wgpu where built in (the first
-    /// device found; UMM_REPLAY_DEVICE=N picks another).
-    #[arg(long, default_value = "sim")]
-    backend: String,
-    /// Cap on the pool's reserved memory: a size with a unit (2GiB, 1.5GB, 1048576B) or a percentage of the
-    /// device (90%).
-    #[arg(long, value_parser = replay::parse_limit)]
-    limit: Option<Limit>,
-    /// Warm replays after the cold one; ns/op warm is their median.
-    #[arg(long, default_value_t = 5)]
-    repeat: usize,
-    /// Device capacity, as a size: for sim and sim-plain (default 80GiB, an H100), and for host (default the
-    /// memory available now, MemAvailable).
-    #[arg(long, value_parser = replay::parse_capacity)]
-    capacity: Option<u64>,
-    /// Print one JSON object per trace (one per line) instead of a table.
-    #[arg(long)]
-    json: bool,
-    /// Trace files.
-    #[arg(required = true)]
-    traces: Vec<PathBuf>,
-}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -86,11 +86,21 @@ impl SimBackend {
             })
     }
 
-    fn addresses(&self, size: u64, reservation: bool) -> SimSegment {
+    /// Addresses for a segment or reservation of `size` bytes, after the last one handed out. A device whose
+    /// capacity is near 2^64 bytes can run out of addresses before memory (reservations span twice the
+    /// capacity): that is an error, not an overflow.
+    fn addresses(&self, size: u64, reservation: bool, call: &str) -> Result<SimSegment> {
         let mut next_address = self.next_address.lock();
-        let base = next_address.div_ceil(Self::PAGE) * Self::PAGE;
-        *next_address = base + size;
-        SimSegment { base, size, reservation }
+        let base = next_address.div_ceil(Self::PAGE).checked_mul(Self::PAGE);
+        let Some((base, end)) = base.and_then(|base| Some((base, base.checked_add(size)?))) else {
+            return Err(Error::Driver {
+                backend: self.name.clone(),
+                call: call.into(),
+                message: format!("out of address space: {size} bytes asked after {:#x}", *next_address),
+            });
+        };
+        *next_address = end;
+        Ok(SimSegment { base, size, reservation })
     }
 
     fn no_bytes(&self, what: &str) -> Error {
@@ -127,7 +137,7 @@ impl Backend for SimBackend {
     }
     fn create_segment(&self, size: u64) -> Result<SimSegment> {
         self.take(size, "create_segment")?;
-        Ok(self.addresses(size, false))
+        self.addresses(size, false, "create_segment")
     }
     fn destroy_segment(&self, segment: SimSegment, _: crate::backend::PoolAccess) {
         // A reservation's pages were unmapped (and counted back) before it is destroyed.
@@ -138,7 +148,8 @@ impl Backend for SimBackend {
     fn virtual_memory(&self) -> Option<VirtualMemory> {
         self.virtual_memory.then_some(VirtualMemory {
             page_size: self.page,
-            max_reservation: self.capacity.div_ceil(self.page) * self.page * 2,
+            // Saturating: a simulated capacity near 2^64 bytes must not overflow.
+            max_reservation: self.capacity.div_ceil(self.page).saturating_mul(self.page).saturating_mul(2),
         })
     }
     fn set_page_size(&mut self, page: u64) -> Result<()> {
@@ -149,7 +160,7 @@ impl Backend for SimBackend {
         Ok(())
     }
     fn reserve_virtual(&self, size: u64) -> Result<SimSegment> {
-        Ok(self.addresses(size, true))
+        self.addresses(size, true, "reserve")
     }
     fn map_pages(&self, _segment: &SimSegment, _offset: u64, len: u64) -> Result<()> {
         self.take(len, "map_pages")
