@@ -859,7 +859,9 @@ impl<B: Backend> Pool<B> {
             ArenaClass::Large if size < self.config.large_segment_size / 2 => round(self.config.large_segment_size),
             ArenaClass::Large => round(size),
         }
-        .min(self.backend.max_segment_size())
+        // The largest segment the backend makes, rounded down to the granularity: a segment size must be one
+        // the engine keeps as it is, or the pool would count other bytes than the engine hands out.
+        .min(self.backend.max_segment_size() / granularity * granularity)
         .max(size);
         // Empty segments that would leave reserved memory above its `segment_slack` budget go first.
         let excess =

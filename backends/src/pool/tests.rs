@@ -1225,3 +1225,22 @@ fn segment_slack_replaces_empty_segments_and_settles() {
     // Replacing segments settles: the last passes create and destroy nothing.
     assert!(replaced_calls[4..].iter().all(|&c| c == 0), "{replaced_calls:?}");
 }
+
+#[test]
+fn a_device_whose_largest_segment_is_not_a_multiple_of_the_granularity_gets_whole_segments() {
+    // 4,842 bytes: not a multiple of the 512-byte alignment. Found by fuzzing `umm replay --capacity 4842`.
+    for mode in [SegmentMode::Plain, SegmentMode::Auto] {
+        let pool = Pool::new(SimBackend::new("tiny", 4842), PoolConfig { segment_mode: mode, ..PoolConfig::default() })
+            .unwrap();
+        let block = pool.allocate(512, S0).unwrap();
+        let s = pool.stats();
+        assert_eq!(s.reserved_bytes.current % pool.backend().alignment(), 0, "{mode:?}: {s:?}");
+        assert!(s.reserved_bytes.current <= 4842, "{mode:?}: {s:?}");
+        let err = pool.allocate(1 << 20, S0).unwrap_err();
+        assert!(err.is_out_of_memory() || matches!(err, Error::TooLarge { .. }), "{mode:?}: {err}");
+        pool.free(&block).unwrap();
+        assert_eq!(pool.stats().allocated_bytes.current, 0);
+        pool.release_cached();
+        assert_eq!(pool.stats().reserved_bytes.current, 0);
+    }
+}
