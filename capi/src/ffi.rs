@@ -7,8 +7,6 @@
 use crate::{error, registry};
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::OnceLock;
-use umm_backends::cuda::cudarc::driver::{result, sys};
 use umm_backends::cuda::foreign_stream;
 
 /// `cudaStream_t` / `CUstream`: an opaque handle, NULL for the legacy default stream.
@@ -149,37 +147,4 @@ pub extern "C" fn umm_set_limit(device: c_int, bytes: u64) -> c_int {
 #[no_mangle]
 pub extern "C" fn umm_reset_peaks(device: c_int) -> c_int {
     guarded("umm_reset_peaks", -1, || registry::reset_peaks(i64::from(device)).map(|()| 0))
-}
-
-/// Whether the CUDA driver library can be loaded (checked once).
-fn driver_present() -> bool {
-    static PRESENT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: `is_culib_present` only tries `dlopen` on cudarc's list of library names; loading libcuda runs no
-    // code that depends on our state.
-    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
-}
-
-/// Saves the calling thread's current CUDA context and puts it back on drop. umm binds a device's primary
-/// context to make driver calls; the caller (PyTorch, whose current device is the current context) must not see
-/// that change.
-pub(crate) struct ContextGuard {
-    saved: Option<sys::CUcontext>,
-}
-
-impl ContextGuard {
-    pub(crate) fn save() -> Self {
-        let saved = if driver_present() { result::ctx::get_current().ok().flatten() } else { None };
-        Self { saved }
-    }
-}
-
-impl Drop for ContextGuard {
-    fn drop(&mut self) {
-        let Some(saved) = self.saved else { return };
-        if result::ctx::get_current().ok().flatten() != Some(saved) {
-            // SAFETY: `saved` was the thread's current context when the guard was made; umm holds every
-            // device's primary context (retained at discovery, never released), so it is still alive.
-            let _ = unsafe { result::ctx::set_current(saved) };
-        }
-    }
 }

@@ -11,7 +11,6 @@
 //! Everything here is safe Rust over plain integers (addresses and stream handles as `u64`); [`crate::ffi`]
 //! converts the C types.
 
-use crate::ffi::ContextGuard;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -116,7 +115,7 @@ static REGISTRY: OnceLock<Registry> = OnceLock::new();
 fn registry() -> &'static Registry {
     REGISTRY.get_or_init(|| {
         // Discovery binds each device's context to this thread; put the caller's back afterwards.
-        let _guard = ContextGuard::save();
+        let _scope = ContextScope::enter_saving();
         Registry::discover()
     })
 }
@@ -335,7 +334,7 @@ pub(crate) fn stats_json(device: i64) -> Result<String, String> {
 /// Gives cached memory of `device` (or every device for -1) back to the driver. Returns the bytes released.
 pub(crate) fn empty_cache(device: i64) -> Result<u64, String> {
     let reg = registry();
-    let _guard = ContextGuard::save();
+    let _scope = ContextScope::enter_saving();
     Ok(reg
         .targets(device)?
         .into_iter()
@@ -349,7 +348,7 @@ pub(crate) fn empty_cache(device: i64) -> Result<u64, String> {
 /// what the huge pool still holds.
 pub(crate) fn set_limit(device: i64, bytes: u64) -> Result<(), String> {
     let reg = registry();
-    let _guard = ContextGuard::save();
+    let _scope = ContextScope::enter_saving();
     for (slot, main) in reg.targets(device)? {
         if bytes == 0 {
             main.set_limit(None).map_err(|e| format!("umm_set_limit: {e}"))?;

@@ -39,6 +39,18 @@ impl ContextScope {
         });
         ContextScope { _thread_bound: PhantomData }
     }
+
+    /// Opens a scope that restores the thread's current context whatever binds another inside it, umm's
+    /// backends or not (cudarc's `CudaContext::new` during discovery binds its context itself). Reads the
+    /// current context now: one driver call, none when the driver library is absent (checked once).
+    pub fn enter_saving() -> Self {
+        let scope = Self::enter();
+        static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *PRESENT.get_or_init(raw::driver_library_present) {
+            before_bind();
+        }
+        scope
+    }
 }
 
 impl Drop for ContextScope {
