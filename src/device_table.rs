@@ -57,10 +57,9 @@ pub struct DeviceRow {
 
 /// The manager indices of the devices that the CUDA driver says can reach `device`'s memory as peers.
 fn cuda_peers(device: &crate::Device, all: &[std::sync::Arc<crate::Device>]) -> Vec<usize> {
-    let cuda_ordinal = |d: &crate::Device| {
-        d.api_infos().into_iter().find(|i| i.api == umm_backends::BackendKind::Cuda).map(|i| i.ordinal)
-    };
-    let Some(info) = device.api_infos().into_iter().find(|i| i.api == umm_backends::BackendKind::Cuda) else {
+    let cuda_ordinal =
+        |d: &crate::Device| d.api_infos().into_iter().find(|i| i.api == umm_backends::Api::Cuda).map(|i| i.ordinal);
+    let Some(info) = device.api_infos().into_iter().find(|i| i.api == umm_backends::Api::Cuda) else {
         return Vec::new();
     };
     let Some((_, listed)) = info.details.iter().find(|(key, _)| key == "peers") else { return Vec::new() };

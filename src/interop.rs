@@ -21,24 +21,13 @@
 use crate::discovery::ApiHandle;
 use crate::{Error, Result, UniversalBuffer};
 #[allow(unused_imports)]
-use umm_backends::{BackendKind, OwnedBlock};
+use umm_backends::OwnedBlock;
 use umm_placement::Api;
-
-/// The API that memory of a backend kind belongs to.
-pub(crate) fn api_of(kind: BackendKind) -> Api {
-    match kind {
-        BackendKind::Host => Api::Host,
-        BackendKind::Sim => Api::Sim,
-        BackendKind::Cuda => Api::Cuda,
-        BackendKind::OpenCl => Api::OpenCl,
-        BackendKind::Wgpu => Api::Wgpu,
-    }
-}
 
 impl<T: bytemuck::Pod> UniversalBuffer<T> {
     /// The API whose memory holds the buffer (`None` for an empty buffer).
     pub fn api(&self) -> Option<Api> {
-        self.block.as_ref().map(|b| api_of(b.pool().kind()))
+        self.block.as_ref().map(|b| b.pool().kind())
     }
 
     /// The buffer's block, checked to be memory of `wanted`.
@@ -47,7 +36,7 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
         let Some(block) = &self.block else {
             return Err(Error::EmptyBuffer { op, label: self.meta.label.clone() });
         };
-        let found = api_of(block.pool().kind());
+        let found = block.pool().kind();
         if found != wanted {
             return Err(Error::WrongApi { op, wanted, found, label: self.meta.label.clone() });
         }

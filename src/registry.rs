@@ -7,9 +7,7 @@ use crate::UmmConfig;
 use parking_lot::Mutex;
 use std::fmt;
 use std::sync::{Arc, Weak};
-use umm_backends::{
-    BackendKind, DeviceInfo, DeviceType, HostBackend, MemoryPool, Pool, PoolConfig, PoolPlacement, SimBackend,
-};
+use umm_backends::{DeviceInfo, HostBackend, MemoryPool, Pool, PoolConfig, PoolPlacement, SimBackend};
 use umm_placement::{Api, DeviceKind, DeviceView, PoolKind};
 
 /// The pool of an adopted buffer, held weakly: it lives as long as its buffer.
@@ -201,17 +199,6 @@ pub(crate) fn pool_kind(p: PoolPlacement) -> PoolKind {
     }
 }
 
-fn device_kind(t: DeviceType) -> DeviceKind {
-    match t {
-        DeviceType::Host => DeviceKind::Host,
-        DeviceType::Cpu => DeviceKind::Cpu,
-        DeviceType::DiscreteGpu => DeviceKind::DiscreteGpu,
-        DeviceType::IntegratedGpu => DeviceKind::IntegratedGpu,
-        DeviceType::Simulated => DeviceKind::Simulated,
-        DeviceType::Other => DeviceKind::Other,
-    }
-}
-
 /// Everything discovery found, and what it skipped.
 pub(crate) struct Discovered {
     pub(crate) devices: Vec<Arc<Device>>,
@@ -227,11 +214,11 @@ pub(crate) fn discover(config: &UmmConfig, host: &HostInfo) -> Discovered {
     entries.push(ApiEntry {
         api: Api::Host,
         info: DeviceInfo {
-            api: BackendKind::Host,
+            api: Api::Host,
             ordinal: 0,
             name: "host".into(),
             vendor: host.cpu_vendor.clone().unwrap_or_default(),
-            device_type: DeviceType::Host,
+            kind: DeviceKind::Host,
             total_memory: host.total_memory,
             free_memory: Some(host.available_memory),
             shares_memory_with_host: true,
@@ -254,11 +241,11 @@ pub(crate) fn discover(config: &UmmConfig, host: &HostInfo) -> Discovered {
         entries.push(ApiEntry {
             api: Api::Sim,
             info: DeviceInfo {
-                api: BackendKind::Sim,
+                api: Api::Sim,
                 ordinal: i,
                 name: name.clone(),
                 vendor: "umm".into(),
-                device_type: DeviceType::Simulated,
+                kind: DeviceKind::Simulated,
                 total_memory: capacity,
                 free_memory: Some(capacity),
                 shares_memory_with_host: false,
@@ -301,7 +288,7 @@ fn merge(entries: Vec<ApiEntry>) -> Vec<Arc<Device>> {
             Arc::new(Device {
                 index,
                 name: first.name.clone(),
-                kind: device_kind(first.device_type),
+                kind: first.kind,
                 shares_memory_with_host: apis.iter().any(|a| a.info.shares_memory_with_host),
                 total_memory: apis.iter().map(|a| a.info.total_memory).max().unwrap_or(0),
                 pci_bus_id: apis.iter().find_map(|a| a.info.pci_bus_id.clone()),

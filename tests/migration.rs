@@ -2,7 +2,7 @@
 //! each device's DeviceLocal, HostPinned and ReadOnly pools: PoCL and lavapipe where installed, CUDA where
 //! present), odd lengths, empty buffers, read-only targets and unknown devices.
 
-use umm::backends::{skip_or_fail, BackendKind};
+use umm::backends::{skip_or_fail, Api};
 use umm::{
     AccessPattern, AllocOptions, DeviceSelector, Error, MigrateTo, MigrationPath, Placement, PoolKind, UniversalBuffer,
     UniversalMemoryManager,
@@ -24,7 +24,7 @@ struct Target {
 /// For each accelerator API that no device of `mm` offers, prints that `test` does not cover it, or fails when
 /// `UMM_REQUIRE_BACKENDS` names it: the per-device loops would otherwise pass silently over no devices.
 fn report_missing_apis(mm: &UniversalMemoryManager, test: &str) {
-    for api in [BackendKind::Cuda, BackendKind::OpenCl, BackendKind::Wgpu] {
+    for api in [Api::Cuda, Api::OpenCl, Api::Wgpu] {
         let present = mm.devices().iter().any(|d| d.api_infos().iter().any(|i| i.api == api));
         if !present {
             let discovery = if mm.skipped().is_empty() { "nothing skipped".into() } else { mm.skipped().join("; ") };

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 use umm::backends::cuda::cudarc::driver::CudaContext;
-use umm::backends::{skip_or_fail, BackendKind};
+use umm::backends::{skip_or_fail, Api};
 use umm::{
     Device, DeviceSelector, MigrateTo, MigrationPath, Placement, SegmentMode, UmmConfig, UniversalMemoryManager,
 };
@@ -42,7 +42,7 @@ fn two_gpus(mode: SegmentMode) -> Option<(UniversalMemoryManager, Vec<usize>)> {
 
 /// The CUDA ordinal of a manager device seen through CUDA.
 fn cuda_ordinal(device: &Device) -> Option<usize> {
-    device.api_infos().iter().find(|i| i.api == BackendKind::Cuda).map(|i| i.ordinal)
+    device.api_infos().iter().find(|i| i.api == Api::Cuda).map(|i| i.ordinal)
 }
 
 fn median(mut times: Vec<Duration>) -> Duration {

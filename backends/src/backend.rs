@@ -2,27 +2,9 @@
 //! aligned, report capacity, and move bytes. Everything else (caching, splitting, limits, statistics) lives in
 //! [`crate::Pool`], shared by every backend.
 
-pub use crate::raw::HostPtr;
+pub use crate::host_ptr::HostPtr;
 use crate::Result;
-
-/// What kind of memory a backend manages. Used in names, statistics and errors.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, strum::Display, strum::EnumString,
-)]
-#[strum(serialize_all = "lowercase", ascii_case_insensitive)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendKind {
-    /// Plain (pageable) or pinned host memory.
-    Host,
-    /// A simulated device: address ranges only, no bytes.
-    Sim,
-    /// CUDA device or page-locked host memory through the driver API.
-    Cuda,
-    /// OpenCL buffers.
-    OpenCl,
-    /// wgpu buffers.
-    Wgpu,
-}
+use umm_placement::Api;
 
 /// A backend that can reserve address space and map physical pages into it on demand (CUDA's
 /// cuMemAddressReserve + cuMemCreate/cuMemMap, or the simulated device). A pool over such a backend places large
@@ -65,7 +47,7 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
     fn name(&self) -> &str;
 
     /// What kind of memory this is.
-    fn kind(&self) -> BackendKind;
+    fn kind(&self) -> Api;
 
     /// Alignment (bytes, a power of two) every block start must honour: CUDA 256, OpenCL the device's base address
     /// alignment, wgpu the storage-buffer offset alignment, host 64 or more.

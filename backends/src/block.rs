@@ -2,7 +2,7 @@
 //! and [`OwnedBlock`], which frees its block when dropped.
 
 use crate::engine::{BlockId, SegmentId};
-use crate::{Backend, BackendKind, Limit, Pool, PoolStats, Result, StreamId, TrimReport};
+use crate::{Api, Backend, Limit, Pool, PoolStats, Result, StreamId, TrimReport};
 use std::any::Any;
 use std::sync::Arc;
 
@@ -96,7 +96,7 @@ pub trait MemoryPool: sealed::Sealed + Send + Sync + 'static {
     /// Pool name (device and placement).
     fn name(&self) -> &str;
     /// Kind of memory.
-    fn kind(&self) -> BackendKind;
+    fn kind(&self) -> Api;
     /// Block alignment in bytes.
     fn alignment(&self) -> u64;
     /// Device capacity in bytes.
@@ -173,7 +173,7 @@ impl MemoryPool for PoolLease {
     fn name(&self) -> &str {
         self.0.name()
     }
-    fn kind(&self) -> BackendKind {
+    fn kind(&self) -> Api {
         self.0.kind()
     }
     fn alignment(&self) -> u64 {
@@ -244,7 +244,7 @@ impl<B: Backend> MemoryPool for Pool<B> {
     fn name(&self) -> &str {
         self.backend().name()
     }
-    fn kind(&self) -> BackendKind {
+    fn kind(&self) -> Api {
         self.backend().kind()
     }
     fn alignment(&self) -> u64 {
@@ -408,7 +408,7 @@ impl OwnedBlock {
         let addr = self.host_addr?;
         self.pool.settle().ok()?;
         // The block is live for as long as `self`, so the range stays valid for the borrow.
-        Some(crate::raw::bytes(self, addr, self.handle.requested as usize))
+        Some(crate::host_ptr::bytes(self, addr, self.handle.requested as usize))
     }
 
     /// The requested bytes as a mutable host slice, when the memory is host-addressable; waits for queued device
@@ -417,7 +417,7 @@ impl OwnedBlock {
         let addr = self.host_addr?;
         self.pool.settle().ok()?;
         let len = self.handle.requested as usize;
-        Some(crate::raw::bytes_mut(self, addr, len))
+        Some(crate::host_ptr::bytes_mut(self, addr, len))
     }
 
     pub(crate) fn check_range(&self, offset: u64, len: u64) -> Result<()> {

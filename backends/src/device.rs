@@ -2,30 +2,16 @@
 //! recognise one GPU seen through two APIs, and feed the placement decider.
 
 use serde::Serialize;
+use umm_placement::{Api, DeviceKind};
 
-/// Broad kind of a device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, strum::Display)]
-#[strum(serialize_all = "kebab-case")]
-#[serde(rename_all = "kebab-case")]
-pub enum DeviceType {
-    /// The host's own memory.
-    Host,
-    /// A CPU device (PoCL, lavapipe, llvmpipe): memory is host memory.
-    Cpu,
-    /// A GPU with its own memory.
-    DiscreteGpu,
-    /// A GPU sharing memory with the host.
-    IntegratedGpu,
-    /// A simulated device.
-    Simulated,
-    /// Anything else (accelerators, virtual GPUs).
-    Other,
-}
-
-/// The kind of pool a device offers for a placement.
+/// The kind of pool a device's API makes for a placement.
+///
+/// The pools a backend can make, which is one fewer than where a placement decision can land
+/// ([`umm_placement::PoolKind`] adds pageable host memory, which no device API makes: it is the host backend's).
+/// Spelled as `PoolKind` spells the same pools (`device_local`, `host_pinned`, `read_only`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, strum::Display, strum::EnumIter)]
-#[strum(serialize_all = "kebab-case")]
-#[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum PoolPlacement {
     /// Device memory, read-write.
     DeviceLocal,
@@ -39,15 +25,15 @@ pub enum PoolPlacement {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DeviceInfo {
     /// The API.
-    pub api: crate::BackendKind,
+    pub api: Api,
     /// Index among this API's devices.
     pub ordinal: usize,
     /// Device name.
     pub name: String,
     /// Vendor name.
     pub vendor: String,
-    /// Kind.
-    pub device_type: DeviceType,
+    /// What sort of device it is.
+    pub kind: DeviceKind,
     /// Total memory in bytes.
     pub total_memory: u64,
     /// Free memory in bytes when discovered (None when the API cannot tell).

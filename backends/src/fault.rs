@@ -43,7 +43,7 @@
 //! twice, a range unmapped that was not mapped) is recorded in [`FaultHandle::violations`].
 
 use crate::backend::{sealed, PoolAccess};
-use crate::{Backend, BackendKind, Error, HostPtr, Result, VirtualMemory};
+use crate::{Api, Backend, Error, HostPtr, Result, VirtualMemory};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -353,7 +353,7 @@ impl<B: Backend> Backend for FaultyBackend<B> {
     fn name(&self) -> &str {
         self.inner.name()
     }
-    fn kind(&self) -> BackendKind {
+    fn kind(&self) -> Api {
         self.inner.kind()
     }
     fn alignment(&self) -> u64 {

@@ -18,20 +18,22 @@ pub mod engine;
 pub mod error;
 pub mod fault;
 pub mod host;
+mod host_ptr;
+mod lock;
 #[cfg(feature = "opencl")]
 pub mod opencl;
 pub mod pool;
-mod raw;
 pub mod sim;
 pub mod stats;
+/// The wgpu backend. Named `wgpu_backend`, not `wgpu`, so that `wgpu::` in this crate's paths names the wgpu
+/// crate without ambiguity.
 #[cfg(feature = "wgpu")]
-#[path = "wgpu/mod.rs"]
 pub mod wgpu_backend;
 
 pub use adopt::Ownership;
-pub use backend::{Backend, BackendKind, HostPtr, PoolAccess, VirtualMemory};
+pub use backend::{Backend, HostPtr, PoolAccess, VirtualMemory};
 pub use block::{BlockHandle, BlockInfo, MemoryPool, OwnedBlock, PoolLease};
-pub use device::{DeviceInfo, DeviceType, Discovery, PoolPlacement};
+pub use device::{DeviceInfo, Discovery, PoolPlacement};
 pub use device_copy::DevicePath;
 pub use error::{Error, Result};
 pub use host::{host_memory, HostBackend};
@@ -41,6 +43,9 @@ pub use pool::{
 };
 pub use sim::SimBackend;
 pub use stats::{PoolStats, Stat};
+/// The vocabulary shared with the placement crate: which API a pool or device is reached through, and what sort
+/// of device it is.
+pub use umm_placement::{Api, DeviceKind};
 
 /// Identifies a stream (CUDA stream, OpenCL queue, wgpu queue) that blocks are allocated and freed on.
 /// `StreamId(0)` is the default stream. Blocks freed on a stream are reused at once on that stream only.

@@ -15,8 +15,7 @@ use umm_backends::cuda::cudarc::driver::{
 };
 use umm_backends::cuda::{self, CudaBuffer, CudaDevice, CudaPoolExt};
 use umm_backends::{
-    skip_or_fail, Backend, BackendKind, DeviceType, Error, Limit, PoolConfig, PoolPlacement, SegmentMode, Strategy,
-    StreamId,
+    skip_or_fail, Api, Backend, DeviceKind, Error, Limit, PoolConfig, PoolPlacement, SegmentMode, Strategy, StreamId,
 };
 
 const KERNELS: &str = r#"
@@ -156,7 +155,7 @@ fn discovery_reports_device_facts() {
     let Some(dev) = gpu() else { return };
     let info = dev.info();
     println!("{info:#?}");
-    assert_eq!(info.api, BackendKind::Cuda);
+    assert_eq!(info.api, Api::Cuda);
     assert!(!info.name.is_empty() && info.total_memory > 0);
     assert!(info.free_memory.is_some_and(|f| f > 0 && f <= info.total_memory));
     assert_eq!(info.alignment, 256);
@@ -171,7 +170,7 @@ fn discovery_reports_device_facts() {
     let uuid = info.uuid.as_deref().expect("uuid");
     assert_eq!(uuid.len(), 36, "{uuid}");
     assert!(info.details.iter().any(|(k, _)| k == "compute_capability"));
-    assert_eq!(info.shares_memory_with_host, info.device_type == DeviceType::IntegratedGpu);
+    assert_eq!(info.shares_memory_with_host, info.kind == DeviceKind::IntegratedGpu);
 }
 
 #[test]

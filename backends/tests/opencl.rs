@@ -13,7 +13,7 @@ use umm_backends::opencl::{
     self, cl_sub_buffer, fill_block_async, read_block_async, write_block_async, OpenClBackend, OpenClDevice,
 };
 use umm_backends::{
-    skip_or_fail, Backend, BackendKind, BlockHandle, DeviceType, Error, MemoryPool, OwnedBlock, Pool, PoolConfig,
+    skip_or_fail, Api, Backend, BlockHandle, DeviceKind, Error, MemoryPool, OwnedBlock, Pool, PoolConfig,
     PoolPlacement, StreamId,
 };
 
@@ -49,7 +49,7 @@ fn discovery_lists_devices_with_sensible_fields() {
     for (i, d) in devices().iter().enumerate() {
         let info = d.info();
         println!("{info:#?}");
-        assert_eq!(info.api, BackendKind::OpenCl);
+        assert_eq!(info.api, Api::OpenCl);
         assert_eq!(info.ordinal, i);
         assert!(!info.name.is_empty());
         assert!(info.total_memory > 0);
@@ -57,7 +57,7 @@ fn discovery_lists_devices_with_sensible_fields() {
         let bits: u64 = info.details.iter().find(|(k, _)| k == "mem_base_addr_align_bits").unwrap().1.parse().unwrap();
         assert_eq!(info.alignment, (bits / 8).max(4).next_power_of_two());
         assert!(info.max_allocation >= info.alignment);
-        if info.device_type == DeviceType::Cpu {
+        if info.kind == DeviceKind::Cpu {
             assert!(info.shares_memory_with_host, "a CPU device's memory is host memory");
         }
         if let Some(pci) = &info.pci_bus_id {

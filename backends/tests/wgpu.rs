@@ -3,7 +3,7 @@
 #![cfg(feature = "wgpu")]
 
 use umm_backends::wgpu_backend::{self, discover, WgpuBackend, WgpuDevice, WgpuPoolKind};
-use umm_backends::{skip_or_fail, BlockHandle, DeviceType, Error, Pool, PoolConfig, PoolPlacement, Strategy, StreamId};
+use umm_backends::{skip_or_fail, BlockHandle, DeviceKind, Error, Pool, PoolConfig, PoolPlacement, Strategy, StreamId};
 
 const S0: StreamId = StreamId(0);
 
@@ -42,8 +42,8 @@ fn discovery_describes_every_adapter() {
     }
     for (i, d) in discovery.devices.iter().enumerate() {
         let info = d.info();
-        eprintln!("{i}: {} [{}] {:?}", info.name, info.device_type, info.details);
-        assert_eq!(info.api, umm_backends::BackendKind::Wgpu);
+        eprintln!("{i}: {} [{}] {:?}", info.name, info.kind, info.details);
+        assert_eq!(info.api, umm_backends::Api::Wgpu);
         assert_eq!(info.ordinal, i);
         assert!(info.alignment.is_power_of_two() && info.alignment >= 4);
         assert_eq!(info.max_allocation, d.limits().max_buffer_size);
@@ -53,7 +53,7 @@ fn discovery_describes_every_adapter() {
         }
         let name = info.name.to_lowercase();
         if name.contains("llvmpipe") || name.contains("lavapipe") {
-            assert_eq!(info.device_type, DeviceType::Cpu, "a software adapter is a CPU device");
+            assert_eq!(info.kind, DeviceKind::Cpu, "a software adapter is a CPU device");
             assert!(info.shares_memory_with_host);
             assert_eq!(detail(d, "identity"), Some("cpu:host"));
         }

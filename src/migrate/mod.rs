@@ -24,7 +24,7 @@ use crate::manager::UniversalMemoryManager;
 use crate::{AllocOptions, Error, Result};
 pub use path::MigrationPath;
 use std::sync::Arc;
-use umm_backends::{BackendKind, MemoryPool, OwnedBlock, StreamId};
+use umm_backends::{MemoryPool, OwnedBlock, StreamId};
 use umm_placement::{Api, DeviceSelector, Placement, PoolKind};
 
 /// Bytes moved per step when a migration goes through the host.
@@ -260,7 +260,7 @@ fn pinned_chunk(src: &OwnedBlock, dst: &OwnedBlock, len: u64, staging: &Staging<
     if len < PINNED_STAGING_MIN {
         return None;
     }
-    let is_cuda = |pool: &Arc<dyn MemoryPool>| pool.kind() == BackendKind::Cuda;
+    let is_cuda = |pool: &Arc<dyn MemoryPool>| pool.kind() == Api::Cuda;
     let device = if is_cuda(src.pool()) {
         staging.src_device
     } else if is_cuda(dst.pool()) {

@@ -13,7 +13,7 @@
 use super::raw::{self, Failure};
 use crate::adopt::{Adoption, Keeper, Ownership};
 use crate::HostPtr;
-use crate::{Backend, BackendKind, Error, PoolPlacement, Result, VirtualMemory};
+use crate::{Api, Backend, Error, PoolPlacement, Result, VirtualMemory};
 use cudarc::driver::CudaContext;
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -249,8 +249,8 @@ impl Backend for CudaBackend {
         &self.name
     }
 
-    fn kind(&self) -> BackendKind {
-        BackendKind::Cuda
+    fn kind(&self) -> Api {
+        Api::Cuda
     }
 
     fn alignment(&self) -> u64 {

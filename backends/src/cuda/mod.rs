@@ -43,7 +43,7 @@ pub use scope::ContextScope;
 pub use streams::CudaPool;
 pub use transfer::{upload_block_async, PinnedUploadBaseline};
 
-use crate::{BackendKind, DeviceInfo, DeviceType, Discovery, Error, Pool, PoolConfig, PoolPlacement, Result};
+use crate::{Api, DeviceInfo, DeviceKind, Discovery, Error, Pool, PoolConfig, PoolPlacement, Result};
 use cudarc::driver::{sys::CUdevice_attribute as Attr, CudaContext};
 use std::sync::Arc;
 
@@ -142,11 +142,11 @@ impl CudaDevice {
             },
         ));
         let info = DeviceInfo {
-            api: BackendKind::Cuda,
+            api: Api::Cuda,
             ordinal,
             name,
             vendor: "NVIDIA".into(),
-            device_type: if integrated { DeviceType::IntegratedGpu } else { DeviceType::DiscreteGpu },
+            kind: if integrated { DeviceKind::IntegratedGpu } else { DeviceKind::DiscreteGpu },
             total_memory: total,
             free_memory: free,
             shares_memory_with_host: integrated,

@@ -10,9 +10,7 @@
 
 use super::backend::CudaBackend;
 use super::raw;
-use crate::{
-    Backend, BackendKind, BlockHandle, Error, Limit, MemoryPool, Pool, PoolStats, Result, StreamId, TrimReport,
-};
+use crate::{Api, Backend, BlockHandle, Error, Limit, MemoryPool, Pool, PoolStats, Result, StreamId, TrimReport};
 use cudarc::driver::CudaEvent;
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
@@ -335,8 +333,8 @@ impl MemoryPool for CudaPool {
     fn name(&self) -> &str {
         self.pool.backend().name()
     }
-    fn kind(&self) -> BackendKind {
-        BackendKind::Cuda
+    fn kind(&self) -> Api {
+        Api::Cuda
     }
     fn alignment(&self) -> u64 {
         MemoryPool::alignment(&self.pool)

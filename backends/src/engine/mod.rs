@@ -93,9 +93,10 @@ pub struct Freed {
     pub segment_now_empty: bool,
 }
 
-/// A block inside a segment, as reported by [`Engine::blocks_in`].
+/// A block inside a segment, as reported by [`Engine::blocks_in`]: where it lies and whether it is free (what a
+/// snapshot draws). Not [`crate::BlockInfo`], which describes a live block a pool handed out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BlockInfo {
+pub struct SegmentBlock {
     /// Offset inside the segment.
     pub offset: u64,
     /// Size in bytes.
@@ -289,14 +290,14 @@ impl Engine {
     }
 
     /// The blocks of a segment in address order. O(blocks in the segment).
-    pub fn blocks_in(&self, id: SegmentId) -> impl Iterator<Item = BlockInfo> + '_ {
+    pub fn blocks_in(&self, id: SegmentId) -> impl Iterator<Item = SegmentBlock> + '_ {
         let mut next = self.segment(id).map_or(NIL, |s| s.first_block);
         std::iter::from_fn(move || {
             if next == NIL {
                 return None;
             }
             let node = &self.nodes[next];
-            let info = BlockInfo {
+            let info = SegmentBlock {
                 offset: node.offset,
                 size: node.size,
                 free: node.state == NodeState::Free,

@@ -147,7 +147,7 @@ fn fewest_restored_bytes(engine: &Engine, shadow: &Shadow, size: u64) -> Option<
     for &id in shadow.segments.keys() {
         let blocks: Vec<_> = engine.blocks_in(id).collect();
         for (i, w) in blocks.iter().enumerate().filter(|(_, b)| b.withheld) {
-            let free_size = |b: Option<&BlockInfo>| b.filter(|b| b.free).map_or(0, |b| b.size);
+            let free_size = |b: Option<&SegmentBlock>| b.filter(|b| b.free).map_or(0, |b| b.size);
             let before = free_size(i.checked_sub(1).and_then(|p| blocks.get(p)));
             let after = free_size(blocks.get(i + 1));
             let whole = (before + w.size + after >= size).then_some(w.size);

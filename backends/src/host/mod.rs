@@ -6,7 +6,7 @@ mod raw;
 pub use memory::host_memory;
 
 use crate::adopt::{Adoption, Keeper, Ownership};
-use crate::{Backend, BackendKind, Error, HostPtr, MemoryPool, OwnedBlock, Pool, Result, StreamId};
+use crate::{Api, Backend, Error, HostPtr, MemoryPool, OwnedBlock, Pool, Result, StreamId};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -96,8 +96,8 @@ impl Backend for HostBackend {
     fn name(&self) -> &str {
         &self.name
     }
-    fn kind(&self) -> BackendKind {
-        BackendKind::Host
+    fn kind(&self) -> Api {
+        Api::Host
     }
     fn alignment(&self) -> u64 {
         self.alignment

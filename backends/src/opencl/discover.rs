@@ -4,7 +4,7 @@
 
 use super::raw::{ClFailure, MemObject};
 use super::{DeviceShared, OpenClDevice};
-use crate::{BackendKind, DeviceInfo, DeviceType, Discovery};
+use crate::{Api, DeviceInfo, DeviceKind, Discovery};
 use opencl3::command_queue::CommandQueue;
 use opencl3::context::Context;
 use opencl3::device::{
@@ -188,13 +188,13 @@ fn open(platform: &Platform, platform_name: &str, device: Device, ordinal: usize
     let host_unified = device.host_unified_memory().unwrap_or(false);
     let shares_memory_with_host = host_unified || device_type & CL_DEVICE_TYPE_CPU != 0;
     let kind = if device_type & CL_DEVICE_TYPE_CPU != 0 {
-        DeviceType::Cpu
+        DeviceKind::Cpu
     } else if device_type & CL_DEVICE_TYPE_GPU != 0 && shares_memory_with_host {
-        DeviceType::IntegratedGpu
+        DeviceKind::IntegratedGpu
     } else if device_type & CL_DEVICE_TYPE_GPU != 0 {
-        DeviceType::DiscreteGpu
+        DeviceKind::DiscreteGpu
     } else {
-        DeviceType::Other
+        DeviceKind::Other
     };
     let alignment = alignment_from_bits(align_bits);
     if max_allocation < alignment || total_memory == 0 {
@@ -233,11 +233,11 @@ fn open(platform: &Platform, platform_name: &str, device: Device, ordinal: usize
         details.push(("pci_bus_id_source".to_string(), (*source).to_string()));
     }
     let info = DeviceInfo {
-        api: BackendKind::OpenCl,
+        api: Api::OpenCl,
         ordinal,
         name: name.clone(),
         vendor,
-        device_type: kind,
+        kind,
         total_memory,
         free_memory: None,
         shares_memory_with_host,

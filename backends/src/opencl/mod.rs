@@ -34,8 +34,7 @@ pub use raw::{ClEvent, ClFailure, PendingRead, PendingWrite};
 use crate::adopt::{Adoption, Ownership};
 use crate::HostPtr;
 use crate::{
-    Backend, BackendKind, BlockHandle, DeviceInfo, Error, MemoryPool, OwnedBlock, Pool, PoolConfig, PoolPlacement,
-    Result,
+    Api, Backend, BlockHandle, DeviceInfo, Error, MemoryPool, OwnedBlock, Pool, PoolConfig, PoolPlacement, Result,
 };
 use opencl3::command_queue::CommandQueue;
 use opencl3::context::Context;
@@ -368,8 +367,8 @@ impl Backend for OpenClBackend {
     fn name(&self) -> &str {
         &self.name
     }
-    fn kind(&self) -> BackendKind {
-        BackendKind::OpenCl
+    fn kind(&self) -> Api {
+        Api::OpenCl
     }
     fn alignment(&self) -> u64 {
         // An adopted buffer's one block starts at origin 0 (aligned for any sub-buffer) and spans it exactly.

@@ -26,7 +26,7 @@ pub use config::{parse_size, Limit, PoolConfig, SegmentMode, Strategy};
 
 use crate::backend::PoolAccess;
 use crate::engine::{Allocation, Engine, Restore, SegmentId};
-use crate::raw::lock::{LeanGuard, LeanMutex};
+use crate::lock::{LeanGuard, LeanMutex};
 use crate::{Backend, BlockHandle, Error, HostPtr, PoolStats, Result, StreamId};
 use quick::{QuickBlock, QuickCache};
 use serde::Serialize;

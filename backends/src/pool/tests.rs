@@ -597,7 +597,7 @@ impl Backend for PageChecked {
     fn name(&self) -> &str {
         self.inner.name()
     }
-    fn kind(&self) -> crate::BackendKind {
+    fn kind(&self) -> crate::Api {
         self.inner.kind()
     }
     fn alignment(&self) -> u64 {

@@ -2,7 +2,7 @@
 //! replays on a small machine. It models a CUDA device with virtual memory management (2 MiB pages, 256-byte
 //! alignment) unless built with [`SimBackend::plain`].
 
-use crate::{Backend, BackendKind, Error, Result, VirtualMemory};
+use crate::{Api, Backend, Error, Result, VirtualMemory};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -116,8 +116,8 @@ impl Backend for SimBackend {
     fn name(&self) -> &str {
         &self.name
     }
-    fn kind(&self) -> BackendKind {
-        BackendKind::Sim
+    fn kind(&self) -> Api {
+        Api::Sim
     }
     fn alignment(&self) -> u64 {
         Self::ALIGNMENT

@@ -4,8 +4,8 @@ use super::io::DeviceShared;
 use super::{WgpuBackend, WgpuPoolKind};
 use crate::adopt::Ownership;
 use crate::{
-    BackendKind, DeviceInfo, DeviceType, Discovery, Error, MemoryPool, OwnedBlock, Pool, PoolConfig, PoolPlacement,
-    Result, StreamId,
+    Api, DeviceInfo, DeviceKind, Discovery, Error, MemoryPool, OwnedBlock, Pool, PoolConfig, PoolPlacement, Result,
+    StreamId,
 };
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -165,14 +165,14 @@ fn device_info(
 ) -> DeviceInfo {
     let limits = adapter.limits();
     let software = is_software(a);
-    let device_type = match a.device_type {
-        _ if software => DeviceType::Cpu,
-        wgpu::DeviceType::DiscreteGpu => DeviceType::DiscreteGpu,
-        wgpu::DeviceType::IntegratedGpu => DeviceType::IntegratedGpu,
-        wgpu::DeviceType::Cpu => DeviceType::Cpu,
-        wgpu::DeviceType::VirtualGpu | wgpu::DeviceType::Other => DeviceType::Other,
+    let kind = match a.device_type {
+        _ if software => DeviceKind::Cpu,
+        wgpu::DeviceType::DiscreteGpu => DeviceKind::DiscreteGpu,
+        wgpu::DeviceType::IntegratedGpu => DeviceKind::IntegratedGpu,
+        wgpu::DeviceType::Cpu => DeviceKind::Cpu,
+        wgpu::DeviceType::VirtualGpu | wgpu::DeviceType::Other => DeviceKind::Other,
     };
-    let shares = matches!(device_type, DeviceType::Cpu | DeviceType::IntegratedGpu);
+    let shares = matches!(kind, DeviceKind::Cpu | DeviceKind::IntegratedGpu);
     let (total_memory, source) = match crate::host::host_memory() {
         Some((total, _)) if shares => (total, "host memory"),
         _ => (limits.max_buffer_size, "max_buffer_size (wgpu reports no memory size)"),
@@ -202,11 +202,11 @@ fn device_info(
         details.push(("same_device_as".to_string(), format!("wgpu:{other}")));
     }
     DeviceInfo {
-        api: BackendKind::Wgpu,
+        api: Api::Wgpu,
         ordinal,
         name: format!("{} ({})", a.name, a.backend),
         vendor: vendor_name(a.vendor),
-        device_type,
+        kind,
         total_memory,
         free_memory: None,
         shares_memory_with_host: shares,

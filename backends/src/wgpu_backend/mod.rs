@@ -37,7 +37,7 @@ pub use segment::WgpuSegment;
 pub use wgpu;
 
 use crate::adopt::{Adoption, Ownership};
-use crate::{Backend, BackendKind, Error, PoolPlacement, Result};
+use crate::{Api, Backend, Error, PoolPlacement, Result};
 use io::DeviceShared;
 use std::sync::Arc;
 use wgpu::BufferUsages;
@@ -229,8 +229,8 @@ impl Backend for WgpuBackend {
     fn name(&self) -> &str {
         &self.name
     }
-    fn kind(&self) -> BackendKind {
-        BackendKind::Wgpu
+    fn kind(&self) -> Api {
+        Api::Wgpu
     }
     fn alignment(&self) -> u64 {
         self.alignment

@@ -2,8 +2,6 @@
 
 #![allow(unsafe_code)]
 
-pub(crate) mod lock;
-
 use crate::OwnedBlock;
 use std::ptr::NonNull;
 
