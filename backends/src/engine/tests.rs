@@ -1,6 +1,14 @@
-//! The engine against a shadow model: random operation sequences, checking after every step that live blocks
-//! never overlap, lie inside their segment and are aligned, never touch withheld ranges, and that the statistics
-//! equal the shadow's.
+//! The engine against a shadow model: random operation sequences over every entry point (allocate,
+//! allocate_in, park, unpark, free, segments added and removed, space withheld and restored), checking after
+//! every step that live blocks never overlap, lie inside their segment and are aligned, never touch withheld
+//! ranges, and that the statistics equal the shadow's.
+//!
+//! The shadow keeps its own model of free space: a segment's free runs are what its live and parked blocks and
+//! its withheld granules leave, computed from the shadow's own records, never from the engine's. So it checks
+//! that the engine's free blocks are exactly those runs (nothing lost, everything coalesced), that a miss is a
+//! true miss (no free run holds the request), that every block is carved from the start of a free run, and that
+//! the fit is as good as the engine promises: the best fit, or one within a size class (1/32) of it, whenever the
+//! engine's bounded scan ([`FIT_SCAN_LIMIT`] blocks) sees every free block.
 
 use super::*;
 use proptest::prelude::*;
@@ -21,6 +29,11 @@ enum Op {
     /// Allocate from withheld space, as a pool does on a miss in a virtual reservation.
     AllocWithheld(u64),
     AddWithheldSegment(u64),
+    /// Park a live block (as a cache holding it does), or unpark a parked one.
+    Park(usize),
+    Unpark(usize),
+    /// Allocate at the start of a segment (picked by the first value), as a pool does right after adding one.
+    AllocIn(usize, u64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -33,18 +46,60 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (any::<usize>(), 1u64..(1 << 19)).prop_map(|(k, want)| Op::Withhold(k, want)),
         2 => (1u64..200_000).prop_map(Op::AllocWithheld),
         1 => (1u64..(1 << 21)).prop_map(Op::AddWithheldSegment),
+        2 => any::<usize>().prop_map(Op::Park),
+        1 => any::<usize>().prop_map(Op::Unpark),
+        1 => (any::<usize>(), 1u64..(1 << 20)).prop_map(|(k, size)| Op::AllocIn(k, size)),
     ]
 }
 
-/// The shadow: live blocks by (segment, offset), segment sizes, and the withheld granules of each segment.
-#[derive(Default)]
+/// A block the shadow holds: where it lies, the id it answers to now, and whether it is parked.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    segment: SegmentId,
+    offset: u64,
+    size: u64,
+    id: BlockId,
+    parked: bool,
+}
+
+/// A maximal free run of a segment, in the shadow's model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Run {
+    segment: SegmentId,
+    offset: u64,
+    len: u64,
+}
+
+/// The shadow: held blocks, segment sizes (rounded by the shadow itself), and the withheld granules of each
+/// segment.
 struct Shadow {
-    live: Vec<Allocation>,
+    alignment: u64,
+    held: Vec<Held>,
     segments: BTreeMap<SegmentId, u64>,
     withheld: BTreeMap<SegmentId, BTreeSet<u64>>,
 }
 
 impl Shadow {
+    fn new(alignment: u64) -> Self {
+        Self { alignment, held: Vec::new(), segments: BTreeMap::new(), withheld: BTreeMap::new() }
+    }
+
+    /// A request or segment size as the engine must round it: up to the alignment.
+    fn rounded(&self, size: u64) -> u64 {
+        size.next_multiple_of(self.alignment)
+    }
+
+    fn add_segment(&mut self, engine: &Engine, id: SegmentId, asked: u64) {
+        let size = self.rounded(asked);
+        assert_eq!(engine.segment_size(id), Some(size), "segment of {asked} bytes");
+        assert!(self.segments.insert(id, size).is_none(), "segment id {id:?} handed out twice");
+    }
+
+    fn hold(&mut self, a: &Allocation, asked: u64) {
+        assert_eq!(a.size, self.rounded(asked), "{a:?} for {asked} bytes");
+        self.held.push(Held { segment: a.segment, offset: a.offset, size: a.size, id: a.block, parked: false });
+    }
+
     fn withhold(&mut self, segment: SegmentId, offset: u64, len: u64) {
         assert!(offset.is_multiple_of(GRANULE) && len.is_multiple_of(GRANULE) && len > 0, "withheld {offset}+{len}");
         let set = self.withheld.entry(segment).or_default();
@@ -59,19 +114,64 @@ impl Shadow {
             assert!(set.remove(&g), "granule {g} of {segment:?} restored but not withheld");
         }
     }
+
+    /// The withheld ranges of `segment`: its granules merged where they touch.
+    fn withheld_ranges(&self, segment: SegmentId) -> Vec<(u64, u64)> {
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        for &g in self.withheld.get(&segment).into_iter().flatten() {
+            match ranges.last_mut() {
+                Some((start, len)) if *start + *len == g => *len += GRANULE,
+                _ => ranges.push((g, GRANULE)),
+            }
+        }
+        ranges
+    }
+
+    /// Every free run: each segment less its held blocks and withheld ranges, in address order.
+    fn free_runs(&self) -> Vec<Run> {
+        let mut runs = Vec::new();
+        let mut held: BTreeMap<SegmentId, Vec<(u64, u64)>> = BTreeMap::new();
+        for h in &self.held {
+            held.entry(h.segment).or_default().push((h.offset, h.size));
+        }
+        for (&segment, &size) in &self.segments {
+            let mut taken = held.remove(&segment).unwrap_or_default();
+            taken.extend(self.withheld_ranges(segment));
+            taken.sort_unstable();
+            let mut end = 0;
+            for (offset, len) in taken {
+                assert!(offset >= end, "{segment:?}: {offset} taken twice");
+                if offset > end {
+                    runs.push(Run { segment, offset: end, len: offset - end });
+                }
+                end = offset + len;
+            }
+            assert!(end <= size, "{segment:?}: taken past its end");
+            if end < size {
+                runs.push(Run { segment, offset: end, len: size - end });
+            }
+        }
+        runs
+    }
+
+    fn held_in(&self, segment: SegmentId) -> bool {
+        self.held.iter().any(|h| h.segment == segment)
+    }
 }
 
 fn check(engine: &Engine, shadow: &Shadow) {
     engine.check_index();
     let align = engine.alignment();
     let mut by_segment: BTreeMap<SegmentId, Vec<(u64, u64)>> = BTreeMap::new();
-    for a in &shadow.live {
-        assert_eq!(a.offset % align, 0, "misaligned block {a:?}");
-        assert_eq!(a.size % align, 0, "unrounded block {a:?}");
-        let seg_size = shadow.segments[&a.segment];
-        assert!(a.offset + a.size <= seg_size, "block {a:?} outside its segment of {seg_size}");
-        by_segment.entry(a.segment).or_default().push((a.offset, a.size));
-        assert_eq!(engine.block(a.block).map(|b| (b.offset, b.size)), Some((a.offset, a.size)));
+    for h in &shadow.held {
+        assert_eq!(h.offset % align, 0, "misaligned block {h:?}");
+        assert_eq!(h.size % align, 0, "unrounded block {h:?}");
+        let seg_size = shadow.segments[&h.segment];
+        assert!(h.offset + h.size <= seg_size, "block {h:?} outside its segment of {seg_size}");
+        by_segment.entry(h.segment).or_default().push((h.offset, h.size));
+        // `block` answers for live blocks only: a parked one is not live until unparked.
+        let expected = (!h.parked).then_some((h.offset, h.size));
+        assert_eq!(engine.block(h.id).map(|b| (b.offset, b.size)), expected, "{h:?}");
     }
     for ranges in by_segment.values_mut() {
         ranges.sort_unstable();
@@ -80,27 +180,34 @@ fn check(engine: &Engine, shadow: &Shadow) {
         }
     }
     let stats = engine.stats();
-    let allocated: u64 = shadow.live.iter().map(|a| a.size).sum();
+    let allocated: u64 = shadow.held.iter().map(|h| h.size).sum();
     let reserved: u64 = shadow.segments.values().sum();
     let empty: u64 = shadow.segments.iter().filter(|(id, _)| !by_segment.contains_key(id)).map(|(_, s)| s).sum();
     assert_eq!(stats.allocated_bytes, allocated);
     assert_eq!(stats.reserved_bytes, reserved);
     assert_eq!(stats.empty_segment_bytes, empty);
-    assert_eq!(stats.live_blocks, shadow.live.len() as u64);
+    assert_eq!(stats.live_blocks, shadow.held.len() as u64);
     assert_eq!(stats.segments, shadow.segments.len() as u64);
-    // Blocks of every segment tile it exactly, no two free blocks (or withheld ranges) are neighbours
-    // (coalescing happened), and the withheld ranges are the shadow's granules.
-    let mut free_blocks = 0;
+    // The engine's free blocks are exactly the shadow's free runs: no free byte lost or handed out twice, and
+    // free neighbours coalesced (a run is maximal, so two engine blocks in one run would not match it).
+    let engine_free: Vec<Run> = shadow
+        .segments
+        .keys()
+        .flat_map(|&segment| {
+            engine.blocks_in(segment).filter(|b| b.free).map(move |b| Run { segment, offset: b.offset, len: b.size })
+        })
+        .collect();
+    assert_eq!(engine_free, shadow.free_runs(), "free blocks against the shadow's free runs");
+    assert_eq!(stats.free_blocks, engine_free.len() as u64);
+    // Blocks of every segment tile it exactly, withheld ranges are merged, and they are the shadow's granules.
     for (&id, &size) in &shadow.segments {
         let mut end = 0;
-        let (mut last_free, mut last_withheld) = (false, false);
+        let mut last_withheld = false;
         let mut withheld = BTreeSet::new();
         for b in engine.blocks_in(id) {
             assert_eq!(b.offset, end, "gap or overlap in segment {id:?}");
-            assert!(!(last_free && b.free), "uncoalesced free neighbours in {id:?}");
             assert!(!(last_withheld && b.withheld), "unmerged withheld neighbours in {id:?}");
-            (last_free, last_withheld) = (b.free, b.withheld);
-            free_blocks += b.free as u64;
+            last_withheld = b.withheld;
             if b.withheld {
                 withheld.extend((b.offset..b.offset + b.size).step_by(GRANULE as usize));
             }
@@ -109,56 +216,79 @@ fn check(engine: &Engine, shadow: &Shadow) {
         assert_eq!(end, size);
         assert_eq!(&withheld, shadow.withheld.get(&id).unwrap_or(&BTreeSet::new()), "withheld granules of {id:?}");
     }
-    assert_eq!(stats.free_blocks, free_blocks);
     let withheld: usize = shadow.withheld.values().map(BTreeSet::len).sum();
     assert_eq!(stats.withheld_bytes, withheld as u64 * GRANULE);
 }
 
+/// Checks an allocation from the free index against the shadow's free runs as they were before it: carved
+/// from the start of a run that holds it, and the best fit or within a size class of it when the engine's
+/// bounded scan sees every free block. `None` is checked to be a true miss.
+fn check_fit(shadow: &Shadow, runs: &[Run], size: u64, got: Option<&Allocation>) {
+    let rounded = shadow.rounded(size);
+    let best = runs.iter().filter(|r| r.len >= rounded).map(|r| r.len).min();
+    let Some(a) = got else {
+        assert_eq!(best, None, "false miss: a free run of {best:?} bytes holds {rounded}");
+        return;
+    };
+    let run = runs
+        .iter()
+        .find(|r| r.segment == a.segment && r.offset == a.offset)
+        .unwrap_or_else(|| panic!("{a:?} does not start a free run"));
+    assert!(run.len >= a.size, "{a:?} runs past its free run {run:?}");
+    let best = best.expect("a run held it");
+    if runs.len() <= FIT_SCAN_LIMIT {
+        // Every block of the request's class was examined, so the choice is the best there, or the head of the
+        // next class, whose blocks differ by less than 1/32 (below 32 bytes, classes are exact sizes).
+        assert!(run.len <= best + best / 32, "{rounded} bytes from a run of {} while one of {best} was free", run.len);
+    }
+}
+
 /// Allocates with `allocate`; when nothing fits, grows like a pool does (a segment of at least 1 MiB), and then
-/// the allocation must succeed. Checks the rounding and records the block in the shadow.
-fn alloc_or_grow(
-    engine: &mut Engine,
-    shadow: &mut Shadow,
-    size: u64,
-    mut allocate: impl FnMut(&mut Engine) -> Option<Allocation>,
-) {
-    let a = match allocate(engine) {
+/// the allocation must succeed. Records the block in the shadow; with `verify`, checks the fit first (building
+/// the shadow's free runs costs O(blocks), so long runs verify one step in many).
+fn alloc_or_grow(engine: &mut Engine, shadow: &mut Shadow, size: u64, verify: bool) {
+    let runs = if verify { shadow.free_runs() } else { Vec::new() };
+    let got = engine.allocate(size);
+    if verify {
+        check_fit(shadow, &runs, size, got.as_ref());
+    }
+    let a = match got {
         Some(a) => a,
         None => {
-            let seg = engine.add_segment(size.max(1 << 20)).unwrap();
-            shadow.segments.insert(seg, engine.segment_size(seg).unwrap());
-            allocate(engine).expect("fits in a fresh segment")
+            let asked = size.max(1 << 20);
+            let seg = engine.add_segment(asked).unwrap();
+            shadow.add_segment(engine, seg, asked);
+            let a = engine.allocate(size).expect("fits in a fresh segment");
+            assert_eq!((a.segment, a.offset, a.segment_was_empty), (seg, 0, true), "{a:?}: from the fresh segment");
+            a
         }
     };
-    let alignment = engine.alignment();
-    assert!(a.size >= size && a.size < size + alignment);
-    shadow.live.push(a);
+    shadow.hold(&a, size);
 }
 
 /// The fewest bytes any withheld range needs restored to serve `size` bytes after the free index missed
-/// (`None` when no range can serve), worked out from the block list by the definition: a request starts at the
-/// free block before a range and runs into it (the granules up to its end, at least one), or ends in the free
-/// block after a range and starts inside it (the granules from its start to the range's end, at least one), or,
-/// when it would run past the range either way, the whole range joins the free blocks on both sides if together
+/// (`None` when no range can serve), worked out from the shadow's model by the definition: a request starts at
+/// the free run before a range and runs into it (the granules up to its end, at least one), or ends in the free
+/// run after a range and starts inside it (the granules from its start to the range's end, at least one), or,
+/// when it would run past the range either way, the whole range joins the free runs on both sides if together
 /// they hold it.
-fn fewest_restored_bytes(engine: &Engine, shadow: &Shadow, size: u64) -> Option<u64> {
-    let size = size.next_multiple_of(engine.alignment());
+fn fewest_restored_bytes(shadow: &Shadow, size: u64) -> Option<u64> {
+    let size = shadow.rounded(size);
+    let runs = shadow.free_runs();
+    let free_at = |segment: SegmentId, pred: &dyn Fn(&Run) -> bool| {
+        runs.iter().find(|r| r.segment == segment && pred(r)).map_or(0, |r| r.len)
+    };
     let mut fewest = None::<u64>;
     for &id in shadow.segments.keys() {
-        let blocks: Vec<_> = engine.blocks_in(id).collect();
-        for (i, w) in blocks.iter().enumerate().filter(|(_, b)| b.withheld) {
-            let free_size = |b: Option<&SegmentBlock>| b.filter(|b| b.free).map_or(0, |b| b.size);
-            let before = free_size(i.checked_sub(1).and_then(|p| blocks.get(p)));
-            let after = free_size(blocks.get(i + 1));
-            let whole = (before + w.size + after >= size).then_some(w.size);
-            let end = w.offset - before + size;
-            let head = if end <= w.offset + w.size {
-                Some((end.next_multiple_of(GRANULE) - w.offset).max(GRANULE))
-            } else {
-                whole
-            };
-            let range_end = w.offset + w.size;
-            let start = (range_end + after).checked_sub(size).filter(|&s| s >= w.offset);
+        for (offset, len) in shadow.withheld_ranges(id) {
+            let before = free_at(id, &|r| r.offset + r.len == offset);
+            let after = free_at(id, &|r| r.offset == offset + len);
+            let whole = (before + len + after >= size).then_some(len);
+            let end = offset - before + size;
+            let head =
+                if end <= offset + len { Some((end.next_multiple_of(GRANULE) - offset).max(GRANULE)) } else { whole };
+            let range_end = offset + len;
+            let start = (range_end + after).checked_sub(size).filter(|&s| s >= offset);
             let tail = match start {
                 Some(start) => Some(range_end.saturating_sub(start / GRANULE * GRANULE).max(GRANULE)),
                 None => whole,
@@ -176,10 +306,11 @@ fn fewest_restored_bytes(engine: &Engine, shadow: &Shadow, size: u64) -> Option<
 
 fn run(ops: &[Op], alignment: u64, check_every: usize) {
     let mut engine = Engine::new(alignment).unwrap();
-    let mut shadow = Shadow::default();
+    let mut shadow = Shadow::new(alignment);
     for (i, op) in ops.iter().enumerate() {
+        let verify = i % check_every == 0;
         match *op {
-            Op::Alloc(size) => alloc_or_grow(&mut engine, &mut shadow, size, |e| e.allocate(size)),
+            Op::Alloc(size) => alloc_or_grow(&mut engine, &mut shadow, size, verify),
             Op::Withhold(k, want) if !shadow.segments.is_empty() => {
                 let id = *shadow.segments.keys().nth(k % shadow.segments.len()).unwrap();
                 let mut released = Vec::new();
@@ -201,40 +332,84 @@ fn run(ops: &[Op], alignment: u64, check_every: usize) {
             Op::Withhold(..) => {}
             Op::AllocWithheld(size) => {
                 // As a pool does: the free index first, withheld space on a miss.
-                if let Some(a) = engine.allocate(size) {
-                    shadow.live.push(a);
+                let runs = if verify { shadow.free_runs() } else { Vec::new() };
+                let got = engine.allocate(size);
+                if verify {
+                    check_fit(&shadow, &runs, size, got.as_ref());
+                }
+                if let Some(a) = got {
+                    shadow.hold(&a, size);
                 } else if let Some(r) = engine.find_withheld(size, GRANULE) {
                     // Every range is weighed, so the choice is the best however many ranges there are.
-                    let fewest = fewest_restored_bytes(&engine, &shadow, size).expect("a range serves");
-                    assert_eq!(r.len, fewest, "{r:?} for {size} bytes restores more than needed");
+                    if verify {
+                        let fewest = fewest_restored_bytes(&shadow, size).expect("a range serves");
+                        assert_eq!(r.len, fewest, "{r:?} for {size} bytes restores more than needed");
+                    }
                     let a = engine.restore_and_allocate(&r, size).expect("restores what it found");
-                    assert!(a.size >= size && a.size < size + alignment);
                     assert!(a.offset <= r.offset + r.len && a.offset + a.size > r.offset, "{a:?} uses {r:?}");
                     shadow.restore(r.segment, r.offset, r.len);
-                    shadow.live.push(a);
-                } else {
-                    assert_eq!(fewest_restored_bytes(&engine, &shadow, size), None, "a range serves {size} bytes");
+                    shadow.hold(&a, size);
+                } else if verify {
+                    assert_eq!(fewest_restored_bytes(&shadow, size), None, "a range serves {size} bytes");
                 }
             }
             Op::AddWithheldSegment(size) => {
-                let seg = engine.add_withheld_segment(size.next_multiple_of(GRANULE)).unwrap();
-                let size = engine.segment_size(seg).unwrap();
-                shadow.segments.insert(seg, size);
+                let asked = size.next_multiple_of(GRANULE);
+                let seg = engine.add_withheld_segment(asked).unwrap();
+                shadow.add_segment(&engine, seg, asked);
+                let size = shadow.segments[&seg];
                 shadow.withhold(seg, 0, size);
             }
-            Op::Free(k) if !shadow.live.is_empty() => {
-                let a = shadow.live.swap_remove(k % shadow.live.len());
-                let freed = engine.free(a.block).expect("live block frees");
-                assert_eq!((freed.segment, freed.size), (a.segment, a.size));
-                assert!(engine.free(a.block).is_none(), "double free must be refused");
+            Op::Free(k) if !shadow.held.is_empty() => {
+                let h = shadow.held.swap_remove(k % shadow.held.len());
+                let freed = engine.free(h.id).expect("a live or parked block frees");
+                assert_eq!((freed.segment, freed.size), (h.segment, h.size));
+                assert_eq!(freed.segment_now_empty, !shadow.held_in(h.segment), "{h:?}");
+                assert!(engine.free(h.id).is_none(), "double free must be refused");
             }
             Op::Free(_) => {}
+            Op::Park(k) if shadow.held.iter().any(|h| !h.parked) => {
+                let live: Vec<usize> = (0..shadow.held.len()).filter(|&i| !shadow.held[i].parked).collect();
+                let h = &mut shadow.held[live[k % live.len()]];
+                let old = h.id;
+                let new = engine.park(old).expect("a live block parks");
+                assert!(engine.park(old).is_none() && engine.free(old).is_none(), "the old id is refused");
+                assert!(engine.unpark(old).is_none(), "the old id does not unpark");
+                (h.id, h.parked) = (new, true);
+            }
+            Op::Park(_) => {}
+            Op::Unpark(k) if shadow.held.iter().any(|h| h.parked) => {
+                let parked: Vec<usize> = (0..shadow.held.len()).filter(|&i| shadow.held[i].parked).collect();
+                let h = &mut shadow.held[parked[k % parked.len()]];
+                assert_eq!(engine.park(h.id), None, "a parked block does not park again");
+                assert_eq!(engine.unpark(h.id), Some(h.id), "a parked block unparks with its id");
+                h.parked = false;
+            }
+            Op::Unpark(_) => {}
+            Op::AllocIn(k, size) if !shadow.segments.is_empty() => {
+                let id = *shadow.segments.keys().nth(k % shadow.segments.len()).unwrap();
+                let rounded = shadow.rounded(size);
+                // Served only from an entirely free segment whose first run, from offset 0, holds the request.
+                let serves = !shadow.held_in(id)
+                    && shadow.free_runs().iter().any(|r| r.segment == id && r.offset == 0 && r.len >= rounded);
+                match engine.allocate_in(id, size) {
+                    Some(a) => {
+                        assert!(serves, "allocate_in served {a:?} from {id:?}, which the shadow says cannot");
+                        assert_eq!((a.segment, a.offset, a.segment_was_empty), (id, 0, true), "{a:?}");
+                        shadow.hold(&a, size);
+                    }
+                    None => assert!(!serves, "allocate_in refused {size} bytes of the free segment {id:?}"),
+                }
+            }
+            Op::AllocIn(..) => {}
             Op::AddSegment(size) => {
                 let seg = engine.add_segment(size).unwrap();
-                shadow.segments.insert(seg, engine.segment_size(seg).unwrap());
+                shadow.add_segment(&engine, seg, size);
             }
             Op::RemoveEmpty => {
                 let empty: Vec<_> = engine.empty_segments().collect();
+                let expected: Vec<_> = shadow.segments.keys().copied().filter(|&id| !shadow.held_in(id)).collect();
+                assert_eq!(empty.iter().copied().collect::<BTreeSet<_>>(), expected.into_iter().collect());
                 for id in empty {
                     assert!(engine.remove_segment(id).is_some());
                     shadow.segments.remove(&id);
@@ -247,8 +422,8 @@ fn run(ops: &[Op], alignment: u64, check_every: usize) {
         }
     }
     // After freeing everything only empty segments remain, each one free block where nothing is withheld.
-    for a in shadow.live.drain(..) {
-        engine.free(a.block).unwrap();
+    for h in shadow.held.drain(..) {
+        engine.free(h.id).unwrap();
     }
     check(&engine, &shadow);
     for (&id, &size) in &shadow.segments {
@@ -541,4 +716,27 @@ fn a_slot_whose_generation_runs_out_is_retired_not_wrapped() {
     e.check_index();
     assert_eq!(e.stats().live_blocks, 0);
     assert_eq!(e.empty_segments().count(), 1, "everything coalesced back into one free segment");
+}
+
+#[test]
+fn a_fitting_block_behind_the_scan_limit_is_found_when_no_larger_class_has_one() {
+    // Nine free blocks of 1,024 bytes and one of 1,050, all in the class of a 1,040-byte request, the fitting one
+    // last in its list, and nothing free in any larger class: a miss here would grow the pool while a block fits.
+    let mut e = Engine::new(2).unwrap();
+    let mut sizes = vec![1050];
+    sizes.extend([1024; FIT_SCAN_LIMIT + 1]);
+    let total: u64 = sizes.iter().map(|s| s + 2).sum();
+    let seg = e.add_segment(total).unwrap();
+    let mut blocks = Vec::new();
+    for &size in &sizes {
+        blocks.push(e.allocate_in(seg, size).or_else(|| e.allocate(size)).unwrap());
+        e.allocate(2).unwrap(); // a live separator, so the freed blocks do not coalesce
+    }
+    assert_eq!(e.stats().free_blocks, 0, "the segment is used up");
+    for b in &blocks {
+        e.free(b.block).unwrap();
+    }
+    let a = e.allocate(1040).expect("the 1,050-byte block fits");
+    assert_eq!((a.offset, a.size), (blocks[0].offset, 1040));
+    assert_eq!(e.allocate(1040).map(|a| a.size), None, "now nothing fits");
 }
