@@ -7,6 +7,9 @@ use umm_backends::{BlockHandle, HostBackend, MemoryPool, Pool, PoolConfig, Resul
 /// Makes a pool of the fixture's device and placement from a configuration.
 pub type MakePool = Box<dyn Fn(PoolConfig) -> Result<Arc<dyn MemoryPool>>>;
 
+/// Makes the fixture's kernel when a test needs one (`None`: it could not be built, said on stderr).
+pub type MakeKernel = Box<dyn Fn() -> Option<Box<dyn Kernel>>>;
+
 /// A kernel of the backend's API, where it has one: `y[i] = 3 x[i] - x[n - 1 - i]` over `n` f32s, finished when
 /// it returns. It reads both ends of `x`, so a binding at the wrong offset or of the wrong size shows.
 pub trait Kernel {
@@ -36,7 +39,7 @@ pub struct Fixture {
     /// Two streams of the API, neither the default one.
     pub streams: [StreamId; 2],
     /// The kernel, made on demand (`None`: the API has none here, or it could not be built, said on stderr).
-    kernel: Option<Box<dyn Fn() -> Option<Box<dyn Kernel>>>>,
+    kernel: Option<MakeKernel>,
     /// Every pool made, checked by [`Fixture::finish`].
     pools: Mutex<Vec<Arc<dyn MemoryPool>>>,
     /// What must outlive the pools (CUDA streams).
@@ -468,7 +471,7 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
                 Fixture {
                     device_local: Some(maker(Arc::clone(&dev), WgpuPoolKind::DeviceLocal)),
                     read_only: kind == WgpuPoolKind::ReadOnly,
-                    kernel: bindable.then(|| Box::new(kernel) as Box<dyn Fn() -> Option<Box<dyn Kernel>>>),
+                    kernel: bindable.then(|| Box::new(kernel) as MakeKernel),
                     ..Fixture::new(label, SegmentMode::Auto, maker(dev, kind))
                 }
             })
