@@ -117,13 +117,17 @@ fn round_trips_of_f32_between_every_pair_of_pools() {
 }
 
 #[test]
-fn large_migrations_go_through_the_host_in_chunks() {
-    // 20 MiB + 3 bytes: three chunks of host staging where no device path applies.
+fn large_migrations_arrive_whole_across_chunk_boundaries_and_name_their_path() {
+    // 20 MiB + 3 bytes: three 8 MiB chunks where the bytes go through the host, and a pattern that depends on
+    // the position, so a chunk written at the wrong offset or cut short shows.
     let mm = manager();
     let data = pattern(20 * (1 << 20) + 3, |i| (i % 253) as u8);
     for t in targets(&mm) {
         let src = mm.allocate_universal_from(&data, Placement::Auto).unwrap();
         let mut moved = src.migrate(&mm, t.to).unwrap();
+        let via = moved.migrated_via().expect("a migrated buffer says how it moved");
+        assert_ne!(via, MigrationPath::Empty, "{}", t.name);
+        eprintln!("{}: via {via}", t.name);
         check_at(&mut moved, &t, &data);
         let back = moved.migrate(&mm, DeviceSelector::Host).unwrap();
         assert!(back.to_vec().unwrap() == data, "{}", t.name);
@@ -179,7 +183,7 @@ fn a_missing_device_is_an_error_that_returns_the_buffer() {
 }
 
 #[test]
-fn copy_to_keeps_the_source_and_device_copies_stay_on_the_device() {
+fn copy_to_keeps_the_source_and_copies_within_a_device_use_a_device_path_or_one_memcpy() {
     let mm = manager();
     let data = pattern(3 << 20, |i| (i % 249) as u8);
     report_missing_apis(&mm, "device-to-device copies");
