@@ -171,9 +171,8 @@ pub(super) fn host_alloc(size: u64) -> Raw<(usize, u64)> {
     check(unsafe { sys::cuMemHostAlloc(&mut host, size as usize, flags) }, "cuMemHostAlloc")?;
     let mut device = 0;
     // SAFETY: `host` was just returned by cuMemHostAlloc with DEVICEMAP; flags must be 0.
-    if let Err(e) =
-        check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) }, "cuMemHostGetDevicePointer")
-    {
+    let code = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) };
+    if let Err(e) = check(code, "cuMemHostGetDevicePointer") {
         // SAFETY: `host` came from cuMemHostAlloc above and nothing else holds it.
         let _ = unsafe { sys::cuMemFreeHost(host) };
         return Err(e);
@@ -289,17 +288,10 @@ fn allocation_prop(ordinal: i32) -> sys::CUmemAllocationProp {
 pub(super) fn vmm_granularity(ordinal: i32) -> Raw<u64> {
     let prop = allocation_prop(ordinal);
     let mut granularity = 0usize;
+    let minimum = sys::CUmemAllocationGranularity_flags_enum::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
     // SAFETY: `prop` is a fully initialised property struct; `granularity` is a valid out-parameter.
-    check(
-        unsafe {
-            sys::cuMemGetAllocationGranularity(
-                &mut granularity,
-                &prop,
-                sys::CUmemAllocationGranularity_flags_enum::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-            )
-        },
-        "cuMemGetAllocationGranularity",
-    )?;
+    let code = unsafe { sys::cuMemGetAllocationGranularity(&mut granularity, &prop, minimum) };
+    check(code, "cuMemGetAllocationGranularity")?;
     Ok(granularity as u64)
 }
 
@@ -307,10 +299,8 @@ pub(super) fn vmm_granularity(ordinal: i32) -> Raw<u64> {
 pub(super) fn address_reserve(size: u64, alignment: u64) -> Raw<u64> {
     let mut ptr = 0;
     // SAFETY: `ptr` is a valid out-parameter; no fixed address is asked for (0), flags must be 0.
-    check(
-        unsafe { sys::cuMemAddressReserve(&mut ptr, size as usize, alignment as usize, 0, 0) },
-        "cuMemAddressReserve",
-    )?;
+    let code = unsafe { sys::cuMemAddressReserve(&mut ptr, size as usize, alignment as usize, 0, 0) };
+    check(code, "cuMemAddressReserve")?;
     Ok(ptr)
 }
 
