@@ -404,20 +404,25 @@ impl OwnedBlock {
     /// device work queued on the pool's memory cannot be waited for. Waits for that work first
     /// ([`MemoryPool::settle`]: CUDA pinned and OpenCL mapped memory), so that no asynchronous copy or kernel
     /// queued before, on this block or on one that held its memory earlier, is still writing the bytes.
+    #[allow(unsafe_code)] // Discharges `host_ptr::bytes`'s contract.
     pub fn host_bytes(&self) -> Option<&[u8]> {
         let addr = self.host_addr?;
         self.pool.settle().ok()?;
         // The block is live for as long as `self`, so the range stays valid for the borrow.
-        Some(crate::host_ptr::bytes(self, addr, self.handle.requested as usize))
+        // SAFETY: `host_addr` is the address the backend vouched for (a `HostPtr`) at this block's offset when it
+        // was allocated; the length is the block's requested size; `settle` just waited for queued device work.
+        Some(unsafe { crate::host_ptr::bytes(self, addr, self.handle.requested as usize) })
     }
 
     /// The requested bytes as a mutable host slice, when the memory is host-addressable; waits for queued device
     /// work first, as [`OwnedBlock::host_bytes`] does.
+    #[allow(unsafe_code)] // Discharges `host_ptr::bytes_mut`'s contract.
     pub fn host_bytes_mut(&mut self) -> Option<&mut [u8]> {
         let addr = self.host_addr?;
         self.pool.settle().ok()?;
         let len = self.handle.requested as usize;
-        Some(crate::host_ptr::bytes_mut(self, addr, len))
+        // SAFETY: as in `host_bytes`.
+        Some(unsafe { crate::host_ptr::bytes_mut(self, addr, len) })
     }
 
     pub(crate) fn check_range(&self, offset: u64, len: u64) -> Result<()> {

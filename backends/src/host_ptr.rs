@@ -36,11 +36,16 @@ impl HostPtr {
 }
 
 /// The `len` bytes at `addr`, borrowed for as long as `owner`.
-pub(crate) fn bytes(owner: &OwnedBlock, addr: usize, len: usize) -> &[u8] {
+///
+/// # Safety
+/// - `addr` is the host address of `owner`'s block, vouched for by its backend with a [`HostPtr`];
+/// - `len` is at most the block's requested size;
+/// - the device work queued on the pool's memory before this call has completed ([`crate::MemoryPool::settle`]).
+pub(crate) unsafe fn bytes(owner: &OwnedBlock, addr: usize, len: usize) -> &[u8] {
     let _ = owner;
-    // SAFETY: `addr` is the host address of `owner`'s block, which the backend vouched for with a `HostPtr`
-    // (valid and initialised until the segment is destroyed, touched only when asked through the segment) and
-    // which holds at least `len` (the requested size) bytes. The pool and the backend are this crate's
+    // SAFETY: per this function's contract, `addr` is the host address of `owner`'s block, which the backend
+    // vouched for with a `HostPtr` (valid and initialised until the segment is destroyed, touched only when asked
+    // through the segment) and which holds at least `len` bytes. The pool and the backend are this crate's
     // (`MemoryPool` and `Backend` are sealed): the pool never hands out overlapping blocks nor destroys a segment
     // that holds a live block, and nothing else can destroy one (it takes a `PoolAccess`) or even reach one
     // (`Pool::segment_of` is crate-private). Nothing but `owner` can free the block or copy into it: its handle
@@ -51,14 +56,17 @@ pub(crate) fn bytes(owner: &OwnedBlock, addr: usize, len: usize) -> &[u8] {
     // host-visible memory, so none can land here after their block was freed. `owner`'s writes take
     // `&mut self`, and `host_bytes` waited for the device work queued before it (`settle`), so while this shared
     // slice lives the bytes neither go away nor change, except through kernels the caller launched with
-    // `unsafe`, which is the caller's promise.
+    // `unsafe`, which is the caller's promise. Device work queued before has completed (this function's contract).
     unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
 }
 
 /// The `len` bytes at `addr`, borrowed mutably for as long as `owner`.
-pub(crate) fn bytes_mut(owner: &mut OwnedBlock, addr: usize, len: usize) -> &mut [u8] {
+///
+/// # Safety
+/// As for [`bytes`].
+pub(crate) unsafe fn bytes_mut(owner: &mut OwnedBlock, addr: usize, len: usize) -> &mut [u8] {
     let _ = owner;
-    // SAFETY: as in `bytes`; in addition `owner` is borrowed mutably, so no other slice of this block exists and no
+    // SAFETY: as in `bytes` (whose contract is this function's); in addition `owner` is borrowed mutably, so no other slice of this block exists and no
     // read through the owner runs while this one lives, and no other block overlaps it (the engine never hands
     // out overlapping blocks).
     unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) }

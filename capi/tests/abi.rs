@@ -142,6 +142,7 @@ fn round_trip_on_a_gpu_when_present() {
     assert!(!s.is_null());
     // SAFETY: a NUL-terminated string from umm_stats_json, freed once below.
     let json = unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned();
+    // SAFETY: `s` came from umm_stats_json and is freed once, here; `json` is an owned copy.
     unsafe { umm_string_free(s) };
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert!(v["reserved_bytes"]["peak"].as_u64().unwrap() >= 1024);

@@ -248,6 +248,7 @@ fn run_case(calls: &[Call], count: c_int) -> Result<(), String> {
                     }
                     // SAFETY: a NUL-terminated string from umm_stats_json, freed once right after.
                     let json = unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned();
+                    // SAFETY: `s` came from umm_stats_json and is freed once, here; `json` is an owned copy.
                     unsafe { umm_string_free(s) };
                     let v: serde_json::Value = serde_json::from_str(&json).map_err(|e| format!("stats JSON: {e}"))?;
                     let ours = blocks.iter().filter(|b| b.2).count() as u64;

@@ -185,30 +185,45 @@ impl CudaBackend {
 
     /// Blocking copy of `src` into a device segment, ignoring the read-only rule (used to fill read-only blocks
     /// at allocation). Ordered with every stream.
+    #[allow(unsafe_code)] // Discharges `raw::host_copy_in`'s and `raw::copy_htod`'s contracts.
     pub(super) fn write_device(&self, segment: &CudaSegment, offset: u64, src: &[u8]) -> Result<()> {
         self.check(segment, offset, src.len() as u64)?;
         if src.is_empty() {
             return Ok(());
         }
         if let Some(host) = segment.host_addr {
-            raw::host_copy_in(host + offset as usize, src);
+            // SAFETY: `check` just put the range inside `segment`, a live pinned allocation (only its pool destroys
+            // it, through a `PoolAccess`, after its last block); no slice of the bytes is in use (host slices
+            // borrow their owned block, whose writes take `&mut`; see `crate::host_ptr::bytes`).
+            unsafe { raw::host_copy_in(host + offset as usize, src) };
             return Ok(());
         }
         self.synchronize()?;
-        raw::copy_htod(segment.device_ptr + offset, src).map_err(|f| self.error(f))?;
+        // SAFETY: the range was checked against `segment`, live device memory of this context (bound by
+        // `synchronize`); device memory is never lent as a host slice.
+        unsafe { raw::copy_htod(segment.device_ptr + offset, src) }.map_err(|f| self.error(f))?;
         // A copy from pageable memory may return before its DMA lands; other streams must see the bytes.
         raw::ctx_synchronize().map_err(|f| self.error(f))
     }
 
-    /// Unmaps and releases every page of a reservation that is still mapped (used before freeing it).
-    /// Unmaps every mapped page of a reservation and frees its memory. The caller synchronized.
-    fn unmap_all(&self, segment: &CudaSegment, page: u64) {
-        self.unmap_range(segment, 0, segment.size, page, false);
+    /// Unmaps every mapped page of a reservation and frees its memory (used before freeing it).
+    ///
+    /// # Safety
+    /// As for [`Self::unmap_range`], for the whole reservation.
+    #[allow(unsafe_code)] // A contract passed on to `unmap_range`.
+    unsafe fn unmap_all(&self, segment: &CudaSegment, page: u64) {
+        // SAFETY: this function's contract is `unmap_range`'s.
+        unsafe { self.unmap_range(segment, 0, segment.size, page, false) };
     }
 
     /// Unmaps the mapped pages of `[offset, offset + len)`; their memory is kept in `spare_pages` (`keep`) or
-    /// freed. The caller synchronized: nothing queued may still touch the range.
-    fn unmap_range(&self, segment: &CudaSegment, offset: u64, len: u64, page: u64, keep: bool) {
+    /// freed.
+    ///
+    /// # Safety
+    /// No work queued before this call still uses the range (the caller synchronized the context), and no live
+    /// block lies over it.
+    #[allow(unsafe_code)] // Discharges `raw::mem_unmap`'s and `raw::mem_release`'s contracts.
+    unsafe fn unmap_range(&self, segment: &CudaSegment, offset: u64, len: u64, page: u64, keep: bool) {
         let Some(pages) = segment.pages.as_ref() else { return };
         let mut table = pages.lock();
         let first = (offset / page) as usize;
@@ -219,12 +234,18 @@ impl CudaBackend {
             if handle == 0 {
                 continue;
             }
-            if let Err(f) = raw::mem_unmap(segment.device_ptr + i as u64 * page, page) {
+            // SAFETY: a non-zero page table entry is exactly one mapping of one page made by `map_pages`, taken out
+            // of the table here so it is unmapped once; by this function's contract nothing uses it any more.
+            if let Err(f) = unsafe { raw::mem_unmap(segment.device_ptr + i as u64 * page, page) } {
                 log::error!("{}: {}", self.name, self.error(f));
             }
             if keep {
                 spare.push(handle);
-            } else if let Err(f) = raw::mem_release(handle) {
+                continue;
+            }
+            // SAFETY: `handle` came from `raw::mem_create` (through the table), which no longer holds it, and is
+            // released once, here.
+            if let Err(f) = unsafe { raw::mem_release(handle) } {
                 log::error!("{}: {}", self.name, self.error(f));
             }
         }
@@ -296,6 +317,7 @@ impl Backend for CudaBackend {
         Ok(CudaSegment { device_ptr: ptr, size, host_addr: None, pages: None })
     }
 
+    #[allow(unsafe_code)] // Discharges the contracts of `raw::host_free`, `raw::address_free` and `raw::mem_free`.
     fn destroy_segment(&self, segment: CudaSegment, _: crate::backend::PoolAccess) {
         // Work queued before the blocks of this segment were freed may still run: wait for it.
         if let Err(e) = self.synchronize() {
@@ -306,13 +328,23 @@ impl Backend for CudaBackend {
             adoption.release();
             return;
         }
+        // For the three frees below: `segment` came from this backend's `create_segment` or `reserve_virtual`
+        // and is destroyed once (only a pool destroys segments, each once, through a `PoolAccess`, and never one
+        // that holds a live block, so no slice of it is in use or used later). The context was synchronized above;
+        // should that fail, the memory is freed anyway, as a failed synchronize leaves a context with a sticky
+        // error, which runs no further work.
         let result = if let Some(host) = segment.host_addr {
-            raw::host_free(host)
+            // SAFETY: as said above; pinned segments come from `raw::host_alloc`.
+            unsafe { raw::host_free(host) }
         } else if let Some(vm) = self.vmm.filter(|_| segment.pages.is_some()) {
-            self.unmap_all(&segment, vm.page_size);
-            raw::address_free(segment.device_ptr, segment.size)
+            // SAFETY: as said above: synchronized, and no live block lies in a segment being destroyed.
+            unsafe { self.unmap_all(&segment, vm.page_size) };
+            // SAFETY: as said above; a segment with a page table is one whole reservation from
+            // `raw::address_reserve`, whose pages `unmap_all` just unmapped.
+            unsafe { raw::address_free(segment.device_ptr, segment.size) }
         } else {
-            raw::mem_free(segment.device_ptr)
+            // SAFETY: as said above; other segments come from `raw::mem_alloc`.
+            unsafe { raw::mem_free(segment.device_ptr) }
         };
         if let Err(f) = result {
             log::error!("{}: {}", self.name, self.error(f));
@@ -347,6 +379,7 @@ impl Backend for CudaBackend {
     /// Creates one physical allocation per page (so that any page can be unmapped on its own later), maps each,
     /// then grants read-write access to the whole range in one call, to this device and its peers. On failure
     /// nothing stays mapped.
+    #[allow(unsafe_code)] // Discharges `raw::mem_map`'s, `raw::mem_unmap`'s and `raw::mem_release`'s contracts.
     fn map_pages(&self, segment: &CudaSegment, offset: u64, len: u64) -> Result<()> {
         let (Some(vm), Some(pages)) = (self.vmm, segment.pages.as_ref()) else {
             return Err(Error::Unsupported { backend: self.name.clone(), what: "page mapping".into() });
@@ -379,8 +412,12 @@ impl Backend for CudaBackend {
                     break;
                 }
             };
-            if let Err(f) = raw::mem_map(at, page, handle) {
-                let _ = raw::mem_release(handle);
+            // SAFETY: the page at `at` lies inside `segment`'s live reservation (the range was checked above) and
+            // is not mapped (its table entry is 0, checked under the table's lock, which is held); `handle` is a
+            // live allocation of exactly `page` bytes, fresh from `raw::mem_create` or a spare page of this size.
+            if let Err(f) = unsafe { raw::mem_map(at, page, handle) } {
+                // SAFETY: `handle` is in neither the table nor the spares, so this is its one release.
+                let _ = unsafe { raw::mem_release(handle) };
                 failure = Some(f);
                 break;
             }
@@ -395,25 +432,34 @@ impl Backend for CudaBackend {
         }
         // Undo this call's mappings: nothing of them is in use yet.
         for i in first..first + done {
-            let _ = raw::mem_unmap(segment.device_ptr + i as u64 * page, page);
-            let _ = raw::mem_release(table[i]);
+            // SAFETY: page `i` was mapped by this call (one whole mapping, unmapped once since the entry is reset
+            // below) and no block uses it yet, so no queued work touches it.
+            let _ = unsafe { raw::mem_unmap(segment.device_ptr + i as u64 * page, page) };
+            // SAFETY: `table[i]` came from `raw::mem_create` or the spares, and is released once (reset below).
+            let _ = unsafe { raw::mem_release(table[i]) };
             table[i] = 0;
         }
         Err(self.error(failure.expect("a failure ended the loop")))
     }
 
+    #[allow(unsafe_code)] // Discharges `unmap_range`'s contract.
     fn unmap_pages(&self, segment: &CudaSegment, offset: u64, len: u64) {
         let (Some(vm), true) = (self.vmm, segment.is_virtual()) else { return };
         // Blocks over these pages were freed on their streams; work queued before that may still run.
         if let Err(e) = self.synchronize() {
             log::error!("{}: synchronizing before unmapping pages failed: {e}", self.name);
         }
-        self.unmap_range(segment, offset, len, vm.page_size, true);
+        // SAFETY: synchronized just above (a failure is logged: a context with a sticky error runs no further
+        // work); the pool unmaps only pages under no live block (`Backend::unmap_pages`' contract with it).
+        unsafe { self.unmap_range(segment, offset, len, vm.page_size, true) };
     }
 
+    #[allow(unsafe_code)] // Discharges `raw::mem_release`'s contract.
     fn release_spare_pages(&self) {
         for handle in self.spare_pages.lock().drain(..) {
-            if let Err(f) = raw::mem_release(handle) {
+            // SAFETY: a spare page is an unmapped handle from `raw::mem_create`, drained from the list so it is
+            // released once.
+            if let Err(f) = unsafe { raw::mem_release(handle) } {
                 log::error!("{}: {}", self.name, self.error(f));
             }
         }
@@ -424,19 +470,24 @@ impl Backend for CudaBackend {
         self.write_device(segment, offset, src)
     }
 
+    #[allow(unsafe_code)] // Discharges `raw::host_copy_out`'s and `raw::copy_dtoh`'s contracts.
     fn read(&self, segment: &CudaSegment, offset: u64, dst: &mut [u8]) -> Result<()> {
         self.check(segment, offset, dst.len() as u64)?;
         if dst.is_empty() {
             return Ok(());
         }
         if let Some(host) = segment.host_addr {
-            raw::host_copy_out(host + offset as usize, dst);
+            // SAFETY: as in `write_device`: the range was just checked against the live pinned `segment`, and
+            // mutable slices of it borrow their owner mutably, so nothing on the host writes it meanwhile.
+            unsafe { raw::host_copy_out(host + offset as usize, dst) };
             return Ok(());
         }
         self.synchronize()?;
-        raw::copy_dtoh(dst, segment.device_ptr + offset).map_err(|f| self.error(f))
+        // SAFETY: the range was checked against `segment`, live device memory of the bound context.
+        unsafe { raw::copy_dtoh(dst, segment.device_ptr + offset) }.map_err(|f| self.error(f))
     }
 
+    #[allow(unsafe_code)] // Discharges `raw::host_fill`'s and `raw::memset`'s contracts.
     fn fill(&self, segment: &CudaSegment, offset: u64, len: u64, value: u8) -> Result<()> {
         self.refuse_read_only("fill")?;
         self.check(segment, offset, len)?;
@@ -444,20 +495,27 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         if let Some(host) = segment.host_addr {
-            raw::host_fill(host + offset as usize, len as usize, value);
+            // SAFETY: as in `write_device`.
+            unsafe { raw::host_fill(host + offset as usize, len as usize, value) };
             return Ok(());
         }
         self.synchronize()?;
-        raw::memset(segment.device_ptr + offset, value, len).map_err(|f| self.error(f))?;
+        // SAFETY: the range was checked against `segment`, live device memory of the bound context, which stays
+        // allocated until the fill is done (the context is synchronized right after).
+        unsafe { raw::memset(segment.device_ptr + offset, value, len) }.map_err(|f| self.error(f))?;
         raw::ctx_synchronize().map_err(|f| self.error(f))
     }
 
     fn settle(&self) -> Result<()> {
         self.synchronize()
     }
+    #[allow(unsafe_code)] // Discharges `raw::pinned_host_ptr`'s contract.
     fn host_ptr(&self, segment: &CudaSegment, offset: u64) -> Option<HostPtr> {
         let host = segment.host_addr?;
-        (offset < segment.size).then(|| raw::pinned_host_ptr(host, offset as usize)).flatten()
+        // SAFETY: `host` is the host address of the live pinned `segment` (from `raw::host_alloc`; only its pool
+        // destroys it) and `offset` is checked against its size here; this backend touches its bytes only in
+        // `write_device`, `read` and `fill`, when the pool asks.
+        (offset < segment.size).then(|| unsafe { raw::pinned_host_ptr(host, offset as usize) }).flatten()
     }
     fn may_be_host_addressable(&self) -> bool {
         self.placement == PoolPlacement::HostPinned

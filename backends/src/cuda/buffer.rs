@@ -141,18 +141,23 @@ impl CudaBuffer {
 
     /// Blocking copy of `len` bytes from `src` at `src_offset` to this buffer at `dst_offset` (device↔device,
     /// pinned↔device, across pools of the same device), ordered after all queued work of the context.
+    #[allow(unsafe_code)] // Discharges `raw::copy`'s contract.
     pub fn copy_from(&mut self, dst_offset: u64, src: &CudaBuffer, src_offset: u64, len: u64) -> Result<()> {
         self.check(dst_offset, len)?;
         src.check(src_offset, len)?;
         self.refuse_read_only()?;
         let backend = self.pool.backend();
         backend.synchronize()?;
-        raw::copy(self.ptr + dst_offset, src.ptr + src_offset, len).map_err(|f| backend.error(f))?;
+        // SAFETY: both ranges were just checked against the buffers, whose blocks live as long as they do (freed
+        // on drop; the handles never leave this crate); `self` is borrowed mutably and `src` shared, so no host
+        // slice of the destination is in use and none of the source writes it.
+        unsafe { raw::copy(self.ptr + dst_offset, src.ptr + src_offset, len) }.map_err(|f| backend.error(f))?;
         raw::ctx_synchronize().map_err(|f| backend.error(f))
     }
 
     /// Copy of `len` bytes from `src` queued on `stream` (asynchronous; both are device or pinned memory).
     /// Marks both buffers as used on `stream` when it is not their own.
+    #[allow(unsafe_code)] // Discharges `raw::copy_async`'s contract.
     pub fn copy_from_async(
         &mut self,
         dst_offset: u64,
@@ -169,7 +174,11 @@ impl CudaBuffer {
         let backend = self.pool.backend();
         let stream = backend.live_stream(stream)?;
         backend.bind()?;
-        raw::copy_async(self.ptr + dst_offset, src.ptr + src_offset, len, &stream).map_err(|f| backend.error(f))
+        // SAFETY: both ranges were just checked against the buffers' live blocks, which `record_stream` keeps from
+        // reuse until `stream` has passed the copy; a host slice taken later (`host_bytes`) synchronizes the
+        // context first.
+        unsafe { raw::copy_async(self.ptr + dst_offset, src.ptr + src_offset, len, &stream) }
+            .map_err(|f| backend.error(f))
     }
 
     /// A view of the buffer as `T`s for kernels on `stream`; marks `stream` as a user of the buffer.
@@ -187,19 +196,24 @@ impl CudaBuffer {
     /// The bytes as a host slice, for pinned memory; `None` for device memory and when the context cannot be
     /// synchronized. Synchronizes the context first, so no copy or kernel queued before is still writing the
     /// bytes; while the slice lives nothing new can be (writes and writable views take `&mut self`).
+    #[allow(unsafe_code)] // Discharges `raw::host_slice`'s contract.
     pub fn host_bytes(&self) -> Option<&[u8]> {
         let host = self.host?;
         self.pool.backend().synchronize().ok()?;
-        Some(raw::host_slice(self, host, self.len() as usize))
+        // SAFETY: `host` is the host address of this buffer's pinned block (from `interop::range`), of at least
+        // `len()` bytes, freed only when the buffer drops; the context was just synchronized.
+        Some(unsafe { raw::host_slice(self, host, self.len() as usize) })
     }
 
     /// The bytes as a mutable host slice, for pinned memory (not for read-only pools, which are device memory);
     /// synchronizes the context first, as [`CudaBuffer::host_bytes`] does.
+    #[allow(unsafe_code)] // Discharges `raw::host_slice_mut`'s contract.
     pub fn host_bytes_mut(&mut self) -> Option<&mut [u8]> {
         let host = self.host?;
         self.pool.backend().synchronize().ok()?;
         let len = self.len() as usize;
-        Some(raw::host_slice_mut(self, host, len))
+        // SAFETY: as in `host_bytes`.
+        Some(unsafe { raw::host_slice_mut(self, host, len) })
     }
 }
 

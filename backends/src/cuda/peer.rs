@@ -37,6 +37,7 @@ pub fn copy_block(
 
 /// [`copy_block`] without its refusal of pinned blocks: for owned blocks, whose borrows keep the memory theirs
 /// for the whole copy.
+#[allow(unsafe_code)] // Discharges `raw::copy`'s and `raw::copy_peer`'s contracts.
 pub(crate) fn copy_owned_or_device(
     src: &Pool<CudaBackend>,
     src_block: &BlockHandle,
@@ -57,15 +58,21 @@ pub(crate) fn copy_owned_or_device(
         return Ok(());
     }
     from.synchronize()?;
-    let (src_ctx, dst_ctx) = (from.context().cu_ctx(), to.context().cu_ctx());
-    if src_ctx == dst_ctx {
-        raw::copy(dst_ptr, src_ptr, len).map_err(|f| to.error(f))?;
+    let (src_ctx, dst_ctx) = (from.context(), to.context());
+    // For both copies: `interop::range` put `[src_ptr, src_ptr + len)` inside the live `src_block` and
+    // `[dst_ptr, dst_ptr + len)` inside the live `dst_block` (it looked them up in their pools), and no host slice
+    // of either is in use: pinned blocks come here only as owned blocks, borrowed by the caller for the copy
+    // (mutably for the destination), and device memory is never lent as a host slice.
+    if src_ctx.cu_ctx() == dst_ctx.cu_ctx() {
+        // SAFETY: as said above; both blocks are of the context that `synchronize` bound.
+        unsafe { raw::copy(dst_ptr, src_ptr, len) }.map_err(|f| to.error(f))?;
         return raw::ctx_synchronize().map_err(|f| to.error(f));
     }
     to.synchronize()?;
     enable_peer_access_once(from, to);
     to.bind()?;
-    raw::copy_peer(dst_ptr, dst_ctx, src_ptr, src_ctx, len).map_err(|f| to.error(f))?;
+    // SAFETY: as said above; the source block is of `src_ctx`, the destination of `dst_ctx`.
+    unsafe { raw::copy_peer(dst_ptr, dst_ctx, src_ptr, src_ctx, len) }.map_err(|f| to.error(f))?;
     raw::ctx_synchronize().map_err(|f| to.error(f))
 }
 
@@ -80,8 +87,7 @@ fn enable_peer_access_once(a: &CudaBackend, b: &CudaBackend) {
     tried.push(key);
     tried.push((key.1, key.0));
     for (this, peer) in [(a, b), (b, a)] {
-        let outcome =
-            this.bind().and_then(|()| raw::enable_peer_access(peer.context().cu_ctx()).map_err(|f| this.error(f)));
+        let outcome = this.bind().and_then(|()| raw::enable_peer_access(peer.context()).map_err(|f| this.error(f)));
         match outcome {
             Ok(true) => log::debug!("peer access enabled from {} to {}", this.name(), peer.name()),
             Ok(false) => log::info!("{} cannot access {} directly: peer copies are staged", this.name(), peer.name()),
@@ -109,5 +115,5 @@ pub fn enable_peer_access(
     };
     super::scope::before_bind();
     from.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e.to_string()))?;
-    raw::enable_peer_access(to.cu_ctx()).map_err(|f| driver(f.call, f.message()))
+    raw::enable_peer_access(to).map_err(|f| driver(f.call, f.message()))
 }

@@ -54,6 +54,7 @@ impl ContextScope {
 }
 
 impl Drop for ContextScope {
+    #[allow(unsafe_code)] // Discharges `raw::restore_context`'s contract.
     fn drop(&mut self) {
         let saved = STATE.with(|s| {
             let mut state = s.get();
@@ -64,7 +65,11 @@ impl Drop for ContextScope {
         });
         let Some(saved) = saved else { return };
         if raw::current_context().is_ok_and(|now| now != saved) {
-            if let Err(f) = raw::restore_context(saved) {
+            // SAFETY: `saved` was read with `raw::current_context` on this thread (scopes are not `Send`) at the
+            // first bind inside this outermost scope: the caller's own context, which it keeps alive while the
+            // scope is open (umm never destroys a context it did not create, and keeps its primary contexts
+            // retained).
+            if let Err(f) = unsafe { raw::restore_context(saved) } {
                 log::error!("restoring the caller's CUDA context failed: {}", f.message());
             }
         }

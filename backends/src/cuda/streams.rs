@@ -295,6 +295,7 @@ impl CudaPool {
     /// Sets `len` bytes at `offset` of the block to `value`, queued on `stream` (asynchronous). Pinned memory is
     /// filled at once, from the host, under the pool's lock ([`Pool::fill`]), so the fill cannot land after the
     /// block was freed and its memory lent to an owner as a host slice.
+    #[allow(unsafe_code)] // Discharges `raw::memset_async`'s contract.
     pub fn fill_async(&self, block: &BlockHandle, offset: u64, len: u64, value: u8, stream: StreamId) -> Result<()> {
         self.refuse_read_only()?;
         let (ptr, host) = super::interop::range(&self.pool, block, offset, len)?;
@@ -304,7 +305,9 @@ impl CudaPool {
         }
         let stream = backend.live_stream(stream)?;
         backend.bind()?;
-        raw::memset_async(ptr, value, len, &stream).map_err(|f| backend.error(f))
+        // SAFETY: `range` just checked the range against the block, found live in this pool; the block is device
+        // memory (pinned went to the host path above), which is never lent as a host slice.
+        unsafe { raw::memset_async(ptr, value, len, &stream) }.map_err(|f| backend.error(f))
     }
 
     fn refuse_read_only(&self) -> Result<()> {

@@ -32,6 +32,7 @@ fn cuda_pool<'a>(block: &'a OwnedBlock, role: &str) -> Result<&'a CudaPool> {
 /// Errors: a block that is not CUDA memory, a source that is not pinned or a target that is not device memory
 /// ([`Error::Unsupported`]), blocks or a stream of different contexts, `len` past the end of either block
 /// ([`Error::OutOfBounds`]), and driver failures.
+#[allow(unsafe_code)] // Discharges `raw::copy_htod_async_pinned`'s contract.
 pub fn upload_block_async(src: &OwnedBlock, dst: &mut OwnedBlock, len: u64, stream: &Arc<CudaStream>) -> Result<()> {
     let (from, to) = (cuda_pool(src, "source")?, cuda_pool(dst, "target")?);
     let backend = to.backend();
@@ -60,7 +61,11 @@ pub fn upload_block_async(src: &OwnedBlock, dst: &mut OwnedBlock, len: u64, stre
     };
     let (device, _) = super::interop::range(to.pool(), dst.handle(), 0, len)?;
     backend.bind()?;
-    raw::copy_htod_async_pinned(device, host, len, &live).map_err(|f| backend.error(f))
+    // SAFETY: `range` checked `len` bytes against both blocks, found live in their pools: `src` is pinned memory,
+    // `dst` device memory of the bound context. Both blocks were marked as used on `stream` (`record_stream`), so
+    // their memory is not reused before the stream passes the copy, and a host slice of either taken later
+    // waits for the device first (`settle`).
+    unsafe { raw::copy_htod_async_pinned(device, host, len, &live) }.map_err(|f| backend.error(f))
 }
 
 /// `bytes` of page-locked host memory and `bytes` of device memory allocated directly with the driver
@@ -85,6 +90,7 @@ impl std::fmt::Debug for PinnedUploadBaseline {
 
 impl PinnedUploadBaseline {
     /// Allocates both sides on `device` and fills the host side with a byte pattern. Refuses zero bytes.
+    #[allow(unsafe_code)] // Discharges `raw::host_free`'s and `raw::host_copy_in`'s contracts.
     pub fn new(device: &CudaDevice, bytes: u64) -> Result<Self> {
         let backend = device.backend(PoolPlacement::DeviceLocal);
         if bytes == 0 {
@@ -95,14 +101,17 @@ impl PinnedUploadBaseline {
         let device = match raw::mem_alloc(bytes) {
             Ok(d) => d,
             Err(f) => {
-                if let Err(g) = raw::host_free(host) {
+                // SAFETY: `host` was just returned by `raw::host_alloc`, no work or reference uses it, and it is
+                // freed once, here, on the way out.
+                if let Err(g) = unsafe { raw::host_free(host) } {
                     log::error!("{}: {}", backend.name(), backend.error(g));
                 }
                 return Err(backend.error(f));
             }
         };
         let pattern: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8).collect();
-        raw::host_copy_in(host, &pattern);
+        // SAFETY: `host` is a live pinned allocation of `bytes` bytes, `pattern.len()`, that nothing else reaches yet.
+        unsafe { raw::host_copy_in(host, &pattern) };
         Ok(Self { backend, host, device, bytes })
     }
 
@@ -113,32 +122,43 @@ impl PinnedUploadBaseline {
 
     /// Queues one upload of all the bytes on `stream` (`cuMemcpyHtoDAsync` from the pinned side) and returns.
     /// Errors for a stream of another context.
+    #[allow(unsafe_code)] // Discharges `raw::copy_htod_async_pinned`'s contract.
     pub fn upload(&self, stream: &Arc<CudaStream>) -> Result<()> {
         let live = self.backend.live_stream(super::stream_id(stream))?;
         self.backend.bind()?;
-        raw::copy_htod_async_pinned(self.device, self.host, self.bytes, &live).map_err(|f| self.backend.error(f))
+        // SAFETY: both sides are this baseline's own allocations of `bytes` bytes (pinned and device memory of the
+        // bound context), freed only in `Drop` after synchronizing the context.
+        unsafe { raw::copy_htod_async_pinned(self.device, self.host, self.bytes, &live) }
+            .map_err(|f| self.backend.error(f))
     }
 
     /// The device bytes, read back (waits for queued work first): a check that the uploads landed.
+    #[allow(unsafe_code)] // Discharges `raw::copy_dtoh`'s contract.
     pub fn read_back(&self) -> Result<Vec<u8>> {
         let mut out = vec![0u8; self.bytes as usize];
         self.backend.synchronize()?;
-        raw::copy_dtoh(&mut out, self.device).map_err(|f| self.backend.error(f))?;
+        // SAFETY: `device` is this baseline's live device allocation of `bytes` bytes, `out.len()`; no host
+        // reference to device memory exists.
+        unsafe { raw::copy_dtoh(&mut out, self.device) }.map_err(|f| self.backend.error(f))?;
         Ok(out)
     }
 }
 
 impl Drop for PinnedUploadBaseline {
+    #[allow(unsafe_code)] // Discharges `raw::mem_free`'s and `raw::host_free`'s contracts.
     fn drop(&mut self) {
         // Queued uploads read both sides: wait for them before freeing.
         if let Err(e) = self.backend.synchronize() {
             log::error!("{}: {e}; leaking the baseline's memory", self.backend.name());
             return;
         }
-        if let Err(f) = raw::mem_free(self.device) {
+        // SAFETY: `device` came from `raw::mem_alloc` and is freed once (in drop); the context was just
+        // synchronized, so no queued upload still uses it.
+        if let Err(f) = unsafe { raw::mem_free(self.device) } {
             log::error!("{}: {}", self.backend.name(), self.backend.error(f));
         }
-        if let Err(f) = raw::host_free(self.host) {
+        // SAFETY: as for `device`; `host` came from `raw::host_alloc` and no slice of it was ever lent.
+        if let Err(f) = unsafe { raw::host_free(self.host) } {
             log::error!("{}: {}", self.backend.name(), self.backend.error(f));
         }
     }

@@ -132,6 +132,7 @@ impl Backend for HostBackend {
         self.held.fetch_add(size, Ordering::Relaxed);
         Ok(HostSegment { addr: allocation.addr, base: allocation.base, size })
     }
+    #[allow(unsafe_code)] // Discharges `raw::dealloc`'s contract.
     fn destroy_segment(&self, segment: HostSegment, _: crate::backend::PoolAccess) {
         if let Some(adoption) = &self.adoption {
             // Not this backend's allocation: the keeper (an owned `Vec`) frees it; borrowed memory stays.
@@ -139,26 +140,45 @@ impl Backend for HostBackend {
             self.held.fetch_sub(segment.size, Ordering::Relaxed);
             return;
         }
-        raw::dealloc(raw::Allocation { addr: segment.addr, base: segment.base }, segment.size, self.alignment);
+        // SAFETY: not adopted, so `segment` came from `raw::alloc` in `create_segment` with `segment.size` and
+        // `self.alignment` (which never changes once segments exist: `with_alignment` takes the backend by value).
+        // It is destroyed once and then never touched: only a pool destroys segments (this takes a `PoolAccess`),
+        // each once, and never one that holds a live block.
+        unsafe {
+            raw::dealloc(raw::Allocation { addr: segment.addr, base: segment.base }, segment.size, self.alignment)
+        };
         self.held.fetch_sub(segment.size, Ordering::Relaxed);
     }
+    #[allow(unsafe_code)] // Discharges `raw::copy_in`'s contract.
     fn write(&self, segment: &HostSegment, offset: u64, src: &[u8]) -> Result<()> {
         self.check(segment, offset, src.len())?;
-        raw::copy_in(segment.addr + offset as usize, src);
+        // SAFETY: `check` just put the range inside `segment`, which is live: it came from `create_segment` and
+        // only its pool destroys it (`PoolAccess`), after its last block; no slice of those bytes is in use (see
+        // `crate::host_ptr::bytes`: writes through an owned block borrow it mutably).
+        unsafe { raw::copy_in(segment.addr + offset as usize, src) };
         Ok(())
     }
+    #[allow(unsafe_code)] // Discharges `raw::copy_out`'s contract.
     fn read(&self, segment: &HostSegment, offset: u64, dst: &mut [u8]) -> Result<()> {
         self.check(segment, offset, dst.len())?;
-        raw::copy_out(segment.addr + offset as usize, dst);
+        // SAFETY: as in `write`: the range was just checked against the live `segment`; nothing writes it
+        // meanwhile (mutable slices of it borrow their owner mutably, and no device writes host memory).
+        unsafe { raw::copy_out(segment.addr + offset as usize, dst) };
         Ok(())
     }
+    #[allow(unsafe_code)] // Discharges `raw::fill`'s contract.
     fn fill(&self, segment: &HostSegment, offset: u64, len: u64, value: u8) -> Result<()> {
         self.check(segment, offset, len as usize)?;
-        raw::fill(segment.addr + offset as usize, len as usize, value);
+        // SAFETY: as in `write`.
+        unsafe { raw::fill(segment.addr + offset as usize, len as usize, value) };
         Ok(())
     }
+    #[allow(unsafe_code)] // Discharges `raw::host_ptr`'s contract.
     fn host_ptr(&self, segment: &HostSegment, offset: u64) -> Option<HostPtr> {
-        (offset < segment.size).then(|| raw::host_ptr(segment.addr, offset as usize))
+        // SAFETY: `segment` is live (as in `write`) and starts at `addr`, an allocation from `raw::alloc` or adopted
+        // memory kept until the pool destroys it; `offset` is checked against its size here; the backend touches
+        // its bytes only in `write`, `read` and `fill`, when asked through the segment.
+        (offset < segment.size).then(|| unsafe { raw::host_ptr(segment.addr, offset as usize) })
     }
     fn may_be_host_addressable(&self) -> bool {
         true

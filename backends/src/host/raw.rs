@@ -1,4 +1,8 @@
-//! Raw host memory calls. Callers (the host backend) check every range against its segment first.
+//! Raw host memory calls. Every function whose soundness depends on its caller is an `unsafe fn` whose `# Safety`
+//! section lists what the caller (the host backend) must ensure: that an allocation is freed once with its own
+//! layout, and that every range lies inside one live segment. The range checks stay in the backend (which turns a
+//! bad range into `Error::OutOfBounds`): the raw functions would need the segment's liveness promised anyway, so
+//! taking its length too would not make them safe.
 
 #![allow(unsafe_code)]
 
@@ -36,40 +40,63 @@ fn layout(size: u64, align: u64) -> Option<Layout> {
 }
 
 /// Frees an allocation from [`alloc`] made with the same size and alignment.
-pub(super) fn dealloc(allocation: Allocation, size: u64, align: u64) {
+///
+/// # Safety
+/// - `allocation` was returned by [`alloc`] called with this `size` and `align`;
+/// - it has not been freed yet, and nothing reads or writes it afterwards (no slice or [`HostPtr`] of it is used
+///   again).
+pub(super) unsafe fn dealloc(allocation: Allocation, size: u64, align: u64) {
     let layout = layout(size, align).expect("layout was valid at allocation");
-    // SAFETY: `base` came from `alloc_zeroed` with this exact layout (the backend keeps size and alignment) and is
-    // freed once: only a pool destroys segments (`destroy_segment` takes a `PoolAccess`), each exactly once.
+    // SAFETY: per this function's contract, `base` came from `alloc_zeroed` with this exact layout (`alloc` built
+    // it from the same size and alignment) and is freed once.
     unsafe { std::alloc::dealloc(allocation.base as *mut u8, layout) }
 }
 
 /// Copies `src` to host address `addr`.
-pub(super) fn copy_in(addr: usize, src: &[u8]) {
-    // SAFETY: the backend checked that `[addr, addr + src.len())` lies inside one live segment; `src` is a
+///
+/// # Safety
+/// `[addr, addr + src.len())` lies inside one live segment (an allocation from [`alloc`] not yet freed, or
+/// adopted memory still kept), and no other reference to those bytes is in use during the call.
+pub(super) unsafe fn copy_in(addr: usize, src: &[u8]) {
+    // SAFETY: the destination range is valid for writes and unaliased (this function's contract); `src` is a
     // separate Rust slice, so the ranges do not overlap.
     unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) }
 }
 
 /// Copies from host address `addr` into `dst`.
-pub(super) fn copy_out(addr: usize, dst: &mut [u8]) {
-    // SAFETY: as in `copy_in`, with the roles swapped; `dst` is exclusively borrowed.
+///
+/// # Safety
+/// `[addr, addr + dst.len())` lies inside one live segment, and nothing writes those bytes during the call.
+pub(super) unsafe fn copy_out(addr: usize, dst: &mut [u8]) {
+    // SAFETY: the source range is valid for reads and initialised (segments are zeroed or adopted `Pod` data) per
+    // this function's contract; `dst` is exclusively borrowed, so the ranges do not overlap.
     unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len()) }
 }
 
 /// Sets `len` bytes at `addr` to `value`.
-pub(super) fn fill(addr: usize, len: usize, value: u8) {
-    // SAFETY: the backend checked that `[addr, addr + len)` lies inside one live segment.
+///
+/// # Safety
+/// `[addr, addr + len)` lies inside one live segment, and no other reference to those bytes is in use during the
+/// call.
+pub(super) unsafe fn fill(addr: usize, len: usize, value: u8) {
+    // SAFETY: the range is valid for writes and unaliased (this function's contract).
     unsafe { std::ptr::write_bytes(addr as *mut u8, value, len) }
 }
 
 /// The host address of byte `offset` of the segment allocated at `addr`.
-pub(super) fn host_ptr(addr: usize, offset: usize) -> HostPtr {
+///
+/// # Safety
+/// - `addr` is the start of a live segment: an allocation from [`alloc`], or adopted memory (an owned `Vec` of
+///   `bytemuck::Pod` elements kept until the segment is destroyed, or a `&'static mut` slice of them handed over
+///   for good);
+/// - `offset` is less than the segment's size;
+/// - the segment is freed only when its pool destroys it, and until then its bytes are touched only through the
+///   segment ([`copy_in`], [`copy_out`], [`fill`], when the pool asks), as [`HostPtr::new`] requires.
+pub(super) unsafe fn host_ptr(addr: usize, offset: usize) -> HostPtr {
     let ptr = NonNull::new((addr + offset) as *mut u8).expect("a live allocation does not start at address 0");
-    // SAFETY: `addr` is a live allocation from `alloc`, or adopted memory (an owned `Vec` of plain-old-data
-    // elements kept until the segment is destroyed, or a `&'static mut` slice of them handed over for good), and
-    // the backend checked `offset` against its size. It is freed only when the pool destroys the segment, and the
-    // backend touches its bytes only in `copy_in`, `copy_out` and `fill`, when asked through the segment. No
-    // device writes host memory. `alloc` zeroes every byte, and adopted elements are `bytemuck::Pod` values
-    // (no padding), so all of them are initialised.
+    // SAFETY: `HostPtr::new`'s contract is this function's: the bytes from `offset` to the segment's end are live
+    // and touched only through the segment until the pool destroys it. No device writes host memory. `alloc`
+    // zeroes every byte, and adopted elements are `bytemuck::Pod` values (no padding), so all of them are
+    // initialised.
     unsafe { HostPtr::new(ptr) }
 }

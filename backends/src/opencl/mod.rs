@@ -212,9 +212,13 @@ impl OpenClSegment {
 }
 
 impl Drop for SegmentInner {
+    #[allow(unsafe_code)] // Discharges `raw::unmap`'s contract.
     fn drop(&mut self) {
         if let Some(addr) = self.mapped {
-            raw::unmap(&self.device.queue, &self.mem, addr);
+            // SAFETY: `mapped` is what `raw::map` returned for `mem` in `create_segment`, unmapped once, here, as
+            // the segment's last reference goes; the pool destroys a segment only once no block in it is live, so
+            // no slice of the mapping is used afterwards.
+            unsafe { raw::unmap(&self.device.queue, &self.mem, addr) };
         }
         self.device.held.fetch_sub(self.size, Ordering::Relaxed);
     }
@@ -463,9 +467,13 @@ impl Backend for OpenClBackend {
     fn settle(&self) -> Result<()> {
         self.finish()
     }
+    #[allow(unsafe_code)] // Discharges `raw::mapped_host_ptr`'s contract.
     fn host_ptr(&self, segment: &OpenClSegment, offset: u64) -> Option<HostPtr> {
         let base = segment.0.mapped?;
-        (offset < segment.size()).then(|| raw::mapped_host_ptr(base, offset as usize)).flatten()
+        // SAFETY: `base` is the mapping `raw::map` made for the live `segment` (unmapped only when its last
+        // reference drops, after the pool destroyed it), `offset` is checked against its size here, and this
+        // backend touches its bytes only in `write`, `read` and `fill`, when the pool asks.
+        (offset < segment.size()).then(|| unsafe { raw::mapped_host_ptr(base, offset as usize) }).flatten()
     }
     fn may_be_host_addressable(&self) -> bool {
         true

@@ -7,6 +7,9 @@
 //! a [`PendingRead`]/[`PendingWrite`] that waits for the transfer before it lets the buffer go (and leaks it if the
 //! wait fails). Device-side ranges are checked by OpenCL itself (`CL_INVALID_VALUE`), so a wrong offset is an
 //! error, not undefined behaviour. Handles are owned (one reference each) and released once, in `Drop`.
+//!
+//! So the copies, fills and maps are safe functions; only [`unmap`] and [`mapped_host_ptr`], which rely on the
+//! caller for the mapping's address and lifetime, are `unsafe fn`s with a `# Safety` section.
 
 #![allow(unsafe_code)]
 
@@ -368,9 +371,12 @@ pub(super) fn map(queue: &CommandQueue, mem: &MemObject, size: usize) -> Result<
 }
 
 /// Ends a mapping made by [`map`]. Never panics; a failure is logged.
-pub(super) fn unmap(queue: &CommandQueue, mem: &MemObject, addr: usize) {
-    // SAFETY: `addr` is the address `map` returned for this live buffer, unmapped once (the segment unmaps in its
-    // Drop). Nothing reads through it afterwards: the pool destroys a segment only when no block in it is live.
+///
+/// # Safety
+/// `addr` is the address [`map`] returned for `mem`, not unmapped yet, and nothing reads or writes through it
+/// afterwards (no slice or `HostPtr` of it is used again).
+pub(super) unsafe fn unmap(queue: &CommandQueue, mem: &MemObject, addr: usize) {
+    // SAFETY: this function's contract; `queue` and `mem` are live handles (borrowed).
     match unsafe { enqueue_unmap_mem_object(queue.get(), mem.raw(), addr as *mut c_void, 0, ptr::null()) } {
         Ok(event) => drop(ClEvent(event)),
         Err(code) => log::error!("{}", ClFailure { call: "clEnqueueUnmapMemObject", code }),
@@ -378,12 +384,16 @@ pub(super) fn unmap(queue: &CommandQueue, mem: &MemObject, addr: usize) {
 }
 
 /// The host address of byte `offset` of a buffer persistently mapped at `base`; `None` for address 0.
-pub(super) fn mapped_host_ptr(base: usize, offset: usize) -> Option<crate::HostPtr> {
+///
+/// # Safety
+/// - `base` is the address [`map`] returned for a live buffer that stays mapped until its segment is destroyed,
+///   and `offset` is less than the buffer's size;
+/// - until then the backend touches the bytes only in the copies and fills the pool asks for, as
+///   [`crate::HostPtr::new`] requires.
+pub(super) unsafe fn mapped_host_ptr(base: usize, offset: usize) -> Option<crate::HostPtr> {
     let ptr = std::ptr::NonNull::new((base + offset) as *mut u8)?;
-    // SAFETY: `base` is the address `map` returned for a live buffer that stays mapped until the segment's last
-    // clone is dropped (after the pool destroyed it), and the backend checked `offset` against the buffer's size.
-    // The backend touches the bytes only in the copies and fills the pool asks for; the device writes them only
-    // through work the user enqueued. A mapped region holds the buffer's contents, written by the driver, so
+    // SAFETY: `HostPtr::new`'s contract is this function's; the device writes the bytes only through work the user
+    // enqueued, which `settle` waits for. A mapped region holds the buffer's contents, written by the driver, so
     // every byte is initialised.
     Some(unsafe { crate::HostPtr::new(ptr) })
 }

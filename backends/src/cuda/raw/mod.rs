@@ -1,7 +1,13 @@
 //! Raw CUDA driver calls through cudarc's `sys` layer: the only `unsafe` of the CUDA backend. Every function here
 //! returns a `Result` and never panics. Callers bind the device's context to the calling thread first
-//! (`CudaContext::bind_to_thread`) and check every byte range against its segment; the `SAFETY` lines say what
-//! else each call relies on.
+//! (`CudaContext::bind_to_thread`).
+//!
+//! As in cudarc's `driver::result`, every function whose soundness depends on its caller is an `unsafe fn` whose
+//! `# Safety` section lists what the caller must ensure: that a byte range lies inside live memory, that memory is
+//! freed once and after the work queued on it, that a handle is live. Functions that only rely on the bound
+//! context stay safe: without one (or with another) the driver returns an error (`CUDA_ERROR_INVALID_CONTEXT`,
+//! `CUDA_ERROR_INVALID_HANDLE`), it does not touch memory. Contexts are passed as borrowed `CudaContext`s and
+//! streams as [`LiveStream`]s, so that their liveness is the type's, not a promise.
 //!
 //! cudarc loads `libcuda` lazily and panics if it is missing, so nothing here may run before
 //! [`driver_library_present`] said yes (discovery checks it once; every other path starts from a discovered
@@ -12,7 +18,7 @@
 pub(super) mod stream_ids;
 
 use crate::StreamId;
-use cudarc::driver::{sys, CudaEvent, DriverError};
+use cudarc::driver::{sys, CudaContext, CudaEvent, DriverError};
 use std::ffi::{c_char, c_void, CStr};
 use stream_ids::LiveStream;
 
@@ -56,7 +62,8 @@ fn cu_stream(stream: &LiveStream) -> sys::CUstream {
 /// umm may queue work or record events on it: until every block allocated on it, or marked as used on it with
 /// `record_stream`, has been freed and the pool's pending frees have been processed.
 pub unsafe fn foreign_stream(raw: u64) -> StreamId {
-    stream_ids::vouch(raw)
+    // SAFETY: `vouch`'s contract is this function's.
+    unsafe { stream_ids::vouch(raw) }
 }
 
 /// Device memory allocated outside umm (by PyTorch, a C library, raw driver calls), vouched for so that a
@@ -121,7 +128,8 @@ pub(super) fn driver_version() -> Raw<i32> {
     Ok(version)
 }
 
-/// Free and total device memory of the current context's device.
+/// Free and total device memory of the current context's device. Safe: without a bound context the driver
+/// returns an error.
 pub(super) fn mem_info() -> Raw<(u64, u64)> {
     let (mut free, mut total) = (0usize, 0usize);
     // SAFETY: both are valid places for one size_t; the caller bound the context.
@@ -131,7 +139,8 @@ pub(super) fn mem_info() -> Raw<(u64, u64)> {
 
 // ----- plain device memory -----
 
-/// `cuMemAlloc`: `size` bytes of device memory in the current context.
+/// `cuMemAlloc`: `size` bytes of device memory in the current context. Safe: without a bound context the driver
+/// returns an error.
 pub(super) fn mem_alloc(size: u64) -> Raw<u64> {
     let mut ptr = 0;
     // SAFETY: `ptr` is a valid out-parameter; the caller bound the context.
@@ -140,9 +149,14 @@ pub(super) fn mem_alloc(size: u64) -> Raw<u64> {
 }
 
 /// `cuMemFree` of a pointer from [`mem_alloc`].
-pub(super) fn mem_free(ptr: u64) -> Raw<()> {
-    // SAFETY: `ptr` came from `mem_alloc` and is freed once (only a pool destroys segments, through a
-    // `PoolAccess`, each once); the caller synchronized the context, so no queued work still touches it.
+///
+/// # Safety
+/// - `ptr` was returned by [`mem_alloc`] and is not freed yet (freeing it twice could free another allocation
+///   that got the same address meanwhile);
+/// - no work queued before this call still uses the memory (the caller synchronized the context), and nothing
+///   uses `ptr` afterwards.
+pub(super) unsafe fn mem_free(ptr: u64) -> Raw<()> {
+    // SAFETY: this function's contract: `ptr` is a live allocation from `cuMemAlloc`, freed once, no longer used.
     check(unsafe { sys::cuMemFree_v2(ptr) }, "cuMemFree")
 }
 
@@ -157,9 +171,8 @@ pub(super) fn host_alloc(size: u64) -> Raw<(usize, u64)> {
     check(unsafe { sys::cuMemHostAlloc(&mut host, size as usize, flags) }, "cuMemHostAlloc")?;
     let mut device = 0;
     // SAFETY: `host` was just returned by cuMemHostAlloc with DEVICEMAP; flags must be 0.
-    if let Err(e) =
-        check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) }, "cuMemHostGetDevicePointer")
-    {
+    let code = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) };
+    if let Err(e) = check(code, "cuMemHostGetDevicePointer") {
         // SAFETY: `host` came from cuMemHostAlloc above and nothing else holds it.
         let _ = unsafe { sys::cuMemFreeHost(host) };
         return Err(e);
@@ -168,47 +181,72 @@ pub(super) fn host_alloc(size: u64) -> Raw<(usize, u64)> {
 }
 
 /// `cuMemFreeHost` of an address from [`host_alloc`].
-pub(super) fn host_free(host: usize) -> Raw<()> {
-    // SAFETY: `host` came from `host_alloc` and is freed once (only a pool destroys segments, each once); the
-    // caller synchronized the context so no copy or kernel still reads it.
+///
+/// # Safety
+/// - `host` was returned by [`host_alloc`] and is not freed yet;
+/// - no work queued before this call still uses the memory (the caller synchronized the context), and nothing
+///   reads or writes it afterwards (no slice or `HostPtr` of it is used again).
+pub(super) unsafe fn host_free(host: usize) -> Raw<()> {
+    // SAFETY: this function's contract: `host` is a live allocation from `cuMemHostAlloc`, freed once, no longer
+    // used.
     check(unsafe { sys::cuMemFreeHost(host as *mut c_void) }, "cuMemFreeHost")
 }
 
 /// Copies `src` into host memory at `addr`.
-pub(super) fn host_copy_in(addr: usize, src: &[u8]) {
-    // SAFETY: the backend checked that `[addr, addr + src.len())` lies inside one live pinned segment; `src` is a
-    // separate Rust slice, so the ranges do not overlap.
+///
+/// # Safety
+/// `[addr, addr + src.len())` lies inside one live pinned allocation ([`host_alloc`]), and no other reference to
+/// those bytes is in use during the call.
+pub(super) unsafe fn host_copy_in(addr: usize, src: &[u8]) {
+    // SAFETY: the destination is valid for writes and unaliased (this function's contract); `src` is a separate
+    // Rust slice, so the ranges do not overlap.
     unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) }
 }
 
 /// Copies host memory at `addr` into `dst`.
-pub(super) fn host_copy_out(addr: usize, dst: &mut [u8]) {
-    // SAFETY: as in `host_copy_in`, with the roles swapped; `dst` is exclusively borrowed.
+///
+/// # Safety
+/// `[addr, addr + dst.len())` lies inside one live pinned allocation ([`host_alloc`]), and nothing on the host
+/// writes those bytes during the call.
+pub(super) unsafe fn host_copy_out(addr: usize, dst: &mut [u8]) {
+    // SAFETY: the source is valid for reads (this function's contract) and initialised (pinned pages come from
+    // the driver); `dst` is exclusively borrowed, so the ranges do not overlap.
     unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len()) }
 }
 
 /// Sets `len` bytes of host memory at `addr` to `value`.
-pub(super) fn host_fill(addr: usize, len: usize, value: u8) {
-    // SAFETY: the backend checked that `[addr, addr + len)` lies inside one live pinned segment.
+///
+/// # Safety
+/// As for [`host_copy_in`], for `[addr, addr + len)`.
+pub(super) unsafe fn host_fill(addr: usize, len: usize, value: u8) {
+    // SAFETY: the range is valid for writes and unaliased (this function's contract).
     unsafe { std::ptr::write_bytes(addr as *mut u8, value, len) }
 }
 
 /// The host address of byte `offset` of the pinned segment whose host address is `host`; `None` for address 0.
-pub(super) fn pinned_host_ptr(host: usize, offset: usize) -> Option<crate::HostPtr> {
+///
+/// # Safety
+/// - `host` is the host address of a live pinned segment ([`host_alloc`]) and `offset` is less than its size;
+/// - the segment is freed only when its pool destroys it, and until then the backend touches its bytes only in
+///   the copies and fills the pool asks for, as [`crate::HostPtr::new`] requires.
+pub(super) unsafe fn pinned_host_ptr(host: usize, offset: usize) -> Option<crate::HostPtr> {
     let ptr = std::ptr::NonNull::new((host + offset) as *mut u8)?;
-    // SAFETY: `host` is the host address of a live page-locked allocation (cuMemHostAlloc) and the backend checked
-    // `offset` against its size. It is freed only when the pool destroys the segment (cuMemFreeHost); the backend
-    // touches it only in the copies and fills the pool asks for; the device writes it only through work the user
-    // queued (kernels, async copies). The pages come from the driver, written by it or zeroed by the OS, so every
-    // byte is initialised.
+    // SAFETY: `HostPtr::new`'s contract is this function's; in addition the device writes the pages only through
+    // work the user queued (kernels, async copies), which `settle` waits for. The pages come from the driver,
+    // written by it or zeroed by the OS, so every byte is initialised.
     Some(unsafe { crate::HostPtr::new(ptr) })
 }
 
 /// The `len` bytes of pinned memory at `addr`, borrowed for as long as `owner`.
-pub(super) fn host_slice<O>(owner: &O, addr: usize, len: usize) -> &[u8] {
+///
+/// # Safety
+/// - `addr` is the host address of `owner`'s live pinned block, which holds at least `len` bytes, and `owner`
+///   frees it only when dropped;
+/// - the caller synchronized the context, so no work queued before still writes the bytes.
+pub(super) unsafe fn host_slice<O>(owner: &O, addr: usize, len: usize) -> &[u8] {
     let _ = owner;
-    // SAFETY: `addr` is the host address of `owner`'s live pinned block of at least `len` bytes (checked by the
-    // caller), and pinned memory is plain initialised bytes. `owner` frees the block only when dropped; the
+    // SAFETY: per this function's contract, `addr` is the host address of `owner`'s live pinned block of at least
+    // `len` bytes, and pinned memory is plain initialised bytes. `owner` frees the block only when dropped; the
     // caller synchronized the context, and every write through `owner` (copies, writable views) takes `&mut`, so
     // the bytes do not change while the slice lives. Nothing else can free or write the block: its handle never
     // leaves this crate (`CudaBuffer` shows only `BlockInfo`), handles cannot be forged, are refused by other
@@ -219,9 +257,12 @@ pub(super) fn host_slice<O>(owner: &O, addr: usize, len: usize) -> &[u8] {
 }
 
 /// The `len` bytes of pinned memory at `addr`, borrowed mutably for as long as `owner`.
-pub(super) fn host_slice_mut<O>(owner: &mut O, addr: usize, len: usize) -> &mut [u8] {
+///
+/// # Safety
+/// As for [`host_slice`].
+pub(super) unsafe fn host_slice_mut<O>(owner: &mut O, addr: usize, len: usize) -> &mut [u8] {
     let _ = owner;
-    // SAFETY: as in `host_slice`; `owner` is borrowed mutably and blocks never overlap, so this is the only
+    // SAFETY: as in `host_slice`, whose contract is this function's; `owner` is borrowed mutably and blocks never overlap, so this is the only
     // slice of these bytes made through the API.
     unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) }
 }
@@ -247,17 +288,10 @@ fn allocation_prop(ordinal: i32) -> sys::CUmemAllocationProp {
 pub(super) fn vmm_granularity(ordinal: i32) -> Raw<u64> {
     let prop = allocation_prop(ordinal);
     let mut granularity = 0usize;
+    let minimum = sys::CUmemAllocationGranularity_flags_enum::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
     // SAFETY: `prop` is a fully initialised property struct; `granularity` is a valid out-parameter.
-    check(
-        unsafe {
-            sys::cuMemGetAllocationGranularity(
-                &mut granularity,
-                &prop,
-                sys::CUmemAllocationGranularity_flags_enum::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-            )
-        },
-        "cuMemGetAllocationGranularity",
-    )?;
+    let code = unsafe { sys::cuMemGetAllocationGranularity(&mut granularity, &prop, minimum) };
+    check(code, "cuMemGetAllocationGranularity")?;
     Ok(granularity as u64)
 }
 
@@ -265,17 +299,18 @@ pub(super) fn vmm_granularity(ordinal: i32) -> Raw<u64> {
 pub(super) fn address_reserve(size: u64, alignment: u64) -> Raw<u64> {
     let mut ptr = 0;
     // SAFETY: `ptr` is a valid out-parameter; no fixed address is asked for (0), flags must be 0.
-    check(
-        unsafe { sys::cuMemAddressReserve(&mut ptr, size as usize, alignment as usize, 0, 0) },
-        "cuMemAddressReserve",
-    )?;
+    let code = unsafe { sys::cuMemAddressReserve(&mut ptr, size as usize, alignment as usize, 0, 0) };
+    check(code, "cuMemAddressReserve")?;
     Ok(ptr)
 }
 
 /// `cuMemAddressFree` of a reservation from [`address_reserve`] with nothing mapped in it.
-pub(super) fn address_free(ptr: u64, size: u64) -> Raw<()> {
-    // SAFETY: `[ptr, ptr + size)` is exactly one reservation from `address_reserve`, freed once, with every page
-    // unmapped first (the backend checks its page table).
+///
+/// # Safety
+/// `[ptr, ptr + size)` is exactly one reservation from [`address_reserve`], not freed yet, with every page
+/// unmapped ([`mem_unmap`]); nothing uses the addresses afterwards.
+pub(super) unsafe fn address_free(ptr: u64, size: u64) -> Raw<()> {
+    // SAFETY: this function's contract.
     check(unsafe { sys::cuMemAddressFree(ptr, size as usize) }, "cuMemAddressFree")
 }
 
@@ -289,28 +324,39 @@ pub(super) fn mem_create(size: u64, ordinal: i32) -> Raw<u64> {
 }
 
 /// `cuMemRelease` of a handle from [`mem_create`].
-pub(super) fn mem_release(handle: u64) -> Raw<()> {
-    // SAFETY: `handle` came from `mem_create` and is released once; the memory is freed when its last mapping
-    // goes.
+///
+/// # Safety
+/// `handle` was returned by [`mem_create`] and is released once (a second release could drop another
+/// allocation that got the same handle value meanwhile); it is not mapped again afterwards.
+pub(super) unsafe fn mem_release(handle: u64) -> Raw<()> {
+    // SAFETY: this function's contract; the memory is freed when its last mapping goes.
     check(unsafe { sys::cuMemRelease(handle) }, "cuMemRelease")
 }
 
 /// `cuMemMap`: maps all of `handle` (of `size` bytes) at `ptr`.
-pub(super) fn mem_map(ptr: u64, size: u64, handle: u64) -> Raw<()> {
-    // SAFETY: `[ptr, ptr + size)` lies inside a live reservation and is not mapped (the backend's page table
-    // says so); `handle` is a live allocation of exactly `size` bytes; offset and flags must be 0.
+///
+/// # Safety
+/// `[ptr, ptr + size)` lies inside a live reservation of the caller's and is not mapped; `handle` is a live
+/// allocation from [`mem_create`] of exactly `size` bytes, not released.
+pub(super) unsafe fn mem_map(ptr: u64, size: u64, handle: u64) -> Raw<()> {
+    // SAFETY: this function's contract; offset and flags must be 0.
     check(unsafe { sys::cuMemMap(ptr, size as usize, 0, handle, 0) }, "cuMemMap")
 }
 
 /// `cuMemUnmap` of one whole mapping made by [`mem_map`].
-pub(super) fn mem_unmap(ptr: u64, size: u64) -> Raw<()> {
-    // SAFETY: `[ptr, ptr + size)` is exactly one mapping made by `mem_map`; the caller synchronized the context,
-    // so no queued work touches it.
+///
+/// # Safety
+/// `[ptr, ptr + size)` is exactly one mapping made by [`mem_map`], not unmapped yet; no work queued before this
+/// call still uses it (the caller synchronized the context), and nothing uses it afterwards until it is mapped
+/// again.
+pub(super) unsafe fn mem_unmap(ptr: u64, size: u64) -> Raw<()> {
+    // SAFETY: this function's contract.
     check(unsafe { sys::cuMemUnmap(ptr, size as usize) }, "cuMemUnmap")
 }
 
 /// `cuMemSetAccess`: read-write access to the mapped range from each device in `ordinals` (the owner first, then
-/// the peers that can reach it).
+/// the peers that can reach it). Safe: on a range that is not fully mapped the driver returns an error, and
+/// granting access changes no memory.
 pub(super) fn set_access(ptr: u64, size: u64, ordinals: &[i32]) -> Raw<()> {
     let descs: Vec<sys::CUmemAccessDesc> = ordinals
         .iter()
@@ -343,43 +389,58 @@ pub(super) fn device(ordinal: i32) -> Raw<sys::CUdevice> {
 // ----- copies, fills, synchronisation -----
 
 /// Blocking copy of `src` into device memory at `dst`.
-pub(super) fn copy_htod(dst: u64, src: &[u8]) -> Raw<()> {
-    // SAFETY: the caller checked that `[dst, dst + src.len())` lies inside one live segment of the bound
-    // context; `src` is a valid slice for the call's duration (the call returns once it has been read).
+///
+/// # Safety
+/// `[dst, dst + src.len())` lies inside live memory of the bound context (a segment or block checked by the
+/// caller) that no host reference reads or writes during the call.
+pub(super) unsafe fn copy_htod(dst: u64, src: &[u8]) -> Raw<()> {
+    // SAFETY: the destination range is the caller's (this function's contract); `src` is a valid slice for the
+    // call's duration (the call returns once it has been read).
     check(unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) }, "cuMemcpyHtoD")
 }
 
 /// Blocking copy of device memory at `src` into `dst`.
-pub(super) fn copy_dtoh(dst: &mut [u8], src: u64) -> Raw<()> {
-    // SAFETY: the caller checked the device range; `dst` is exclusively borrowed and the call returns only once
-    // the copy has completed.
+///
+/// # Safety
+/// `[src, src + dst.len())` lies inside live memory of the bound context (checked by the caller) that no host
+/// reference writes during the call.
+pub(super) unsafe fn copy_dtoh(dst: &mut [u8], src: u64) -> Raw<()> {
+    // SAFETY: the source range is the caller's (this function's contract); `dst` is exclusively borrowed and the
+    // call returns only once the copy has completed.
     check(unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len()) }, "cuMemcpyDtoH")
 }
 
 /// Copy of `len` bytes between two CUDA addresses (device or pinned; unified addressing), ordered on the null
 /// stream.
-pub(super) fn copy(dst: u64, src: u64, len: u64) -> Raw<()> {
-    // SAFETY: the caller checked both ranges against live blocks of the bound context.
+///
+/// # Safety
+/// `[src, src + len)` and `[dst, dst + len)` lie inside live blocks (device or pinned memory, which unified
+/// addressing tells apart), and no host reference reads or writes the destination (nor writes the source) during
+/// the call.
+pub(super) unsafe fn copy(dst: u64, src: u64, len: u64) -> Raw<()> {
+    // SAFETY: both ranges are the caller's (this function's contract).
     check(unsafe { sys::cuMemcpy(dst, src, len as usize) }, "cuMemcpy")
 }
 
 /// `cuMemcpyPeer`: copy of `len` bytes from `src` in `src_ctx` to `dst` in `dst_ctx` (two devices), ordered
 /// after the legacy default streams of both contexts; returns once the copy is done for most uses (callers
 /// synchronize the destination context afterwards anyway).
-pub(super) fn copy_peer(dst: u64, dst_ctx: sys::CUcontext, src: u64, src_ctx: sys::CUcontext, len: u64) -> Raw<()> {
-    // SAFETY: the caller checked `[src, src + len)` against a live block of a pool of `src_ctx` and
-    // `[dst, dst + len)` against a live block of a pool of `dst_ctx`; both contexts are kept alive by those pools'
-    // `Arc<CudaContext>`, and the source context was synchronized, so no queued work still writes the source.
-    check(unsafe { sys::cuMemcpyPeer(dst, dst_ctx, src, src_ctx, len as usize) }, "cuMemcpyPeer")
+///
+/// # Safety
+/// `[src, src + len)` lies inside a live block of `src_ctx` and `[dst, dst + len)` inside a live block of
+/// `dst_ctx`; no host reference reads or writes the destination (nor writes the source) during the copy.
+pub(super) unsafe fn copy_peer(dst: u64, dst_ctx: &CudaContext, src: u64, src_ctx: &CudaContext, len: u64) -> Raw<()> {
+    // SAFETY: both ranges are the caller's (this function's contract); both contexts are borrowed, so live.
+    check(unsafe { sys::cuMemcpyPeer(dst, dst_ctx.cu_ctx(), src, src_ctx.cu_ctx(), len as usize) }, "cuMemcpyPeer")
 }
 
 /// `cuCtxEnablePeerAccess`: lets the bound context reach `peer`'s memory directly (NVLink or PCIe P2P), so that
 /// peer copies skip host staging. Returns whether access is enabled now (`false` where the devices cannot).
-pub(super) fn enable_peer_access(peer: sys::CUcontext) -> Raw<bool> {
+/// Safe: `peer` is borrowed, so live; the bound context itself or none is an error from the driver.
+pub(super) fn enable_peer_access(peer: &CudaContext) -> Raw<bool> {
     use sys::CUresult::*;
-    // SAFETY: `peer` is a live context (held by a pool's `Arc<CudaContext>`) other than the bound one; flags
-    // must be 0.
-    match unsafe { sys::cuCtxEnablePeerAccess(peer, 0) } {
+    // SAFETY: `peer` is a live context (borrowed); flags must be 0.
+    match unsafe { sys::cuCtxEnablePeerAccess(peer.cu_ctx(), 0) } {
         CUDA_SUCCESS | CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(true),
         CUDA_ERROR_PEER_ACCESS_UNSUPPORTED | CUDA_ERROR_TOO_MANY_PEERS => Ok(false),
         code => Err(Failure { call: "cuCtxEnablePeerAccess", code }),
@@ -387,19 +448,28 @@ pub(super) fn enable_peer_access(peer: sys::CUcontext) -> Raw<bool> {
 }
 
 /// Copy of `len` bytes between two CUDA addresses, queued on `stream`.
-pub(super) fn copy_async(dst: u64, src: u64, len: u64, stream: &LiveStream) -> Raw<()> {
-    // SAFETY: the caller checked both ranges against live blocks (device or pinned memory, never pageable) and
-    // keeps them from reuse until the stream passes this copy (the pool's stream rules and record_stream);
-    // `stream` is a live stream of the bound context or the null stream (a `LiveStream`, checked and kept alive).
+///
+/// # Safety
+/// `[src, src + len)` and `[dst, dst + len)` lie inside live blocks of the bound context (device or pinned
+/// memory, never pageable), which stay allocated and are not lent as host slices until `stream` has passed this
+/// copy.
+pub(super) unsafe fn copy_async(dst: u64, src: u64, len: u64, stream: &LiveStream) -> Raw<()> {
+    // SAFETY: both ranges are the caller's until the copy is done (this function's contract); `stream` is a live
+    // stream of the bound context or the null stream (a `LiveStream`, checked and kept alive).
     check(unsafe { sys::cuMemcpyAsync(dst, src, len as usize, cu_stream(stream)) }, "cuMemcpyAsync")
 }
 
 /// Copy of host bytes into device memory, queued on `stream`; returns once `src` has been staged, so `src` may
 /// be dropped afterwards.
-pub(super) fn copy_htod_async(dst: u64, src: &[u8], stream: &LiveStream) -> Raw<()> {
-    // SAFETY: the caller checked the device range; `src` is pageable or pinned host memory valid for the call.
-    // The caller synchronizes `stream` before `src` goes away (see `upload`), which covers the pinned case where
-    // the driver reads `src` later.
+///
+/// # Safety
+/// - `[dst, dst + src.len())` lies inside device memory of the bound context that the caller found live (a
+///   checked block), not lent as a host slice until `stream` has passed this copy;
+/// - the caller synchronizes `stream` before `src` goes away or changes (the driver may read pinned memory
+///   later).
+pub(super) unsafe fn copy_htod_async(dst: u64, src: &[u8], stream: &LiveStream) -> Raw<()> {
+    // SAFETY: the device range is the caller's and `src` stays valid until the copy is done (this function's
+    // contract); `stream` is a live stream of the bound context (a `LiveStream`).
     check(
         unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr().cast(), src.len(), cu_stream(stream)) },
         "cuMemcpyHtoDAsync",
@@ -408,12 +478,14 @@ pub(super) fn copy_htod_async(dst: u64, src: &[u8], stream: &LiveStream) -> Raw<
 
 /// Copy of `len` bytes of page-locked host memory at host address `src` into device memory at `dst`, queued on
 /// `stream` (`cuMemcpyHtoDAsync`): a DMA that the device runs while the host goes on.
-pub(super) fn copy_htod_async_pinned(dst: u64, src: usize, len: u64, stream: &LiveStream) -> Raw<()> {
-    // SAFETY: the caller checked `[src, src + len)` against a live pinned segment (cuMemHostAlloc) and
-    // `[dst, dst + len)` against live device memory of the bound context, and keeps both from being freed until
-    // the stream passes this copy (record_stream on pooled blocks, or a synchronize before freeing raw
-    // allocations). The driver only reads `src`: a host write to it meanwhile changes the bytes copied, never
-    // memory the Rust program owns elsewhere. `stream` is a live stream of the bound context (a `LiveStream`).
+///
+/// # Safety
+/// `[src, src + len)` lies inside a live pinned allocation ([`host_alloc`]) and `[dst, dst + len)` inside live
+/// device memory of the bound context, and both stay allocated until `stream` has passed this copy.
+pub(super) unsafe fn copy_htod_async_pinned(dst: u64, src: usize, len: u64, stream: &LiveStream) -> Raw<()> {
+    // SAFETY: both ranges are the caller's until the copy is done (this function's contract). The driver only
+    // reads `src`: a host write to it meanwhile changes the bytes copied, never memory the Rust program owns
+    // elsewhere. `stream` is a live stream of the bound context (a `LiveStream`).
     check(
         unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len as usize, cu_stream(stream)) },
         "cuMemcpyHtoDAsync",
@@ -421,18 +493,27 @@ pub(super) fn copy_htod_async_pinned(dst: u64, src: usize, len: u64, stream: &Li
 }
 
 /// Sets `len` bytes of device memory at `dst` to `value` (asynchronous on the null stream).
-pub(super) fn memset(dst: u64, value: u8, len: u64) -> Raw<()> {
-    // SAFETY: the caller checked the range against a live segment of the bound context.
+///
+/// # Safety
+/// `[dst, dst + len)` lies inside device memory of the bound context that the caller found live (a checked
+/// segment or block), and no host reference to it is in use while the fill runs (device memory never is; pinned
+/// memory only through an owned block, borrowed for the call).
+pub(super) unsafe fn memset(dst: u64, value: u8, len: u64) -> Raw<()> {
+    // SAFETY: the range is the caller's (this function's contract).
     check(unsafe { sys::cuMemsetD8_v2(dst, value, len as usize) }, "cuMemsetD8")
 }
 
 /// Sets `len` bytes of device memory at `dst` to `value`, queued on `stream`.
-pub(super) fn memset_async(dst: u64, value: u8, len: u64, stream: &LiveStream) -> Raw<()> {
-    // SAFETY: as in `memset`; `stream` is a live stream of the bound context or the null stream (a `LiveStream`).
+///
+/// # Safety
+/// As for [`memset`], until `stream` has passed this fill.
+pub(super) unsafe fn memset_async(dst: u64, value: u8, len: u64, stream: &LiveStream) -> Raw<()> {
+    // SAFETY: the range is the caller's (this function's contract); `stream` is a live stream of the bound context
+    // or the null stream (a `LiveStream`).
     check(unsafe { sys::cuMemsetD8Async(dst, value, len as usize, cu_stream(stream)) }, "cuMemsetD8Async")
 }
 
-/// Waits for all work queued in the bound context.
+/// Waits for all work queued in the bound context. Safe: without a bound context the driver returns an error.
 pub(super) fn ctx_synchronize() -> Raw<()> {
     // SAFETY: no pointers involved; the caller bound the context.
     check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
@@ -444,7 +525,8 @@ pub(super) fn stream_synchronize(stream: &LiveStream) -> Raw<()> {
     check(unsafe { sys::cuStreamSynchronize(cu_stream(stream)) }, "cuStreamSynchronize")
 }
 
-/// Records `event` at the current end of `stream`.
+/// Records `event` at the current end of `stream`. Safe: both are live (borrowed); an event and a stream of
+/// different contexts are an error from the driver.
 pub(super) fn event_record(event: &CudaEvent, stream: &LiveStream) -> Raw<()> {
     // SAFETY: the event is live (borrowed) and belongs to the bound context, as does `stream` (a `LiveStream`:
     // checked against the registry of live streams and their contexts, and kept alive while borrowed).
@@ -463,10 +545,11 @@ pub(super) fn current_context() -> Raw<Option<sys::CUcontext>> {
 
 /// Makes `ctx` current on the calling thread again (`None`: unbinds).
 ///
-/// Only for a context read with [`current_context`] on this thread at the start of a call into umm and
-/// restored at its end: the caller made it current, so it keeps it alive for the whole call (umm never destroys
-/// a context it did not create, and keeps every primary context it uses retained).
-pub(super) fn restore_context(ctx: Option<sys::CUcontext>) -> Raw<()> {
+/// # Safety
+/// `ctx` is `None` or a live context: one read with [`current_context`] on this thread at the start of a call
+/// into umm and restored at its end (the caller made it current, so it keeps it alive for the whole call; umm
+/// never destroys a context it did not create, and keeps every primary context it uses retained).
+pub(super) unsafe fn restore_context(ctx: Option<sys::CUcontext>) -> Raw<()> {
     // SAFETY: per this function's contract, `ctx` is a live context (or null, which unbinds).
     check(unsafe { sys::cuCtxSetCurrent(ctx.unwrap_or(std::ptr::null_mut())) }, "cuCtxSetCurrent")
 }

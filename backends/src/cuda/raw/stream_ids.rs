@@ -31,8 +31,12 @@ pub fn stream_id(stream: &Arc<CudaStream>) -> StreamId {
     StreamId(raw)
 }
 
-/// Registers a stream made outside cudarc; the caller ([`super::foreign_stream`]) holds the promise.
-pub(super) fn vouch(raw: u64) -> StreamId {
+/// Registers a stream made outside cudarc: from then on [`live`] accepts its id.
+///
+/// # Safety
+/// As for [`super::foreign_stream`]: `raw` is 0 or a live `CUstream` that stays live for as long as umm may queue
+/// work or record events on it.
+pub(super) unsafe fn vouch(raw: u64) -> StreamId {
     if raw != 0 {
         register(raw, Known::Vouched);
     }
