@@ -34,9 +34,11 @@
 //!
 //! One way into allocation: every block the pool hands out from its own arenas comes from
 //! `Pool::allocate_locked` (in [`allocate`]), under the pool's lock: a plain `allocate` or `allocate_zeroed` that
-//! a thread cache does not serve, every entry of `allocate_batch`, and a thread cache's refill. Above it, every
-//! public variant (and the default `MemoryPool::allocate_filled`, which allocates and writes) goes through
-//! `Pool::allocate_with`, which tries the calling thread's cache first and fills the block when asked.
+//! a thread cache does not serve, every entry of `allocate_batch` (one lock for all), and a thread cache's refill.
+//! Above it, `allocate` and `allocate_zeroed` (and so the default `MemoryPool::allocate_filled`, which allocates
+//! and writes) go through `Pool::allocate_with`, which tries the calling thread's cache first and zeroes the
+//! block when asked. The books on the arenas (`empty_plain_bytes` among them) are kept by [`state`] alone: its
+//! engines are private to it.
 //!
 //! # Locks
 //!
