@@ -1,7 +1,7 @@
 //! Pool tests: limits, retry, trim, statistics, strategies and concurrency, on the sim and host backends.
 
 use super::*;
-use crate::{BlockHandle, HostBackend, MemoryPool, SimBackend, StreamId};
+use crate::{HostBackend, MemoryPool, SimBackend};
 use std::sync::Arc;
 
 const MIB: u64 = 1 << 20;
@@ -1243,44 +1243,4 @@ fn a_device_whose_largest_segment_is_not_a_multiple_of_the_granularity_gets_whol
         pool.release_cached();
         assert_eq!(pool.stats().reserved_bytes.current, 0);
     }
-}
-
-/// `empty_plain_bytes` is the engines' own figure for the plain arenas' empty segments, through allocation, quick
-/// cache churn, frees on two streams, a segment slack, releases and cleanup.
-#[test]
-fn empty_plain_bytes_follow_the_engines() {
-    let pool = sim_pool(SegmentMode::Plain, None);
-    let check = |pool: &Pool<SimBackend>| {
-        let state = pool.state().lock();
-        let engines: u64 =
-            state.arenas.iter().filter(|a| !a.virtual_segments).map(|a| a.engine().stats().empty_segment_bytes).sum();
-        assert_eq!(state.empty_plain_bytes(), engines);
-    };
-    let (mut live, mut x) = (Vec::new(), 0x2545_F491_4F6C_DD1Du64);
-    for i in 0..3000 {
-        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-        if x >> 62 < 2 && !live.is_empty() {
-            let block: BlockHandle = live.swap_remove((x >> 20) as usize % live.len());
-            pool.free(&block).expect("live");
-        } else {
-            let bytes = if x >> 61 & 1 == 0 { (x >> 24) % (512 << 10) + 1 } else { (x >> 24) % (24 * MIB) + 1 };
-            live.push(pool.allocate(bytes, StreamId((x >> 40) & 1)).expect("no limit"));
-        }
-        if i % 97 == 0 {
-            check(&pool);
-        }
-        if i % 1000 == 999 {
-            pool.cleanup(1);
-            check(&pool);
-        }
-    }
-    pool.release_cached();
-    check(&pool);
-    for block in live.drain(..) {
-        pool.free(&block).expect("live");
-    }
-    check(&pool);
-    pool.release_cached();
-    check(&pool);
-    assert_eq!(pool.state().lock().empty_plain_bytes(), 0);
 }
