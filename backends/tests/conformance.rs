@@ -14,6 +14,7 @@
 //! CI: `UMM_REQUIRE_BACKENDS=opencl,wgpu cargo test -p umm-backends --features cuda,opencl,wgpu --test conformance`;
 //! on the GPU machine `UMM_REQUIRE_BACKENDS=all` with NVIDIA's OpenCL and Vulkan.
 
+mod common;
 #[path = "conformance/fixtures.rs"]
 mod fixtures;
 #[path = "conformance/suite.rs"]

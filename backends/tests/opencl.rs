@@ -21,6 +21,10 @@ use umm_backends::{
 
 const S0: StreamId = StreamId(0);
 
+mod common;
+
+use common::pattern;
+
 /// Every OpenCL device, or none after `skip_or_fail`.
 fn devices() -> Vec<OpenClDevice> {
     let found = opencl::discover();
@@ -32,18 +36,6 @@ fn devices() -> Vec<OpenClDevice> {
 
 fn pool(device: &OpenClDevice, placement: PoolPlacement) -> Pool<OpenClBackend> {
     device.pool(placement, PoolConfig::default()).expect("pool")
-}
-
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
 }
 
 #[test]

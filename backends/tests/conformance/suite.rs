@@ -1,6 +1,7 @@
 //! The properties, each a function of a [`Fixture`]; `conformance!` makes one test per backend and property.
 //! Every assertion names the exact value or error variant; [`run`] checks every pool's statistics afterwards.
 
+use crate::common::pattern;
 use crate::fixtures::Fixture;
 use std::sync::Arc;
 use umm_backends::pool::POISON_BYTE;
@@ -15,19 +16,6 @@ pub fn run(fixtures: fn() -> Vec<Fixture>, property: fn(&Fixture)) {
         property(&fixture);
         fixture.finish();
     }
-}
-
-/// Deterministic bytes (xorshift32).
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2_654_435_761) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
 }
 
 fn read(pool: &Arc<dyn MemoryPool>, block: &BlockHandle, offset: u64, len: usize) -> Vec<u8> {
