@@ -1,7 +1,7 @@
 //! Pool tests: limits, retry, trim, statistics, strategies and concurrency, on the sim and host backends.
 
 use super::*;
-use crate::{HostBackend, MemoryPool, SimBackend};
+use crate::{BlockHandle, HostBackend, MemoryPool, SimBackend, StreamId};
 use std::sync::Arc;
 
 const MIB: u64 = 1 << 20;

@@ -1,0 +1,75 @@
+//! Bytes in and out of live blocks, and their host addresses: each checks that the block is live and the range
+//! inside it, and holds the pool's lock through the copy where the memory is host-addressable.
+
+use super::Pool;
+use crate::{Backend, BlockHandle, Error, HostPtr, Result};
+
+impl<B: Backend> Pool<B> {
+    /// The backend segment holding `block`, and the block's offset in it; `None` if the block is not live.
+    pub(crate) fn segment_of(&self, block: &BlockHandle) -> Option<(B::Segment, u64)> {
+        let _cache = self.lock_lender(block)?;
+        let state = self.state().lock();
+        Some((state.live_entry(block)?.handle.clone(), block.offset))
+    }
+
+    /// Runs `op` on the segment holding live `block` once `[offset, offset + len)` is checked to lie inside it.
+    /// Where the memory is host-addressable the pool's lock is held throughout: a copy that looked the block up
+    /// and then let go of the lock could land after another thread (holding a clone of the handle) freed the
+    /// block and the segment was destroyed (host memory read or written after it was freed), or after the
+    /// memory went to another block whose host slice is borrowed. Device memory is copied without the lock, so
+    /// that a blocking device copy (which waits for queued work) does not stall every allocation of the pool;
+    /// there a copy racing a free of the same block is the caller's data race, as with any device pointer.
+    pub(super) fn with_live_segment<R>(
+        &self,
+        block: &BlockHandle,
+        offset: u64,
+        len: u64,
+        op: impl FnOnce(&B::Segment) -> Result<R>,
+    ) -> Result<R> {
+        let end = offset.checked_add(len).ok_or_else(|| Error::SizeOverflow { what: "offset + length".into() })?;
+        if end > block.size {
+            return Err(Error::OutOfBounds(format!("range {offset}..{end} outside a block of {} bytes", block.size)));
+        }
+        let unknown = || self.unknown_block(block);
+        let cache = self.lock_lender(block).ok_or_else(unknown)?;
+        let state = self.state().lock();
+        let segment = state.live_entry(block).ok_or_else(unknown)?;
+        if self.backend.host_ptr(&segment.handle, 0).is_some() {
+            return op(&segment.handle);
+        }
+        let segment = segment.handle.clone();
+        drop(state);
+        drop(cache);
+        op(&segment)
+    }
+
+    /// Copies `src` into the block at `offset`. Errors if the range leaves the block or the block is not live.
+    pub fn write(&self, block: &BlockHandle, offset: u64, src: &[u8]) -> Result<()> {
+        self.with_live_segment(block, offset, src.len() as u64, |segment| {
+            self.backend.write(segment, block.offset + offset, src)
+        })
+    }
+
+    /// Copies the block's bytes at `offset` into `dst`. Errors if the range leaves the block or the block is not
+    /// live.
+    pub fn read(&self, block: &BlockHandle, offset: u64, dst: &mut [u8]) -> Result<()> {
+        let len = dst.len() as u64;
+        self.with_live_segment(block, offset, len, |segment| self.backend.read(segment, block.offset + offset, dst))
+    }
+
+    /// Sets `len` bytes at `offset` to `value`. Errors if the range leaves the block or the block is not live.
+    pub fn fill(&self, block: &BlockHandle, offset: u64, len: u64, value: u8) -> Result<()> {
+        self.with_live_segment(block, offset, len, |segment| {
+            self.backend.fill(segment, block.offset + offset, len, value)
+        })
+    }
+
+    /// Host address of the block's first byte when its memory is host-addressable.
+    pub fn host_ptr(&self, block: &BlockHandle) -> Option<std::ptr::NonNull<u8>> {
+        if !self.backend.may_be_host_addressable() {
+            return None;
+        }
+        let (segment, offset) = self.segment_of(block)?;
+        self.backend.host_ptr(&segment, offset).map(HostPtr::as_non_null)
+    }
+}
