@@ -1,13 +1,26 @@
 //! The allocation policy: a block from the calling thread's cache, else a cached block of the request's arena
 //! under the pool's lock, else new memory (mapped pages or a new segment), with one release of cached memory
 //! and a retry on a shortfall before out of memory.
+//!
+//! One way in: every single block ([`Pool::allocate`], [`Pool::allocate_zeroed`]) comes from
+//! [`Pool::allocate_any`], and every block the pool hands out from its arenas, to a caller or to a thread
+//! cache, comes from [`Pool::allocate_locked`] under the pool's lock ([`Pool::allocate_batch`] calls it once
+//! per block under one lock acquisition):
+//!
+//! 1. a cached block of the request's arena: a quick block of its size class, else one from the engine's free
+//!    index (inline, O(1): the common case);
+//! 2. on a miss ([`Pool::allocate_slow`], [`Pool::remap`]), a larger quick block or all of them put back into the
+//!    engine, then new memory: withheld pages of a virtual reservation mapped ([`super::paging`]), else a new
+//!    segment or reservation ([`Pool::grow`]), within the limit and the slack budget ([`super::trim`]);
+//! 3. on a shortfall that memory may cure (the limit, a device out of memory), cached memory released and one
+//!    more attempt ([`Pool::retry_on_shortfall`]); then out of memory.
 
-use super::quick::{QuickBlock, QuickCache};
+use super::quick::QuickBlock;
 use super::slots::Slot;
 use super::state::{Arena, ArenaClass, SegmentEntry, State};
 use super::thread_cache::{ThreadCache, ThreadSlot};
 use super::{Pool, ARENA_BITS};
-use crate::engine::{Allocation, Engine};
+use crate::engine::Allocation;
 use crate::lock::LeanGuard;
 use crate::{Backend, BlockHandle, Error, Result, Strategy, StreamId};
 use std::sync::atomic::Ordering;
@@ -33,7 +46,7 @@ impl<B: Backend> Pool<B> {
     #[inline(always)]
     pub fn allocate(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
         if self.config.zero_on_alloc {
-            return self.allocate_inner(bytes, stream, true);
+            return self.allocate_zeroed(bytes, stream);
         }
         self.allocate_any(bytes, stream)
     }
@@ -150,7 +163,7 @@ impl<B: Backend> Pool<B> {
             },
         };
         // Lent from the slot: parked in the engine, so that only the slot's ticket frees it.
-        let parked = state.arenas[arena].engine.park(handle.block).expect("allocated just now");
+        let parked = state.arenas[arena].park(handle.block).expect("allocated just now");
         let block = QuickBlock { block: parked, segment: handle.segment, offset: handle.offset, size: handle.size };
         let lent = cache.adopt(arena as u32, block, slot);
         Ok(BlockHandle { block: parked, lent: Some(lent), ..handle })
@@ -158,16 +171,10 @@ impl<B: Backend> Pool<B> {
 
     /// Like [`Pool::allocate`], with every byte of the block set to zero before it is returned.
     pub fn allocate_zeroed(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
-        self.allocate_inner(bytes, stream, true)
-    }
-
-    pub(super) fn allocate_inner(&self, bytes: u64, stream: StreamId, zeroed: bool) -> Result<BlockHandle> {
         let handle = self.allocate_any(bytes, stream)?;
-        if zeroed {
-            if let Err(e) = self.fill(&handle, 0, handle.size, 0) {
-                let _ = self.free(&handle);
-                return Err(e);
-            }
+        if let Err(e) = self.fill(&handle, 0, handle.size, 0) {
+            let _ = self.free(&handle);
+            return Err(e);
         }
         Ok(handle)
     }
@@ -334,17 +341,9 @@ impl<B: Backend> Pool<B> {
         let slot = usize::from(class == ArenaClass::Large);
         let first = state.arenas.len() as u32;
         for class in [ArenaClass::Small, ArenaClass::Large] {
-            state.arenas.push(Arena {
-                stream,
-                engine: Engine::new(self.backend.alignment()).expect("alignment checked in Pool::new"),
-                class,
-                virtual_segments: class == ArenaClass::Large && self.page_size.is_some(),
-                segments: Vec::new(),
-                quick: match class {
-                    ArenaClass::Small => QuickCache::new(self.config.small_request_max),
-                    ArenaClass::Large => QuickCache::disabled(),
-                },
-            });
+            let virtual_segments = class == ArenaClass::Large && self.page_size.is_some();
+            let (alignment, small_max) = (self.backend.alignment(), self.config.small_request_max);
+            state.arenas.push(Arena::new(stream, class, virtual_segments, alignment, small_max));
         }
         state.streams.insert(stream, [first, first + 1]);
         Ok(first as usize + slot)
@@ -361,35 +360,18 @@ impl<B: Backend> Pool<B> {
         cache_missed: bool,
     ) -> std::result::Result<(Allocation, bool), Shortfall> {
         if self.config.strategy == Strategy::Pooled {
-            let a = &mut state.arenas[arena];
-            if !cache_missed {
-                if let Some(q) = a.quick.pop(size) {
-                    // Its pages stayed mapped: the cache is drained before any trim.
-                    let block = a.engine.unpark(q.block).expect("quick blocks are parked");
-                    let alloc = Allocation {
-                        block,
-                        segment: q.segment,
-                        offset: q.offset,
-                        size: q.size,
-                        segment_was_empty: false,
-                    };
-                    return Ok((alloc, true));
-                }
-            }
-            let a = &mut state.arenas[arena];
-            let mut found = if cache_missed { None } else { a.engine.allocate(size) };
+            let mut found = if cache_missed { None } else { state.take_cached(arena, size) };
             if found.is_none() {
                 // A larger quick block serves the request once it is back in the engine; failing that, coalesce
                 // all of them before asking the device for more.
-                if let Some(q) = a.quick.pop_larger(size) {
-                    let freed = a.engine.free(q.block).expect("quick blocks are parked");
-                    state.note_engine_free(arena, freed.segment, freed.segment_now_empty);
-                    found = state.arenas[arena].engine.allocate(size);
+                if let Some(q) = state.arenas[arena].quick.pop_larger(size) {
+                    state.free_block(arena, q.block).expect("quick blocks are parked");
+                    found = state.allocate_from_engine(arena, size);
                 }
                 if found.is_none() && !state.arenas[arena].quick.is_empty() {
                     state.arenas[arena].quick.shrink();
                     state.drain_quick(arena);
-                    found = state.arenas[arena].engine.allocate(size);
+                    found = state.allocate_from_engine(arena, size);
                 }
             }
             if let Some(alloc) = found {
@@ -421,7 +403,7 @@ impl<B: Backend> Pool<B> {
             let handle = self.backend.reserve_virtual(reservation).map_err(Shortfall::Device)?;
             let entry =
                 SegmentEntry { handle, mapped: Some(0), last_used_round: state.cleanup_round, last_used_alloc: 0 };
-            state.add_segment(arena, reservation, entry, true);
+            state.add_segment(arena, reservation, entry);
             state.stats.segments.add(1);
             let alloc = self.map_withheld(state, arena, size)?.expect("a fresh reservation holds the request");
             return Ok(alloc);
@@ -439,7 +421,7 @@ impl<B: Backend> Pool<B> {
         // Empty segments that would leave reserved memory above its `segment_slack` budget go first.
         let excess =
             (state.reserved() + preferred).saturating_sub(Self::trim_budget(state, self.config.segment_slack, size));
-        if excess > 0 && state.empty_plain_bytes > 0 {
+        if excess > 0 && state.has_empty_plain_segments() {
             self.release_least_recent_empty_segments(state, excess);
         }
         // Under a limit, fall back to a segment of just the request's size rather than fail.
@@ -456,12 +438,10 @@ impl<B: Backend> Pool<B> {
         let handle = self.backend.create_segment(seg_size).map_err(Shortfall::Device)?;
         state.stats.num_device_alloc += 1;
         let entry = SegmentEntry { handle, mapped: None, last_used_round: state.cleanup_round, last_used_alloc: 0 };
-        let seg = state.add_segment(arena, seg_size, entry, false);
-        state.plain_bytes += seg_size;
-        state.empty_plain_bytes += seg_size;
+        let seg = state.add_segment(arena, seg_size, entry);
         state.stats.segments.add(1);
         state.update_reserved();
-        Ok(state.arenas[arena].engine.allocate_in(seg, size).expect("fresh segment fits"))
+        Ok(state.allocate_in(arena, seg, size).expect("fresh segment fits"))
     }
 
     pub(super) fn out_of_memory(&self, state: &mut State<B::Segment>, size: u64, shortfall: Shortfall) -> Error {

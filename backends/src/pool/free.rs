@@ -71,7 +71,7 @@ impl<B: Backend> Pool<B> {
             None
         };
         if let Some(class) = room {
-            let parked = a.engine.park(block.block).ok_or_else(unknown)?;
+            let parked = a.park(block.block).ok_or_else(unknown)?;
             a.quick.push(
                 class,
                 QuickBlock { block: parked, segment: block.segment, offset: block.offset, size: block.size },
@@ -79,8 +79,7 @@ impl<B: Backend> Pool<B> {
             state.record_free(block);
             return Ok(());
         }
-        let freed = a.engine.free(block.block).ok_or_else(unknown)?;
-        state.note_engine_free(arena, freed.segment, freed.segment_now_empty);
+        let freed = state.free_block(arena, block.block).ok_or_else(unknown)?;
         state.record_free(block);
         if self.config.strategy == Strategy::Direct && freed.segment_now_empty {
             self.destroy_segment(&mut state, arena, freed.segment);

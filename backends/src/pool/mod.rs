@@ -52,7 +52,6 @@ use slots::Slot;
 use state::State;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use streams::StreamArenas;
 use thread_cache::{DrainOnExit, ThreadCache};
 
 pub(crate) use thread_cache::Lent;
@@ -182,17 +181,7 @@ impl<B: Backend> Pool<B> {
         let cached_small_max = if pooled && config.thread_cache_bytes > 0 { config.small_request_max } else { 0 };
         let cached_large_max = if pooled { config.thread_cache_large_bytes / 16 } else { 0 };
         let slots = if cached_small_max > 0 || cached_large_max > 0 { slot_count() } else { 0 };
-        let state = LeanMutex::new(State {
-            arena_base,
-            arenas: Vec::new(),
-            streams: StreamArenas::default(),
-            stats,
-            plain_bytes: 0,
-            mapped_bytes: 0,
-            empty_plain_bytes: 0,
-            cleanup_round: 0,
-            reserved_high_water: 0,
-        });
+        let state = LeanMutex::new(State::new(arena_base, stats));
         let slots = (0..slots)
             .map(|_| Slot {
                 cache: LeanMutex::new(ThreadCache::default()),
@@ -258,9 +247,9 @@ impl<B: Backend> Drop for Pool<B> {
             );
         }
         for arena in &mut state.arenas {
-            for (index, slot) in arena.segments.iter_mut().enumerate() {
-                let Some(entry) = slot.take() else { continue };
-                Self::unmap_all(&self.backend, &arena.engine, SegmentId(index as u32), &entry);
+            for index in 0..arena.segments.len() {
+                let Some(entry) = arena.segments[index].take() else { continue };
+                Self::unmap_all(&self.backend, arena.engine(), SegmentId(index as u32), &entry);
                 self.backend.destroy_segment(entry.handle, PoolAccess::new());
             }
         }

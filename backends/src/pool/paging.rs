@@ -18,7 +18,7 @@ impl<B: Backend> Pool<B> {
         size: u64,
     ) -> std::result::Result<Option<Allocation>, Shortfall> {
         let page = self.page_size.expect("virtual arenas exist only with virtual memory");
-        let engine = &mut state.arenas[arena].engine;
+        let engine = state.virtual_engine(arena);
         let Some(restore) = engine.find_withheld(size, page) else { return Ok(None) };
         // The block is taken before its pages are mapped, so the trim below cannot give them back.
         let alloc = engine.restore_and_allocate(&restore, size).expect("found just now");
@@ -54,7 +54,7 @@ impl<B: Backend> Pool<B> {
         match result {
             Ok(()) => Ok(Some(alloc)),
             Err(shortfall) => {
-                Self::undo_restore(&mut state.arenas[arena].engine, &alloc, &restore, page);
+                Self::undo_restore(state.virtual_engine(arena), &alloc, &restore, page);
                 Err(shortfall)
             }
         }
@@ -79,17 +79,16 @@ impl<B: Backend> Pool<B> {
         want: u64,
     ) -> (u64, u64) {
         let page = self.page_size.expect("virtual arenas exist only with virtual memory");
-        let a = &mut state.arenas[arena];
         let idle: Vec<bool> = if idle_rounds == 0 {
             Vec::new()
         } else {
             let idle = |e: &SegmentEntry<_>| round.saturating_sub(e.last_used_round) >= idle_rounds;
-            a.segments.iter().map(|slot| slot.as_ref().is_some_and(idle)).collect()
+            state.arenas[arena].segments.iter().map(|slot| slot.as_ref().is_some_and(idle)).collect()
         };
         let eligible = |id: SegmentId| idle_rounds == 0 || idle[id.0 as usize];
-        let segments = &mut a.segments;
+        let (engine, segments) = state.virtual_parts(arena);
         let mut calls = 0;
-        let bytes = a.engine.withhold_free(page, want, eligible, |id, offset, len| {
+        let bytes = engine.withhold_free(page, want, eligible, |id, offset, len| {
             let entry = segments[id.0 as usize].as_mut().expect("segment exists");
             self.backend.unmap_pages(&entry.handle, offset, len);
             *entry.mapped.as_mut().expect("virtual segment") -= len;

@@ -66,12 +66,12 @@ impl<B: Backend> Pool<B> {
         // Arenas come in the order their streams were first used, a stream's small one first.
         for (arena_index, arena) in state.arenas.iter().enumerate() {
             let (stream, arena_index) = (arena.stream, arena_index as u32);
-            for id in arena.engine.segment_ids() {
+            for id in arena.engine().segment_ids() {
                 let entry = arena.entry(id).expect("segment exists");
-                let size = arena.engine.segment_size(id).expect("segment exists");
+                let size = arena.engine().segment_size(id).expect("segment exists");
                 // Withheld (unmapped) ranges are free address space: shown joined with free neighbours.
                 let mut blocks: Vec<BlockSnapshot> = Vec::new();
-                for b in arena.engine.blocks_in(id) {
+                for b in arena.engine().blocks_in(id) {
                     let free = b.free || b.withheld;
                     match blocks.last_mut() {
                         Some(last) if free && last.free => last.size += b.size,

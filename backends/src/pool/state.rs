@@ -1,11 +1,18 @@
 //! The pool's books behind its lock: arenas (one free index per stream and size class), their segments, and
 //! the byte counts the statistics are read from.
+//!
+//! The engines are private to this module: every change to a plain arena's free index goes through a `State`
+//! method here, and each passes the engine's report of a segment turning empty ([`Freed::segment_now_empty`]) or
+//! ceasing to be ([`Allocation::segment_was_empty`]), or of one added or removed, to [`State::note_emptiness`],
+//! the only code that moves `empty_plain_bytes`. The bytes it counts are the engine's own segment sizes, so the
+//! figure cannot drift from what the engines hold. Virtual arenas, whose free pages are counted as mapped
+//! bytes, are changed through [`State::virtual_engine`] and never count as empty.
 
 use super::quick::QuickCache;
 use super::slots::Slot;
 use super::streams::StreamArenas;
 use super::thread_cache::{Returned, ThreadCache};
-use crate::engine::{Allocation, Engine, SegmentId};
+use crate::engine::{Allocation, BlockId, Engine, Freed, SegmentId};
 use crate::{BlockHandle, PoolStats, StreamId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,7 +35,8 @@ pub(super) struct SegmentEntry<S> {
 pub(super) struct Arena<S> {
     /// The stream it serves.
     pub(super) stream: StreamId,
-    pub(super) engine: Engine,
+    /// Read through [`Arena::engine`]; changed only by `State`'s methods (see the module's doc).
+    engine: Engine,
     pub(super) class: ArenaClass,
     pub(super) virtual_segments: bool,
     pub(super) segments: Vec<Option<SegmentEntry<S>>>,
@@ -36,6 +44,41 @@ pub(super) struct Arena<S> {
 }
 
 impl<S> Arena<S> {
+    /// An arena of `class` for `stream`, with no segments. Small arenas keep quick blocks up to
+    /// `small_request_max`; large ones none.
+    pub(super) fn new(
+        stream: StreamId,
+        class: ArenaClass,
+        virtual_segments: bool,
+        alignment: u64,
+        small_request_max: u64,
+    ) -> Self {
+        Self {
+            stream,
+            engine: Engine::new(alignment).expect("alignment checked in Pool::new"),
+            class,
+            virtual_segments,
+            segments: Vec::new(),
+            quick: match class {
+                ArenaClass::Small => QuickCache::new(small_request_max),
+                ArenaClass::Large => QuickCache::disabled(),
+            },
+        }
+    }
+
+    /// Parks a live block (see [`Engine::park`]): it stays allocated in the engine while a cache holds it, so a
+    /// segment's emptiness does not change. `None` if it is not live.
+    #[inline(always)]
+    pub(super) fn park(&mut self, block: BlockId) -> Option<BlockId> {
+        self.engine.park(block)
+    }
+
+    /// The free index, to read.
+    #[inline(always)]
+    pub(super) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
     pub(super) fn entry(&self, id: SegmentId) -> Option<&SegmentEntry<S>> {
         self.segments.get(id.0 as usize).and_then(Option::as_ref)
     }
@@ -48,17 +91,99 @@ pub(super) struct State<S> {
     /// Stream → arena indices `[small, large]`.
     pub(super) streams: StreamArenas,
     pub(super) stats: PoolStats,
-    pub(super) plain_bytes: u64,
+    /// Bytes of plain segments: moved by [`State::add_segment`] and [`State::remove_segment`] alone.
+    plain_bytes: u64,
     pub(super) mapped_bytes: u64,
-    /// Bytes of entirely free plain segments (cached, not split).
-    pub(super) empty_plain_bytes: u64,
+    /// Bytes of entirely free plain segments (cached, not split): moved by [`State::note_emptiness`] alone.
+    empty_plain_bytes: u64,
     pub(super) cleanup_round: u64,
     /// The highest reserved figure since the last full release: up to it the allocation path takes memory
     /// without trimming for `mapped_slack` or `segment_slack` (see [`Pool::trim_budget`]).
     pub(super) reserved_high_water: u64,
 }
 
+/// What happened to a plain segment, as far as `empty_plain_bytes` cares.
+#[derive(Clone, Copy)]
+enum Emptiness {
+    /// Added (empty), or emptied by a free.
+    Became,
+    /// A block was taken from it while it was empty, or it was removed.
+    Ceased,
+}
+
 impl<S> State<S> {
+    /// No arenas, no memory.
+    pub(super) fn new(arena_base: u64, stats: PoolStats) -> Self {
+        Self {
+            arena_base,
+            arenas: Vec::new(),
+            streams: StreamArenas::default(),
+            stats,
+            plain_bytes: 0,
+            mapped_bytes: 0,
+            empty_plain_bytes: 0,
+            cleanup_round: 0,
+            reserved_high_water: 0,
+        }
+    }
+
+    /// The one place `empty_plain_bytes` changes: `segment` of `arena` just became empty or ceased to be, by the
+    /// engine's report. Reservations do not count.
+    #[inline(always)]
+    fn note_emptiness(&mut self, arena: usize, segment: SegmentId, change: Emptiness) {
+        let a = &self.arenas[arena];
+        if a.virtual_segments {
+            return;
+        }
+        let size = a.engine.segment_size(segment).expect("segment exists");
+        match change {
+            Emptiness::Became => self.empty_plain_bytes += size,
+            Emptiness::Ceased => {
+                debug_assert!(self.empty_plain_bytes >= size, "only a segment counted empty ceases to be");
+                self.empty_plain_bytes -= size;
+            }
+        }
+    }
+
+    /// Whether some plain segment is entirely free.
+    pub(super) fn has_empty_plain_segments(&self) -> bool {
+        self.empty_plain_bytes > 0
+    }
+
+    /// The free index of a virtual arena, to change: its segments never count as empty plain memory.
+    pub(super) fn virtual_engine(&mut self, arena: usize) -> &mut Engine {
+        self.virtual_parts(arena).0
+    }
+
+    /// The free index and the segments of a virtual arena, to change together.
+    pub(super) fn virtual_parts(&mut self, arena: usize) -> (&mut Engine, &mut Vec<Option<SegmentEntry<S>>>) {
+        let a = &mut self.arenas[arena];
+        debug_assert!(a.virtual_segments, "only virtual arenas are changed outside State's methods");
+        (&mut a.engine, &mut a.segments)
+    }
+
+    /// Frees `block` into the arena's engine, coalescing it, and counts a plain segment it empties. `None` for a
+    /// block the engine does not hold live or parked.
+    #[inline(always)]
+    pub(super) fn free_block(&mut self, arena: usize, block: BlockId) -> Option<Freed> {
+        let freed = self.arenas[arena].engine.free(block)?;
+        if freed.segment_now_empty {
+            self.note_emptiness(arena, freed.segment, Emptiness::Became);
+        }
+        Some(freed)
+    }
+
+    /// A block of `size` bytes from the arena's engine alone (quick blocks aside); its emptiness is counted by
+    /// [`State::record_alloc`], as for every block handed out.
+    pub(super) fn allocate_from_engine(&mut self, arena: usize, size: u64) -> Option<Allocation> {
+        self.arenas[arena].engine.allocate(size)
+    }
+
+    /// A block of `size` bytes carved from `segment` (one just added).
+    pub(super) fn allocate_in(&mut self, arena: usize, segment: SegmentId, size: u64) -> Option<Allocation> {
+        self.arenas[arena].engine.allocate_in(segment, size)
+    }
+
     /// The entry of the segment holding `block`, if the block is live (for a block lent from a thread cache,
     /// which is parked in the engine, the caller has checked with the slot that it is lent).
     pub(super) fn live_entry(&self, block: &BlockHandle) -> Option<&SegmentEntry<S>> {
@@ -105,8 +230,7 @@ impl<S> State<S> {
                 return;
             }
         }
-        let freed = a.engine.free(returned.block.block).expect("cached blocks are parked");
-        self.note_engine_free(arena, freed.segment, freed.segment_now_empty);
+        self.free_block(arena, returned.block.block).expect("cached blocks are parked");
     }
 
     /// The arena of `stream` for `class`, if the stream has been used. O(1).
@@ -148,17 +272,37 @@ impl<S> State<S> {
         self.stats.inactive_split_bytes.set(split);
     }
 
-    /// Registers a new segment; a virtual reservation (`withheld`) starts with nothing mapped.
-    pub(super) fn add_segment(&mut self, arena: usize, size: u64, entry: SegmentEntry<S>, withheld: bool) -> SegmentId {
-        let arena = &mut self.arenas[arena];
-        let id = if withheld { arena.engine.add_withheld_segment(size) } else { arena.engine.add_segment(size) }
+    /// Registers a new segment of `size` bytes: a virtual reservation (in a virtual arena) starts with nothing
+    /// mapped; a plain segment counts as reserved and, until a block is taken from it, empty.
+    pub(super) fn add_segment(&mut self, arena: usize, size: u64, entry: SegmentEntry<S>) -> SegmentId {
+        let a = &mut self.arenas[arena];
+        let withheld = a.virtual_segments;
+        let id = if withheld { a.engine.add_withheld_segment(size) } else { a.engine.add_segment(size) }
             .expect("segment size is non-zero and rounded");
+        debug_assert_eq!(a.engine.segment_size(id), Some(size), "the engine keeps the size the backend made");
         let slot = id.0 as usize;
-        if arena.segments.len() <= slot {
-            arena.segments.resize_with(slot + 1, || None);
+        if a.segments.len() <= slot {
+            a.segments.resize_with(slot + 1, || None);
         }
-        arena.segments[slot] = Some(entry);
+        a.segments[slot] = Some(entry);
+        if !withheld {
+            self.plain_bytes += size;
+            self.note_emptiness(arena, id, Emptiness::Became);
+        }
         id
+    }
+
+    /// Removes an empty segment from the engine (its entry already taken) and returns its size; a plain one no
+    /// longer counts as reserved or empty.
+    pub(super) fn remove_segment(&mut self, arena: usize, id: SegmentId) -> u64 {
+        if !self.arenas[arena].virtual_segments {
+            self.note_emptiness(arena, id, Emptiness::Ceased);
+        }
+        let size = self.arenas[arena].engine.remove_segment(id).expect("segment is empty");
+        if !self.arenas[arena].virtual_segments {
+            self.plain_bytes -= size;
+        }
+        size
     }
 
     #[inline(always)]
@@ -168,8 +312,8 @@ impl<S> State<S> {
         let entry = a.segments[alloc.segment.0 as usize].as_mut().expect("segment exists");
         entry.last_used_round = round;
         entry.last_used_alloc = self.stats.cache_hits + self.stats.cache_misses;
-        if alloc.segment_was_empty && entry.mapped.is_none() {
-            self.empty_plain_bytes -= a.engine.segment_size(alloc.segment).expect("segment exists");
+        if alloc.segment_was_empty {
+            self.note_emptiness(arena, alloc.segment, Emptiness::Ceased);
         }
         let s = &mut self.stats;
         if hit {
@@ -196,31 +340,17 @@ impl<S> State<S> {
         }
     }
 
-    /// Accounts for a block the engine has just freed: an emptied plain segment becomes cached, not split.
-    pub(super) fn note_engine_free(&mut self, arena: usize, segment: SegmentId, segment_now_empty: bool) {
-        let a = &self.arenas[arena];
-        if segment_now_empty && a.entry(segment).is_some_and(|e| e.mapped.is_none()) {
-            self.empty_plain_bytes += a.engine.segment_size(segment).expect("segment exists");
-        }
-    }
-
     /// Frees the arena's quick blocks into its engine, coalescing them. O(quick blocks).
     pub(super) fn drain_quick(&mut self, arena: usize) {
         if self.arenas[arena].quick.is_empty() {
             return;
         }
-        let a = &mut self.arenas[arena];
-        let mut emptied = 0;
-        a.quick.drain(|q| {
-            let freed = a.engine.free(q.block).expect("quick blocks are parked");
-            // Quick blocks live in plain segments (small arenas only); an emptied one becomes cached.
-            if freed.segment_now_empty
-                && a.segments[freed.segment.0 as usize].as_ref().is_some_and(|e| e.mapped.is_none())
-            {
-                emptied += a.engine.segment_size(freed.segment).expect("segment exists");
-            }
+        // The quick cache is taken out while it drains, so that each block goes back through `free_block`.
+        let mut quick = std::mem::replace(&mut self.arenas[arena].quick, QuickCache::disabled());
+        quick.drain(|q| {
+            self.free_block(arena, q.block).expect("quick blocks are parked");
         });
-        self.empty_plain_bytes += emptied;
+        self.arenas[arena].quick = quick;
         self.update_split();
     }
 

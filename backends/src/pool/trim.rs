@@ -75,7 +75,7 @@ impl<B: Backend> Pool<B> {
         }
         for arena in 0..state.arenas.len() {
             let idle: Vec<SegmentId> = state.arenas[arena]
-                .engine
+                .engine()
                 .empty_segments()
                 .filter(|&id| {
                     let entry = state.arenas[arena].entry(id).expect("segment exists");
@@ -109,7 +109,7 @@ impl<B: Backend> Pool<B> {
     pub(super) fn release_least_recent_empty_segments(&self, state: &mut State<B::Segment>, want: u64) {
         let mut empty: Vec<(u64, usize, SegmentId)> = Vec::new();
         for (a, arena) in state.arenas.iter().enumerate().filter(|(_, arena)| !arena.virtual_segments) {
-            for id in arena.engine.empty_segments() {
+            for id in arena.engine().empty_segments() {
                 empty.push((arena.entry(id).expect("segment exists").last_used_alloc, a, id));
             }
         }
@@ -126,15 +126,13 @@ impl<B: Backend> Pool<B> {
     /// Destroys an empty segment; returns the physical bytes it held.
     pub(super) fn destroy_segment(&self, state: &mut State<B::Segment>, arena: usize, id: SegmentId) -> u64 {
         let entry = state.arenas[arena].segments[id.0 as usize].take().expect("segment exists");
-        let (unmapped, calls) = Self::unmap_all(&self.backend, &state.arenas[arena].engine, id, &entry);
+        let (unmapped, calls) = Self::unmap_all(&self.backend, state.arenas[arena].engine(), id, &entry);
         state.stats.num_device_calls += calls + 1;
-        let size = state.arenas[arena].engine.remove_segment(id).expect("segment is empty");
+        let size = state.remove_segment(arena, id);
         let released = if entry.mapped.is_some() {
             state.mapped_bytes -= unmapped;
             unmapped
         } else {
-            state.plain_bytes -= size;
-            state.empty_plain_bytes -= size;
             size
         };
         self.backend.destroy_segment(entry.handle, PoolAccess::new());
