@@ -8,7 +8,37 @@ use crate::{
     StreamId,
 };
 use parking_lot::Mutex;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+/// Calls into the driver that set up (creating the instance, enumerating adapters, opening a device) run one at a
+/// time in the process, on one instance made once. NVIDIA's Vulkan driver misbehaves when several threads create
+/// instances and devices at once (gfx-rs/wgpu#10234: access violations; hangs seen elsewhere on its Linux driver),
+/// and two test threads each discovering and opening the same GPU hung there intermittently. These calls happen at
+/// discovery and at a device's first pool only, so the lock is never on the allocation path.
+static SETUP: Mutex<()> = Mutex::new(());
+
+/// The process's instance over the backends searched (read from `WGPU_BACKEND` and the other `WGPU_*` variables
+/// when it is first made), or why it could not be made. Made under [`SETUP`].
+fn instance() -> &'static std::result::Result<(wgpu::Instance, wgpu::Backends), String> {
+    static INSTANCE: OnceLock<std::result::Result<(wgpu::Instance, wgpu::Backends), String>> = OnceLock::new();
+    INSTANCE.get_or_init(|| {
+        std::panic::catch_unwind(|| {
+            let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::PRIMARY);
+            let mut descriptor = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+            descriptor.backends = backends;
+            (wgpu::Instance::new(descriptor), backends)
+        })
+        .map_err(|panic| panic_message(&panic))
+    })
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown panic".into())
+}
 
 /// One wgpu adapter. Its device is opened on the first [`WgpuDevice::pool`] (with the adapter's own limits, so
 /// that buffers as large as the adapter allows can be made) and shared by all its pools.
@@ -89,22 +119,18 @@ fn identity(info: &wgpu::AdapterInfo) -> Option<String> {
 /// both carry `identity`, so that the facade can merge them.
 pub fn discover() -> Discovery<WgpuDevice> {
     let mut discovery = Discovery { devices: Vec::new(), skipped: Vec::new() };
-    let found = std::panic::catch_unwind(|| {
-        let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::PRIMARY);
-        let mut descriptor = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
-        descriptor.backends = backends;
-        let instance = wgpu::Instance::new(descriptor);
-        let adapters = pollster::block_on(instance.enumerate_adapters(backends));
-        (instance, adapters)
+    let setup = SETUP.lock();
+    let found = instance().as_ref().map_err(Clone::clone).and_then(|(instance, backends)| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pollster::block_on(instance.enumerate_adapters(*backends))
+        }))
+        .map(|adapters| (instance.clone(), adapters))
+        .map_err(|panic| panic_message(&panic))
     });
+    drop(setup);
     let (instance, adapters) = match found {
         Ok(found) => found,
-        Err(panic) => {
-            let why = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "unknown panic".into());
+        Err(why) => {
             discovery.skipped.push(format!("wgpu: creating the instance or enumerating adapters failed: {why}"));
             return discovery;
         }
@@ -337,9 +363,11 @@ impl WgpuDevice {
             ..Default::default()
         };
         let adapter = &self.adapter;
+        let setup = SETUP.lock();
         let requested = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             pollster::block_on(adapter.request_device(&desc))
         }));
+        drop(setup);
         let driver =
             |message: String| Error::Driver { backend: self.info.name.clone(), call: "request_device".into(), message };
         let (device, queue) = match requested {
