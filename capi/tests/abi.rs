@@ -203,8 +203,9 @@ fn eight_threads_allocate_write_record_streams_and_free_leaving_nothing_allocate
                 let mut live: Vec<(*mut c_void, isize)> = Vec::new();
                 for i in 0..400usize {
                     let size = [256isize, 4096, 100_000, 1 << 20, 3 << 20][(t + i) % 5] + (i % 7) as isize;
-                    // SAFETY: both streams are live streams of device 0's primary context until the end of this
-                    // thread, after every block allocated or recorded on them was freed and the streams synced.
+                    // SAFETY: both streams are live streams of device 0's primary context; they are returned to
+                    // the main thread, which drops them only after every block allocated or recorded on them was
+                    // freed, the streams synced and the pending frees processed (umm_empty_cache).
                     let p = unsafe { umm_alloc(size, 0, s_mine) };
                     assert!(!p.is_null(), "thread {t}, step {i}: {:?}", last_error());
                     let value = (t * 31 + i) as u8;
@@ -239,12 +240,12 @@ fn eight_threads_allocate_write_record_streams_and_free_leaving_nothing_allocate
                 mine.synchronize().unwrap();
                 other.synchronize().unwrap();
                 assert_eq!(last_error(), None, "thread {t}: no error was stored on this thread");
+                // The streams stay live until the pending frees recorded on them are processed (below).
+                (mine, other)
             })
         })
         .collect();
-    for w in workers {
-        w.join().expect("a worker thread failed");
-    }
+    let streams: Vec<_> = workers.into_iter().map(|w| w.join().expect("a worker thread failed")).collect();
     // Every stream has passed its work: the pending frees go back to the pool.
     assert!(umm_empty_cache(0) >= 0, "{:?}", last_error());
     let after = stats_of_device_0();
@@ -256,6 +257,7 @@ fn eight_threads_allocate_write_record_streams_and_free_leaving_nothing_allocate
     let frees = after["num_frees"].as_u64().unwrap() - before["num_frees"].as_u64().unwrap();
     assert_eq!(frees, (THREADS * 400) as u64, "every block went back to the pool once: {after}");
     assert_eq!(last_error(), None, "nothing leaked into the main thread's error");
+    drop(streams);
 }
 
 #[test]
