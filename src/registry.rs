@@ -262,8 +262,7 @@ pub(crate) fn discover(config: &UmmConfig, host: &HostInfo, test_devices: &[Test
 
 /// Makes the pool of one placement of a test device from the pool's name, its placement and its configuration
 /// (see [`crate::Builder::simulated_device_with_pools`]).
-#[doc(hidden)]
-pub type TestPoolFactory =
+pub(crate) type TestPoolFactory =
     dyn Fn(&str, PoolPlacement, &PoolConfig) -> umm_backends::Result<Arc<dyn MemoryPool>> + Send + Sync;
 
 /// A simulated device whose pools a test makes (see [`crate::Builder::simulated_device_with_pools`]).
