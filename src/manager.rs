@@ -131,6 +131,8 @@ pub struct UniversalMemoryManager {
 pub struct Builder {
     config: UmmConfig,
     read_env: bool,
+    /// Simulated devices whose pools a test makes ([`Builder::simulated_device_with_pools`]).
+    test_devices: Vec<registry::TestDevice>,
 }
 
 impl Builder {
@@ -195,6 +197,32 @@ impl Builder {
         self.config.simulated_devices.push(capacity);
         self
     }
+    /// Test hook, not part of the API (hidden from the documentation, may change without notice): adds a
+    /// simulated device of `capacity` bytes whose pools `factory` makes, given each pool's name, placement and
+    /// configuration, so that a test can put a backend of its choice under the manager, typically a
+    /// [`umm_backends::fault::FaultyBackend`] whose handle it keeps to fail the k-th copy of a migration and read
+    /// the ledger of what the pool holds. The device is numbered after the [`Builder::simulated_device`]s.
+    ///
+    /// A hidden method rather than a cargo feature: a feature would have to be named on every `cargo test` that
+    /// runs these tests (or be on by default, which is the same as no feature), and cargo unifies features across
+    /// the workspace, so a test-only feature would reach the other crates' builds anyway. The method costs
+    /// nothing unless called.
+    #[doc(hidden)]
+    pub fn simulated_device_with_pools(
+        mut self,
+        capacity: u64,
+        factory: impl Fn(
+                &str,
+                umm_backends::PoolPlacement,
+                &umm_backends::PoolConfig,
+            ) -> umm_backends::Result<Arc<dyn umm_backends::MemoryPool>>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Self {
+        self.test_devices.push(registry::TestDevice { capacity, factory: Arc::new(factory) });
+        self
+    }
     /// Records allocation, free and segment events from the start (`UMM_PROFILE=1`); see [`crate::Profiler`].
     pub fn profile(mut self, on: bool) -> Self {
         self.config.profiler.enabled = on;
@@ -234,7 +262,7 @@ impl Builder {
         }
         self.config.validate()?;
         let host = HostInfo::discover();
-        let found = registry::discover(&self.config, &host);
+        let found = registry::discover(&self.config, &host, &self.test_devices);
         let decider = Decider::new(self.config.decision)?;
         let tracker = Arc::new(UsageTracker::new(self.config.decision.thresholds)?);
         let profiler = Arc::new(Profiler::new(&self.config.profiler)?);

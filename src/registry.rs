@@ -206,7 +206,7 @@ pub(crate) struct Discovered {
 }
 
 /// Discovers the host, every enabled API's devices, and the configured simulated devices.
-pub(crate) fn discover(config: &UmmConfig, host: &HostInfo) -> Discovered {
+pub(crate) fn discover(config: &UmmConfig, host: &HostInfo, test_devices: &[TestDevice]) -> Discovered {
     let mut entries: Vec<ApiEntry> = Vec::new();
     let mut skipped = Vec::new();
     let host_alignment = host.preferred_alignment();
@@ -237,33 +237,77 @@ pub(crate) fn discover(config: &UmmConfig, host: &HostInfo) -> Discovered {
     });
     crate::discovery::discover_all(config, &mut entries, &mut skipped);
     for (i, &capacity) in config.simulated_devices.iter().enumerate() {
-        let name = format!("sim{i}");
-        entries.push(ApiEntry {
-            api: Api::Sim,
-            info: DeviceInfo {
-                api: Api::Sim,
-                ordinal: i,
-                name: name.clone(),
-                vendor: "umm".into(),
-                kind: DeviceKind::Simulated,
-                total_memory: capacity,
-                free_memory: Some(capacity),
-                shares_memory_with_host: false,
-                alignment: SimBackend::ALIGNMENT,
-                max_allocation: capacity,
-                pci_bus_id: None,
-                uuid: None,
-                details: vec![("note".into(), "simulated: address ranges only, holds no bytes".into())],
-            },
-            placements: vec![PoolPlacement::DeviceLocal, PoolPlacement::ReadOnly],
-            factory: Box::new(move |placement, config| {
-                let backend = SimBackend::new(format!("{name}/{placement}"), capacity);
+        entries.push(simulated_entry(
+            i,
+            capacity,
+            "simulated: address ranges only, holds no bytes",
+            move |name, _, config| {
+                let backend = SimBackend::new(name, capacity);
                 Ok(Arc::new(Pool::new(backend, config.clone())?) as Arc<dyn MemoryPool>)
-            }),
-            handle: ApiHandle::Plain,
-        });
+            },
+        ));
+    }
+    for (i, test) in test_devices.iter().enumerate() {
+        let factory = Arc::clone(&test.factory);
+        let ordinal = config.simulated_devices.len() + i;
+        entries.push(simulated_entry(
+            ordinal,
+            test.capacity,
+            "test device: its pools are made by the test",
+            move |name, placement, config| factory(name, placement, config),
+        ));
     }
     Discovered { devices: merge(entries), skipped }
+}
+
+/// Makes the pool of one placement of a test device from the pool's name, its placement and its configuration
+/// (see [`crate::Builder::simulated_device_with_pools`]).
+pub(crate) type TestPoolFactory =
+    dyn Fn(&str, PoolPlacement, &PoolConfig) -> umm_backends::Result<Arc<dyn MemoryPool>> + Send + Sync;
+
+/// A simulated device whose pools a test makes (see [`crate::Builder::simulated_device_with_pools`]).
+#[derive(Clone)]
+pub(crate) struct TestDevice {
+    pub(crate) capacity: u64,
+    pub(crate) factory: Arc<TestPoolFactory>,
+}
+
+impl fmt::Debug for TestDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TestDevice").field("capacity", &self.capacity).finish_non_exhaustive()
+    }
+}
+
+/// The entry of simulated device `sim{ordinal}` of `capacity` bytes (DeviceLocal and ReadOnly pools), whose
+/// pools `make` makes from the pool's name (`sim{ordinal}/{placement}`), placement and configuration.
+fn simulated_entry(
+    ordinal: usize,
+    capacity: u64,
+    note: &str,
+    make: impl Fn(&str, PoolPlacement, &PoolConfig) -> umm_backends::Result<Arc<dyn MemoryPool>> + Send + Sync + 'static,
+) -> ApiEntry {
+    let name = format!("sim{ordinal}");
+    ApiEntry {
+        api: Api::Sim,
+        info: DeviceInfo {
+            api: Api::Sim,
+            ordinal,
+            name: name.clone(),
+            vendor: "umm".into(),
+            kind: DeviceKind::Simulated,
+            total_memory: capacity,
+            free_memory: Some(capacity),
+            shares_memory_with_host: false,
+            alignment: SimBackend::ALIGNMENT,
+            max_allocation: capacity,
+            pci_bus_id: None,
+            uuid: None,
+            details: vec![("note".into(), note.into())],
+        },
+        placements: vec![PoolPlacement::DeviceLocal, PoolPlacement::ReadOnly],
+        factory: Box::new(move |placement, config| make(&format!("{name}/{placement}"), placement, config)),
+        handle: ApiHandle::Plain,
+    }
 }
 
 /// Groups API entries into devices: entries with the same PCI bus id or UUID are one device.

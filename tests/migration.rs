@@ -1,11 +1,14 @@
 //! Migration through the public API: round trips between every pool present on this machine (host memory, and
 //! each device's DeviceLocal, HostPinned and ReadOnly pools: PoCL and lavapipe where installed, CUDA where
-//! present), odd lengths, empty buffers, read-only targets and unknown devices.
+//! present), odd lengths, empty buffers, read-only targets and unknown devices; and migrations that fail: a copy
+//! failing on chunk k (fault injection under a test device) and a target out of memory.
 
-use umm::backends::{skip_or_fail, Api};
+use std::sync::{Arc, Mutex};
+use umm::backends::fault::{is_injected, FaultHandle, FaultKind, FaultyBackend};
+use umm::backends::{skip_or_fail, Api, HostBackend, MemoryPool, Pool};
 use umm::{
-    AccessPattern, AllocOptions, DeviceSelector, Error, MigrateTo, MigrationPath, Placement, PoolKind, UniversalBuffer,
-    UniversalMemoryManager,
+    AccessPattern, AllocOptions, DeviceSelector, Error, Limit, MigrateTo, MigrationPath, Placement, PoolKind,
+    UniversalBuffer, UniversalMemoryManager,
 };
 
 fn manager() -> UniversalMemoryManager {
@@ -204,4 +207,189 @@ fn copy_to_keeps_the_source_and_copies_within_a_device_use_a_device_path_or_one_
         ];
         assert!(device_paths.contains(&via), "{device}: {via}");
     }
+}
+
+// ----- migrations that fail -----
+
+const MIB: usize = 1 << 20;
+
+/// A manager with the host (device 0) and one test device (device 1) whose pools hold their bytes in host
+/// memory that is not host-addressable, so that a migration to or from it copies through the host in 8 MiB
+/// chunks of `write` or `read`, under a [`FaultyBackend`]; with the fault handles of the pools it makes (the
+/// test device's pools are made on first use). No accelerator API is probed: the devices are exactly these two.
+fn manager_with_a_faulty_device() -> (UniversalMemoryManager, Arc<Mutex<Vec<FaultHandle>>>) {
+    let handles = Arc::new(Mutex::new(Vec::new()));
+    let made = Arc::clone(&handles);
+    let mm = UniversalMemoryManager::builder()
+        .backends(false, false, false)
+        .simulated_device_with_pools(1 << 30, move |name, _placement, config| {
+            let (backend, faults) = FaultyBackend::new(HostBackend::new(name, 1 << 30));
+            made.lock().unwrap().push(faults);
+            Ok(Arc::new(Pool::new(backend.without_host_access(), config.clone())?) as Arc<dyn MemoryPool>)
+        })
+        .build()
+        .unwrap();
+    assert_eq!(mm.devices().len(), 2, "{:?}", mm.devices());
+    (mm, handles)
+}
+
+const FAULTY: usize = 1;
+
+fn to_faulty() -> MigrateTo {
+    MigrateTo::new(Placement::DeviceLocal).device(DeviceSelector::Index(FAULTY))
+}
+
+fn on_host() -> AllocOptions {
+    AllocOptions::new().device(DeviceSelector::Host)
+}
+
+/// Bytes allocated and blocks live on each device (from the manager's statistics).
+fn allocated(mm: &UniversalMemoryManager) -> Vec<(u64, u64)> {
+    mm.global_memory_stats()
+        .devices
+        .iter()
+        .map(|d| (d.total.allocated_bytes.current, d.total.active_blocks.current))
+        .collect()
+}
+
+/// The one pool the test device has made so far (its DeviceLocal pool), and its fault handle.
+fn faulty_pool(mm: &UniversalMemoryManager, handles: &Mutex<Vec<FaultHandle>>) -> (Arc<dyn MemoryPool>, FaultHandle) {
+    let pools = mm.devices()[FAULTY].pools();
+    assert_eq!(pools.len(), 1, "the test device made one pool");
+    let handles = handles.lock().unwrap();
+    assert_eq!(handles.len(), 1);
+    (Arc::clone(&pools[0].2), handles[0].clone())
+}
+
+/// The injected copy fault that `error` reports, with the backend call it names.
+fn injected_copy_call(error: &Error) -> String {
+    match error {
+        Error::Backend(e @ umm::backends::Error::Driver { call, .. }) if is_injected(e) => call.clone(),
+        other => panic!("expected the injected copy fault, got {other:?}: {other}"),
+    }
+}
+
+#[test]
+fn a_migration_whose_write_of_chunk_k_fails_keeps_the_source_frees_the_target_and_names_the_write() {
+    let (mm, handles) = manager_with_a_faulty_device();
+    // Three chunks: 8 MiB, 8 MiB and 4 MiB + 3 bytes, with a pattern that shows a shifted or torn chunk.
+    let data = pattern(20 * MIB + 3, |i| (i % 251) as u8);
+    // A first migration makes the test device's pool and shows the path: chunked writes.
+    let warm = mm.allocate_universal_from_with(&data, on_host()).unwrap().migrate(&mm, to_faulty()).unwrap();
+    assert_eq!(warm.migrated_via(), Some(MigrationPath::HostDirect));
+    assert!(warm.to_vec().unwrap() == data, "the warm-up migration arrived whole");
+    drop(warm);
+    let (pool, faults) = faulty_pool(&mm, &handles);
+    for k in 1..=3 {
+        let src = mm.allocate_universal_from_with(&data, on_host()).unwrap();
+        let before = allocated(&mm);
+        let copies = faults.calls(FaultKind::Copy);
+        faults.fail_nth(FaultKind::Copy, copies + k);
+        let err = src.migrate(&mm, to_faulty()).expect_err("the k-th write fails");
+        assert_eq!(injected_copy_call(err.error()), "write", "chunk {k}: {err}");
+        assert!(err.to_string().contains("injected fault") && err.to_string().contains("write"), "{err}");
+        assert_eq!(faults.injected(FaultKind::Copy), k, "chunk {k}: exactly one fault per attempt fired");
+        assert_eq!(faults.calls(FaultKind::Copy), copies + k, "chunk {k}: no write after the failed one");
+        // Target freed, statistics back where they were.
+        assert_eq!(allocated(&mm), before, "chunk {k}: allocations on each device, before and after");
+        assert_eq!(pool.stats().active_blocks.current, 0, "chunk {k}: the target block went back");
+        // Source intact: on the host, its bytes unchanged, and it still migrates.
+        let src = err.into_buffer();
+        assert_eq!(src.device().index(), 0);
+        assert!(src.to_vec().unwrap() == data, "chunk {k}: the source's bytes changed");
+        let moved = src.migrate(&mm, to_faulty()).unwrap();
+        assert!(moved.to_vec().unwrap() == data, "chunk {k}: a later migration arrives whole");
+    }
+    mm.release_all_cached();
+    assert_eq!(faults.resident_bytes(), 0, "the test device holds nothing once its cache is released");
+    assert_eq!(faults.violations(), Vec::<String>::new());
+}
+
+#[test]
+fn a_migration_whose_read_of_chunk_k_fails_keeps_the_source_readable_and_frees_the_target() {
+    let (mm, handles) = manager_with_a_faulty_device();
+    let data = pattern(20 * MIB + 3, |i| (i % 247) as u8);
+    for k in 1..=3 {
+        let src = mm.allocate_universal_from_with(&data, on_host()).unwrap().migrate(&mm, to_faulty()).unwrap();
+        let (_, faults) = faulty_pool(&mm, &handles);
+        let before = allocated(&mm);
+        let copies = faults.calls(FaultKind::Copy);
+        faults.fail_nth(FaultKind::Copy, copies + k);
+        let err = src.migrate(&mm, DeviceSelector::Host).expect_err("the k-th read fails");
+        assert_eq!(injected_copy_call(err.error()), "read", "chunk {k}: {err}");
+        assert_eq!(faults.calls(FaultKind::Copy), copies + k, "chunk {k}: no read after the failed one");
+        assert_eq!(allocated(&mm), before, "chunk {k}: the host target went back, the source stayed");
+        let src = err.into_buffer();
+        assert_eq!(src.device().index(), FAULTY);
+        assert!(src.to_vec().unwrap() == data, "chunk {k}: the source still reads back whole");
+    }
+}
+
+#[test]
+fn a_migration_to_a_pool_at_its_limit_keeps_the_source_and_reports_out_of_memory() {
+    let (mm, handles) = manager_with_a_faulty_device();
+    let data = pattern(20 * MIB + 3, |i| (i % 241) as u8);
+    // 12 MiB on the test device, then a limit of 16 MiB on its pool: the 20 MiB target cannot fit.
+    let resident = mm.allocate_universal_from_with(&[7u8; 12 * MIB], on_host()).unwrap().migrate(&mm, to_faulty());
+    let resident = resident.unwrap();
+    let (pool, faults) = faulty_pool(&mm, &handles);
+    pool.set_limit(Some(Limit::Bytes(16 << 20))).unwrap();
+    let src = mm.allocate_universal_from_with(&data, on_host()).unwrap();
+    let before = allocated(&mm);
+    let copies = faults.calls(FaultKind::Copy);
+    let err = src.migrate(&mm, to_faulty()).expect_err("the target does not fit under the limit");
+    match err.error() {
+        Error::Backend(e @ umm::backends::Error::OutOfMemory { limit, requested, .. }) => {
+            assert_eq!(*limit, Some(16 << 20), "{e}");
+            assert!(*requested >= data.len() as u64, "{e}");
+            assert!(e.to_string().contains("out of memory"), "the message names the cause: {e}");
+        }
+        other => panic!("expected out of memory, got {other:?}: {other}"),
+    }
+    assert_eq!(faults.calls(FaultKind::Copy), copies, "nothing was copied");
+    assert_eq!(allocated(&mm), before, "no target block is left allocated");
+    assert_eq!(pool.stats().reserved_bytes.current, faults.resident_bytes());
+    assert!(pool.stats().reserved_bytes.current <= 16 << 20, "the pool stayed under its limit");
+    let src = err.into_buffer();
+    assert!(src.to_vec().unwrap() == data, "the source's bytes are unchanged");
+    assert_eq!(resident.to_vec().unwrap(), vec![7u8; 12 * MIB], "the device's other buffer is untouched");
+    // The limit lifted, the same migration goes through.
+    drop(resident);
+    pool.set_limit(None).unwrap();
+    let moved = src.migrate(&mm, to_faulty()).unwrap();
+    assert!(moved.to_vec().unwrap() == data);
+}
+
+#[test]
+fn a_migration_to_a_full_simulated_device_keeps_the_source_and_names_the_shortage() {
+    // The public simulated device, 64 MiB, with 48 MiB taken: 20 MiB more do not fit.
+    let mm =
+        UniversalMemoryManager::builder().backends(false, false, false).simulated_device(64 << 20).build().unwrap();
+    let sim = MigrateTo::new(Placement::DeviceLocal).device(DeviceSelector::Index(1));
+    let taken: Vec<UniversalBuffer<u8>> = (0..3)
+        .map(|_| {
+            mm.allocate_universal_with::<u8>(
+                16 * MIB,
+                AllocOptions::new().placement(Placement::DeviceLocal).device(DeviceSelector::Index(1)),
+            )
+            .unwrap()
+        })
+        .collect();
+    let data = pattern(20 * MIB + 3, |i| (i % 239) as u8);
+    let src = mm.allocate_universal_from_with(&data, on_host()).unwrap();
+    let before = allocated(&mm);
+    let err = src.migrate(&mm, sim).expect_err("the device is full");
+    let text = err.to_string();
+    match err.error() {
+        Error::Backend(e) => assert!(e.is_out_of_memory(), "{e:?}"),
+        other => panic!("expected out of memory, got {other:?}: {other}"),
+    }
+    assert!(
+        text.contains("out of memory on sim0") && text.contains("map_pages"),
+        "names the device and the call: {text}"
+    );
+    assert_eq!(allocated(&mm), before, "no target block is left allocated");
+    let src = err.into_buffer();
+    assert!(src.to_vec().unwrap() == data, "the source's bytes are unchanged");
+    drop(taken);
 }

@@ -297,13 +297,24 @@ impl<S> FaultySegment<S> {
 pub struct FaultyBackend<B: Backend> {
     inner: B,
     shared: Arc<Shared>,
+    /// Whether the inner backend's host pointers are passed on (see [`FaultyBackend::without_host_access`]).
+    host_access: bool,
 }
 
 impl<B: Backend> FaultyBackend<B> {
     /// Wraps `inner`; nothing fails until the returned handle says so.
     pub fn new(inner: B) -> (Self, FaultHandle) {
         let shared = Arc::new(Shared::default());
-        (Self { inner, shared: shared.clone() }, FaultHandle(shared))
+        (Self { inner, shared: shared.clone(), host_access: true }, FaultHandle(shared))
+    }
+
+    /// Hides the inner backend's host pointers, so that a backend holding bytes in host memory (the host backend)
+    /// stands in for device memory: a pool over it copies through [`Backend::write`] and [`Backend::read`], which
+    /// [`FaultKind::Copy`] can fail, where it would otherwise copy through the host slice (which nothing can
+    /// fail). For tests of chunked copies (migrations through the host) on a machine without an accelerator.
+    pub fn without_host_access(mut self) -> Self {
+        self.host_access = false;
+        self
     }
 
     /// The wrapped backend.
@@ -494,9 +505,9 @@ impl<B: Backend> Backend for FaultyBackend<B> {
         self.inner.fill(&segment.inner, offset, len, value)
     }
     fn host_ptr(&self, segment: &Self::Segment, offset: u64) -> Option<HostPtr> {
-        self.inner.host_ptr(&segment.inner, offset)
+        self.inner.host_ptr(&segment.inner, offset).filter(|_| self.host_access)
     }
     fn may_be_host_addressable(&self) -> bool {
-        self.inner.may_be_host_addressable()
+        self.host_access && self.inner.may_be_host_addressable()
     }
 }

@@ -1,6 +1,7 @@
 //! CUDA backend tests: what only CUDA has. Without a driver or GPU, discovery must be empty, give a reason and
 //! print nothing, and the GPU tests skip (or fail when `UMM_REQUIRE_BACKENDS` names `cuda`). On a GPU they check
-//! record-stream semantics, pinned and read-only memory with kernels, page trims of virtual reservations, warm-up,
+//! record-stream semantics (reuse deferred while another stream is held back by a host flag, and a pool dropped
+//! with a pending free), pinned and read-only memory with kernels, page trims of virtual reservations, warm-up,
 //! copies and stream handles. What every backend must do (round trips, dirty reuse against fresh buffers with an
 //! NVRTC kernel, zeroing, poison, limits and out of memory, stream reuse, threads, statistics) is in the
 //! conformance suite (`tests/conformance.rs`), which runs on CUDA's placements and segment modes too.
@@ -12,9 +13,11 @@
 
 #![cfg(feature = "cuda")]
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use umm_backends::cuda::cudarc::driver::{CudaContext, CudaFunction, DevicePtr, LaunchConfig, PushKernelArg};
-use umm_backends::cuda::{self, CudaBuffer, CudaDevice, CudaPoolExt};
+use umm_backends::cuda::{self, CudaBuffer, CudaDevice, CudaPool, CudaPoolExt};
 use umm_backends::{
     skip_or_fail, Api, Backend, DeviceKind, Error, Limit, PoolConfig, PoolPlacement, SegmentMode, Strategy, StreamId,
 };
@@ -24,6 +27,18 @@ extern "C" __global__ void spin_then_write(long long cycles, float* out) {
     long long start = clock64();
     while (clock64() - start < cycles) {}
     if (threadIdx.x == 0 && blockIdx.x == 0) out[0] = 42.0f;
+}
+// Waits until the host sets *flag (pinned host memory, read through its device-mapped address), then writes
+// 42.0 at out[0]; gives up after timeout_cycles and writes -1.0 instead, so that a lost flag fails the test
+// rather than hanging it.
+extern "C" __global__ void wait_for_flag_then_write(const volatile unsigned int* flag, long long timeout_cycles,
+                                                    float* out) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    long long start = clock64();
+    while (*flag == 0) {
+        if (clock64() - start > timeout_cycles) { out[0] = -1.0f; return; }
+    }
+    out[0] = 42.0f;
 }
 extern "C" __global__ void scale(const float* x, float* y, float f, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -46,6 +61,7 @@ fn gpu() -> Option<CudaDevice> {
 
 struct Kernels {
     spin: CudaFunction,
+    wait_for_flag: CudaFunction,
     scale: CudaFunction,
 }
 
@@ -58,8 +74,69 @@ fn kernels(ctx: &Arc<CudaContext>) -> Option<Kernels> {
     let module = ctx.load_module(ptx).expect("module loads");
     Some(Kernels {
         spin: module.load_function("spin_then_write").unwrap(),
+        wait_for_flag: module.load_function("wait_for_flag_then_write").unwrap(),
         scale: module.load_function("scale").unwrap(),
     })
+}
+
+/// How long a kernel waits for a host flag before it gives up (about 10 s at 2 GHz), and how long the host
+/// waits for such a kernel's stream: every wait is bounded, so a lost flag or a stream that never finishes
+/// fails the test instead of hanging it.
+const FLAG_TIMEOUT_CYCLES: i64 = 20_000_000_000;
+const HOST_WAIT: Duration = Duration::from_secs(30);
+
+/// A 32-bit flag in pinned, device-mapped host memory from umm's pinned pool: a kernel polls it through its
+/// device address ([`CudaPool::device_ptr`]) while the host sets it through its host address with an atomic
+/// store, which needs no driver call (a host slice of a `CudaBuffer` would synchronize the context, and so
+/// wait for the kernel that waits for the flag).
+struct HostFlag {
+    pool: Arc<CudaPool>,
+    block: umm_backends::BlockHandle,
+    host: usize,
+    device: u64,
+}
+
+impl HostFlag {
+    fn new(dev: &CudaDevice) -> Self {
+        let pool = dev.caching_pool(PoolPlacement::HostPinned, PoolConfig::default()).unwrap();
+        let block = pool.allocate(256, StreamId(0)).unwrap();
+        let host = pool.pool().host_ptr(&block).expect("pinned memory has a host address").as_ptr() as usize;
+        let device = pool.device_ptr(&block).unwrap();
+        let flag = Self { pool, block, host, device };
+        flag.atomic().store(0, Ordering::SeqCst);
+        flag
+    }
+
+    #[allow(unsafe_code)] // AtomicU32::from_ptr over the pinned block.
+    fn atomic(&self) -> &AtomicU32 {
+        // SAFETY: `host` is the host address of a live pinned block of 256 bytes (256-byte aligned, so aligned
+        // for a u32), freed only when `self` drops; the host touches it only through this atomic, and the device
+        // only reads it.
+        unsafe { AtomicU32::from_ptr(self.host as *mut u32) }
+    }
+
+    /// Lets the kernels waiting for the flag go on.
+    fn set(&self) {
+        self.atomic().store(1, Ordering::SeqCst);
+    }
+}
+
+impl Drop for HostFlag {
+    fn drop(&mut self) {
+        self.pool.free(&self.block).unwrap();
+    }
+}
+
+/// Launches `wait_for_flag_then_write` on `stream`: it holds `stream` back until `flag` is set, then writes
+/// 42.0 at `out`, the device address of a live block of at least 4 bytes that stays unreused until `stream`
+/// passes the kernel.
+fn launch_wait_for_flag(k: &Kernels, stream: &Arc<cuda::cudarc::driver::CudaStream>, flag: &HostFlag, out: u64) {
+    let mut builder = stream.launch_builder(&k.wait_for_flag);
+    builder.arg(&flag.device).arg(&FLAG_TIMEOUT_CYCLES).arg(&out);
+    // SAFETY: wait_for_flag_then_write(const volatile unsigned*, long long, float*) reads one u32 at the flag's
+    // device address (a live pinned block that outlives the kernel: the flag is dropped after every wait on it)
+    // and writes one float at `out`, which the caller keeps unreused until the stream passes the kernel.
+    unsafe { builder.launch(LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 }) }.unwrap();
 }
 
 fn config(mode: SegmentMode) -> PoolConfig {
@@ -185,6 +262,97 @@ fn record_stream_defers_reuse_until_the_other_stream_is_done() {
     b.record_stream(cuda::stream_id(&s2)).unwrap();
     drop(b);
     assert_eq!(pool.synchronize_pending().unwrap(), 1);
+}
+
+/// The deterministic form of the test above: stream 2 runs a kernel that waits for a host flag, so the test
+/// knows stream 2 has not passed the kernel while it checks that the block freed with stream 2 recorded is not
+/// reused, however long the checks take; then it sets the flag and checks the block comes back once stream 2
+/// is done, holding what the kernel wrote.
+#[test]
+fn record_stream_defers_reuse_while_the_other_stream_waits_for_a_host_flag() {
+    let Some(dev) = gpu() else { return };
+    let ctx = dev.context().clone();
+    let Some(k) = kernels(&ctx) else { return };
+    let (s1, s2) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let id1 = cuda::stream_id(&s1);
+    let flag = HostFlag::new(&dev);
+    let pool = dev.caching_pool(PoolPlacement::DeviceLocal, PoolConfig::default()).unwrap();
+    let mut buf = CudaBuffer::allocate(&pool, 1 << 20, id1).unwrap();
+    let original = buf.device_ptr();
+    {
+        // The view marks s2 as a user of the block.
+        let view = buf.view_mut::<f32>(&s2).unwrap();
+        let (ptr, _guard) = view.device_ptr(&s2);
+        launch_wait_for_flag(&k, &s2, &flag, ptr);
+    }
+    drop(buf);
+    assert_eq!(pool.pending_frees(), 1, "the free waits for s2");
+    // s2 is held back until the flag is set: the block must not come back, now or after a while.
+    let other = CudaBuffer::allocate(&pool, 1 << 20, id1).unwrap();
+    assert_ne!(other.device_ptr(), original, "reused while s2 may still write it");
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(pool.process_pending().unwrap(), 0, "returned while s2 is still held back");
+    let third = CudaBuffer::allocate(&pool, 1 << 20, id1).unwrap();
+    assert_ne!(third.device_ptr(), original, "reused while s2 is still held back");
+    assert_eq!(pool.pending_frees(), 1);
+    drop((other, third));
+    flag.set();
+    let deadline = Instant::now() + HOST_WAIT;
+    while pool.pending_frees() > 0 {
+        assert!(Instant::now() < deadline, "s2 did not finish within {HOST_WAIT:?} of the flag being set");
+        pool.process_pending().unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    s2.synchronize().unwrap();
+    let again = CudaBuffer::allocate(&pool, 1 << 20, id1).unwrap();
+    assert_eq!(again.device_ptr(), original, "reused once s2 is done");
+    let mut first = [0u8; 4];
+    again.read(0, &mut first).unwrap();
+    assert_eq!(f32::from_le_bytes(first), 42.0, "the kernel saw the flag (-1.0: it timed out waiting)");
+}
+
+/// A pool dropped while a freed block still waits for another stream (a pending `record_stream` free) and
+/// another block is live: the drop waits for that stream before it releases the memory, so the kernel still
+/// writing the block does not write freed memory (which would show as an illegal address on the stream).
+#[test]
+fn dropping_a_pool_with_a_pending_free_waits_for_its_stream() {
+    let Some(dev) = gpu() else { return };
+    let ctx = dev.context().clone();
+    let Some(k) = kernels(&ctx) else { return };
+    let (s1, s2) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let id1 = cuda::stream_id(&s1);
+    let flag = Arc::new(HostFlag::new(&dev));
+    for mode in [SegmentMode::Plain, SegmentMode::Virtual] {
+        if mode == SegmentMode::Virtual && !dev.supports_virtual_memory() {
+            continue;
+        }
+        flag.atomic().store(0, Ordering::SeqCst);
+        let pool = dev.caching_pool(PoolPlacement::DeviceLocal, config(mode)).unwrap();
+        let live = pool.allocate(3 << 20, id1).unwrap();
+        let pending = pool.allocate(8 << 20, id1).unwrap();
+        pool.record_stream(&pending, cuda::stream_id(&s2)).unwrap();
+        launch_wait_for_flag(&k, &s2, &flag, pool.device_ptr(&pending).unwrap());
+        pool.free(&pending).unwrap();
+        assert_eq!(pool.pending_frees(), 1);
+        assert_eq!(pool.pool().stats().active_blocks.current, 2, "the live block and the pending one");
+        let pool = Arc::into_inner(pool).expect("the test holds the only handle on the pool");
+        let setter = {
+            let flag = Arc::clone(&flag);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                flag.set();
+            })
+        };
+        let start = Instant::now();
+        drop(pool);
+        let waited = start.elapsed();
+        setter.join().unwrap();
+        assert!(waited >= Duration::from_millis(250), "{mode:?}: the drop returned after {waited:?}, before s2 passed");
+        assert!(waited < HOST_WAIT, "{mode:?}: the drop took {waited:?}");
+        // The kernel wrote into memory the pool still held: no illegal address on s2.
+        s2.synchronize().unwrap_or_else(|e| panic!("{mode:?}: s2 failed after the pool dropped: {e}"));
+        assert!(live.size() >= 3 << 20, "the handle of a block of the dropped pool is plain data");
+    }
 }
 
 #[test]
