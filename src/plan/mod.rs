@@ -29,6 +29,7 @@
 
 mod analyzer;
 mod arena;
+mod improve;
 mod occupancy;
 mod report;
 mod reuse;
