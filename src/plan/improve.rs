@@ -29,6 +29,8 @@ use std::collections::BTreeMap;
 
 /// Range reads the search may spend, in all: about a third of a second on a 2-core KVM guest.
 const BUDGET: u64 = 30_000_000;
+/// Range reads per allocation, below [`BUDGET`]: small plans get a budget in proportion.
+const BUDGET_PER_ALLOCATION: u64 = 40_000;
 /// Attempts the budget is shared among (an attempt that reaches the lower bound ends the search).
 const ATTEMPTS: u64 = 8;
 /// Moves without shrinking the bytes above the target after which an attempt gives up.
@@ -183,7 +185,7 @@ pub(crate) struct Effort {
 }
 
 /// Searches for a lower plan than the greedy plans in `starts` (`(offsets, peak)` each; the first is the one in
-/// lifetime order), within [`BUDGET`]. Returns the lowest plan found and the index of the start it came from,
+/// lifetime order), within [`BUDGET`] (or [`BUDGET_PER_ALLOCATION`] times the allocations, if less). Returns the lowest plan found and the index of the start it came from,
 /// or `None` when no attempt got below the lowest start; and the effort spent.
 pub(crate) fn improve(
     items: &[Item],
@@ -192,7 +194,7 @@ pub(crate) fn improve(
     starts: &[(Vec<u64>, u64)],
     lower_bound: u64,
 ) -> (Option<(Vec<u64>, u64, usize)>, Effort) {
-    let budget = BUDGET;
+    let budget = BUDGET.min(BUDGET_PER_ALLOCATION.saturating_mul(items.len() as u64));
     let meets = Meets::new(coords, spans);
     // Every offset is a sum of sizes less a size, so a multiple of their greatest common divisor (of the
     // alignment, then), and so are targets stepped in it.
@@ -300,7 +302,8 @@ impl Search<'_> {
         for &i in &above {
             *tops.entry(self.top(i as usize, offsets)).or_default() += 1;
         }
-        let excess = |i: u32, offsets: &[u64]| u128::from((offsets[i as usize] + items[i as usize].size).saturating_sub(target));
+        let excess =
+            |i: u32, offsets: &[u64]| u128::from((offsets[i as usize] + items[i as usize].size).saturating_sub(target));
         let mut total: u128 = above.iter().map(|&i| excess(i, offsets)).sum();
         let (mut least, mut since) = (total, 0u64);
         while let Some((&peak, _)) = tops.last_key_value() {
@@ -415,9 +418,13 @@ impl Search<'_> {
         let items = self.items;
         let duration = |i: u32| items[i as usize].last - items[i as usize].first;
         match self.rng.below(4) {
-            0 => s.moved.sort_unstable_by_key(|&i| (std::cmp::Reverse(items[i as usize].size), std::cmp::Reverse(duration(i)), i)),
+            0 => s.moved.sort_unstable_by_key(|&i| {
+                (std::cmp::Reverse(items[i as usize].size), std::cmp::Reverse(duration(i)), i)
+            }),
             1 => s.moved.sort_unstable_by_key(|&i| (items[i as usize].first, i)),
-            2 => s.moved.sort_unstable_by_key(|&i| (std::cmp::Reverse(duration(i)), std::cmp::Reverse(items[i as usize].size), i)),
+            2 => s.moved.sort_unstable_by_key(|&i| {
+                (std::cmp::Reverse(duration(i)), std::cmp::Reverse(items[i as usize].size), i)
+            }),
             _ => {
                 for j in (1..s.moved.len()).rev() {
                     let k = self.rng.below(j as u64 + 1) as usize;

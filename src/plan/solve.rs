@@ -79,7 +79,8 @@ pub(crate) fn solve(items: &[Item]) -> Solution {
         // Every heuristic ran. The plan in lifetime order first, then the others in their order.
         let first = plans.iter().position(|p| p.0.order == Order::Duration).unwrap_or(0);
         let order: Vec<usize> = std::iter::once(first).chain((0..plans.len()).filter(|&k| k != first)).collect();
-        let starts: Vec<(Vec<u64>, u64)> = order.iter().map(|&k| (std::mem::take(&mut plans[k].1), plans[k].2)).collect();
+        let starts: Vec<(Vec<u64>, u64)> =
+            order.iter().map(|&k| (std::mem::take(&mut plans[k].1), plans[k].2)).collect();
         let (found, _) = improve::improve(items, timeline.coords.len(), &timeline.spans, &starts, lower_bound);
         if let Some((offsets, peak, start)) = found {
             let heuristic = Heuristic { searched: true, ..plans[order[start]].0 };
