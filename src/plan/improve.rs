@@ -175,31 +175,23 @@ fn choose(ranges: &[(u64, u64)], size: u64, fit: Fit, target: u64) -> u64 {
     best.map_or(lowest.unwrap_or(reach), |(_, start, end)| at(start, end))
 }
 
-/// The search's figures, for tests.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Effort {
-    /// Range reads spent.
-    pub work: u64,
-    /// Moves tried.
-    pub moves: u64,
-}
-
 /// Searches for a lower plan than the greedy plans in `starts` (`(offsets, peak)` each; the first is the one in
-/// lifetime order), within [`BUDGET`] (or [`BUDGET_PER_ALLOCATION`] times the allocations, if less). Returns the lowest plan found and the index of the start it came from,
-/// or `None` when no attempt got below the lowest start; and the effort spent.
+/// lifetime order), within [`BUDGET`] (or [`BUDGET_PER_ALLOCATION`] times the allocations, if less). Returns
+/// the lowest plan found and the index of the start it came from, or `None` when no attempt got below the
+/// lowest start.
 pub(crate) fn improve(
     items: &[Item],
     coords: usize,
     spans: &[(u32, u32)],
     starts: &[(Vec<u64>, u64)],
     lower_bound: u64,
-) -> (Option<(Vec<u64>, u64, usize)>, Effort) {
+) -> Option<(Vec<u64>, u64, usize)> {
     let budget = BUDGET.min(BUDGET_PER_ALLOCATION.saturating_mul(items.len() as u64));
     let meets = Meets::new(coords, spans);
     // Every offset is a sum of sizes less a size, so a multiple of their greatest common divisor (of the
     // alignment, then), and so are targets stepped in it.
     let grain = items.iter().fold(0, |g, item| gcd(g, item.size)).max(1);
-    let mut search = Search { items, spans, coords, meets, grain, rng: Rng(SEED), effort: Effort::default() };
+    let mut search = Search { items, spans, coords, meets, grain, rng: Rng(SEED), work: 0 };
     // The starts other than the first, least bytes above the lower bound first.
     let above = |offsets: &[u64]| -> u128 {
         offsets.iter().zip(items).map(|(&o, it)| u128::from((o + it.size).saturating_sub(lower_bound))).sum()
@@ -209,14 +201,14 @@ pub(crate) fn improve(
     let mut best: Option<(Vec<u64>, u64, usize)> = None;
     let mut lowest = starts.iter().map(|s| s.1).min().unwrap_or(u64::MAX);
     let mut attempt = 0usize;
-    while search.effort.work < budget && lowest > lower_bound {
-        let (start, aim_lower) = if attempt % 2 == 0 || others.is_empty() {
+    while search.work < budget && lowest > lower_bound {
+        let (start, aim_lower) = if attempt.is_multiple_of(2) || others.is_empty() {
             (0, false)
         } else {
             (others[(attempt / 2) % others.len()].1, true)
         };
         attempt += 1;
-        let limit = (search.effort.work + budget / ATTEMPTS).min(budget);
+        let limit = (search.work + budget / ATTEMPTS).min(budget);
         let mut offsets = starts[start].0.clone();
         let peak = search.attempt(&mut offsets, lower_bound, aim_lower, limit);
         if peak < lowest {
@@ -224,7 +216,7 @@ pub(crate) fn improve(
             best = Some((offsets, peak, start));
         }
     }
-    (best, search.effort)
+    best
 }
 
 fn gcd(mut a: u64, mut b: u64) -> u64 {
@@ -242,7 +234,8 @@ struct Search<'a> {
     coords: usize,
     meets: Meets,
     rng: Rng,
-    effort: Effort,
+    /// Range reads spent so far.
+    work: u64,
 }
 
 /// Scratch vectors of one move.
@@ -268,7 +261,7 @@ impl Search<'_> {
     fn attempt(&mut self, offsets: &mut [u64], lower_bound: u64, aim_lower: bool, limit: u64) -> u64 {
         let n = self.items.len() as u64;
         let peak_of = |search: &mut Self, offsets: &[u64]| {
-            search.effort.work += n;
+            search.work += n;
             (0..search.items.len()).map(|i| search.top(i, offsets)).max().unwrap_or(0).max(lower_bound)
         };
         let grain = self.grain;
@@ -281,7 +274,7 @@ impl Search<'_> {
         };
         let mut peak = peak_of(self, offsets);
         let mut scratch = Scratch::default();
-        while peak > lower_bound && self.effort.work < limit {
+        while peak > lower_bound && self.work < limit {
             let target = next_target(peak);
             if !self.reach(offsets, target, limit, &mut scratch) {
                 return peak_of(self, offsets);
@@ -295,7 +288,7 @@ impl Search<'_> {
     /// (false). The peak never rises.
     fn reach(&mut self, offsets: &mut [u64], target: u64, limit: u64, s: &mut Scratch) -> bool {
         let items = self.items;
-        self.effort.work += items.len() as u64;
+        self.work += items.len() as u64;
         let mut above: Vec<u32> = (0..items.len() as u32).filter(|&i| self.top(i as usize, offsets) > target).collect();
         // Tops above the target, counted: the last key is the peak.
         let mut tops: BTreeMap<u64, u32> = BTreeMap::new();
@@ -307,7 +300,7 @@ impl Search<'_> {
         let mut total: u128 = above.iter().map(|&i| excess(i, offsets)).sum();
         let (mut least, mut since) = (total, 0u64);
         while let Some((&peak, _)) = tops.last_key_value() {
-            if since >= STALL || self.effort.work >= limit {
+            if since >= STALL || self.work >= limit {
                 return false;
             }
             let k = self.rng.below(above.len() as u64) as usize;
@@ -316,7 +309,6 @@ impl Search<'_> {
                 above.swap_remove(k);
                 continue;
             }
-            self.effort.moves += 1;
             since += 1;
             self.take_window(v, offsets, s);
             let before: u128 = s.moved.iter().map(|&i| excess(i, offsets)).sum();
@@ -409,7 +401,7 @@ impl Search<'_> {
             }
         }
         let (moved, others) = (s.moved.len() as u64, (s.fixed.len() + s.merged.len()) as u64);
-        self.effort.work += moved * (moved + others) + s.found.len() as u64;
+        self.work += moved * (moved + others) + s.found.len() as u64;
     }
 
     /// Places the allocations of `s.moved` again, in a random order and with a random fit, around the fixed

@@ -1,4 +1,5 @@
-//! The offset assignment: greedy heuristics over an interval index on time.
+//! The offset assignment: greedy heuristics over an interval index on time, then, when none reaches the
+//! lower bound, the search of [`improve`] from their plans.
 //!
 //! Every heuristic places allocations one at a time in some order. Placing one means finding the bytes taken,
 //! at some step of its lifetime, by the allocations already placed, and taking a gap between them (or the top).
@@ -81,7 +82,7 @@ pub(crate) fn solve(items: &[Item]) -> Solution {
         let order: Vec<usize> = std::iter::once(first).chain((0..plans.len()).filter(|&k| k != first)).collect();
         let starts: Vec<(Vec<u64>, u64)> =
             order.iter().map(|&k| (std::mem::take(&mut plans[k].1), plans[k].2)).collect();
-        let (found, _) = improve::improve(items, timeline.coords.len(), &timeline.spans, &starts, lower_bound);
+        let found = improve::improve(items, timeline.coords.len(), &timeline.spans, &starts, lower_bound);
         if let Some((offsets, peak, start)) = found {
             let heuristic = Heuristic { searched: true, ..plans[order[start]].0 };
             return Solution { offsets, peak, lower_bound, heuristic };
