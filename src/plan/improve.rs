@@ -18,8 +18,10 @@
 //!
 //! Attempts alternate: aiming at the lower bound from the greedy plan in lifetime order (long-lived
 //! allocations packed low, so that what stands above is short-lived and movable), and aiming a little below
-//! the attempt's own peak, lower each time it gets there, from each greedy plan in turn. An attempt ends when
-//! the bytes above its target have not shrunk for [`STALL`] moves or its share of the budget is spent.
+//! the attempt's own peak, lower each time it gets there, from each greedy plan in turn (the lifetime order
+//! first). An attempt ends when the bytes above its target have not shrunk for [`AT_BOUND_STALL`] or [`STALL`]
+//! moves, or when its share of the budget is spent. Starting again from a greedy plan, with other random
+//! choices, gets out of the dead ends that one attempt can run into.
 //!
 //! The work is bounded by a count of the placements' range reads ([`BUDGET`]), not by time, and the random
 //! choices come from a fixed seed: the plan is the same on every machine, however loaded.
@@ -31,10 +33,15 @@ use std::collections::BTreeMap;
 const BUDGET: u64 = 30_000_000;
 /// Range reads per allocation, below [`BUDGET`]: small plans get a budget in proportion.
 const BUDGET_PER_ALLOCATION: u64 = 40_000;
-/// Attempts the budget is shared among (an attempt that reaches the lower bound ends the search).
+/// An attempt aiming lower may spend this fraction of the budget (an attempt that reaches the lower bound ends
+/// the search).
 const ATTEMPTS: u64 = 8;
-/// Moves without shrinking the bytes above the target after which an attempt gives up.
+/// An attempt aiming at the lower bound may spend this fraction of the budget.
+const AT_BOUND_SHARE: u64 = 4;
+/// Moves without shrinking the bytes above the target after which an attempt aiming lower gives up.
 const STALL: u64 = 2_000;
+/// The same for an attempt aiming at the lower bound, which has further to go.
+const AT_BOUND_STALL: u64 = 4_000;
 /// The most allocations one move re-places (the window shrinks until it holds no more).
 const MOVED: usize = 256;
 /// An aiming-lower attempt sets its next target this fraction of the way from its peak to the lower bound.
@@ -192,25 +199,26 @@ pub(crate) fn improve(
     // alignment, then), and so are targets stepped in it.
     let grain = items.iter().fold(0, |g, item| gcd(g, item.size)).max(1);
     let mut search = Search { items, spans, coords, meets, grain, rng: Rng(SEED), work: 0 };
-    // The starts other than the first, least bytes above the lower bound first.
+    // The first start, then the others, least bytes above the lower bound first.
     let above = |offsets: &[u64]| -> u128 {
         offsets.iter().zip(items).map(|(&o, it)| u128::from((o + it.size).saturating_sub(lower_bound))).sum()
     };
     let mut others: Vec<(u128, usize)> = (1..starts.len()).map(|k| (above(&starts[k].0), k)).collect();
     others.sort_unstable();
+    let order: Vec<usize> = std::iter::once(0).chain(others.iter().map(|&(_, k)| k)).collect();
     let mut best: Option<(Vec<u64>, u64, usize)> = None;
     let mut lowest = starts.iter().map(|s| s.1).min().unwrap_or(u64::MAX);
     let mut attempt = 0usize;
     while search.work < budget && lowest > lower_bound {
-        let (start, aim_lower) = if attempt.is_multiple_of(2) || others.is_empty() {
-            (0, false)
+        let (start, aim_lower, share, stall) = if attempt.is_multiple_of(2) {
+            (0, false, budget / AT_BOUND_SHARE, AT_BOUND_STALL)
         } else {
-            (others[(attempt / 2) % others.len()].1, true)
+            (order[(attempt / 2) % order.len()], true, budget / ATTEMPTS, STALL)
         };
         attempt += 1;
-        let limit = (search.work + budget / ATTEMPTS).min(budget);
+        let limit = (search.work + share).min(budget);
         let mut offsets = starts[start].0.clone();
-        let peak = search.attempt(&mut offsets, lower_bound, aim_lower, limit);
+        let peak = search.attempt(&mut offsets, lower_bound, aim_lower, limit, stall);
         if peak < lowest {
             lowest = peak;
             best = Some((offsets, peak, start));
@@ -258,7 +266,7 @@ impl Search<'_> {
 
     /// One attempt from `offsets` (changed in place to the attempt's last plan, which is its lowest); returns
     /// its peak.
-    fn attempt(&mut self, offsets: &mut [u64], lower_bound: u64, aim_lower: bool, limit: u64) -> u64 {
+    fn attempt(&mut self, offsets: &mut [u64], lower_bound: u64, aim_lower: bool, limit: u64, stall: u64) -> u64 {
         let n = self.items.len() as u64;
         let peak_of = |search: &mut Self, offsets: &[u64]| {
             search.work += n;
@@ -276,7 +284,7 @@ impl Search<'_> {
         let mut scratch = Scratch::default();
         while peak > lower_bound && self.work < limit {
             let target = next_target(peak);
-            if !self.reach(offsets, target, limit, &mut scratch) {
+            if !self.reach(offsets, target, limit, stall, &mut scratch) {
                 return peak_of(self, offsets);
             }
             peak = peak_of(self, offsets);
@@ -286,7 +294,7 @@ impl Search<'_> {
 
     /// Moves until nothing stands above `target` (true), or the moves stall or the work reaches `limit`
     /// (false). The peak never rises.
-    fn reach(&mut self, offsets: &mut [u64], target: u64, limit: u64, s: &mut Scratch) -> bool {
+    fn reach(&mut self, offsets: &mut [u64], target: u64, limit: u64, stall: u64, s: &mut Scratch) -> bool {
         let items = self.items;
         self.work += items.len() as u64;
         let mut above: Vec<u32> = (0..items.len() as u32).filter(|&i| self.top(i as usize, offsets) > target).collect();
@@ -300,7 +308,7 @@ impl Search<'_> {
         let mut total: u128 = above.iter().map(|&i| excess(i, offsets)).sum();
         let (mut least, mut since) = (total, 0u64);
         while let Some((&peak, _)) = tops.last_key_value() {
-            if since >= STALL || self.work >= limit {
+            if since >= stall || self.work >= limit {
                 return false;
             }
             let k = self.rng.below(above.len() as u64) as usize;
