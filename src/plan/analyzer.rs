@@ -203,7 +203,7 @@ impl LifetimeAnalyzer {
     /// the lower bound. About O(n log n + p log p) per heuristic, where p is the number of pairs of tensors live
     /// at the same time. When none reaches the bound, a search re-places the tensors that stand above a target
     /// together with their neighbours in time, from the heuristics' plans, and keeps what it finds if lower; its
-    /// work is bounded (about a third of a second on a 2-core machine at most) and its random choices seeded, so
+    /// work is bounded (about half a second on a 2-core machine at most) and its random choices seeded, so
     /// the same lifetimes always get the same plan.
     pub fn compute_reuse_plan(&self) -> ReusePlan {
         let items = self.items();

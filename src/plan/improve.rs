@@ -29,8 +29,8 @@
 use super::solve::Item;
 use std::collections::BTreeMap;
 
-/// Range reads the search may spend, in all: about a third of a second on a 2-core KVM guest.
-const BUDGET: u64 = 30_000_000;
+/// Range reads the search may spend, in all: about half a second on a 2-core KVM guest.
+const BUDGET: u64 = 45_000_000;
 /// Range reads per allocation, below [`BUDGET`]: small plans get a budget in proportion.
 const BUDGET_PER_ALLOCATION: u64 = 40_000;
 /// An attempt aiming lower may spend this fraction of the budget (an attempt that reaches the lower bound ends
