@@ -112,6 +112,7 @@ fn the_search_after_the_heuristics_reaches_the_bound_where_slots_must_alternate(
     eprintln!("plan/lower bound {:.4} ({})", plan.over_lower_bound(), plan.heuristic);
     assert_eq!(plan.lower_bound_bytes, 13 * UNIT);
     assert_eq!(plan.peak_bytes, plan.lower_bound_bytes, "{}", plan.heuristic);
+    assert!(plan.heuristic.searched, "the greedy heuristics alone got there: {}", plan.heuristic);
     assert_eq!(analyzer.compute_reuse_plan(), plan);
 }
 
