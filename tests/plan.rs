@@ -53,29 +53,67 @@ fn every_trace_gets_a_verified_plan_at_or_above_the_lower_bound() {
     }
 }
 
-/// The plans of the training traces stay within 2% of the lower bound; the inference trace with varying
-/// lengths within 5%.
+/// The plans of the model traces stay within 2% of the lower bound.
 ///
-/// bert_infer_varlen's plan is 1.0482 × its lower bound with every heuristic: in its largest request each of the
-/// 12 layers allocates two 180 MB attention-score tensors while three 45 MB activations are live, one of which
-/// lives on into the next layer. Greedy placement gives every layer's score tensors the same two slots, and then
-/// the activation that crosses into the next layer finds no slot below the top: one 45 MB tensor (4.8%) too
-/// many. Reaching the bound needs the slots to alternate from layer to layer, which no greedy order here finds.
+/// bert_infer_varlen is the hard one: in its largest request each of the 12 layers allocates two 180 MB
+/// attention-score tensors while 45 MB activations are live, one of which lives on into the next layer. Every
+/// greedy heuristic gives all layers' score tensors the same two slots, and then the activation that crosses
+/// into the next layer finds no slot below the top: one 45 MB tensor (4.8%) too many. The bound needs the slots
+/// to alternate from layer to layer; the search after the heuristics finds that (the plan is at the bound).
 #[test]
 fn plans_of_model_traces_are_near_the_lower_bound() {
     let mut checked = 0;
     for path in trace_paths() {
         let name = umm::trace::name_of(&path);
-        let bound = match name.as_str() {
-            "gpt2_train" | "resnet50_train" => 1.02,
-            "bert_infer_varlen" => 1.05,
-            _ => continue,
-        };
+        if !matches!(name.as_str(), "gpt2_train" | "resnet50_train" | "bert_infer_varlen") {
+            continue;
+        }
         let plan = LifetimeAnalyzer::from_trace_file(&path).unwrap().compute_reuse_plan();
-        assert!(plan.over_lower_bound() <= bound, "{name}: {} over {}", plan.peak_bytes, plan.lower_bound_bytes);
+        assert!(plan.over_lower_bound() <= 1.02, "{name}: {} over {}", plan.peak_bytes, plan.lower_bound_bytes);
         checked += 1;
     }
     assert!(checked >= 2, "the committed samples gpt2_train and resnet50_train are always there");
+}
+
+/// Layers like bert_infer_varlen's, small: in each, two large tensors (4 units) live together briefly with
+/// two small ones (1 unit), one of which lives on into the next layer, and two more small ones live after the
+/// first large one dies. The bound (10 units) needs the large tensors' slots to alternate from layer to layer,
+/// which greedy placement does not find; the plan reaches it, and the same plan comes every time.
+#[test]
+fn the_search_after_the_heuristics_reaches_the_bound_where_slots_must_alternate() {
+    const UNIT: u64 = 64 << 10;
+    let layers = 12u64;
+    // (first, last, units): layer i starts at step 32 i.
+    let mut lifetimes: Vec<(u64, u64, u64)> = vec![(0, 32 * layers + 40, 3)]; // weights, live throughout
+    for i in 0..layers {
+        let t = 32 * i;
+        lifetimes.extend([
+            (t + 8, t + 10, 4),       // first score tensor
+            (t + 9, t + 20, 4),       // second score tensor
+            (t + 13, t + 32 + 14, 1), // the activation crossing into the next layer
+            (t, t + 21, 1),           // an activation of this layer
+            (t + 11, t + 19, 1),
+            (t + 11, t + 19, 1),
+        ]);
+    }
+    let mut analyzer = LifetimeAnalyzer::new();
+    let end = lifetimes.iter().map(|l| l.1).max().unwrap();
+    for step in 0..=end {
+        let live: Vec<(u64, u64)> = lifetimes
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.0 <= step && step <= l.1)
+            .map(|(id, l)| (id as u64, l.2 * UNIT))
+            .collect();
+        analyzer.record_usage(step, &live).unwrap();
+    }
+    let plan = analyzer.compute_reuse_plan();
+    plan.verify().unwrap();
+    eprintln!("plan/lower bound {:.4} ({})", plan.over_lower_bound(), plan.heuristic);
+    assert_eq!(plan.lower_bound_bytes, 13 * UNIT);
+    assert_eq!(plan.peak_bytes, plan.lower_bound_bytes, "{}", plan.heuristic);
+    assert!(plan.heuristic.searched, "the greedy heuristics alone got there: {}", plan.heuristic);
+    assert_eq!(analyzer.compute_reuse_plan(), plan);
 }
 
 /// Random lifetimes, recorded step by step through `record_usage`.

@@ -9,8 +9,10 @@
 //!   memory).
 //! - [`LifetimeAnalyzer::compute_reuse_plan`] assigns offsets ([`ReusePlan`]): several greedy heuristics from
 //!   the literature (greedy by size and greedy by breadth as in TFLite, the lifetime order of XLA's heap
-//!   simulator; each with best fit and first fit), the smallest plan kept. [`ReusePlan::verify`]
-//!   checks a plan independently of how it was made.
+//!   simulator; each with best fit and first fit), the smallest plan kept; when none reaches the lower bound,
+//!   a bounded, seeded search (ruin and recreate: the tensors that stand above a target are taken off with
+//!   their neighbours in time and placed again) from their plans. [`ReusePlan::verify`] checks a plan
+//!   independently of how it was made.
 //! - [`PlannedArena`] serves a repeating step from one pool block of the plan's size and falls back to the pool
 //!   when the step does something the plan did not foresee.
 //!
@@ -29,6 +31,7 @@
 
 mod analyzer;
 mod arena;
+mod improve;
 mod occupancy;
 mod report;
 mod reuse;

@@ -28,13 +28,17 @@ pub enum Fit {
     First,
 }
 
-/// Which greedy heuristic made a plan.
+/// Which greedy heuristic made a plan, and whether the search after the heuristics lowered it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Heuristic {
     /// The order allocations were placed in.
     pub order: Order,
     /// How each found its gap.
     pub fit: Fit,
+    /// Whether the plan is this heuristic's plan as the search after the heuristics lowered it (re-placing the
+    /// allocations that stand above a target together with their neighbours in time), rather than the greedy
+    /// plan itself.
+    pub searched: bool,
 }
 
 impl fmt::Display for Heuristic {
@@ -48,7 +52,8 @@ impl fmt::Display for Heuristic {
             Fit::Best => "best fit",
             Fit::First => "first fit",
         };
-        write!(f, "{order}, {fit}")
+        let searched = if self.searched { ", then search" } else { "" };
+        write!(f, "{order}, {fit}{searched}")
     }
 }
 

@@ -1,4 +1,5 @@
-//! The offset assignment: greedy heuristics over an interval index on time.
+//! The offset assignment: greedy heuristics over an interval index on time, then, when none reaches the
+//! lower bound, the search of [`improve`] from their plans.
 //!
 //! Every heuristic places allocations one at a time in some order. Placing one means finding the bytes taken,
 //! at some step of its lifetime, by the allocations already placed, and taking a gap between them (or the top).
@@ -7,6 +8,7 @@
 //! allocations meet each one, O(log n) sets of byte runs merged as they are placed, which a good plan keeps
 //! short (packed bytes merge into one run).
 
+use super::improve;
 use super::occupancy::{Index, Occupancy};
 use super::reuse::{Fit, Heuristic, Order};
 
@@ -37,23 +39,27 @@ pub(crate) fn lower_bound(items: &[Item]) -> u64 {
 /// time: breadth and lifetime orders with the other fit, XLA's size × lifetime order, greedy by breadth in
 /// allocation order, and best fit at the top of the gap.
 const HEURISTICS: [Heuristic; 4] = [
-    Heuristic { order: Order::Size, fit: Fit::Best },
-    Heuristic { order: Order::Size, fit: Fit::First },
-    Heuristic { order: Order::Breadth, fit: Fit::Best },
-    Heuristic { order: Order::Duration, fit: Fit::First },
+    Heuristic { order: Order::Size, fit: Fit::Best, searched: false },
+    Heuristic { order: Order::Size, fit: Fit::First, searched: false },
+    Heuristic { order: Order::Breadth, fit: Fit::Best, searched: false },
+    Heuristic { order: Order::Duration, fit: Fit::First, searched: false },
 ];
 
 /// Runs every heuristic and keeps the smallest plan; among equal peaks the earlier in [`HEURISTICS`] wins.
 /// Heuristics run on as many threads as the machine offers (they share nothing but the input), in rounds, and
 /// the search stops after a round in which a plan reaches the lower bound: the result is the first heuristic
 /// (in order) to reach it, or the smallest of all, whatever the number of threads or their timing.
+///
+/// When no heuristic reaches the lower bound, the search of [`improve`] starts from their plans (the one in
+/// lifetime order first) and keeps its plan if it is lower. It runs on one thread, with a fixed seed and a
+/// budget counted in work rather than time, so its plan too is the same whatever the machine.
 pub(crate) fn solve(items: &[Item]) -> Solution {
     let timeline = Timeline::new(items);
     let lower_bound = timeline.live.iter().copied().max().unwrap_or(0);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, HEURISTICS.len());
-    let mut best: Option<Solution> = None;
+    let mut plans: Vec<(Heuristic, Vec<u64>, u64)> = Vec::with_capacity(HEURISTICS.len());
     for round in HEURISTICS.chunks(threads) {
-        let plans: Vec<(Vec<u64>, u64)> = std::thread::scope(|scope| {
+        let placed: Vec<(Vec<u64>, u64)> = std::thread::scope(|scope| {
             let workers: Vec<_> = round
                 .iter()
                 .map(|h| {
@@ -63,16 +69,31 @@ pub(crate) fn solve(items: &[Item]) -> Solution {
                 .collect();
             workers.into_iter().map(|w| w.join().expect("a planning thread panicked")).collect()
         });
-        for (&heuristic, (offsets, peak)) in round.iter().zip(plans) {
-            if best.as_ref().is_none_or(|b| peak < b.peak) {
-                best = Some(Solution { offsets, peak, lower_bound, heuristic });
-            }
-        }
-        if best.as_ref().is_some_and(|b| b.peak == lower_bound) {
+        plans.extend(round.iter().zip(placed).map(|(&heuristic, (offsets, peak))| (heuristic, offsets, peak)));
+        if plans.iter().any(|p| p.2 == lower_bound) {
             break;
         }
     }
-    best.expect("at least one heuristic ran")
+    // The first of the lowest.
+    let best = (1..plans.len()).fold(0, |best, k| if plans[k].2 < plans[best].2 { k } else { best });
+    if plans[best].2 > lower_bound {
+        // Every heuristic ran. The plan in lifetime order first, then the others in their order.
+        let first = plans.iter().position(|p| p.0.order == Order::Duration).unwrap_or(0);
+        let order: Vec<usize> = std::iter::once(first).chain((0..plans.len()).filter(|&k| k != first)).collect();
+        let starts: Vec<(Vec<u64>, u64)> =
+            order.iter().map(|&k| (std::mem::take(&mut plans[k].1), plans[k].2)).collect();
+        let found = improve::improve(items, timeline.coords.len(), &timeline.spans, &starts, lower_bound);
+        if let Some((offsets, peak, start)) = found {
+            let heuristic = Heuristic { searched: true, ..plans[order[start]].0 };
+            return Solution { offsets, peak, lower_bound, heuristic };
+        }
+        let mut starts = starts;
+        let k = order.iter().position(|&k| k == best).expect("every plan is a start");
+        let (heuristic, peak) = (plans[best].0, plans[best].2);
+        return Solution { offsets: std::mem::take(&mut starts[k].0), peak, lower_bound, heuristic };
+    }
+    let (heuristic, offsets, peak) = plans.swap_remove(best);
+    Solution { offsets, peak, lower_bound, heuristic }
 }
 
 /// Lifetimes on compressed time: the distinct steps at which any lifetime starts or ends, each allocation's
