@@ -5,7 +5,9 @@
 //!
 //! On CUDA the compute is a kernel compiled with NVRTC that sums the batch and then spins for C ms; the upload
 //! of a batch (staging into pinned memory and the copy) takes U ms. The table gives each loop's time per step
-//! and its ratio to max(C, U) (the target for the overlapped loops is at most 1.10), and the pinned host-to-device
+//! and its ratio to max(C, U) (the target for the overlapped loops is at most 1.10 per step once the pipeline is
+//! full; the whole loop's figure, first upload included, is shown beside it; C and U are measured again after
+//! the loops, so that a change of clocks during the run shows), and the pinned host-to-device
 //! bandwidth through umm against a raw `cuMemcpyHtoDAsync` from pinned memory in the same run (target: at least
 //! 95%). Without CUDA (or NVRTC) it says so and goes on to the other devices.
 //!
@@ -25,6 +27,9 @@ use umm::{Api, DeviceSelector, UniversalMemoryManager};
 
 /// Distinct host batches the loops cycle through.
 const DISTINCT: usize = 3;
+/// Steps it takes an overlapped loop to fill its pipeline (the Prefetcher's lookahead of 2, plus one): the steady
+/// state is timed from this step on.
+const FILL: usize = 3;
 
 struct Args {
     steps: usize,
@@ -336,7 +341,7 @@ extern "C" __global__ void consume(const unsigned int* x, unsigned long long n, 
             consume: ctx.load_module(cudarc::nvrtc::compile_ptx(KERNEL)?)?.load_function("consume")?,
             blocks: sms * 4,
         };
-        let steps = if args.steps == 0 { 40 } else { args.steps };
+        let steps = if args.steps == 0 { 40 } else { args.steps.max(FILL + 1) };
         let elems = args.batch_mib.unwrap_or(128) << 18;
         let bytes = (elems * 4) as u64;
         let (batches, sums) = host_batches(elems);
@@ -347,6 +352,7 @@ extern "C" __global__ void consume(const unsigned int* x, unsigned long long n, 
             AllocOptions::new().placement(Placement::DeviceLocal).device(on_cuda),
         )?;
         let mut db = mm.double_buffer::<u32>(elems, options.clone())?;
+        let options_after = options.clone();
 
         // U: one batch's upload through the double buffer (staging and copy), waited for.
         for b in batches.iter().take(2) {
@@ -412,12 +418,17 @@ extern "C" __global__ void consume(const unsigned int* x, unsigned long long n, 
         let serial = t.elapsed() / steps as u32;
         check("serial", &out)?;
 
-        // DoubleBuffer: batch step + 1 uploads on the copy stream while the kernel of step runs.
+        // DoubleBuffer: batch step + 1 uploads on the copy stream while the kernel of step runs. The steady state
+        // is timed from step FILL on, once the pipeline is full (the first upload has nothing to overlap with).
         out.fill(0)?;
         let t = Instant::now();
+        let mut steady_from = t;
         db.prefetch_next(&batches[0])?;
         db.swap();
         for step in 0..steps {
+            if step == FILL {
+                steady_from = Instant::now();
+            }
             if step + 1 < steps {
                 db.prefetch_next(&batches[(step + 1) % DISTINCT])?;
             }
@@ -432,21 +443,39 @@ extern "C" __global__ void consume(const unsigned int* x, unsigned long long n, 
         }
         gpu.compute.synchronize()?;
         let double = t.elapsed() / steps as u32;
+        let double_steady = steady_from.elapsed() / (steps - FILL) as u32;
         check("double buffer", &out)?;
         drop(db);
 
         // Prefetcher: two workers keep two batches resident ahead of the kernels.
         out.fill(0)?;
         let t = Instant::now();
+        let mut steady_from = t;
         let shared = batches.clone();
         let source = (0..steps).map(move |i| Shared(Arc::clone(&shared[i % DISTINCT])));
         for (step, batch) in mm.prefetcher(2, 2).options(options).wrap(source)?.enumerate() {
+            if step == FILL {
+                steady_from = Instant::now();
+            }
             let batch = batch?;
             gpu.launch(batch.cuda_view(&gpu.compute)?.device_address(), batch.len(), cycles, out_addr(&out, step)?)?;
         }
         gpu.compute.synchronize()?;
         let prefetched = t.elapsed() / steps as u32;
+        let prefetched_steady = steady_from.elapsed() / (steps - FILL) as u32;
         check("prefetcher", &out)?;
+        // C and U once more after the loops: a GPU whose clocks moved meanwhile shows here.
+        let compute_after = Duration::from_secs_f64(gpu.time_kernel(front_addr, front_len, cycles, scratch, 8)? / 1e3);
+        let mut db = mm.double_buffer::<u32>(elems, options_after)?;
+        db.prefetch_next(&batches[0])?;
+        db.synchronize()?;
+        let t = Instant::now();
+        for i in 0..reps {
+            db.prefetch_next(&batches[i % DISTINCT])?;
+            db.synchronize()?;
+        }
+        let upload_after = t.elapsed() / reps as u32;
+        drop(db);
 
         // Pinned host-to-device bandwidth: umm (a pinned buffer written into a device buffer) against the raw
         // driver call from pinned memory, same bytes, same run.
@@ -498,8 +527,12 @@ extern "C" __global__ void consume(const unsigned int* x, unsigned long long n, 
                 Row { what: "kernel alone (C)".into(), per_step: compute, ratio: Some(ratio(compute)) },
                 Row { what: "upload alone (U)".into(), per_step: upload, ratio: Some(ratio(upload)) },
                 Row { what: "serial (no overlap, ~C+U)".into(), per_step: serial, ratio: Some(ratio(serial)) },
-                Row { what: "DoubleBuffer".into(), per_step: double, ratio: Some(ratio(double)) },
-                Row { what: "Prefetcher (lookahead 2, 2 workers)".into(), per_step: prefetched, ratio: Some(ratio(prefetched)) },
+                Row { what: "DoubleBuffer, whole loop".into(), per_step: double, ratio: Some(ratio(double)) },
+                Row { what: format!("DoubleBuffer, steps {FILL}.."), per_step: double_steady, ratio: Some(ratio(double_steady)) },
+                Row { what: "Prefetcher (lookahead 2, 2 workers), whole loop".into(), per_step: prefetched, ratio: Some(ratio(prefetched)) },
+                Row { what: format!("Prefetcher, steps {FILL}.."), per_step: prefetched_steady, ratio: Some(ratio(prefetched_steady)) },
+                Row { what: "kernel alone, after the loops".into(), per_step: compute_after, ratio: Some(ratio(compute_after)) },
+                Row { what: "upload alone, after the loops".into(), per_step: upload_after, ratio: Some(ratio(upload_after)) },
             ],
         );
         let share = umm_gbs / raw_gbs;
@@ -512,10 +545,15 @@ extern "C" __global__ void consume(const unsigned int* x, unsigned long long n, 
         println!("    raw cuMemcpyHtoDAsync from pinned       {raw_gbs:>8.2} GB/s");
         println!("    umm / raw                               {:>8.1} %", share * 100.0);
         let mut missed = false;
-        for (what, r) in [("DoubleBuffer", ratio(double)), ("Prefetcher", ratio(prefetched))] {
+        // Judged per step once the pipeline is full; the whole loop's figure adds the first upload, which
+        // nothing can overlap, spread over the steps.
+        for (what, r) in [("DoubleBuffer", ratio(double_steady)), ("Prefetcher", ratio(prefetched_steady))] {
             let ok = r <= 1.10;
             missed |= !ok;
-            println!("  target {what} <= 1.10 x max(C, U): {r:.3} {}", if ok { "met" } else { "MISSED" });
+            println!(
+                "  target {what} <= 1.10 x max(C, U) per step (steps {FILL}..): {r:.3} {}",
+                if ok { "met" } else { "MISSED" }
+            );
         }
         let ok = share >= 0.95;
         missed |= !ok;
