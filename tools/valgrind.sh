@@ -10,9 +10,10 @@
 # --errors-for-leak-kinds=definite` with tools/valgrind.supp:
 # - backends: umm-backends' unit tests without GPU features (engine, pools, thread caches, locks, host and sim
 #   backends);
-# - faults:   backends/tests/faults.rs, the sampled fault sweep and the conformance workloads on host and sim;
+# - faults:   backends/tests/faults.rs, the sampled fault sweep and the conformance workloads on host and sim,
+#   and backends/tests/teardown.rs (pools dropped with live, cached and lent blocks and mapped pages);
 # - facade:   the root crate's tests that run on the host with `UMM_BACKENDS=none` (facade, concurrency, trace,
-#   plan, overlap), built without the GPU APIs;
+#   plan, overlap, migration, teardown), built without the GPU APIs;
 # - capi:     capi/tests/*.rs (abi, fuzz, c_header) with no GPU (every call takes its "no pool" path);
 # - c-abi:    capi/tests/abi_test.c compiled against libumm_capi.so and run directly under valgrind (c_header.rs
 #   runs it as a child process, which valgrind does not follow).
@@ -83,14 +84,14 @@ for suite in "${SUITES[@]}"; do
       done
       ;;
     faults)
-      for bin in $(test_binaries -p umm-backends --test faults); do
-        run faults "$bin"
+      for bin in $(test_binaries -p umm-backends --test faults --test teardown); do
+        run "$(basename "$bin" | sed 's/-[0-9a-f]*$//')" "$bin"
       done
       ;;
     facade)
       # Without the GPU APIs compiled in (`UMM_BACKENDS=none` would not probe them anyway): a far shorter build.
       for bin in $(test_binaries -p umm --no-default-features --features cli --test facade --test concurrency \
-        --test trace --test plan --test overlap); do
+        --test trace --test plan --test overlap --test migration --test teardown); do
         run "facade-$(basename "$bin" | sed 's/-[0-9a-f]*$//')" "$bin"
       done
       ;;

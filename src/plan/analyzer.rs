@@ -1,6 +1,6 @@
 //! Collecting lifetimes: from steps of tensor usage or from a trace.
 
-use super::{round_up, solve, PlanError, PlannedAllocation, ReusePlan, DEFAULT_ALIGNMENT};
+use super::{item, round_up, solve, PlanError, PlannedAllocation, ReusePlan, DEFAULT_ALIGNMENT};
 use crate::trace::{Op, Trace};
 use std::collections::HashMap;
 use std::path::Path;
@@ -191,10 +191,10 @@ impl LifetimeAnalyzer {
         self.total_bytes() - self.lower_bound_bytes()
     }
 
-    fn items(&self) -> Vec<solve::Item> {
+    fn items(&self) -> Vec<item::Item> {
         self.lifetimes
             .iter()
-            .map(|l| solve::Item { first: l.first, last: l.last, size: self.aligned(l.bytes) })
+            .map(|l| item::Item { first: l.first, last: l.last, size: self.aligned(l.bytes) })
             .collect()
     }
 

@@ -26,7 +26,7 @@
 //! The work is bounded by a count of the placements' range reads ([`BUDGET`]), not by time, and the random
 //! choices come from a fixed seed: the plan is the same on every machine, however loaded.
 
-use super::solve::Item;
+use super::item::Item;
 use std::collections::BTreeMap;
 
 /// Range reads the search may spend, in all: about half a second on a 2-core KVM guest.

@@ -32,6 +32,7 @@
 mod analyzer;
 mod arena;
 mod improve;
+mod item;
 mod occupancy;
 mod report;
 mod reuse;

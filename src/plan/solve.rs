@@ -9,16 +9,9 @@
 //! short (packed bytes merge into one run).
 
 use super::improve;
+use super::item::Item;
 use super::occupancy::{Index, Occupancy};
 use super::reuse::{Fit, Heuristic, Order};
-
-/// One allocation to place: lifetime (steps, both included) and aligned size.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Item {
-    pub first: u64,
-    pub last: u64,
-    pub size: u64,
-}
 
 /// The best plan found.
 pub(crate) struct Solution {

@@ -261,7 +261,7 @@ impl<S: Send + 'static> DrainOnExit for Shared<S> {
     fn drain_slot(&self, slot: u32) {
         let Some(slot) = self.slots.get(slot as usize & (self.slots.len().max(1) - 1)) else { return };
         let mut cache = slot.lock();
-        self.state.lock().absorb(slot, &mut cache);
+        slot.empty_into(&mut cache, &mut self.state.lock());
     }
 }
 

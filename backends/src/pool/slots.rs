@@ -42,6 +42,14 @@ impl Slot {
         cache.fold_into(stats);
         self.dirty.store(false, Ordering::Relaxed);
     }
+
+    /// Takes everything the locked `cache` of this slot holds into `state`: its statistics, folded, and its free
+    /// blocks.
+    pub(super) fn empty_into<S>(&self, cache: &mut ThreadCache, state: &mut State<S>) {
+        self.fold(cache, &mut state.stats);
+        cache.drain(|r| state.take_back(r, false));
+        state.update_split();
+    }
 }
 
 impl<B: Backend> Pool<B> {
@@ -115,7 +123,7 @@ impl<B: Backend> Pool<B> {
                 slot.large.store(false, Ordering::Relaxed);
             }
             if !cache.is_idle() {
-                self.state().lock().absorb(slot, &mut cache);
+                slot.empty_into(&mut cache, &mut self.state().lock());
             }
         }
     }

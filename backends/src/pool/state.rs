@@ -9,9 +9,8 @@
 //! bytes, are changed through [`State::virtual_engine`] and never count as empty.
 
 use super::quick::QuickCache;
-use super::slots::Slot;
 use super::streams::StreamArenas;
-use super::thread_cache::{Returned, ThreadCache};
+use super::thread_cache::Returned;
 use crate::engine::{Allocation, BlockId, Engine, Freed, SegmentId};
 use crate::{BlockHandle, PoolStats, StreamId};
 
@@ -210,13 +209,6 @@ impl<S> State<S> {
             }),
             None => a.engine.allocate(size),
         }
-    }
-
-    /// Takes everything `slot`'s cache holds: its statistics, folded, and its free blocks.
-    pub(super) fn absorb(&mut self, slot: &Slot, cache: &mut ThreadCache) {
-        slot.fold(cache, &mut self.stats);
-        cache.drain(|r| self.take_back(r, false));
-        self.update_split();
     }
 
     /// Takes a free block back from a thread cache: into the arena's quick cache if it has room and

@@ -67,7 +67,7 @@ impl<B: Backend> Pool<B> {
         // waiting for it here, under the pool's lock, would break the lock order.
         for slot in self.shared.slots.iter() {
             if let Some(mut cache) = slot.cache.try_lock() {
-                state.absorb(slot, &mut cache);
+                slot.empty_into(&mut cache, state);
             }
         }
         for arena in 0..state.arenas.len() {
