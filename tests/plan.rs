@@ -38,7 +38,7 @@ fn every_trace_gets_a_verified_plan_at_or_above_the_lower_bound() {
     assert!(samples >= 2, "the committed samples must be found: {paths:?}");
     for path in &paths {
         let trace = Trace::load(path).unwrap();
-        let analyzer = LifetimeAnalyzer::from_trace(&trace);
+        let analyzer = LifetimeAnalyzer::from_trace(&trace).unwrap();
         assert_eq!(analyzer.len() as u64, trace.allocs);
         let plan = analyzer.compute_reuse_plan();
         plan.verify().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -228,6 +228,10 @@ fn bad_records_are_errors_that_change_nothing() {
     assert!(matches!(err, PlanError::ZeroSize { id: 9, step: 7 }), "{err}");
     let err = analyzer.record_usage(7, &[(9, u64::MAX)]).unwrap_err();
     assert!(matches!(err, PlanError::TooLarge { id: 9, .. }), "{err}");
+    // Sizes that each align but add up past 2^64 bytes: no plan could address them.
+    let err = analyzer.record_usage(7, &[(9, 1 << 63), (10, 1 << 63)]).unwrap_err();
+    assert!(matches!(err, PlanError::TotalTooLarge { id: 10, .. }), "{err}");
+    assert!(err.to_string().contains("2^64"), "{err}");
 
     // None of the failed calls recorded anything: steps, tensors and lifetimes are as after the first call.
     assert_eq!(analyzer.len(), 2);
@@ -236,6 +240,20 @@ fn bad_records_are_errors_that_change_nothing() {
 
     assert!(matches!(LifetimeAnalyzer::with_alignment(384), Err(PlanError::InvalidAlignment { alignment: 384 })));
     assert!(matches!(LifetimeAnalyzer::with_alignment(0), Err(PlanError::InvalidAlignment { alignment: 0 })));
+}
+
+/// A trace whose allocations, rounded to a huge alignment, add up past 2^64 bytes (found by fuzzing `umm plan
+/// --alignment 9223372036854775808`, which made a planning thread overflow) is refused with the reason; at the
+/// default alignment the same trace plans.
+#[test]
+fn a_trace_whose_aligned_sizes_pass_2_64_bytes_is_refused() {
+    let trace =
+        Trace::parse_str("huge", "huge.trace", "# umm-trace v1\na 1 4096 0\na 2 3000000 1\nf 1\na 3 100 0\nf 2\n")
+            .unwrap();
+    let err = LifetimeAnalyzer::from_trace_with_alignment(&trace, 1 << 63).unwrap_err();
+    assert!(matches!(err, PlanError::TotalTooLarge { id: 1, alignment } if alignment == 1 << 63), "{err}");
+    let plan = LifetimeAnalyzer::from_trace(&trace).unwrap().compute_reuse_plan();
+    plan.verify().unwrap();
 }
 
 #[test]
@@ -348,7 +366,7 @@ fn the_arena_serves_repeated_steps_of_real_traces_from_the_plan_without_overlap(
     for name in ["gpt2_train", "resnet50_train"] {
         // Sizes / 1024 keep the patterns written and checked small; the lifetimes are the trace's.
         let trace = scaled(&Trace::load(root.join(format!("examples/traces/{name}.trace.gz"))).unwrap(), 1024);
-        let plan = LifetimeAnalyzer::from_trace(&trace).compute_reuse_plan();
+        let plan = LifetimeAnalyzer::from_trace(&trace).unwrap().compute_reuse_plan();
         let pool = host_pool(1 << 30);
         let mut arena = PlannedArena::new(&plan, Arc::clone(&pool), StreamId(0)).unwrap();
         run_steps(&mut arena, &trace, 3);
@@ -366,7 +384,7 @@ fn the_arena_serves_repeated_steps_of_real_traces_from_the_plan_without_overlap(
 fn on_a_simulated_device_the_arena_reserves_the_plan_and_not_the_trace_churn() {
     let trace =
         Trace::load(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/traces/resnet50_train.trace.gz")).unwrap();
-    let plan = LifetimeAnalyzer::from_trace(&trace).compute_reuse_plan();
+    let plan = LifetimeAnalyzer::from_trace(&trace).unwrap().compute_reuse_plan();
     let pool: Arc<dyn MemoryPool> =
         Arc::new(Pool::new(SimBackend::new("sim", 80 << 30), PoolConfig::default()).unwrap());
     let mut arena = PlannedArena::new(&plan, Arc::clone(&pool), StreamId(0)).unwrap();
@@ -510,7 +528,7 @@ fn umm_plan_json_has_exactly_the_documented_fields() {
         );
         assert_eq!(object["trace"], name);
         let trace = Trace::load(sample(&format!("{name}.trace.gz"))).unwrap();
-        let plan = LifetimeAnalyzer::from_trace(&trace).compute_reuse_plan();
+        let plan = LifetimeAnalyzer::from_trace(&trace).unwrap().compute_reuse_plan();
         assert_eq!(object["plan_peak_bytes"], plan.peak_bytes);
         assert_eq!(object["lower_bound_bytes"], plan.lower_bound_bytes);
         let ratio = object["plan_over_lower_bound"].as_f64().unwrap();

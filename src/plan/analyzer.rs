@@ -34,6 +34,9 @@ pub struct LifetimeAnalyzer {
     /// Tensor id → index in `lifetimes`.
     index: HashMap<u64, usize>,
     last_step: Option<u64>,
+    /// The sum of the aligned sizes, kept within `u64`: every plan's peak is at most this sum (each tensor is
+    /// placed in a gap or on top of what it meets), so no figure of the planner can overflow.
+    total: u64,
 }
 
 impl Default for LifetimeAnalyzer {
@@ -45,7 +48,7 @@ impl Default for LifetimeAnalyzer {
 impl LifetimeAnalyzer {
     /// An empty analyzer with [`DEFAULT_ALIGNMENT`].
     pub fn new() -> Self {
-        Self { alignment: DEFAULT_ALIGNMENT, lifetimes: Vec::new(), index: HashMap::new(), last_step: None }
+        Self { alignment: DEFAULT_ALIGNMENT, lifetimes: Vec::new(), index: HashMap::new(), last_step: None, total: 0 }
     }
 
     /// An empty analyzer that rounds sizes and offsets to `alignment` (a power of two; use a multiple of the
@@ -69,13 +72,15 @@ impl LifetimeAnalyzer {
     /// Errors, leaving the analyzer as it was: a step before the latest one recorded
     /// ([`PlanError::StepBackwards`]), a tensor recorded with a size other than its first one
     /// ([`PlanError::SizeMismatch`], also within one call), a zero size ([`PlanError::ZeroSize`]), a size that
-    /// overflows when aligned ([`PlanError::TooLarge`]).
+    /// overflows when aligned ([`PlanError::TooLarge`]), aligned sizes that add up past `u64::MAX`
+    /// ([`PlanError::TotalTooLarge`]).
     pub fn record_usage(&mut self, step: u64, tensors: &[(u64, u64)]) -> Result<(), PlanError> {
         if let Some(previous) = self.last_step.filter(|&previous| step < previous) {
             return Err(PlanError::StepBackwards { step, previous });
         }
         // Check everything first so an error changes nothing.
         let mut new: HashMap<u64, u64> = HashMap::new();
+        let mut total = self.total;
         for &(id, bytes) in tensors {
             self.check_size(id, bytes, step)?;
             let known = self.index.get(&id).map(|&i| self.lifetimes[i].bytes).or_else(|| new.get(&id).copied());
@@ -86,9 +91,13 @@ impl LifetimeAnalyzer {
                 Some(_) => {}
                 None => {
                     new.insert(id, bytes);
+                    total = total
+                        .checked_add(self.aligned(bytes))
+                        .ok_or(PlanError::TotalTooLarge { id, alignment: self.alignment })?;
                 }
             }
         }
+        self.total = total;
         for &(id, bytes) in tensors {
             match self.index.get(&id) {
                 Some(&i) => self.lifetimes[i].last = step,
@@ -113,16 +122,19 @@ impl LifetimeAnalyzer {
     /// The lifetimes of a trace, with [`DEFAULT_ALIGNMENT`]: allocation `n` (counting from 0 in trace order)
     /// gets id `n` and lives from its allocation op's index to its free op's index (the op count when it is
     /// never freed). O(ops).
-    pub fn from_trace(trace: &Trace) -> Self {
+    ///
+    /// Errors when an allocation's size overflows when aligned ([`PlanError::TooLarge`]) or the aligned sizes add
+    /// up past `u64::MAX` ([`PlanError::TotalTooLarge`]).
+    pub fn from_trace(trace: &Trace) -> Result<Self, PlanError> {
         let mut analyzer = Self::new();
-        analyzer.add_trace(trace);
-        analyzer
+        analyzer.add_trace(trace)?;
+        Ok(analyzer)
     }
 
     /// [`from_trace`](Self::from_trace) with another alignment.
     pub fn from_trace_with_alignment(trace: &Trace, alignment: u64) -> Result<Self, PlanError> {
         let mut analyzer = Self::with_alignment(alignment)?;
-        analyzer.add_trace(trace);
+        analyzer.add_trace(trace)?;
         Ok(analyzer)
     }
 
@@ -130,10 +142,10 @@ impl LifetimeAnalyzer {
     /// [`crate::Builder::record_trace`]) and takes its lifetimes as [`from_trace`](Self::from_trace) does.
     /// Errors name the file and, for malformed content, the line.
     pub fn from_trace_file(path: impl AsRef<Path>) -> Result<Self, PlanError> {
-        Ok(Self::from_trace(&Trace::load(path)?))
+        Self::from_trace(&Trace::load(path)?)
     }
 
-    fn add_trace(&mut self, trace: &Trace) {
+    fn add_trace(&mut self, trace: &Trace) -> Result<(), PlanError> {
         let end = trace.ops.len() as u64;
         // Slot → index in `lifetimes` of the allocation live in it.
         let mut live: Vec<usize> = vec![usize::MAX; trace.slots as usize];
@@ -144,15 +156,23 @@ impl LifetimeAnalyzer {
                     let id = self.lifetimes.len() as u64;
                     live[slot as usize] = self.lifetimes.len();
                     self.index.insert(id, self.lifetimes.len());
-                    // The reader refuses zero sizes; a size within the alignment of `u64::MAX` is no real
-                    // allocation, so it is clamped rather than made an error this function would have to return.
-                    let bytes = bytes.min(u64::MAX - (self.alignment - 1));
+                    // The reader refuses zero sizes; the aligned size and the running total must fit.
+                    let size = round_up(bytes, self.alignment).ok_or(PlanError::TooLarge {
+                        id,
+                        bytes,
+                        alignment: self.alignment,
+                    })?;
+                    self.total = self
+                        .total
+                        .checked_add(size)
+                        .ok_or(PlanError::TotalTooLarge { id, alignment: self.alignment })?;
                     self.lifetimes.push(Lifetime { id, bytes, first: step as u64, last: end });
                 }
                 Op::Free { slot } => self.lifetimes[live[slot as usize]].last = step as u64,
             }
         }
         self.last_step = Some(end);
+        Ok(())
     }
 
     /// The lifetimes, in the order tensors were first recorded.

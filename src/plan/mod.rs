@@ -92,6 +92,18 @@ pub enum PlanError {
         /// The alignment.
         alignment: u64,
     },
+    /// Tensors whose sizes, rounded up to the alignment, add up to more than `u64::MAX` bytes: no plan could
+    /// give each its own offset in one addressable range, and the planner's figures would overflow.
+    #[error(
+        "the tensors' sizes, rounded up to the alignment of {alignment} bytes, add up to more than 2^64 bytes \
+         (at tensor {id}): no plan can address them"
+    )]
+    TotalTooLarge {
+        /// The tensor whose size passed the total.
+        id: u64,
+        /// The alignment.
+        alignment: u64,
+    },
     /// An alignment that is not a power of two.
     #[error("alignment {alignment} is not a power of two")]
     InvalidAlignment {
