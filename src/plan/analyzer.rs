@@ -197,7 +197,7 @@ impl LifetimeAnalyzer {
 
     /// Bytes every tensor would take with no reuse at all: the sum of aligned sizes.
     pub fn total_bytes(&self) -> u64 {
-        self.lifetimes.iter().map(|l| self.aligned(l.bytes)).fold(0, u64::saturating_add)
+        self.total
     }
 
     /// The most aligned bytes live at any one step: no plan can be smaller. O(n log n).

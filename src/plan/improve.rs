@@ -142,7 +142,7 @@ impl Meets {
 
 /// Where a move puts an allocation among the gaps of `ranges` (sorted by start; they may overlap).
 #[derive(Clone, Copy)]
-struct Fit {
+struct GapChoice {
     /// The smallest gap that holds it below the target, else the lowest.
     best: bool,
     /// At the top of the gap rather than its bottom.
@@ -151,7 +151,7 @@ struct Fit {
 
 /// An offset for `size` bytes below `target` as `fit` says; where no gap below the target holds it, the lowest
 /// gap that does (above the target), else the end of the highest range.
-fn choose(ranges: &[(u64, u64)], size: u64, fit: Fit, target: u64) -> u64 {
+fn choose_below(ranges: &[(u64, u64)], size: u64, fit: GapChoice, target: u64) -> u64 {
     let at = |start: u64, end: u64| if fit.top { end - size } else { start };
     let mut reach = 0u64; // the end of the ranges seen so far: everything below is taken
     let mut best: Option<(u64, u64, u64)> = None; // (gap below the target, start, end)
@@ -433,7 +433,7 @@ impl Search<'_> {
             }
         }
         let choice = self.rng.below(4);
-        let fit = Fit { best: choice & 1 == 0, top: choice & 2 != 0 };
+        let fit = GapChoice { best: choice & 1 == 0, top: choice & 2 != 0 };
         s.old.clear();
         s.old.extend(s.moved.iter().map(|&i| offsets[i as usize]));
         for j in 0..s.moved.len() {
@@ -458,7 +458,7 @@ impl Search<'_> {
                     y += 1;
                 }
             }
-            offsets[i] = choose(&s.runs, items[i].size, fit, target);
+            offsets[i] = choose_below(&s.runs, items[i].size, fit, target);
         }
     }
 }
@@ -470,19 +470,19 @@ mod tests {
     #[test]
     fn placements_stay_below_the_target_where_a_gap_holds_them() {
         let ranges = [(0, 512), (2048, 2560), (3072, 4096)];
-        let (best, first) = (Fit { best: true, top: false }, Fit { best: false, top: false });
-        let (best_top, first_top) = (Fit { best: true, top: true }, Fit { best: false, top: true });
+        let (best, first) = (GapChoice { best: true, top: false }, GapChoice { best: false, top: false });
+        let (best_top, first_top) = (GapChoice { best: true, top: true }, GapChoice { best: false, top: true });
         // Gaps below 8192: [512, 2048), [2560, 3072), [4096, 8192).
-        assert_eq!(choose(&ranges, 512, best, 8192), 2560);
-        assert_eq!(choose(&ranges, 512, first, 8192), 512);
-        assert_eq!(choose(&ranges, 512, first_top, 8192), 1536);
-        assert_eq!(choose(&ranges, 1024, best_top, 8192), 1024);
-        assert_eq!(choose(&ranges, 2048, best, 8192), 4096);
-        assert_eq!(choose(&ranges, 2048, best_top, 8192), 6144);
+        assert_eq!(choose_below(&ranges, 512, best, 8192), 2560);
+        assert_eq!(choose_below(&ranges, 512, first, 8192), 512);
+        assert_eq!(choose_below(&ranges, 512, first_top, 8192), 1536);
+        assert_eq!(choose_below(&ranges, 1024, best_top, 8192), 1024);
+        assert_eq!(choose_below(&ranges, 2048, best, 8192), 4096);
+        assert_eq!(choose_below(&ranges, 2048, best_top, 8192), 6144);
         // Nothing below the target holds it: the lowest gap that does, else the top.
-        assert_eq!(choose(&ranges, 1024, best, 1024), 512);
-        assert_eq!(choose(&ranges, 2048, best, 4096), 4096);
-        assert_eq!(choose(&[(0, 2048), (512, 1024)], 512, first, 1024), 2048);
+        assert_eq!(choose_below(&ranges, 1024, best, 1024), 512);
+        assert_eq!(choose_below(&ranges, 2048, best, 4096), 4096);
+        assert_eq!(choose_below(&[(0, 2048), (512, 1024)], 512, first, 1024), 2048);
     }
 
     #[test]

@@ -191,25 +191,26 @@ impl<B: Backend> Pool<B> {
                     Ok(block) => blocks.push(block),
                     Err(e) => {
                         drop(state);
-                        for block in &blocks {
-                            let _ = self.free(block);
-                        }
+                        self.free_all(&blocks);
                         return Err(e);
                     }
                 }
             }
         }
         if self.config.zero_on_alloc {
-            for block in &blocks {
-                if let Err(e) = self.fill(block, 0, block.size, 0) {
-                    for block in &blocks {
-                        let _ = self.free(block);
-                    }
-                    return Err(e);
-                }
+            if let Err(e) = blocks.iter().try_for_each(|block| self.fill(block, 0, block.size, 0)) {
+                self.free_all(&blocks);
+                return Err(e);
             }
         }
         Ok(blocks)
+    }
+
+    /// Gives back every block of a batch that could not be completed.
+    fn free_all(&self, blocks: &[BlockHandle]) {
+        for block in blocks {
+            let _ = self.free(block);
+        }
     }
 
     /// The allocation itself, with the lock held: validate, pick the arena, take a cached block (inline: the

@@ -2,8 +2,10 @@
 //! the byte counts the statistics are read from.
 //!
 //! The engines are private to this module: every change to a plain arena's free index goes through a `State`
-//! method here, and each passes the engine's report of a segment turning empty ([`Freed::segment_now_empty`]) or
-//! ceasing to be ([`Allocation::segment_was_empty`]), or of one added or removed, to [`State::note_emptiness`],
+//! method here (`take_cached`, `allocate_from_engine`, `allocate_in`, `free_block`, `drain_quick`,
+//! `add_segment`, `remove_segment`), and each passes the engine's report of a segment turning empty
+//! ([`Freed::segment_now_empty`]) or ceasing to be ([`Allocation::segment_was_empty`]), or of one added or
+//! removed, to [`State::note_emptiness`],
 //! the only code that moves `empty_plain_bytes`. The bytes it counts are the engine's own segment sizes, so the
 //! figure cannot drift from what the engines hold. Virtual arenas, whose free pages are counted as mapped
 //! bytes, are changed through [`State::virtual_engine`] and never count as empty.
@@ -172,15 +174,28 @@ impl<S> State<S> {
         Some(freed)
     }
 
-    /// A block of `size` bytes from the arena's engine alone (quick blocks aside); its emptiness is counted by
-    /// [`State::record_alloc`], as for every block handed out.
+    /// A block of `size` bytes from the arena's engine alone (quick blocks aside), its segment no longer
+    /// counted empty.
     pub(super) fn allocate_from_engine(&mut self, arena: usize, size: u64) -> Option<Allocation> {
-        self.arenas[arena].engine.allocate(size)
+        let alloc = self.arenas[arena].engine.allocate(size);
+        self.counted(arena, alloc)
     }
 
-    /// A block of `size` bytes carved from `segment` (one just added).
+    /// A block of `size` bytes carved from `segment` (one just added), its segment no longer counted empty.
     pub(super) fn allocate_in(&mut self, arena: usize, segment: SegmentId, size: u64) -> Option<Allocation> {
-        self.arenas[arena].engine.allocate_in(segment, size)
+        let alloc = self.arenas[arena].engine.allocate_in(segment, size);
+        self.counted(arena, alloc)
+    }
+
+    /// Passes the engine's report on an allocation just taken (its segment was empty) to the books.
+    #[inline(always)]
+    fn counted(&mut self, arena: usize, alloc: Option<Allocation>) -> Option<Allocation> {
+        if let Some(taken) = &alloc {
+            if taken.segment_was_empty {
+                self.note_emptiness(arena, taken.segment, Emptiness::Ceased);
+            }
+        }
+        alloc
     }
 
     /// The entry of the segment holding `block`, if the block is live (for a block lent from a thread cache,
@@ -207,7 +222,10 @@ impl<S> State<S> {
                 size: q.size,
                 segment_was_empty: false,
             }),
-            None => a.engine.allocate(size),
+            None => {
+                let alloc = a.engine.allocate(size);
+                self.counted(arena, alloc)
+            }
         }
     }
 
@@ -304,9 +322,6 @@ impl<S> State<S> {
         let entry = a.segments[alloc.segment.0 as usize].as_mut().expect("segment exists");
         entry.last_used_round = round;
         entry.last_used_alloc = self.stats.cache_hits + self.stats.cache_misses;
-        if alloc.segment_was_empty {
-            self.note_emptiness(arena, alloc.segment, Emptiness::Ceased);
-        }
         let s = &mut self.stats;
         if hit {
             s.cache_hits += 1;
