@@ -392,7 +392,8 @@ impl UniversalMemoryManager {
         initial: Option<&[u8]>,
     ) -> Result<UniversalBuffer<T>> {
         let elem = std::mem::size_of::<T>();
-        let bytes = (n as u64).checked_mul(elem as u64).ok_or(Error::SizeOverflow {
+        // Built only on overflow: an error made eagerly would be dropped on every successful allocation.
+        let bytes = (n as u64).checked_mul(elem as u64).ok_or_else(|| Error::SizeOverflow {
             elements: n,
             elem_size: elem,
             type_name: std::any::type_name::<T>(),

@@ -19,6 +19,12 @@ pub struct BlockHandle {
     pub(crate) offset: u64,
     pub(crate) size: u64,
     pub(crate) requested: u64,
+    /// The host address of the block's first byte where its memory is host-addressable, 0 otherwise: what the
+    /// backend's [`Backend::host_ptr`] vouched for when the pool handed the block out, under its lock. It travels
+    /// with the block's segment and offset through the thread caches, so that [`OwnedBlock`] gets it with the
+    /// allocation instead of a second trip through the pool's locks. Read only by [`OwnedBlock`], for a block it
+    /// was just handed.
+    pub(crate) host: usize,
     /// Set for a block lent from a thread cache: the slot that lent it checks this ticket (the engine holds the
     /// block parked). See [`crate::pool`]'s thread caches.
     pub(crate) lent: Option<crate::pool::Lent>,
@@ -335,24 +341,22 @@ impl<B: Backend> MemoryPool for Pool<B> {
 /// ```
 pub struct OwnedBlock {
     pool: Arc<dyn MemoryPool>,
+    /// Holds the host address of the first byte when the memory is host-addressable (as an integer, so that the
+    /// type stays `Send + Sync`), set by the pool when it handed the block out.
     handle: BlockHandle,
-    /// Host address of the first byte when host-addressable (kept as an integer so the type stays `Send + Sync`).
-    host_addr: Option<usize>,
 }
 
 impl OwnedBlock {
     /// Allocates `bytes` on `stream` from `pool` (zeroed if asked).
     pub fn allocate(pool: Arc<dyn MemoryPool>, bytes: u64, stream: StreamId, zeroed: bool) -> Result<Self> {
         let handle = if zeroed { pool.allocate_zeroed(bytes, stream)? } else { pool.allocate(bytes, stream)? };
-        let host_addr = pool.host_ptr(&handle).map(|p| p.as_ptr() as usize);
-        Ok(Self { pool, handle, host_addr })
+        Ok(Self { pool, handle })
     }
 
     /// Allocates a block holding a copy of `data` on `stream` (see [`MemoryPool::allocate_filled`]).
     pub fn allocate_filled(pool: Arc<dyn MemoryPool>, data: &[u8], stream: StreamId) -> Result<Self> {
         let handle = pool.allocate_filled(data, stream)?;
-        let host_addr = pool.host_ptr(&handle).map(|p| p.as_ptr() as usize);
-        Ok(Self { pool, handle, host_addr })
+        Ok(Self { pool, handle })
     }
 
     /// The block's handle, for this crate's interop only (see the type's documentation for why it stays here).
@@ -406,11 +410,12 @@ impl OwnedBlock {
     /// queued before, on this block or on one that held its memory earlier, is still writing the bytes.
     #[allow(unsafe_code)] // Discharges `host_ptr::bytes`'s contract.
     pub fn host_bytes(&self) -> Option<&[u8]> {
-        let addr = self.host_addr?;
+        let addr = self.host_addr()?;
         self.pool.settle().ok()?;
         // The block is live for as long as `self`, so the range stays valid for the borrow.
-        // SAFETY: `host_addr` is the address the backend vouched for (a `HostPtr`) at this block's offset when it
-        // was allocated; the length is the block's requested size; `settle` just waited for queued device work.
+        // SAFETY: the handle's `host` is the address the backend vouched for (a `HostPtr`) at this block's
+        // segment and offset when the pool handed the block out (the thread caches keep it with that segment and
+        // offset, which the block still has); the length is the block's requested size; `settle` just waited for queued device work.
         Some(unsafe { crate::host_ptr::bytes(self, addr, self.handle.requested as usize) })
     }
 
@@ -418,11 +423,16 @@ impl OwnedBlock {
     /// work first, as [`OwnedBlock::host_bytes`] does.
     #[allow(unsafe_code)] // Discharges `host_ptr::bytes_mut`'s contract.
     pub fn host_bytes_mut(&mut self) -> Option<&mut [u8]> {
-        let addr = self.host_addr?;
+        let addr = self.host_addr()?;
         self.pool.settle().ok()?;
         let len = self.handle.requested as usize;
         // SAFETY: as in `host_bytes`.
         Some(unsafe { crate::host_ptr::bytes_mut(self, addr, len) })
+    }
+
+    /// The host address of the first byte, when the memory is host-addressable.
+    fn host_addr(&self) -> Option<usize> {
+        (self.handle.host != 0).then_some(self.handle.host)
     }
 
     pub(crate) fn check_range(&self, offset: u64, len: u64) -> Result<()> {

@@ -141,7 +141,7 @@ impl<B: Backend> Pool<B> {
             return self.allocate_locked(&mut state, bytes, stream);
         }
         let handle = match state.take_cached(arena, size) {
-            Some(alloc) => state.record_alloc(arena, &alloc, bytes, true),
+            Some(alloc) => self.hand_out(&mut state, arena, &alloc, bytes, true),
             None if !large => {
                 // The pool has nothing cached that fits: coalesce this slot's small blocks before the pool grows,
                 // so that thread caches never make the pool reserve more.
@@ -164,7 +164,13 @@ impl<B: Backend> Pool<B> {
         };
         // Lent from the slot: parked in the engine, so that only the slot's ticket frees it.
         let parked = state.arenas[arena].park(handle.block).expect("allocated just now");
-        let block = QuickBlock { block: parked, segment: handle.segment, offset: handle.offset, size: handle.size };
+        let block = QuickBlock {
+            block: parked,
+            segment: handle.segment,
+            offset: handle.offset,
+            size: handle.size,
+            host: handle.host,
+        };
         let lent = cache.adopt(arena as u32, block, slot);
         Ok(BlockHandle { block: parked, lent: Some(lent), ..handle })
     }
@@ -235,7 +241,29 @@ impl<B: Backend> Pool<B> {
             None if state.arenas[arena].virtual_segments => return self.remap(state, arena, bytes, size),
             None => return self.allocate_slow(state, bytes, stream, true),
         };
-        Ok(state.record_alloc(arena, &alloc, bytes, true))
+        Ok(self.hand_out(state, arena, &alloc, bytes, true))
+    }
+
+    /// Records `alloc` of `arena` as handed out (see [`State::record_alloc`]) and returns its handle, with the
+    /// host address of its first byte where the backend says the memory is host-addressable (looked up here,
+    /// under the lock, where the segment is at hand). Every block the pool hands out from its arenas passes here.
+    #[inline(always)]
+    pub(super) fn hand_out(
+        &self,
+        state: &mut State<B::Segment>,
+        arena: usize,
+        alloc: &Allocation,
+        bytes: u64,
+        hit: bool,
+    ) -> BlockHandle {
+        let mut handle = state.record_alloc(arena, alloc, bytes, hit);
+        if self.backend.may_be_host_addressable() {
+            let segment = state.arenas[arena].entry(alloc.segment).map(|entry| &entry.handle);
+            handle.host = segment
+                .and_then(|segment| self.backend.host_ptr(segment, alloc.offset))
+                .map_or(0, |ptr| ptr.as_non_null().as_ptr() as usize);
+        }
+        handle
     }
 
     /// A miss in a virtual arena, straight to mapping withheld pages: the common miss under memory pressure,
@@ -253,7 +281,7 @@ impl<B: Backend> Pool<B> {
     ) -> Result<BlockHandle> {
         debug_assert!(state.arenas[arena].quick.is_empty(), "virtual arenas cache no quick blocks");
         let result = match self.map_withheld(state, arena, size) {
-            Ok(Some(alloc)) => return Ok(state.record_alloc(arena, &alloc, bytes, false)),
+            Ok(Some(alloc)) => return Ok(self.hand_out(state, arena, &alloc, bytes, false)),
             Ok(None) => self.grow(state, arena, size).map(|alloc| (alloc, false)),
             Err(shortfall) => Err(shortfall),
         };
@@ -316,7 +344,7 @@ impl<B: Backend> Pool<B> {
             result = self.try_allocate(state, arena, size, false);
         }
         match result {
-            Ok((alloc, hit)) => Ok(state.record_alloc(arena, &alloc, bytes, hit)),
+            Ok((alloc, hit)) => Ok(self.hand_out(state, arena, &alloc, bytes, hit)),
             Err(shortfall) => Err(self.out_of_memory(state, size, shortfall)),
         }
     }

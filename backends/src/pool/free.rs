@@ -74,7 +74,7 @@ impl<B: Backend> Pool<B> {
             let parked = a.park(block.block).ok_or_else(unknown)?;
             a.quick.push(
                 class,
-                QuickBlock { block: parked, segment: block.segment, offset: block.offset, size: block.size },
+                QuickBlock { block: parked, segment: block.segment, offset: block.offset, size: block.size, host: 0 },
             );
             state.record_free(block);
             return Ok(());

@@ -31,6 +31,10 @@ pub(super) struct QuickBlock {
     pub(super) segment: SegmentId,
     pub(super) offset: u64,
     pub(super) size: u64,
+    /// See [`crate::BlockHandle`]'s `host`: kept with a block parked in a thread cache, so that lending it
+    /// needs no look-up of its segment. Blocks of the pool's own quick cache get theirs when taken, under the
+    /// lock, and keep 0 here.
+    pub(super) host: usize,
 }
 
 #[derive(Debug)]
@@ -175,7 +179,7 @@ mod tests {
 
     fn block(engine: &mut Engine, size: u64) -> QuickBlock {
         let alloc = engine.allocate(size).expect("the segment has room");
-        QuickBlock { block: alloc.block, segment: alloc.segment, offset: alloc.offset, size: alloc.size }
+        QuickBlock { block: alloc.block, segment: alloc.segment, offset: alloc.offset, size: alloc.size, host: 0 }
     }
 
     #[test]

@@ -75,6 +75,7 @@ impl<B: Backend> Pool<B> {
             offset: block.offset,
             size: block.size,
             requested,
+            host: block.host,
             lent: Some(lent),
         }
     }
@@ -154,7 +155,8 @@ impl<B: Backend> Pool<B> {
     pub(super) fn lender(&self, block: &BlockHandle, lent: Lent) -> Option<(&Slot, u32, QuickBlock)> {
         let arena = block.arena.wrapping_sub(self.arena_base);
         let slot = self.shared.slots.get(lent.slot as usize).filter(|_| arena < 1 << ARENA_BITS)?;
-        let parked = QuickBlock { block: block.block, segment: block.segment, offset: block.offset, size: block.size };
+        let parked =
+            QuickBlock { block: block.block, segment: block.segment, offset: block.offset, size: block.size, host: 0 };
         Some((slot, arena as u32, parked))
     }
 }

@@ -343,6 +343,7 @@ impl<S> State<S> {
             offset: alloc.offset,
             size: alloc.size,
             requested,
+            host: 0,
             lent: None,
         }
     }

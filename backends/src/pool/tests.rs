@@ -954,6 +954,9 @@ fn eight_threads_keep_data_and_statistics_exact() {
                     for cycle in 0..stress_cycles(3000) {
                         let size = [256, 4096, 64 << 10, 1 << 20, 3 << 20][(next() % 5) as usize] - next() % 200;
                         let b = pool.allocate(size, S0).unwrap();
+                        // The address handed out with the block is the one the pool looks up under its locks.
+                        assert_eq!(b.host, pool.host_ptr(&b).map_or(0, |p| p.as_ptr() as usize));
+                        assert_ne!(b.host, 0, "host memory is host-addressable");
                         let tag = (t * 31 + cycle) as u8;
                         pool.fill(&b, 0, size, tag).unwrap();
                         bytes_live += b.size;
@@ -1252,4 +1255,43 @@ fn a_device_whose_largest_segment_is_not_a_multiple_of_the_granularity_gets_whol
         pool.release_cached();
         assert_eq!(pool.stats().reserved_bytes.current, 0);
     }
+}
+
+#[test]
+fn blocks_carry_their_host_address_through_every_cache_and_thread() {
+    // Blocks freed on other threads go back to the slots that lent them and come out again from there, from the
+    // pool's quick cache, from segments and from large arenas: each handle's address must be the one the pool
+    // looks up, and a device backend's blocks carry none.
+    let config =
+        PoolConfig { thread_cache_bytes: 1 << 20, thread_cache_large_bytes: 16 << 20, ..PoolConfig::default() };
+    let pool = Arc::new(Pool::new(HostBackend::new("host", 4 << 30), config).unwrap());
+    let sizes = [64, 256, 4096, 60 << 10, 1 << 20, 3 << 20];
+    let mut handed: Vec<BlockHandle> = Vec::new();
+    for round in 0..200u64 {
+        let pool2 = Arc::clone(&pool);
+        let made: Vec<BlockHandle> = std::thread::spawn(move || {
+            (0..8).map(|i| pool2.allocate(sizes[((round + i) % 6) as usize], S0).unwrap()).collect()
+        })
+        .join()
+        .unwrap();
+        for b in made.iter().chain(&handed) {
+            assert_eq!(b.host, pool.host_ptr(b).map_or(0, |p| p.as_ptr() as usize), "round {round}");
+            assert_ne!(b.host, 0);
+        }
+        // Free the older half here (the lending thread is gone or another), keep the rest.
+        for b in handed.drain(..) {
+            pool.free(&b).unwrap();
+        }
+        handed = made;
+        if round % 50 == 49 {
+            pool.cleanup(0);
+        }
+    }
+    for b in &handed {
+        pool.free(b).unwrap();
+    }
+    let sim = sim_pool(SegmentMode::Auto, None);
+    let b = sim.allocate(4096, S0).unwrap();
+    assert_eq!((b.host, sim.host_ptr(&b)), (0, None));
+    sim.free(&b).unwrap();
 }

@@ -235,6 +235,9 @@ impl ThreadCache {
         }
         let record = &mut self.lent[lent.index as usize];
         record.live = false;
+        // The slot's own record of the block, which holds its host address: the freed handle is only checked
+        // against it.
+        let kept = record.block;
         // Generations never wrap: an entry whose generation is spent is not reused, so no later handle can
         // carry an old one's ticket.
         if record.generation < u32::MAX {
@@ -242,7 +245,7 @@ impl ThreadCache {
             self.vacant.push(lent.index);
         }
         self.tally.give_back(block.size, requested);
-        Ok(self.keep(arena, block))
+        Ok(self.keep(arena, kept))
     }
 
     /// Keeps a free block if its arena's cache has room for it (bytes and its class's count); else hands it
@@ -406,7 +409,7 @@ mod tests {
     fn parked(engine: &mut Engine, size: u64) -> QuickBlock {
         let alloc = engine.allocate(size).expect("room");
         let block = engine.park(alloc.block).expect("live");
-        QuickBlock { block, segment: alloc.segment, offset: alloc.offset, size: alloc.size }
+        QuickBlock { block, segment: alloc.segment, offset: alloc.offset, size: alloc.size, host: 0 }
     }
 
     #[test]
