@@ -253,8 +253,10 @@ impl UniversalMemoryManager {
             requested: Placement::Auto,
             access: options.access,
             placed,
-            label: options.label,
+            label: options.label.map(Box::new),
             read_only: false,
+            filled: false,
+            migrated_via: None,
         };
         Ok(UniversalBuffer::new(false, Some(block), len, meta, track, profile_id))
     }

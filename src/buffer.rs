@@ -15,21 +15,38 @@ pub(crate) struct BufferMeta {
     pub(crate) access: AccessPattern,
     /// The decision, device, pool, tracker and profiler: shared with the buffers placed alike on this thread.
     pub(crate) placed: Arc<Placed>,
-    pub(crate) label: Option<String>,
+    /// Behind one thin pointer: most buffers have no label, and eight bytes instead of twenty-four keep a
+    /// buffer within 128 bytes, which is moved inline rather than through a call to `memcpy`.
+    #[allow(clippy::box_collection)]
+    pub(crate) label: Option<Box<String>>,
     pub(crate) read_only: bool,
+    /// Whether a read-only buffer got its initial fill (writes are refused from then on).
+    pub(crate) filled: bool,
+    /// How the bytes got here, when the buffer was made by a migration.
+    pub(crate) migrated_via: Option<MigrationPath>,
+}
+
+impl BufferMeta {
+    /// The label given at allocation.
+    pub(crate) fn label(&self) -> Option<&str> {
+        self.label.as_deref().map(String::as_str)
+    }
+
+    /// The label, for an error.
+    pub(crate) fn owned_label(&self) -> Option<String> {
+        self.label.as_deref().cloned()
+    }
 }
 
 /// `len` elements of `T` on one device, in one pool. Dropping it returns the block to its pool.
 pub struct UniversalBuffer<T: bytemuck::Pod> {
     pub(crate) block: Option<OwnedBlock>,
     len: usize,
+    /// With the buffer's small fields, which share its padding: a buffer stays within 128 bytes.
     pub(crate) meta: BufferMeta,
-    /// How the bytes got here, when the buffer was made by a migration.
-    pub(crate) migrated_via: Option<MigrationPath>,
     track: Option<TrackId>,
     /// The buffer's entry in the profiler's live table.
     profile: u64,
-    filled: bool,
     _element: PhantomData<T>,
 }
 
@@ -38,12 +55,12 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
         filled: bool,
         block: Option<OwnedBlock>,
         len: usize,
-        meta: BufferMeta,
+        mut meta: BufferMeta,
         track: TrackId,
         profile: u64,
     ) -> Self {
-        let filled = filled && meta.read_only;
-        Self { block, len, meta, migrated_via: None, track: Some(track), profile, filled, _element: PhantomData }
+        meta.filled = filled && meta.read_only;
+        Self { block, len, meta, track: Some(track), profile, _element: PhantomData }
     }
 
     /// Elements.
@@ -88,13 +105,13 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
 
     /// The label given at allocation.
     pub fn label(&self) -> Option<&str> {
-        self.meta.label.as_deref()
+        self.meta.label()
     }
 
     /// How the bytes of a buffer made by [`UniversalBuffer::migrate`] or [`UniversalBuffer::copy_to`] were moved
     /// (`None` for a buffer allocated directly).
     pub fn migrated_via(&self) -> Option<MigrationPath> {
-        self.migrated_via
+        self.meta.migrated_via
     }
 
     /// Whether writes are refused (ReadOnly buffers after their initial fill).
@@ -126,13 +143,13 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
     }
 
     fn write_range(&mut self, offset: usize, data: &[T], whole: bool) -> Result<()> {
-        if self.meta.read_only && self.filled {
-            return Err(Error::ReadOnly { label: self.meta.label.clone() });
+        if self.meta.read_only && self.meta.filled {
+            return Err(Error::ReadOnly { label: self.meta.owned_label() });
         }
         self.check(if whole { "write" } else { "write_at" }, offset, data.len(), whole)?;
         self.raw_write(offset, data)?;
         // A ReadOnly buffer takes one write (its fill) and is sealed after it.
-        self.filled = self.meta.read_only;
+        self.meta.filled = self.meta.read_only;
         Ok(())
     }
 
@@ -177,8 +194,8 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
 
     /// Sets every element to `value`.
     pub fn fill(&mut self, value: T) -> Result<()> {
-        if self.meta.read_only && self.filled {
-            return Err(Error::ReadOnly { label: self.meta.label.clone() });
+        if self.meta.read_only && self.meta.filled {
+            return Err(Error::ReadOnly { label: self.meta.owned_label() });
         }
         let size_bytes = self.size_bytes();
         let Some(block) = &mut self.block else { return Ok(()) };
@@ -195,10 +212,10 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
                 self.raw_write(done, &chunk[..n])?;
                 done += n;
             }
-            self.filled = self.meta.read_only;
+            self.meta.filled = self.meta.read_only;
             return Ok(());
         }
-        self.filled = self.meta.read_only;
+        self.meta.filled = self.meta.read_only;
         if let Some(track) = &self.track {
             self.meta.placed.tracker.record_host_write(track, self.size_bytes());
         }
@@ -220,7 +237,7 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
 
     /// The elements as a mutable host slice, when host-addressable and not read-only.
     pub fn as_mut_slice(&mut self) -> Option<&mut [T]> {
-        if self.meta.read_only && self.filled {
+        if self.meta.read_only && self.meta.filled {
             return None;
         }
         if self.len == 0 {
@@ -270,7 +287,20 @@ impl<T: bytemuck::Pod> std::fmt::Debug for UniversalBuffer<T> {
             .field("len", &self.len)
             .field("placement", &self.meta.placed.decision.pool)
             .field("device", &self.meta.placed.device.name())
-            .field("label", &self.meta.label)
+            .field("label", &self.meta.label())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_buffer_fits_in_128_bytes() {
+        // x86-64 moves a value of up to 128 bytes with a few vector moves, a larger one through a call to
+        // `memcpy`: every buffer returned, stored in a `Vec` or dropped is moved at least once.
+        assert!(std::mem::size_of::<UniversalBuffer<f32>>() <= 128, "{}", std::mem::size_of::<UniversalBuffer<f32>>());
+        assert!(std::mem::size_of::<UniversalBuffer<u8>>() <= 128);
     }
 }

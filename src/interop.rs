@@ -34,11 +34,11 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
     #[allow(dead_code)]
     fn block_of(&self, op: &'static str, wanted: Api) -> Result<&OwnedBlock> {
         let Some(block) = &self.block else {
-            return Err(Error::EmptyBuffer { op, label: self.meta.label.clone() });
+            return Err(Error::EmptyBuffer { op, label: self.meta.owned_label() });
         };
         let found = block.pool().kind();
         if found != wanted {
-            return Err(Error::WrongApi { op, wanted, found, label: self.meta.label.clone() });
+            return Err(Error::WrongApi { op, wanted, found, label: self.meta.owned_label() });
         }
         Ok(block)
     }
@@ -48,7 +48,7 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
     fn block_of_mut(&mut self, op: &'static str, wanted: Api) -> Result<&mut OwnedBlock> {
         self.block_of(op, wanted)?;
         if self.meta.read_only {
-            return Err(Error::ReadOnly { label: self.meta.label.clone() });
+            return Err(Error::ReadOnly { label: self.meta.owned_label() });
         }
         Ok(self.block.as_mut().expect("checked by block_of"))
     }

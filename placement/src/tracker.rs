@@ -1,6 +1,8 @@
 //! [`UsageTracker`]: learns how buffers are really used, per (size class, access pattern).
 
-use std::time::Instant;
+use std::num::NonZeroU64;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -56,36 +58,64 @@ impl TrackerConfig {
 /// The handle of one tracked buffer, returned by [`UsageTracker::register`] and consumed by
 /// [`UsageTracker::retire`] (so a buffer cannot be retired twice). It is only meaningful to the tracker that
 /// issued it; given to another tracker it is counted in the same cell there.
+///
+/// Eight bytes, and `Option<TrackId>` too: every buffer carries one, and a buffer small enough is moved without
+/// a call to `memcpy`. Packed into one word:
+/// - bit 0: always set (the word is never zero);
+/// - bits 1–5: the cell (size class × access pattern);
+/// - bits 6–9: the shard that counts the buffer (its registering thread's);
+/// - bits 10–63: when the buffer was registered, as nanoseconds since the process's first tracker was made,
+///   plus one; 0 when its lifetime is not measured (sampled out, or registered more than 2^54 ns ≈ 208 days
+///   into the process).
 #[derive(Debug)]
 #[must_use = "a TrackId should be retired when its buffer is freed"]
-pub struct TrackId {
-    size_class: SizeClass,
-    access: AccessPattern,
-    /// The shard that counts the buffer (its registering thread's).
-    shard: u8,
-    /// When the buffer was registered, if its lifetime is measured.
-    registered: Option<Instant>,
-}
+pub struct TrackId(NonZeroU64);
+
+const CELL_SHIFT: u32 = 1;
+const SHARD_SHIFT: u32 = 6;
+const TIME_SHIFT: u32 = 10;
+const _: () = assert!(CELLS <= 1 << (SHARD_SHIFT - CELL_SHIFT) && SHARDS <= 1 << (TIME_SHIFT - SHARD_SHIFT));
+
+/// What registration times are measured from: set when the first tracker is made, so that registering reads
+/// it without initialising it.
+static TIME_BASE: OnceLock<Instant> = OnceLock::new();
 
 impl TrackId {
+    fn new(cell: usize, shard: u8, registered: Option<Instant>) -> Self {
+        let since_base = registered.and_then(|at| {
+            let ns = u64::try_from(at.checked_duration_since(*TIME_BASE.get()?)?.as_nanos()).ok()?;
+            (ns < (1 << (64 - TIME_SHIFT)) - 1).then_some(ns + 1)
+        });
+        let word = 1 | (cell as u64) << CELL_SHIFT | u64::from(shard) << SHARD_SHIFT;
+        TrackId(NonZeroU64::new(word | since_base.unwrap_or(0) << TIME_SHIFT).expect("bit 0 is set"))
+    }
+
     /// The buffer's size class.
     pub fn size_class(&self) -> SizeClass {
-        self.size_class
+        SizeClass::iter().nth(self.cell() / ACCESS_PATTERNS).expect("cells are size classes × access patterns")
     }
 
     /// The buffer's declared access pattern.
     pub fn access(&self) -> AccessPattern {
-        self.access
+        AccessPattern::iter().nth(self.cell() % ACCESS_PATTERNS).expect("cells are size classes × access patterns")
     }
 
     /// When the buffer was registered; `None` for a buffer registered with
     /// [`UsageTracker::register_sampled`] whose lifetime is not measured.
     pub fn registered_at(&self) -> Option<Instant> {
-        self.registered
+        let since_base = self.0.get() >> TIME_SHIFT;
+        let base = TIME_BASE.get()?;
+        (since_base != 0).then(|| *base + Duration::from_nanos(since_base - 1))
     }
 
+    #[inline(always)]
     fn cell(&self) -> usize {
-        cell_index(self.size_class, self.access)
+        ((self.0.get() >> CELL_SHIFT) & 0x1f) as usize
+    }
+
+    #[inline(always)]
+    fn shard(&self) -> usize {
+        ((self.0.get() >> SHARD_SHIFT) & 0xf) as usize
     }
 }
 
@@ -169,6 +199,7 @@ impl UsageTracker {
     }
 
     fn with_valid_config(config: TrackerConfig) -> Self {
+        TIME_BASE.get_or_init(Instant::now);
         let shards = (0..SHARDS).map(|_| Shard(std::array::from_fn(|_| Mutex::new(Tally::default())))).collect();
         UsageTracker { config, shards }
     }
@@ -210,9 +241,8 @@ impl UsageTracker {
         pool: PoolKind,
         timed: bool,
     ) -> TrackId {
-        let size_class = SizeClass::of(bytes, &self.config.thresholds);
-        let registered = timed.then(Instant::now);
-        let id = TrackId { size_class, access, shard: this_threads_shard(), registered };
+        let cell = cell_index(SizeClass::of(bytes, &self.config.thresholds), access);
+        let id = TrackId::new(cell, this_threads_shard(), timed.then(Instant::now));
         let mut t = self.cell(&id).lock();
         t.buffers += 1.0;
         t.live += 1;
@@ -259,7 +289,7 @@ impl UsageTracker {
 
     /// Ends the buffer's lifetime; its evidence stays in the aggregate. O(1), allocation-free.
     pub fn retire(&self, id: TrackId) {
-        let lifetime_ms = id.registered.map(|at| at.elapsed().as_secs_f64() * 1e3);
+        let lifetime_ms = id.registered_at().map(|at| at.elapsed().as_secs_f64() * 1e3);
         let mut t = self.cell(&id).lock();
         t.live = t.live.saturating_sub(1);
         t.retired += 1.0;
@@ -292,7 +322,7 @@ impl UsageTracker {
 
     /// The cell that counts the buffer `id`.
     fn cell(&self, id: &TrackId) -> &Mutex<Tally> {
-        &self.shards[usize::from(id.shard)].0[id.cell()]
+        &self.shards[id.shard()].0[id.cell()]
     }
 
     /// One cell summed over the shards.
@@ -351,6 +381,39 @@ mod tests {
                 assert!(seen.insert(i));
             }
         }
+    }
+
+    #[test]
+    fn a_track_id_is_one_word_that_keeps_its_cell_shard_and_time() {
+        assert_eq!(std::mem::size_of::<Option<TrackId>>(), 8);
+        let tracker = UsageTracker::default();
+        for (n, s) in SizeClass::iter().enumerate() {
+            for a in AccessPattern::iter() {
+                for shard in [0u8, 7, SHARDS as u8 - 1] {
+                    let before = Instant::now();
+                    let timed = TrackId::new(cell_index(s, a), shard, Some(Instant::now()));
+                    let at = timed.registered_at().expect("timed");
+                    assert!(at >= before - Duration::from_nanos(1) && at <= Instant::now(), "{at:?} {before:?}");
+                    let untimed = TrackId::new(cell_index(s, a), shard, None);
+                    for id in [timed, untimed] {
+                        assert_eq!((id.size_class(), id.access(), id.shard()), (s, a, usize::from(shard)));
+                        assert_eq!(id.cell(), cell_index(s, a));
+                    }
+                }
+                // Registration through the tracker: the lifetime of a timed buffer is measured.
+                let bytes = [1, 1 << 20, 1 << 30][n];
+                let id = tracker.register(bytes, Placement::Auto, a, PoolKind::HostPinned);
+                assert_eq!((id.size_class(), id.access()), (s, a));
+                assert!(id.registered_at().is_some());
+                tracker.retire(id);
+            }
+        }
+        // A time before the base (or too far past it) is not measured rather than wrong.
+        let base = *TIME_BASE.get().expect("set by the first tracker");
+        let early = base.checked_sub(Duration::from_secs(1));
+        assert!(early.is_none_or(|at| TrackId::new(0, 0, Some(at)).registered_at().is_none()));
+        let late = base + Duration::from_nanos(1 << 54);
+        assert!(TrackId::new(0, 0, Some(late)).registered_at().is_none());
     }
 
     #[test]

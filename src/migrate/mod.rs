@@ -174,7 +174,7 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
                 Some(block) => gather(block, &mut staged)?,
             };
             let mut moved = mm.allocate_inner::<T>(self.len(), &options, Some(data))?;
-            moved.migrated_via = Some(MigrationPath::FilledAtAllocation);
+            moved.meta.migrated_via = Some(MigrationPath::FilledAtAllocation);
             return Ok(moved);
         }
         let mut moved = mm.allocate_inner::<T>(self.len(), &options, None)?;
@@ -183,7 +183,7 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
             (Some(src), Some(dst)) => copy_bytes(src, dst, bytes, &staging)?,
             _ => MigrationPath::Empty,
         };
-        moved.migrated_via = Some(path);
+        moved.meta.migrated_via = Some(path);
         Ok(moved)
     }
 }

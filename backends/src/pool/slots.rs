@@ -154,7 +154,7 @@ impl<B: Backend> Pool<B> {
     #[inline(always)]
     pub(super) fn lender(&self, block: &BlockHandle, lent: Lent) -> Option<(&Slot, u32, QuickBlock)> {
         let arena = block.arena.wrapping_sub(self.arena_base);
-        let slot = self.shared.slots.get(lent.slot as usize).filter(|_| arena < 1 << ARENA_BITS)?;
+        let slot = self.shared.slots.get(lent.slot() as usize).filter(|_| arena < 1 << ARENA_BITS)?;
         let parked =
             QuickBlock { block: block.block, segment: block.segment, offset: block.offset, size: block.size, host: 0 };
         Some((slot, arena as u32, parked))

@@ -839,7 +839,7 @@ fn thread_caches_refuse_double_frees_and_stale_handles() {
 fn a_block_freed_on_another_thread_goes_back_to_the_cache_that_lent_it() {
     let pool = Arc::new(Pool::new(HostBackend::new("host", 1 << 30), PoolConfig::default()).unwrap());
     let blocks: Vec<_> = (0..8).map(|_| pool.allocate(64 << 10, S0).unwrap()).collect();
-    let lender = blocks[0].lent.expect("lent").slot;
+    let lender = blocks[0].lent.expect("lent").slot();
     {
         let pool = Arc::clone(&pool);
         let blocks = blocks.clone();

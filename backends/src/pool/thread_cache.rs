@@ -37,9 +37,24 @@ const MAX_ARENAS: usize = 16;
 /// the block was lent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Lent {
-    pub(crate) slot: u32,
+    /// The slot's number plus one: a slot number is below 256 ([`super::slot_count`]), and a non-zero field lets
+    /// `Option<Lent>` take no room of its own, which keeps a [`crate::BlockHandle`] within 64 bytes.
+    slot_plus_one: std::num::NonZeroU16,
     pub(crate) index: u32,
     pub(crate) generation: u32,
+}
+
+impl Lent {
+    fn new(slot: u32, index: u32, generation: u32) -> Self {
+        let slot_plus_one = u16::try_from(slot + 1).ok().and_then(std::num::NonZeroU16::new);
+        Lent { slot_plus_one: slot_plus_one.expect("slot numbers are below 256"), index, generation }
+    }
+
+    /// The number of the slot that lent the block.
+    #[inline(always)]
+    pub(crate) fn slot(self) -> u32 {
+        u32::from(self.slot_plus_one.get()) - 1
+    }
 }
 
 /// One block out on loan from a slot.
@@ -189,12 +204,12 @@ impl ThreadCache {
             Some(index) => {
                 let record = &mut self.lent[index as usize];
                 *record = LentRecord { block, arena, generation: record.generation, live: true };
-                Lent { slot, index, generation: record.generation }
+                Lent::new(slot, index, record.generation)
             }
             None => {
                 let index = self.lent.len() as u32;
                 self.lent.push(LentRecord { block, arena, generation: 0, live: true });
-                Lent { slot, index, generation: 0 }
+                Lent::new(slot, index, 0)
             }
         }
     }
