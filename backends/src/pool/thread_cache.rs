@@ -432,7 +432,7 @@ mod tests {
         let (mut engine, mut cache) = cache_with_arena();
         let block = parked(&mut engine, 4096);
         let lent = cache.adopt(0, block, 3);
-        assert_eq!(lent.slot, 3);
+        assert_eq!(lent.slot(), 3);
         assert!(cache.give_back(lent, 0, block, 4096).expect("lent").is_none(), "kept");
         assert!(cache.give_back(lent, 0, block, 4096).is_err(), "second give-back refused");
         // Lent again from the cache: a new generation, and the old ticket stays refused.
