@@ -34,6 +34,7 @@
 mod decision;
 mod device;
 mod error;
+mod ledger;
 mod placement;
 mod recommend;
 mod text;

@@ -136,28 +136,6 @@ impl Tally {
         self.host_reads + self.host_writes + self.device_uses
     }
 
-    /// Multiplies the buffer-side sums (not `live`) by `factor`.
-    pub fn scale_buffers(&mut self, factor: f64) {
-        self.buffers *= factor;
-        self.bytes *= factor;
-        self.auto_buffers *= factor;
-        for count in &mut self.in_pool {
-            *count *= factor;
-        }
-        self.retired *= factor;
-        self.timed *= factor;
-        self.lifetime_ms_sum *= factor;
-    }
-
-    /// Multiplies the access-side sums by `factor`.
-    pub fn scale_accesses(&mut self, factor: f64) {
-        self.host_reads *= factor;
-        self.host_writes *= factor;
-        self.host_read_bytes *= factor;
-        self.host_write_bytes *= factor;
-        self.device_uses *= factor;
-    }
-
     pub fn add(&mut self, other: &Tally) {
         self.buffers += other.buffers;
         self.live += other.live;

@@ -4,16 +4,16 @@ use std::num::NonZeroU64;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use strum::IntoEnumIterator;
 
 use crate::error::{Error, Result};
+use crate::ledger::Ledgers;
 use crate::placement::{AccessPattern, Placement, PoolKind, SizeClass, Thresholds};
 use crate::recommend::{pool_slot, Evidence, RecommendConfig, Recommendations, Subject, Tally};
 
 const ACCESS_PATTERNS: usize = 7;
-const CELLS: usize = 3 * ACCESS_PATTERNS;
+pub(crate) const CELLS: usize = 3 * ACCESS_PATTERNS;
 
 /// Settings of a [`UsageTracker`].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -63,30 +63,28 @@ impl TrackerConfig {
 /// a call to `memcpy`. Packed into one word:
 /// - bit 0: always set (the word is never zero);
 /// - bits 1–5: the cell (size class × access pattern);
-/// - bits 6–9: the shard that counts the buffer (its registering thread's);
-/// - bits 10–63: when the buffer was registered, as nanoseconds since the process's first tracker was made,
-///   plus one; 0 when its lifetime is not measured (sampled out, or registered more than 2^54 ns ≈ 208 days
+/// - bits 6–63: when the buffer was registered, as nanoseconds since the process's first tracker was made,
+///   plus one; 0 when its lifetime is not measured (sampled out, or registered more than 2^58 ns ≈ 9 years
 ///   into the process).
 #[derive(Debug)]
 #[must_use = "a TrackId should be retired when its buffer is freed"]
 pub struct TrackId(NonZeroU64);
 
 const CELL_SHIFT: u32 = 1;
-const SHARD_SHIFT: u32 = 6;
-const TIME_SHIFT: u32 = 10;
-const _: () = assert!(CELLS <= 1 << (SHARD_SHIFT - CELL_SHIFT) && SHARDS <= 1 << (TIME_SHIFT - SHARD_SHIFT));
+const TIME_SHIFT: u32 = 6;
+const _: () = assert!(CELLS <= 1 << (TIME_SHIFT - CELL_SHIFT));
 
 /// What registration times are measured from: set when the first tracker is made, so that registering reads
 /// it without initialising it.
 static TIME_BASE: OnceLock<Instant> = OnceLock::new();
 
 impl TrackId {
-    fn new(cell: usize, shard: u8, registered: Option<Instant>) -> Self {
+    fn new(cell: usize, registered: Option<Instant>) -> Self {
         let since_base = registered.and_then(|at| {
             let ns = u64::try_from(at.checked_duration_since(*TIME_BASE.get()?)?.as_nanos()).ok()?;
             (ns < (1 << (64 - TIME_SHIFT)) - 1).then_some(ns + 1)
         });
-        let word = 1 | (cell as u64) << CELL_SHIFT | u64::from(shard) << SHARD_SHIFT;
+        let word = 1 | (cell as u64) << CELL_SHIFT;
         TrackId(NonZeroU64::new(word | since_base.unwrap_or(0) << TIME_SHIFT).expect("bit 0 is set"))
     }
 
@@ -112,11 +110,6 @@ impl TrackId {
     fn cell(&self) -> usize {
         ((self.0.get() >> CELL_SHIFT) & 0x1f) as usize
     }
-
-    #[inline(always)]
-    fn shard(&self) -> usize {
-        ((self.0.get() >> SHARD_SHIFT) & 0xf) as usize
-    }
 }
 
 fn cell_index(size_class: SizeClass, access: AccessPattern) -> usize {
@@ -127,12 +120,13 @@ fn cell_index(size_class: SizeClass, access: AccessPattern) -> usize {
 /// reference or `Arc`.
 ///
 /// # Cost
-/// The tracker holds 21 cells (3 size classes × 7 access patterns), each a small `parking_lot::Mutex` around a
-/// fixed-size tally, once per shard (16): a thread registers its buffers in a shard of its own. Every recording
-/// operation locks one cell of the buffer's shard, adds a few numbers and unlocks: O(1), no allocation, and threads
-/// in different shards never contend. A [`TrackId`] carries its cell, shard and registration time, so the tracker
-/// keeps no per-buffer table. Reports sum the shards (O(shards) per cell). The automatic halving below applies to
-/// each shard's cells on their own counts.
+/// The tracker holds 21 cells (3 size classes × 7 access patterns) of fixed-size tallies, once per thread that
+/// records (a ledger each; a finished thread's ledger goes to the next new thread). Every recording operation
+/// writes one cell of the calling thread's own ledger with plain loads and stores: O(1), no allocation, no lock
+/// and no atomic read-modify-write, so threads never wait for each other nor pass cache lines between them. A
+/// report reads each cell between two equal sequence numbers, without stopping the writers, and sums the
+/// ledgers (O(threads) per cell). A [`TrackId`] carries its cell and registration time, so the tracker keeps no
+/// per-buffer table. The automatic halving below applies to each ledger's cells on their own counts.
 ///
 /// # Decay
 /// Old evidence fades in two ways:
@@ -148,31 +142,12 @@ fn cell_index(size_class: SizeClass, access: AccessPattern) -> usize {
 #[derive(Debug)]
 pub struct UsageTracker {
     config: TrackerConfig,
-    /// The cells, once per shard: a thread registers its buffers in a shard of its own, so that threads
-    /// allocating alike do not queue on one cell's lock; the figures reported are sums over the shards.
-    shards: Box<[Shard]>,
+    /// The cells, once per thread: see [`crate::ledger`].
+    ledgers: Ledgers,
 }
-
-/// Shards of a tracker's cells.
-const SHARDS: usize = 16;
 
 /// One buffer in this many of a thread's is timed by [`UsageTracker::register_sampled`].
 pub const LIFETIME_SAMPLE: u32 = 8;
-
-/// One shard's cells, alone on its cache lines.
-#[derive(Debug)]
-#[repr(align(128))]
-struct Shard([Mutex<Tally>; CELLS]);
-
-/// The calling thread's shard (numbers are handed out round robin at a thread's first registration).
-fn this_threads_shard() -> u8 {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static SHARD: u8 = (NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS) as u8;
-    }
-    SHARD.try_with(|s| *s).unwrap_or(0)
-}
 
 impl Default for UsageTracker {
     fn default() -> Self {
@@ -200,8 +175,7 @@ impl UsageTracker {
 
     fn with_valid_config(config: TrackerConfig) -> Self {
         TIME_BASE.get_or_init(Instant::now);
-        let shards = (0..SHARDS).map(|_| Shard(std::array::from_fn(|_| Mutex::new(Tally::default())))).collect();
-        UsageTracker { config, shards }
+        UsageTracker { config, ledgers: Ledgers::default() }
     }
 
     /// The tracker's settings.
@@ -242,65 +216,39 @@ impl UsageTracker {
         timed: bool,
     ) -> TrackId {
         let cell = cell_index(SizeClass::of(bytes, &self.config.thresholds), access);
-        let id = TrackId::new(cell, this_threads_shard(), timed.then(Instant::now));
-        let mut t = self.cell(&id).lock();
-        t.buffers += 1.0;
-        t.live += 1;
-        t.bytes += bytes as f64;
-        if placement == Placement::Auto {
-            t.auto_buffers += 1.0;
-        }
-        t.in_pool[pool_slot(pool)] += 1.0;
-        if t.buffers > self.config.buffer_cap as f64 {
-            t.scale_buffers(0.5);
-        }
+        let id = TrackId::new(cell, timed.then(Instant::now));
+        let cap = self.config.buffer_cap as f64;
+        self.ledgers.write(cell, |c| c.register(bytes, placement == Placement::Auto, pool_slot(pool), cap));
         id
     }
 
     /// Records that the host wrote `bytes` bytes into the buffer. O(1), allocation-free.
     pub fn record_host_write(&self, id: &TrackId, bytes: u64) {
-        self.record_access(id, |t| {
-            t.host_writes += 1.0;
-            t.host_write_bytes += bytes as f64;
-        });
+        let cap = self.config.access_cap as f64;
+        self.ledgers.write(id.cell(), |c| c.host_write(bytes, cap));
     }
 
     /// Records that the host read `bytes` bytes from the buffer. O(1), allocation-free.
     pub fn record_host_read(&self, id: &TrackId, bytes: u64) {
-        self.record_access(id, |t| {
-            t.host_reads += 1.0;
-            t.host_read_bytes += bytes as f64;
-        });
+        let cap = self.config.access_cap as f64;
+        self.ledgers.write(id.cell(), |c| c.host_read(bytes, cap));
     }
 
     /// Records that a device used the buffer (a kernel launch, a copy on the device side). O(1),
     /// allocation-free.
     pub fn record_device_use(&self, id: &TrackId) {
-        self.record_access(id, |t| t.device_uses += 1.0);
-    }
-
-    fn record_access(&self, id: &TrackId, add: impl FnOnce(&mut Tally)) {
-        let mut t = self.cell(id).lock();
-        add(&mut t);
-        if t.accesses() > self.config.access_cap as f64 {
-            t.scale_accesses(0.5);
-        }
+        let cap = self.config.access_cap as f64;
+        self.ledgers.write(id.cell(), |c| c.device_use(cap));
     }
 
     /// Ends the buffer's lifetime; its evidence stays in the aggregate. O(1), allocation-free.
     pub fn retire(&self, id: TrackId) {
         let lifetime_ms = id.registered_at().map(|at| at.elapsed().as_secs_f64() * 1e3);
-        let mut t = self.cell(&id).lock();
-        t.live = t.live.saturating_sub(1);
-        t.retired += 1.0;
-        if let Some(ms) = lifetime_ms {
-            t.timed += 1.0;
-            t.lifetime_ms_sum += ms;
-        }
+        self.ledgers.write(id.cell(), |c| c.retire(lifetime_ms));
     }
 
     /// Multiplies every decayable sum in every cell by `factor` (1 keeps everything, 0 forgets everything but
-    /// the live-buffer counts). O(cells × shards) = O(1).
+    /// the live-buffer counts). O(cells × threads).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] unless `0 <= factor <= 1`.
@@ -312,34 +260,21 @@ impl UsageTracker {
                 expected: "a fraction in [0, 1]",
             });
         }
-        for cell in self.shards.iter().flat_map(|shard| &shard.0) {
-            let mut t = cell.lock();
-            t.scale_buffers(factor);
-            t.scale_accesses(factor);
-        }
+        self.ledgers.decay(factor);
         Ok(())
     }
 
-    /// The cell that counts the buffer `id`.
-    fn cell(&self, id: &TrackId) -> &Mutex<Tally> {
-        &self.shards[id.shard()].0[id.cell()]
-    }
-
-    /// One cell summed over the shards.
+    /// One cell summed over the threads' ledgers.
     fn tally(&self, size_class: SizeClass, access: AccessPattern) -> Tally {
-        let mut sum = Tally::default();
-        for shard in self.shards.iter() {
-            sum.add(&shard.0[cell_index(size_class, access)].lock());
-        }
-        sum
+        self.ledgers.sum(cell_index(size_class, access))
     }
 
-    /// The evidence for buffers of one size class and declared access pattern. O(shards).
+    /// The evidence for buffers of one size class and declared access pattern. O(threads).
     pub fn evidence(&self, size_class: SizeClass, access: AccessPattern) -> Evidence {
         self.tally(size_class, access).evidence()
     }
 
-    /// One recommendation per [`Subject`] under the tracker's own rule settings. O(cells × shards) = O(1) (allocates the
+    /// One recommendation per [`Subject`] under the tracker's own rule settings. O(cells × threads) (allocates the
     /// result).
     pub fn recommendations(&self) -> Recommendations {
         self.recommendations_with(&self.config.recommend)
@@ -384,21 +319,19 @@ mod tests {
     }
 
     #[test]
-    fn a_track_id_is_one_word_that_keeps_its_cell_shard_and_time() {
+    fn a_track_id_is_one_word_that_keeps_its_cell_and_time() {
         assert_eq!(std::mem::size_of::<Option<TrackId>>(), 8);
         let tracker = UsageTracker::default();
         for (n, s) in SizeClass::iter().enumerate() {
             for a in AccessPattern::iter() {
-                for shard in [0u8, 7, SHARDS as u8 - 1] {
-                    let before = Instant::now();
-                    let timed = TrackId::new(cell_index(s, a), shard, Some(Instant::now()));
-                    let at = timed.registered_at().expect("timed");
-                    assert!(at >= before - Duration::from_nanos(1) && at <= Instant::now(), "{at:?} {before:?}");
-                    let untimed = TrackId::new(cell_index(s, a), shard, None);
-                    for id in [timed, untimed] {
-                        assert_eq!((id.size_class(), id.access(), id.shard()), (s, a, usize::from(shard)));
-                        assert_eq!(id.cell(), cell_index(s, a));
-                    }
+                let before = Instant::now();
+                let timed = TrackId::new(cell_index(s, a), Some(Instant::now()));
+                let at = timed.registered_at().expect("timed");
+                assert!(at >= before - Duration::from_nanos(1) && at <= Instant::now(), "{at:?} {before:?}");
+                let untimed = TrackId::new(cell_index(s, a), None);
+                for id in [timed, untimed] {
+                    assert_eq!((id.size_class(), id.access()), (s, a));
+                    assert_eq!(id.cell(), cell_index(s, a));
                 }
                 // Registration through the tracker: the lifetime of a timed buffer is measured.
                 let bytes = [1, 1 << 20, 1 << 30][n];
@@ -411,9 +344,9 @@ mod tests {
         // A time before the base (or too far past it) is not measured rather than wrong.
         let base = *TIME_BASE.get().expect("set by the first tracker");
         let early = base.checked_sub(Duration::from_secs(1));
-        assert!(early.is_none_or(|at| TrackId::new(0, 0, Some(at)).registered_at().is_none()));
-        let late = base + Duration::from_nanos(1 << 54);
-        assert!(TrackId::new(0, 0, Some(late)).registered_at().is_none());
+        assert!(early.is_none_or(|at| TrackId::new(0, Some(at)).registered_at().is_none()));
+        let late = base + Duration::from_nanos(1 << 58);
+        assert!(TrackId::new(0, Some(late)).registered_at().is_none());
     }
 
     #[test]
