@@ -18,9 +18,10 @@
 //! | `UMM_PROFILE` | `0`/`1`, `true`/`false`, `on`/`off` | record allocation, free and segment events from the start |
 //! | `UMM_PROFILE_CAPACITY` | an integer | events the profiler's ring keeps (default 100000) |
 //! | `UMM_LEAK_WARNING` | `0`/`1`, `true`/`false`, `on`/`off` | warn when a manager is dropped while buffers are alive (default on) |
+//! | `UMM_LIVE_TABLE` | `0`/`1`, `true`/`false`, `on`/`off` | keep the table of live buffers that leak reports and the leak warning read (default on; off saves a lock round trip per buffer) |
 //! | `UMM_TRACE` | a file path (`{pid}` is replaced by the process id; `.gz` compresses) | write every allocation and free as an `umm-trace v1` file |
 //!
-//! `UMM_PROFILE`, `UMM_PROFILE_CAPACITY`, `UMM_TRACE` and `UMM_LEAK_WARNING` are read by every
+//! `UMM_PROFILE`, `UMM_PROFILE_CAPACITY`, `UMM_TRACE`, `UMM_LEAK_WARNING` and `UMM_LIVE_TABLE` are read by every
 //! [`crate::Builder`], even without `from_env`, so that any program using the library can be profiled or traced
 //! without changing it.
 //!
@@ -259,7 +260,8 @@ impl UmmConfig {
         })
     }
 
-    /// Applies `UMM_PROFILE`, `UMM_PROFILE_CAPACITY`, `UMM_TRACE` and `UMM_LEAK_WARNING` from `lookup`.
+    /// Applies `UMM_PROFILE`, `UMM_PROFILE_CAPACITY`, `UMM_TRACE`, `UMM_LEAK_WARNING` and `UMM_LIVE_TABLE` from
+    /// `lookup`.
     pub fn apply_profiler_vars(&mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<()> {
         if let Some(v) = lookup("UMM_PROFILE") {
             self.profiler.enabled =
@@ -280,6 +282,10 @@ impl UmmConfig {
         if let Some(v) = lookup("UMM_LEAK_WARNING") {
             self.profiler.leak_warning =
                 parse_bool(&v).ok_or_else(|| invalid("UMM_LEAK_WARNING", v, "0/1, true/false, on/off or yes/no"))?;
+        }
+        if let Some(v) = lookup("UMM_LIVE_TABLE") {
+            self.profiler.live_table =
+                parse_bool(&v).ok_or_else(|| invalid("UMM_LIVE_TABLE", v, "0/1, true/false, on/off or yes/no"))?;
         }
         Ok(())
     }
@@ -362,6 +368,7 @@ pub const KNOWN_VARS: &[&str] = &[
     "UMM_PROFILE_CAPACITY",
     "UMM_TRACE",
     "UMM_LEAK_WARNING",
+    "UMM_LIVE_TABLE",
     "UMM_REPLAY_DEVICE",
     "UMM_HUGE_MIN",
     "UMM_CAPI_LIB",

@@ -239,6 +239,12 @@ impl Builder {
         self.config.profiler.leak_warning = on;
         self
     }
+    /// Whether the profiler keeps its table of live buffers (`UMM_LIVE_TABLE`, default on); see
+    /// [`crate::ProfilerConfig::live_table`].
+    pub fn live_table(mut self, on: bool) -> Self {
+        self.config.profiler.live_table = on;
+        self
+    }
     /// How old the device figures placement decisions use may get (see [`UmmConfig::device_refresh`]).
     pub fn device_refresh(mut self, interval: Duration) -> Self {
         self.config.device_refresh = interval;
@@ -669,6 +675,23 @@ impl Drop for Inner {
                      UMM_LEAK_WARNING=0 silences this): {}",
                     leaks.to_string().trim_end()
                 ));
+            } else if !self.config.profiler.live_table {
+                // No table to list them from: the pools' own counts still tell that buffers are alive.
+                let (mut blocks, mut bytes) = (0, 0);
+                for device in &self.devices {
+                    for (_, _, pool) in device.pools() {
+                        let stats = pool.stats();
+                        blocks += stats.active_blocks.current;
+                        bytes += stats.requested_bytes.current;
+                    }
+                }
+                if blocks > 0 {
+                    crate::notice::warn(format_args!(
+                        "memory manager dropped while {blocks} buffer(s) of {bytes} bytes are alive (they stay valid \
+                         until dropped; UMM_LIVE_TABLE=1 lists them with their call sites, UMM_LEAK_WARNING=0 \
+                         silences this)"
+                    ));
+                }
             }
         }
         self.profiler.flush_trace();

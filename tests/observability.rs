@@ -202,6 +202,29 @@ fn without_a_logger_the_leak_warning_goes_to_stderr_unless_turned_off() {
         let stderr = leak_warning_stderr(mode, vars);
         assert!(!stderr.contains("dropped while buffers are alive"), "{mode} {vars:?}: {stderr}");
     }
+    // Without the live table there is nothing to list, but the pools' counts still say buffers are alive.
+    let stderr = leak_warning_stderr("default", &[("UMM_LIVE_TABLE", "0")]);
+    assert!(stderr.contains("memory manager dropped while 5 buffer(s) of 2560 bytes are alive"), "{stderr}");
+    assert!(stderr.contains("UMM_LIVE_TABLE=1") && !stderr.contains("\"kept\""), "{stderr}");
+}
+
+#[test]
+fn without_the_live_table_leak_reports_are_empty_but_profiled_buffers_are_still_entered() {
+    let mm = UniversalMemoryManager::builder().backends(false, false, false).live_table(false).build().unwrap();
+    let quiet = mm.allocate_universal_with::<u8>(100, AllocOptions::new().label("unlisted")).unwrap();
+    assert!(mm.leak_report().is_empty(), "{}", mm.leak_report());
+    mm.profiler().set_enabled(true);
+    let profiled = mm.allocate_universal_with::<u8>(200, AllocOptions::new().label("profiled")).unwrap();
+    let report = mm.leak_report();
+    assert_eq!(report.len(), 1, "{report}");
+    assert_eq!((report.allocations[0].label.as_deref(), report.allocations[0].bytes), (Some("profiled"), 200));
+    // Freed while profiling: the unentered buffer's drop finds nothing to remove; the entered one leaves.
+    drop(quiet);
+    drop(profiled);
+    assert!(mm.leak_report().is_empty());
+    let frees = mm.profiler().events().iter().filter(|e| e.kind == umm::EventKind::Free).count();
+    assert_eq!(frees, 1, "only the entered buffer's free is an event");
+    assert_eq!(mm.global_memory_stats().total.active_blocks.current, 0);
 }
 
 /// A deterministic trace of `n` allocations with mixed sizes and lifetimes, some left live.
