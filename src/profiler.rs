@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
-use umm_backends::{MemoryPool, StreamId};
+use umm_backends::{LeanMutex, MemoryPool, StreamId};
 use umm_placement::{Api, PoolKind};
 
 /// Events the ring keeps by default (about 100 bytes each, plus labels).
@@ -317,10 +317,16 @@ fn live_shard() -> u64 {
     SHARD.try_with(|s| *s).unwrap_or(0)
 }
 
-/// One shard of the live table, alone on its cache lines.
-#[derive(Default)]
+/// One shard of the live table, alone on its cache lines, behind the pools' lock (released with a plain store:
+/// one locked instruction per hold instead of two, on every allocation and drop).
 #[repr(align(128))]
-struct LiveShard(Mutex<LiveTable>);
+struct LiveShard(LeanMutex<LiveTable>);
+
+impl Default for LiveShard {
+    fn default() -> Self {
+        LiveShard(LeanMutex::new(LiveTable::default()))
+    }
+}
 
 /// The always-on table of live buffers (one shard of it): a slab whose slot numbers, with the shard's, are what
 /// `on_alloc` returns.

@@ -37,6 +37,8 @@ pub use device::{DeviceInfo, Discovery, PoolPlacement};
 pub use device_copy::DevicePath;
 pub use error::{Error, Result};
 pub use host::{host_memory, HostBackend};
+/// The pools' lock (a release with a plain store), also behind the facade's per-thread tables.
+pub use lock::{LeanGuard, LeanMutex};
 pub use pool::{
     parse_size, BlockSnapshot, Limit, Pool, PoolConfig, PoolSnapshot, SegmentMode, SegmentSnapshot, Strategy,
     TrimReport, DEFAULT_PAGE_UNLIMITED,
