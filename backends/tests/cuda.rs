@@ -14,7 +14,7 @@
 #![cfg(feature = "cuda")]
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 use umm_backends::cuda::cudarc::driver::{CudaContext, CudaFunction, DevicePtr, LaunchConfig, PushKernelArg};
 use umm_backends::cuda::{self, CudaBuffer, CudaDevice, CudaPool, CudaPoolExt};
@@ -43,10 +43,44 @@ extern "C" __global__ void scale(const float* x, float* y, float f, int n) {
 
 // ----- helpers -----
 
-fn gpu() -> Option<CudaDevice> {
+/// The tests of this file share the GPU, except the two that hold a stream back on a host flag, which run
+/// alone: a driver call that waits for the whole device (freeing device memory does) on another test's thread,
+/// made while such a kernel waits, can hold driver locks that the flag test's own thread needs before it sets
+/// the flag, and then the kernel gives up waiting (about 1 run in 4 with 4 test threads on an H200).
+static GPU_TURNS: RwLock<()> = RwLock::new(());
+
+/// A test's device and its turn on the GPU ([`GPU_TURNS`]).
+struct Gpu {
+    dev: CudaDevice,
+    _turn: Turn,
+}
+
+enum Turn {
+    Shared(#[allow(dead_code)] RwLockReadGuard<'static, ()>),
+    Alone(#[allow(dead_code)] RwLockWriteGuard<'static, ()>),
+}
+
+impl std::ops::Deref for Gpu {
+    type Target = CudaDevice;
+    fn deref(&self) -> &CudaDevice {
+        &self.dev
+    }
+}
+
+/// The first CUDA device, shared with the other tests (or a skip).
+fn gpu() -> Option<Gpu> {
+    device_with(Turn::Shared(GPU_TURNS.read().unwrap_or_else(|e| e.into_inner())))
+}
+
+/// The first CUDA device, with no other test of this file using the GPU until the test ends.
+fn gpu_alone() -> Option<Gpu> {
+    device_with(Turn::Alone(GPU_TURNS.write().unwrap_or_else(|e| e.into_inner())))
+}
+
+fn device_with(turn: Turn) -> Option<Gpu> {
     let found = cuda::discover();
     match found.devices.into_iter().next() {
-        Some(d) => Some(d),
+        Some(dev) => Some(Gpu { dev, _turn: turn }),
         None => {
             skip_or_fail("cuda", &found.skipped.join("; "));
             None
@@ -221,7 +255,7 @@ fn synchronize_pending_returns_a_block_recorded_on_another_stream() {
 /// is done, holding what the kernel wrote.
 #[test]
 fn record_stream_defers_reuse_while_the_other_stream_waits_for_a_host_flag() {
-    let Some(dev) = gpu() else { return };
+    let Some(dev) = gpu_alone() else { return };
     let ctx = dev.context().clone();
     let Some(k) = kernels(&ctx) else { return };
     let (s1, s2) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
@@ -267,7 +301,7 @@ fn record_stream_defers_reuse_while_the_other_stream_waits_for_a_host_flag() {
 /// writing the block does not write freed memory (which would show as an illegal address on the stream).
 #[test]
 fn dropping_a_pool_with_a_pending_free_waits_for_its_stream() {
-    let Some(dev) = gpu() else { return };
+    let Some(dev) = gpu_alone() else { return };
     let ctx = dev.context().clone();
     let Some(k) = kernels(&ctx) else { return };
     let (s1, s2) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
