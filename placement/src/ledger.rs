@@ -21,6 +21,9 @@ use std::sync::{Arc, Weak};
 
 const ONE: u64 = 1.0f64.to_bits();
 
+/// Cells of a ledger: one per size class (3) and declared access pattern (7), numbered by the tracker.
+pub(crate) const CELLS: usize = 3 * 7;
+
 /// A number in an atomic word, written by one thread.
 #[derive(Debug, Default)]
 struct Figure(AtomicU64);
@@ -222,7 +225,7 @@ impl Cell {
 #[derive(Debug)]
 #[repr(align(128))]
 pub(crate) struct Ledger {
-    cells: [Cell; crate::tracker::CELLS],
+    cells: [Cell; CELLS],
     /// Whether a live thread writes this ledger.
     claimed: AtomicBool,
 }

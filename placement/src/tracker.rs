@@ -8,12 +8,12 @@ use serde::{Deserialize, Serialize};
 use strum::IntoEnumIterator;
 
 use crate::error::{Error, Result};
-use crate::ledger::Ledgers;
+use crate::ledger::{Ledgers, CELLS};
 use crate::placement::{AccessPattern, Placement, PoolKind, SizeClass, Thresholds};
 use crate::recommend::{pool_slot, Evidence, RecommendConfig, Recommendations, Subject, Tally};
 
 const ACCESS_PATTERNS: usize = 7;
-pub(crate) const CELLS: usize = 3 * ACCESS_PATTERNS;
+const _: () = assert!(CELLS == 3 * ACCESS_PATTERNS, "a ledger holds a cell per size class and access pattern");
 
 /// Settings of a [`UsageTracker`].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
