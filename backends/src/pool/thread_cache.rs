@@ -45,9 +45,12 @@ pub(crate) struct Lent {
 }
 
 impl Lent {
+    #[inline(always)]
     fn new(slot: u32, index: u32, generation: u32) -> Self {
-        let slot_plus_one = u16::try_from(slot + 1).ok().and_then(std::num::NonZeroU16::new);
-        Lent { slot_plus_one: slot_plus_one.expect("slot numbers are below 256"), index, generation }
+        debug_assert!(slot < 256, "slot numbers are below 256");
+        // No branch on the lending path: a slot number below 256 plus one is never zero nor saturates.
+        let slot_plus_one = std::num::NonZeroU16::MIN.saturating_add(slot as u16);
+        Lent { slot_plus_one, index, generation }
     }
 
     /// The number of the slot that lent the block.
@@ -250,9 +253,9 @@ impl ThreadCache {
         }
         let record = &mut self.lent[lent.index as usize];
         record.live = false;
-        // The slot's own record of the block, which holds its host address: the freed handle is only checked
+        // The host address comes from the slot's own record of the block: the freed handle is only checked
         // against it.
-        let kept = record.block;
+        let kept = QuickBlock { host: record.block.host, ..block };
         // Generations never wrap: an entry whose generation is spent is not reused, so no later handle can
         // carry an old one's ticket.
         if record.generation < u32::MAX {
