@@ -8,9 +8,10 @@
 //!   report reads a cell's figures between two equal even numbers and tries again otherwise (a seqlock). A
 //!   report sums the cells of every ledger, so a buffer registered on one thread and retired on another counts
 //!   in both threads' ledgers, and the sums are exact.
-//! - **Decay without writing another thread's figures.** `decay` multiplies each cell's pending factor (a
-//!   compare-and-swap on a word only decays write); the owner applies it to its figures on its next write of
-//!   the cell, inside its sequence section, and readers scale what they read by it until then.
+//! - **Decay without writing another thread's figures.** `decay` multiplies each cell's pending factor, a word
+//!   of its own that only `decay` and the owner change (both with atomic read-modify-writes, which the owner
+//!   needs only when a decay is pending); the owner applies the factor to its figures on its next write of the
+//!   cell, inside its sequence section, and readers scale what they read by it until then.
 //! - **Threads being torn down** (whose thread-locals are gone) write a shared ledger under a mutex.
 
 use crate::recommend::Tally;
@@ -182,10 +183,17 @@ impl Cell {
 
     /// The cell's figures with the pending decay applied, read between two equal even sequence numbers.
     fn read(&self) -> Tally {
+        let mut tries = 0u32;
         loop {
             let before = self.seq.load(Ordering::Acquire);
             if before % 2 == 1 {
-                std::hint::spin_loop();
+                // The owner is inside a write of a few stores; one that was preempted there gets the core back.
+                tries += 1;
+                if tries.is_multiple_of(64) {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
                 continue;
             }
             let factor = f64::from_bits(self.pending.load(Ordering::Relaxed));
