@@ -569,9 +569,27 @@ impl UniversalMemoryManager {
 
     /// Statistics of every pool, per device and in total (serde-serialisable).
     pub fn global_memory_stats(&self) -> GlobalMemoryStats {
+        self.inner.memory_stats()
+    }
+
+    /// Sets (or clears) the cap on reserved bytes of every pool created so far. Pools created later take the
+    /// configured limit ([`Builder::limit`], `UMM_LIMIT`).
+    pub fn set_limit(&self, limit: Option<umm_backends::Limit>) -> Result<()> {
+        for device in &self.inner.devices {
+            for (_, _, pool) in device.pools() {
+                pool.set_limit(limit)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    /// Every pool's statistics, per device and in total (see [`UniversalMemoryManager::global_memory_stats`]).
+    fn memory_stats(&self) -> GlobalMemoryStats {
         let mut total = PoolStats { name: "total".into(), limit_bytes: Some(0), ..PoolStats::default() };
         let mut devices = Vec::new();
-        for device in &self.inner.devices {
+        for device in &self.devices {
             let mut device_total =
                 PoolStats { name: device.name().to_string(), limit_bytes: Some(0), ..PoolStats::default() };
             let mut pools = Vec::new();
@@ -597,19 +615,6 @@ impl UniversalMemoryManager {
         GlobalMemoryStats { devices, total }
     }
 
-    /// Sets (or clears) the cap on reserved bytes of every pool created so far. Pools created later take the
-    /// configured limit ([`Builder::limit`], `UMM_LIMIT`).
-    pub fn set_limit(&self, limit: Option<umm_backends::Limit>) -> Result<()> {
-        for device in &self.inner.devices {
-            for (_, _, pool) in device.pools() {
-                pool.set_limit(limit)?;
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Inner {
     /// Refreshes the device figures and the evidence if the last refresh is older than
     /// [`UmmConfig::device_refresh`].
     fn refresh_if_due(&self) {
@@ -677,14 +682,8 @@ impl Drop for Inner {
                 ));
             } else if !self.config.profiler.live_table {
                 // No table to list them from: the pools' own counts still tell that buffers are alive.
-                let (mut blocks, mut bytes) = (0, 0);
-                for device in &self.devices {
-                    for (_, _, pool) in device.pools() {
-                        let stats = pool.stats();
-                        blocks += stats.active_blocks.current;
-                        bytes += stats.requested_bytes.current;
-                    }
-                }
+                let total = self.memory_stats().total;
+                let (blocks, bytes) = (total.active_blocks.current, total.requested_bytes.current);
                 if blocks > 0 {
                     crate::notice::warn(format_args!(
                         "memory manager dropped while {blocks} buffer(s) of {bytes} bytes are alive (they stay valid \

@@ -5,8 +5,8 @@
 //!   entry (size, device, pool, stream, label, call site) from allocation to drop, in a slab behind one mutex of
 //!   the allocating thread's shard. It feeds [`Profiler::leak_report`], the labels and call sites of a
 //!   snapshot's blocks, and the warning logged when a manager is dropped while buffers are alive. Off, it saves
-//!   one lock round trip per buffer at allocation and at drop (about a tenth of the front door's cost), and the
-//!   drop-time warning gives counts without call sites.
+//!   one lock round trip per buffer at allocation and at drop (30–100 ns per buffer on an H200 machine, with
+//!   the lock it took before), and the drop-time warning gives counts without call sites.
 //! - the **event ring** is opt-in ([`Profiler::set_enabled`], [`crate::Builder::profile`], `UMM_PROFILE=1`): a
 //!   bounded ring of allocation, free and segment events that [`crate::Snapshot`]s carry and `umm plot` draws.
 //!   When off, recording costs one relaxed atomic load per allocation and per free.

@@ -22,8 +22,8 @@ pub struct BlockHandle {
     /// The host address of the block's first byte where its memory is host-addressable, 0 otherwise: what the
     /// backend's [`Backend::host_ptr`] vouched for when the pool handed the block out, under its lock. It travels
     /// with the block's segment and offset through the thread caches, so that [`OwnedBlock`] gets it with the
-    /// allocation instead of a second trip through the pool's locks. Read only by [`OwnedBlock`], for a block it
-    /// was just handed.
+    /// allocation instead of a second trip through the pool's locks. Only [`OwnedBlock`] uses it, for a block it
+    /// was just handed; the pool and its caches only carry it.
     pub(crate) host: usize,
     /// Set for a block lent from a thread cache: the slot that lent it checks this ticket (the engine holds the
     /// block parked). See [`crate::pool`]'s thread caches.
@@ -415,7 +415,8 @@ impl OwnedBlock {
         // The block is live for as long as `self`, so the range stays valid for the borrow.
         // SAFETY: the handle's `host` is the address the backend vouched for (a `HostPtr`) at this block's
         // segment and offset when the pool handed the block out (the thread caches keep it with that segment and
-        // offset, which the block still has); the length is the block's requested size; `settle` just waited for queued device work.
+        // offset, which the block still has); the length is the block's requested size; `settle` just waited for
+        // queued device work.
         Some(unsafe { crate::host_ptr::bytes(self, addr, self.handle.requested as usize) })
     }
 
