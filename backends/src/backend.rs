@@ -3,7 +3,7 @@
 //! [`crate::Pool`], shared by every backend.
 
 pub use crate::host_ptr::HostPtr;
-use crate::Result;
+use crate::{Result, StreamId};
 use umm_placement::Api;
 
 /// A backend that can reserve address space and map physical pages into it on demand (CUDA's
@@ -107,8 +107,13 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
     /// A backend may keep the released pages' physical memory for the next [`Backend::map_pages`] until
     /// [`Backend::release_spare_pages`]: a pool that unmaps pages to map as many elsewhere then pays for moving
     /// pages, not for freeing and creating them.
-    fn unmap_pages(&self, segment: &Self::Segment, offset: u64, len: u64) {
-        let _ = (segment, offset, len);
+    ///
+    /// `stream` is the stream of the arena the pages lie in: every block over them was freed on it, and a block
+    /// used on other streams came back to the arena only once their work had passed (see `CudaPool`). So
+    /// waiting for `stream` alone makes the pages safe to give back; a backend with queued work waits for that
+    /// stream, not for the whole device.
+    fn unmap_pages(&self, segment: &Self::Segment, offset: u64, len: u64, stream: StreamId) {
+        let _ = (segment, offset, len, stream);
     }
 
     /// Frees the physical memory of pages unmapped but kept for reuse. A pool calls it at the end of every

@@ -458,7 +458,7 @@ impl<B: Backend> Backend for FaultyBackend<B> {
         }
         Ok(())
     }
-    fn unmap_pages(&self, segment: &Self::Segment, offset: u64, len: u64) {
+    fn unmap_pages(&self, segment: &Self::Segment, offset: u64, len: u64, stream: crate::StreamId) {
         self.shared.unmap_calls.fetch_add(1, Ordering::Relaxed);
         let end = offset + len;
         let mut ledger = self.shared.ledger.lock();
@@ -483,7 +483,7 @@ impl<B: Backend> Backend for FaultyBackend<B> {
             None => ledger.violation(format!("unmap_pages of {offset}..{end} in segment {}: not mapped", segment.id)),
         }
         drop(ledger);
-        self.inner.unmap_pages(&segment.inner, offset, len);
+        self.inner.unmap_pages(&segment.inner, offset, len, stream);
     }
     fn release_spare_pages(&self) {
         self.inner.release_spare_pages();

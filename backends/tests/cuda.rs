@@ -461,6 +461,64 @@ fn device_exhaustion_releases_the_cache_and_reports_the_driver() {
     pool.free(&again).unwrap();
 }
 
+/// Pages given back wait for the work of the stream their blocks were freed on, and for no other stream's: a
+/// kernel held back on s2 does not hold up a trim of s1's arena, while a kernel still writing a block freed on s1
+/// does, until it has passed (no illegal address on s1 afterwards).
+#[test]
+fn unmapping_pages_waits_for_their_stream_and_no_other() {
+    let Some(dev) = gpu_alone() else { return };
+    if !dev.supports_virtual_memory() {
+        return skip_or_fail("cuda-vmm", "no virtual memory management on this device");
+    }
+    let ctx = dev.context().clone();
+    let Some(k) = kernels(&ctx) else { return };
+    const MIB: u64 = 1 << 20;
+    let (s1, s2) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let id1 = cuda::stream_id(&s1);
+    let config = PoolConfig { page_size: Some(2 * MIB), mapped_slack: None, ..config(SegmentMode::Virtual) };
+    let pool = dev.caching_pool(PoolPlacement::DeviceLocal, config).unwrap();
+    // `keep` stays live, so the reservation never empties: an empty one is destroyed, which waits for the device.
+    let keep = pool.allocate(8 * MIB, id1).unwrap();
+    let trim = |what: &str| {
+        let start = Instant::now();
+        let report = pool.pool().release_cached();
+        assert_eq!(report.segments_released, 0, "{what}: {report:?}");
+        assert!(report.pages_unmapped >= 4, "{what}: {report:?}");
+        start.elapsed()
+    };
+
+    // Another stream's kernel, held back on a flag, writes into `keep`: the trim must not wait for it.
+    let flag = HostFlag::new(&dev);
+    pool.free(&pool.allocate(8 * MIB, id1).unwrap()).unwrap();
+    launch_wait_for_flag(&k, &s2, &flag, pool.device_ptr(&keep).unwrap());
+    let waited = trim("s2 held back");
+    flag.set();
+    s2.synchronize().unwrap();
+    assert!(waited < Duration::from_millis(250), "the trim waited {waited:?} for a stream it has no part in");
+    let mut out = [0u8; 4];
+    pool.pool().read(&keep, 0, &mut out).unwrap();
+    assert_eq!(f32::from_le_bytes(out), 42.0, "the kernel saw the flag (-1.0: it timed out waiting)");
+
+    // s1's own kernel writes a block freed on s1 after the launch: the trim must wait for it.
+    let flag = Arc::new(HostFlag::new(&dev));
+    let block = pool.allocate(8 * MIB, id1).unwrap();
+    launch_wait_for_flag(&k, &s1, &flag, pool.device_ptr(&block).unwrap());
+    pool.free(&block).unwrap();
+    let setter = {
+        let flag = Arc::clone(&flag);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            flag.set();
+        })
+    };
+    let waited = trim("s1 held back");
+    setter.join().unwrap();
+    assert!(waited >= Duration::from_millis(250), "the trim returned after {waited:?}, before s1 passed its kernel");
+    assert!(waited < HOST_WAIT, "the trim took {waited:?}");
+    s1.synchronize().unwrap_or_else(|e| panic!("s1 failed after its pages were unmapped: {e}"));
+    pool.free(&keep).unwrap();
+}
+
 #[test]
 fn trims_move_free_pages_to_new_blocks_and_leave_live_data_alone() {
     let Some(dev) = gpu() else { return };

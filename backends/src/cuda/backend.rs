@@ -2,8 +2,10 @@
 //! cuMemCreate/cuMemMap), of pinned host memory (cuMemHostAlloc), or of read-only device memory.
 //!
 //! Synchronisation rules (why the calls below synchronize where they do):
-//! - Memory is given back to the driver (segment destroyed, pages unmapped) only after `cuCtxSynchronize`: a
-//!   block freed on a stream may still be used by work queued on it before the free.
+//! - A segment is destroyed only after `cuCtxSynchronize`, and pages are unmapped only after their arena's
+//!   stream has passed its work (`cuStreamSynchronize`; the context when the stream is no longer live): a block
+//!   freed on a stream may still be used by work queued on it before the free. Unmapping does not wait for the
+//!   other streams: a pool under a limit that moves pages does not stall work it has no part in.
 //! - The blocking byte moves of [`Backend::write`], [`Backend::read`] and [`Backend::fill`] on device memory
 //!   wait for all work queued in the context first and for their own copy afterwards, so they are ordered with
 //!   every stream (the streams the pool hands out blocks on are usually non-blocking ones). Stream-ordered copies
@@ -13,7 +15,7 @@
 use super::raw::{self, Failure};
 use crate::adopt::{Adoption, Keeper, Ownership};
 use crate::HostPtr;
-use crate::{Api, Backend, Error, PoolPlacement, Result, VirtualMemory};
+use crate::{Api, Backend, Error, PoolPlacement, Result, StreamId, VirtualMemory};
 use cudarc::driver::CudaContext;
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -157,6 +159,19 @@ impl CudaBackend {
         })
     }
 
+    /// Waits for the work queued on `stream`: that stream alone when it is live (cuMemUnmap itself does not wait
+    /// for other streams, so their work runs on), else the whole context (a dropped stream may still have work
+    /// in flight, which only the context's synchronisation waits for).
+    pub(super) fn wait_for_stream(&self, stream: StreamId) -> Result<()> {
+        match self.live_stream(stream) {
+            Ok(live) => {
+                self.bind()?;
+                raw::stream_synchronize(&live).map_err(|f| self.error(f))
+            }
+            Err(_) => self.synchronize(),
+        }
+    }
+
     /// Binds the context and waits for all its work.
     pub(super) fn synchronize(&self) -> Result<()> {
         self.bind()?;
@@ -220,8 +235,8 @@ impl CudaBackend {
     /// freed.
     ///
     /// # Safety
-    /// No work queued before this call still uses the range (the caller synchronized the context), and no live
-    /// block lies over it.
+    /// No work queued before this call still uses the range (the caller waited for every stream that may use
+    /// it), and no live block lies over it.
     #[allow(unsafe_code)] // Discharges `raw::mem_unmap`'s and `raw::mem_release`'s contracts.
     unsafe fn unmap_range(&self, segment: &CudaSegment, offset: u64, len: u64, page: u64, keep: bool) {
         let Some(pages) = segment.pages.as_ref() else { return };
@@ -443,14 +458,15 @@ impl Backend for CudaBackend {
     }
 
     #[allow(unsafe_code)] // Discharges `unmap_range`'s contract.
-    fn unmap_pages(&self, segment: &CudaSegment, offset: u64, len: u64) {
+    fn unmap_pages(&self, segment: &CudaSegment, offset: u64, len: u64, stream: StreamId) {
         let (Some(vm), true) = (self.vmm, segment.is_virtual()) else { return };
-        // Blocks over these pages were freed on their streams; work queued before that may still run.
-        if let Err(e) = self.synchronize() {
-            log::error!("{}: synchronizing before unmapping pages failed: {e}", self.name);
+        // Blocks over these pages were freed on `stream`; work queued there before may still use them.
+        if let Err(e) = self.wait_for_stream(stream) {
+            log::error!("{}: waiting before unmapping pages failed: {e}", self.name);
         }
-        // SAFETY: synchronized just above (a failure is logged: a context with a sticky error runs no further
-        // work); the pool unmaps only pages under no live block (`Backend::unmap_pages`' contract with it).
+        // SAFETY: `stream` was waited for just above, and it is the only stream whose work may still use these
+        // pages (`Backend::unmap_pages`' contract with the pool; a failure is logged: a context with a sticky
+        // error runs no further work); the pool unmaps only pages under no live block.
         unsafe { self.unmap_range(segment, offset, len, vm.page_size, true) };
     }
 

@@ -16,8 +16,9 @@
 //! cudarc stream and registers it; [`foreign_stream`] (`unsafe`) vouches for a stream made elsewhere. Calls that
 //! queue work on a stream refuse ids of neither kind, and of streams that were dropped or belong to another
 //! device, instead of handing the driver a made-up handle. A block allocated on a stream is freed to that stream's free lists and reused at once there;
-//! other streams never get it from the pool while it is cached (the pool keeps per-stream arenas), and memory
-//! goes back to the driver only after the context has been synchronized.
+//! other streams never get it from the pool while it is cached (the pool keeps per-stream arenas). Its pages go
+//! back to the driver only after that stream has passed its work, and a segment only after the whole context
+//! has.
 
 mod backend;
 mod buffer;

@@ -246,10 +246,19 @@ impl<B: Backend> Drop for Pool<B> {
                 state.stats.allocated_bytes.current
             );
         }
+        // A live block may be in use on any stream, where unmapping waits only for its arena's: wait for all.
+        if live > 0 {
+            if let Err(e) = self.backend.settle() {
+                log::error!(
+                    "pool {}: waiting for the device before releasing live blocks failed: {e}",
+                    self.backend.name()
+                );
+            }
+        }
         for arena in &mut state.arenas {
             for index in 0..arena.segments.len() {
                 let Some(entry) = arena.segments[index].take() else { continue };
-                Self::unmap_all(&self.backend, arena.engine(), SegmentId(index as u32), &entry);
+                Self::unmap_all(&self.backend, arena.engine(), arena.stream, SegmentId(index as u32), &entry);
                 self.backend.destroy_segment(entry.handle, PoolAccess::new());
             }
         }

@@ -5,7 +5,7 @@ use super::allocate::Shortfall;
 use super::state::{SegmentEntry, State};
 use super::Pool;
 use crate::engine::{Allocation, Engine, Restore, SegmentId};
-use crate::Backend;
+use crate::{Backend, StreamId};
 
 impl<B: Backend> Pool<B> {
     /// Serves `size` bytes from withheld (unmapped) space of the arena's reservations: restores the range that
@@ -86,11 +86,12 @@ impl<B: Backend> Pool<B> {
             state.arenas[arena].segments.iter().map(|slot| slot.as_ref().is_some_and(idle)).collect()
         };
         let eligible = |id: SegmentId| idle_rounds == 0 || idle[id.0 as usize];
+        let stream = state.arenas[arena].stream;
         let (engine, segments) = state.virtual_parts(arena);
         let mut calls = 0;
         let bytes = engine.withhold_free(page, want, eligible, |id, offset, len| {
             let entry = segments[id.0 as usize].as_mut().expect("segment exists");
-            self.backend.unmap_pages(&entry.handle, offset, len);
+            self.backend.unmap_pages(&entry.handle, offset, len, stream);
             *entry.mapped.as_mut().expect("virtual segment") -= len;
             calls += 1;
         });
@@ -101,11 +102,12 @@ impl<B: Backend> Pool<B> {
         (bytes >> page.trailing_zeros(), bytes)
     }
 
-    /// Unmaps every mapped range of a reservation (before it is destroyed or dropped); returns the bytes and the
-    /// calls made.
+    /// Unmaps every mapped range of a reservation of the arena serving `stream` (before it is destroyed or
+    /// dropped); returns the bytes and the calls made.
     pub(super) fn unmap_all(
         backend: &B,
         engine: &Engine,
+        stream: StreamId,
         id: SegmentId,
         entry: &SegmentEntry<B::Segment>,
     ) -> (u64, u64) {
@@ -114,7 +116,7 @@ impl<B: Backend> Pool<B> {
         }
         let (mut released, mut calls) = (0, 0);
         for (offset, len) in engine.backed_ranges(id) {
-            backend.unmap_pages(&entry.handle, offset, len);
+            backend.unmap_pages(&entry.handle, offset, len, stream);
             released += len;
             calls += 1;
         }

@@ -168,11 +168,7 @@ fn page_sizes_that_are_not_powers_of_two_or_below_the_device_page_are_refused() 
 #[test]
 fn a_device_whose_pages_are_not_powers_of_two_gets_no_virtual_reservations() {
     // Page arithmetic on the remap path is masks and shifts; a device reporting 3 MiB pages must be refused.
-    let odd = || PageChecked {
-        inner: SimBackend::new("odd", 8 << 30),
-        mapped: Default::default(),
-        reported_page: Some(3 * MIB),
-    };
+    let odd = || PageChecked::new(SimBackend::new("odd", 8 << 30), Some(3 * MIB));
     let virt = PoolConfig { segment_mode: SegmentMode::Virtual, ..Default::default() };
     let err = Pool::new(odd(), virt).err().expect("refused");
     assert!(matches!(&err, Error::InvalidConfig(m) if m.contains("power of two") && m.contains("odd")), "{err}");
@@ -244,14 +240,33 @@ fn unmapped_space_then_a_mapped_hole() -> (Pool<PageChecked>, BlockHandle) {
         page_size: Some(SimBackend::PAGE),
         ..PoolConfig::default()
     };
-    let backend =
-        PageChecked { inner: SimBackend::new("checked", 8 << 30), mapped: Default::default(), reported_page: None };
+    let backend = PageChecked::new(SimBackend::new("checked", 8 << 30), None);
     let pool = Pool::new(backend, config).unwrap();
     let [a, b, c] = [6 * MIB, 10 * MIB, 2 * MIB].map(|size| pool.allocate(size, S0).unwrap());
     pool.free(&a).unwrap();
     assert_eq!(pool.release_cached().bytes_released, 6 * MIB);
     pool.free(&b).unwrap();
     (pool, c)
+}
+
+#[test]
+fn pages_are_unmapped_for_the_stream_whose_arena_holds_them() {
+    // A backend waits only for the stream it is told before giving pages back (CUDA: cuStreamSynchronize, not
+    // the whole context), so each unmap must name the stream the pages' blocks were freed on.
+    let config =
+        PoolConfig { segment_mode: SegmentMode::Virtual, page_size: Some(SimBackend::PAGE), ..Default::default() };
+    let pool = Pool::new(PageChecked::new(SimBackend::new("checked", 8 << 30), None), config).unwrap();
+    let other = StreamId(7);
+    let blocks = [pool.allocate(8 * MIB, S0).unwrap(), pool.allocate(8 * MIB, other).unwrap()];
+    for block in &blocks {
+        pool.free(block).unwrap();
+    }
+    let released = pool.release_cached();
+    assert_eq!(released.bytes_released, 16 * MIB, "{released:?}");
+    let named = pool.backend().unmap_streams.lock().clone();
+    let mut streams: Vec<StreamId> = named.values().copied().collect();
+    streams.sort_by_key(|s| s.0);
+    assert_eq!(streams, [S0, other], "one reservation per stream, each unmapped for its own: {named:?}");
 }
 
 /// Frees `blocks`, the pool's last live ones, releases the cache and checks that no page is left mapped.
@@ -570,16 +585,22 @@ fn batch_allocation_is_all_or_nothing() {
     assert_eq!(s.num_allocs, before + 2);
 }
 
-/// A sim device that tracks every mapped page: mapping a mapped page, unmapping an unmapped one, or a range off
-/// the page grid fails the test at once.
+/// A sim device that tracks every mapped page: mapping a mapped page, unmapping an unmapped one, a range off
+/// the page grid, or unmapping a reservation's pages for another stream than before fails the test at once.
 struct PageChecked {
     inner: SimBackend,
     mapped: parking_lot::Mutex<std::collections::BTreeSet<(u64, u64)>>,
     /// Reported as the device's page size instead of the sim's own, when set.
     reported_page: Option<u64>,
+    /// The stream each reservation's unmaps named (by the reservation's base): one arena, so one stream.
+    unmap_streams: parking_lot::Mutex<std::collections::HashMap<u64, StreamId>>,
 }
 
 impl PageChecked {
+    fn new(inner: SimBackend, reported_page: Option<u64>) -> Self {
+        Self { inner, mapped: Default::default(), reported_page, unmap_streams: Default::default() }
+    }
+
     fn pages(segment: &crate::sim::SimSegment, offset: u64, len: u64) -> impl Iterator<Item = (u64, u64)> {
         assert!(
             offset.is_multiple_of(SimBackend::PAGE) && len.is_multiple_of(SimBackend::PAGE) && len > 0,
@@ -655,7 +676,9 @@ impl Backend for PageChecked {
         drop(mapped);
         self.inner.map_pages(segment, offset, len)
     }
-    fn unmap_pages(&self, segment: &Self::Segment, offset: u64, len: u64) {
+    fn unmap_pages(&self, segment: &Self::Segment, offset: u64, len: u64, stream: StreamId) {
+        let named = *self.unmap_streams.lock().entry(segment.base).or_insert(stream);
+        assert_eq!(named, stream, "pages of one reservation unmapped for two streams");
         let page = self.virtual_memory().expect("virtual").page_size;
         assert!(
             offset.is_multiple_of(page) && len.is_multiple_of(page),
@@ -666,7 +689,7 @@ impl Backend for PageChecked {
             assert!(mapped.remove(&page), "page {page:?} unmapped but not mapped");
         }
         drop(mapped);
-        self.inner.unmap_pages(segment, offset, len)
+        self.inner.unmap_pages(segment, offset, len, stream)
     }
     fn write(&self, segment: &Self::Segment, offset: u64, src: &[u8]) -> Result<()> {
         self.inner.write(segment, offset, src)
@@ -690,8 +713,7 @@ fn virtual_reservations_keep_live_blocks_mapped_under_random_pressure() {
         [(Some(0.03), None), (None, None), (Some(0.0), None), (Some(0.03), Some(8 * MIB)), (None, Some(8 * MIB))];
     for (round, (slack, page_size)) in rounds.into_iter().enumerate() {
         let limit = 400 * MIB;
-        let backend =
-            PageChecked { inner: SimBackend::new("checked", 8 << 30), mapped: Default::default(), reported_page: None };
+        let backend = PageChecked::new(SimBackend::new("checked", 8 << 30), None);
         let config = PoolConfig {
             segment_mode: SegmentMode::Virtual,
             limit: Some(Limit::Bytes(limit)),

@@ -126,7 +126,8 @@ impl<B: Backend> Pool<B> {
     /// Destroys an empty segment; returns the physical bytes it held.
     pub(super) fn destroy_segment(&self, state: &mut State<B::Segment>, arena: usize, id: SegmentId) -> u64 {
         let entry = state.arenas[arena].segments[id.0 as usize].take().expect("segment exists");
-        let (unmapped, calls) = Self::unmap_all(&self.backend, state.arenas[arena].engine(), id, &entry);
+        let (unmapped, calls) =
+            Self::unmap_all(&self.backend, state.arenas[arena].engine(), state.arenas[arena].stream, id, &entry);
         state.stats.num_device_calls += calls + 1;
         let size = state.remove_segment(arena, id);
         let released = if entry.mapped.is_some() {

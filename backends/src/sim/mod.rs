@@ -165,7 +165,7 @@ impl Backend for SimBackend {
     fn map_pages(&self, _segment: &SimSegment, _offset: u64, len: u64) -> Result<()> {
         self.take(len, "map_pages")
     }
-    fn unmap_pages(&self, _segment: &SimSegment, _offset: u64, len: u64) {
+    fn unmap_pages(&self, _segment: &SimSegment, _offset: u64, len: u64, _stream: crate::StreamId) {
         self.physical.fetch_sub(len, Ordering::Relaxed);
     }
     fn write(&self, _segment: &SimSegment, _offset: u64, _src: &[u8]) -> Result<()> {
