@@ -39,13 +39,16 @@
 //! virtual reservation, and its mapped ranges), so that a test can ask after the pool is dropped whether every
 //! segment was destroyed and every page unmapped ([`FaultHandle::check_released`]), and while it lives how much
 //! physical memory the pool holds ([`FaultHandle::resident_bytes`], which should equal the pool's
-//! `reserved_bytes`). Misuse it sees (a segment destroyed twice or while pages are mapped in it, a page mapped
-//! twice, a range unmapped that was not mapped) is recorded in [`FaultHandle::violations`].
+//! `reserved_bytes`), and whether a range is mapped ([`FaultHandle::is_mapped`]). Misuse it sees (a segment
+//! destroyed twice or while pages are mapped in it, a page mapped twice, a range unmapped that was not mapped, a
+//! range off the page grid, one reservation's pages unmapped for two streams) is recorded in
+//! [`FaultHandle::violations`]. [`FaultyBackend::reporting_page`] and [`FaultyBackend::with_max_reservation`]
+//! change what the wrapper reports of the device's virtual memory.
 
 use crate::backend::{sealed, PoolAccess};
-use crate::{Api, Backend, Error, HostPtr, Result, VirtualMemory};
+use crate::{Api, Backend, Error, HostPtr, Result, StreamId, VirtualMemory};
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -126,6 +129,8 @@ struct Record {
     reservation: bool,
     /// Mapped ranges, start → end, disjoint and merged.
     mapped: BTreeMap<u64, u64>,
+    /// The stream its unmaps named: one arena's reservation, so one stream.
+    unmapped_for: Option<StreamId>,
 }
 
 #[derive(Debug, Default)]
@@ -136,6 +141,8 @@ struct Ledger {
     mapped: u64,
     created: u64,
     destroyed: u64,
+    /// Every stream an unmap named.
+    unmap_streams: BTreeSet<u64>,
     violations: Vec<String>,
 }
 
@@ -246,8 +253,21 @@ impl FaultHandle {
         self.0.ledger.lock().resident
     }
 
+    /// Whether `[offset, offset + len)` of `segment` is mapped, as the ledger sees it.
+    pub fn is_mapped<S>(&self, segment: &FaultySegment<S>, offset: u64, len: u64) -> bool {
+        let ledger = self.0.ledger.lock();
+        let record = ledger.live.get(&segment.id);
+        // Adjacent mappings are merged, so a mapped range lies inside one entry.
+        record.and_then(|r| r.mapped.range(..=offset).next_back()).is_some_and(|(_, &end)| end >= offset + len)
+    }
+
+    /// The streams that unmaps have named, each once, in the order of their numbers.
+    pub fn unmap_streams(&self) -> Vec<StreamId> {
+        self.0.ledger.lock().unmap_streams.iter().map(|&s| StreamId(s)).collect()
+    }
+
     /// Misuse the ledger saw: segments destroyed twice or with pages mapped, pages mapped twice, ranges unmapped
-    /// that were not mapped.
+    /// that were not mapped, ranges off the page grid, one reservation's pages unmapped for two streams.
     pub fn violations(&self) -> Vec<String> {
         self.0.ledger.lock().violations.clone()
     }
@@ -299,13 +319,37 @@ pub struct FaultyBackend<B: Backend> {
     shared: Arc<Shared>,
     /// Whether the inner backend's host pointers are passed on (see [`FaultyBackend::without_host_access`]).
     host_access: bool,
+    /// Reported as the page size instead of the inner backend's (see [`FaultyBackend::reporting_page`]).
+    reported_page: Option<u64>,
+    /// Reported as the largest reservation instead of the inner backend's.
+    max_reservation: Option<u64>,
 }
 
 impl<B: Backend> FaultyBackend<B> {
     /// Wraps `inner`; nothing fails until the returned handle says so.
     pub fn new(inner: B) -> (Self, FaultHandle) {
         let shared = Arc::new(Shared::default());
-        (Self { inner, shared: shared.clone(), host_access: true }, FaultHandle(shared))
+        let backend =
+            Self { inner, shared: shared.clone(), host_access: true, reported_page: None, max_reservation: None };
+        (backend, FaultHandle(shared))
+    }
+
+    /// Reports `page` as the device's page size, for tests of the page sizes a pool refuses.
+    pub fn reporting_page(mut self, page: u64) -> Self {
+        self.reported_page = Some(page);
+        self
+    }
+
+    /// Reports reservations of at most `bytes`, so that a pool makes several where the inner backend would make
+    /// one.
+    pub fn with_max_reservation(mut self, bytes: u64) -> Self {
+        self.max_reservation = Some(bytes);
+        self
+    }
+
+    /// Whether `[offset, offset + len)` lies on the page grid (always, without virtual memory).
+    fn on_page_grid(&self, offset: u64, len: u64) -> bool {
+        self.virtual_memory().is_none_or(|vm| offset.is_multiple_of(vm.page_size) && len.is_multiple_of(vm.page_size))
     }
 
     /// Hides the inner backend's host pointers, so that a backend holding bytes in host memory (the host backend)
@@ -347,7 +391,7 @@ impl<B: Backend> FaultyBackend<B> {
     fn track(&self, inner: B::Segment, size: u64, reservation: bool) -> FaultySegment<B::Segment> {
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let mut ledger = self.shared.ledger.lock();
-        ledger.live.insert(id, Record { size, reservation, mapped: BTreeMap::new() });
+        ledger.live.insert(id, Record { size, reservation, mapped: BTreeMap::new(), unmapped_for: None });
         ledger.created += 1;
         if !reservation {
             ledger.resident += size;
@@ -412,7 +456,10 @@ impl<B: Backend> Backend for FaultyBackend<B> {
         self.inner.destroy_segment(segment.inner, access);
     }
     fn virtual_memory(&self) -> Option<VirtualMemory> {
-        self.inner.virtual_memory()
+        self.inner.virtual_memory().map(|vm| VirtualMemory {
+            page_size: self.reported_page.unwrap_or(vm.page_size),
+            max_reservation: self.max_reservation.unwrap_or(vm.max_reservation),
+        })
     }
     fn set_page_size(&mut self, page: u64) -> Result<()> {
         self.inner.set_page_size(page)
@@ -426,7 +473,11 @@ impl<B: Backend> Backend for FaultyBackend<B> {
         self.check(FaultKind::MapPages, "map_pages")?;
         self.inner.map_pages(&segment.inner, offset, len)?;
         let end = offset + len;
+        let on_grid = self.on_page_grid(offset, len);
         let mut ledger = self.shared.ledger.lock();
+        if !on_grid {
+            ledger.violation(format!("map_pages of {offset}..{end} in segment {}: not whole pages", segment.id));
+        }
         let Some(record) = ledger.live.get_mut(&segment.id) else {
             ledger.violation(format!("map_pages on segment {}, which is not live", segment.id));
             return Ok(());
@@ -458,10 +509,22 @@ impl<B: Backend> Backend for FaultyBackend<B> {
         }
         Ok(())
     }
-    fn unmap_pages(&self, segment: &Self::Segment, offset: u64, len: u64, stream: crate::StreamId) {
+    fn unmap_pages(&self, segment: &Self::Segment, offset: u64, len: u64, stream: StreamId) {
         self.shared.unmap_calls.fetch_add(1, Ordering::Relaxed);
         let end = offset + len;
+        let on_grid = self.on_page_grid(offset, len);
         let mut ledger = self.shared.ledger.lock();
+        ledger.unmap_streams.insert(stream.0);
+        if !on_grid {
+            ledger.violation(format!("unmap_pages of {offset}..{end} in segment {}: not whole pages", segment.id));
+        }
+        let named = ledger.live.get_mut(&segment.id).map(|r| *r.unmapped_for.get_or_insert(stream));
+        if let Some(named) = named.filter(|&named| named != stream) {
+            ledger.violation(format!(
+                "pages of segment {} unmapped for stream {} and for stream {}",
+                segment.id, named.0, stream.0
+            ));
+        }
         let covering = ledger
             .live
             .get(&segment.id)

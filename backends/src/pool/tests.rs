@@ -1,6 +1,7 @@
 //! Pool tests: limits, retry, trim, statistics, strategies and concurrency, on the sim and host backends.
 
 use super::*;
+use crate::fault::FaultyBackend;
 use crate::{BlockHandle, HostBackend, MemoryPool, SimBackend, StreamId};
 use std::sync::Arc;
 
@@ -168,7 +169,7 @@ fn page_sizes_that_are_not_powers_of_two_or_below_the_device_page_are_refused() 
 #[test]
 fn a_device_whose_pages_are_not_powers_of_two_gets_no_virtual_reservations() {
     // Page arithmetic on the remap path is masks and shifts; a device reporting 3 MiB pages must be refused.
-    let odd = || PageChecked::new(SimBackend::new("odd", 8 << 30), Some(3 * MIB));
+    let odd = || checked(SimBackend::new("odd", 8 << 30)).reporting_page(3 * MIB);
     let virt = PoolConfig { segment_mode: SegmentMode::Virtual, ..Default::default() };
     let err = Pool::new(odd(), virt).err().expect("refused");
     assert!(matches!(&err, Error::InvalidConfig(m) if m.contains("power of two") && m.contains("odd")), "{err}");
@@ -233,15 +234,14 @@ fn virtual_segments_place_blocks_on_the_mapped_part_of_a_hole() {
 
 /// A virtual pool on the page-checking device whose reservation starts with 6 MiB of unmapped space, then a mapped
 /// hole of 10 MiB, then a live 2 MiB block (returned); nothing past it is mapped.
-fn unmapped_space_then_a_mapped_hole() -> (Pool<PageChecked>, BlockHandle) {
+fn unmapped_space_then_a_mapped_hole() -> (Pool<FaultyBackend<SimBackend>>, BlockHandle) {
     let config = PoolConfig {
         segment_mode: SegmentMode::Virtual,
         mapped_slack: None,
         page_size: Some(SimBackend::PAGE),
         ..PoolConfig::default()
     };
-    let backend = PageChecked::new(SimBackend::new("checked", 8 << 30), None);
-    let pool = Pool::new(backend, config).unwrap();
+    let pool = Pool::new(checked(SimBackend::new("checked", 8 << 30)), config).unwrap();
     let [a, b, c] = [6 * MIB, 10 * MIB, 2 * MIB].map(|size| pool.allocate(size, S0).unwrap());
     pool.free(&a).unwrap();
     assert_eq!(pool.release_cached().bytes_released, 6 * MIB);
@@ -255,7 +255,7 @@ fn pages_are_unmapped_for_the_stream_whose_arena_holds_them() {
     // the whole context), so each unmap must name the stream the pages' blocks were freed on.
     let config =
         PoolConfig { segment_mode: SegmentMode::Virtual, page_size: Some(SimBackend::PAGE), ..Default::default() };
-    let pool = Pool::new(PageChecked::new(SimBackend::new("checked", 8 << 30), None), config).unwrap();
+    let pool = Pool::new(checked(SimBackend::new("checked", 8 << 30)), config).unwrap();
     let other = StreamId(7);
     let blocks = [pool.allocate(8 * MIB, S0).unwrap(), pool.allocate(8 * MIB, other).unwrap()];
     for block in &blocks {
@@ -263,19 +263,19 @@ fn pages_are_unmapped_for_the_stream_whose_arena_holds_them() {
     }
     let released = pool.release_cached();
     assert_eq!(released.bytes_released, 16 * MIB, "{released:?}");
-    let named = pool.backend().unmap_streams.lock().clone();
-    let mut streams: Vec<StreamId> = named.values().copied().collect();
-    streams.sort_by_key(|s| s.0);
-    assert_eq!(streams, [S0, other], "one reservation per stream, each unmapped for its own: {named:?}");
+    // The ledger fails a reservation whose pages are unmapped for two streams.
+    assert_eq!(pool.backend().handle().unmap_streams(), [S0, other], "one reservation per stream");
+    assert_no_violations(&pool, "each reservation unmapped for its own stream");
 }
 
 /// Frees `blocks`, the pool's last live ones, releases the cache and checks that no page is left mapped.
-fn free_and_release_everything(pool: &Pool<PageChecked>, blocks: impl IntoIterator<Item = BlockHandle>) {
+fn free_and_release_everything(pool: &Pool<FaultyBackend<SimBackend>>, blocks: impl IntoIterator<Item = BlockHandle>) {
     for block in blocks {
         pool.free(&block).unwrap();
     }
     pool.release_cached();
-    assert_eq!(pool.backend().mapped.lock().len(), 0, "pages left mapped");
+    assert_eq!(pool.backend().handle().mapped_bytes(), 0, "pages left mapped");
+    assert_no_violations(pool, "after releasing everything");
 }
 
 #[test]
@@ -290,7 +290,7 @@ fn a_request_that_ends_in_a_mapped_hole_maps_only_the_pages_before_it() {
     let s = pool.stats();
     assert_eq!((s.num_device_alloc, s.reserved_bytes.current), (maps + 1, reserved + 2 * MIB), "{s:?}");
     let (segment, offset) = pool.segment_of(&d).unwrap();
-    assert!(pool.backend().is_mapped(&segment, offset, d.size));
+    assert!(pool.backend().handle().is_mapped(&segment, offset, d.size));
     free_and_release_everything(&pool, [c, d]);
 }
 
@@ -303,7 +303,7 @@ fn a_request_ending_in_a_hole_that_would_pass_the_limit_is_undone_and_reported()
     assert!(matches!(pool.allocate(12 * MIB, S0), Err(Error::OutOfMemory { requested, .. }) if requested == 12 * MIB));
     let s = pool.stats();
     assert_eq!((s.num_ooms, s.reserved_bytes.current, s.allocated_bytes.current), (1, 2 * MIB, 2 * MIB), "{s:?}");
-    assert_eq!(pool.backend().mapped.lock().len(), 1, "only c's page is mapped");
+    assert_eq!(pool.backend().handle().mapped_bytes(), SimBackend::PAGE, "only c's page is mapped");
     // What was undone is whole again: the space before c serves up to the limit.
     let d = pool.allocate(10 * MIB, S0).unwrap();
     assert_eq!(d.offset, 0);
@@ -585,118 +585,16 @@ fn batch_allocation_is_all_or_nothing() {
     assert_eq!(s.num_allocs, before + 2);
 }
 
-/// A sim device that tracks every mapped page: mapping a mapped page, unmapping an unmapped one, a range off
-/// the page grid, or unmapping a reservation's pages for another stream than before fails the test at once.
-struct PageChecked {
-    inner: SimBackend,
-    mapped: parking_lot::Mutex<std::collections::BTreeSet<(u64, u64)>>,
-    /// Reported as the device's page size instead of the sim's own, when set.
-    reported_page: Option<u64>,
-    /// The stream each reservation's unmaps named (by the reservation's base): one arena, so one stream.
-    unmap_streams: parking_lot::Mutex<std::collections::HashMap<u64, StreamId>>,
+/// A sim device behind the fault wrapper, whose ledger checks every mapping (no range mapped twice or unmapped
+/// while not mapped, whole pages only, one stream for each reservation's unmaps); reservations of at most 256 MiB,
+/// so that a test also sees a pool with several of them.
+fn checked(inner: SimBackend) -> FaultyBackend<SimBackend> {
+    FaultyBackend::new(inner).0.with_max_reservation(256 * MIB)
 }
 
-impl PageChecked {
-    fn new(inner: SimBackend, reported_page: Option<u64>) -> Self {
-        Self { inner, mapped: Default::default(), reported_page, unmap_streams: Default::default() }
-    }
-
-    fn pages(segment: &crate::sim::SimSegment, offset: u64, len: u64) -> impl Iterator<Item = (u64, u64)> {
-        assert!(
-            offset.is_multiple_of(SimBackend::PAGE) && len.is_multiple_of(SimBackend::PAGE) && len > 0,
-            "{offset}+{len}"
-        );
-        assert!(offset + len <= segment.size, "range past the reservation");
-        let base = segment.base;
-        (offset / SimBackend::PAGE..(offset + len) / SimBackend::PAGE).map(move |p| (base, p))
-    }
-
-    fn is_mapped(&self, segment: &crate::sim::SimSegment, offset: u64, len: u64) -> bool {
-        let (first, end) = (offset / SimBackend::PAGE, (offset + len).div_ceil(SimBackend::PAGE));
-        let mapped = self.mapped.lock();
-        (first..end).all(|p| mapped.contains(&(segment.base, p)))
-    }
-}
-
-impl crate::backend::sealed::Sealed for PageChecked {}
-
-impl Backend for PageChecked {
-    type Segment = crate::sim::SimSegment;
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn kind(&self) -> crate::Api {
-        self.inner.kind()
-    }
-    fn alignment(&self) -> u64 {
-        self.inner.alignment()
-    }
-    fn segment_granularity(&self) -> u64 {
-        self.inner.segment_granularity()
-    }
-    fn max_segment_size(&self) -> u64 {
-        self.inner.max_segment_size()
-    }
-    fn capacity(&self) -> u64 {
-        self.inner.capacity()
-    }
-    fn free_memory(&self) -> u64 {
-        self.inner.free_memory()
-    }
-    fn create_segment(&self, size: u64) -> Result<Self::Segment> {
-        self.inner.create_segment(size)
-    }
-    fn destroy_segment(&self, segment: Self::Segment, _: crate::backend::PoolAccess) {
-        assert!(!self.mapped.lock().iter().any(|&(base, _)| base == segment.base), "destroyed while mapped");
-        self.inner.destroy_segment(segment, crate::backend::PoolAccess::new())
-    }
-    fn virtual_memory(&self) -> Option<crate::VirtualMemory> {
-        // Small reservations, so that a test also sees a pool with several of them.
-        self.inner.virtual_memory().map(|vm| crate::VirtualMemory {
-            max_reservation: 256 * MIB,
-            page_size: self.reported_page.unwrap_or(vm.page_size),
-        })
-    }
-    fn set_page_size(&mut self, page: u64) -> Result<()> {
-        self.inner.set_page_size(page)
-    }
-    fn reserve_virtual(&self, size: u64) -> Result<Self::Segment> {
-        self.inner.reserve_virtual(size)
-    }
-    fn map_pages(&self, segment: &Self::Segment, offset: u64, len: u64) -> Result<()> {
-        let page = self.virtual_memory().expect("virtual").page_size;
-        assert!(
-            offset.is_multiple_of(page) && len.is_multiple_of(page),
-            "mapping of {len} bytes at {offset}: not whole pages"
-        );
-        let mut mapped = self.mapped.lock();
-        for page in Self::pages(segment, offset, len) {
-            assert!(mapped.insert(page), "page {page:?} mapped twice");
-        }
-        drop(mapped);
-        self.inner.map_pages(segment, offset, len)
-    }
-    fn unmap_pages(&self, segment: &Self::Segment, offset: u64, len: u64, stream: StreamId) {
-        let named = *self.unmap_streams.lock().entry(segment.base).or_insert(stream);
-        assert_eq!(named, stream, "pages of one reservation unmapped for two streams");
-        let page = self.virtual_memory().expect("virtual").page_size;
-        assert!(
-            offset.is_multiple_of(page) && len.is_multiple_of(page),
-            "unmapping of {len} bytes at {offset}: not whole pages"
-        );
-        let mut mapped = self.mapped.lock();
-        for page in Self::pages(segment, offset, len) {
-            assert!(mapped.remove(&page), "page {page:?} unmapped but not mapped");
-        }
-        drop(mapped);
-        self.inner.unmap_pages(segment, offset, len, stream)
-    }
-    fn write(&self, segment: &Self::Segment, offset: u64, src: &[u8]) -> Result<()> {
-        self.inner.write(segment, offset, src)
-    }
-    fn read(&self, segment: &Self::Segment, offset: u64, dst: &mut [u8]) -> Result<()> {
-        self.inner.read(segment, offset, dst)
-    }
+/// Fails the test with whatever misuse the ledger of `pool`'s backend has seen.
+fn assert_no_violations(pool: &Pool<FaultyBackend<SimBackend>>, context: &str) {
+    assert_eq!(pool.backend().handle().violations(), Vec::<String>::new(), "{context}");
 }
 
 /// Random allocations and frees on virtual reservations under a limit, with trims and cleanups in between:
@@ -713,7 +611,8 @@ fn virtual_reservations_keep_live_blocks_mapped_under_random_pressure() {
         [(Some(0.03), None), (None, None), (Some(0.0), None), (Some(0.03), Some(8 * MIB)), (None, Some(8 * MIB))];
     for (round, (slack, page_size)) in rounds.into_iter().enumerate() {
         let limit = 400 * MIB;
-        let backend = PageChecked::new(SimBackend::new("checked", 8 << 30), None);
+        let backend = checked(SimBackend::new("checked", 8 << 30));
+        let faults = backend.handle();
         let config = PoolConfig {
             segment_mode: SegmentMode::Virtual,
             limit: Some(Limit::Bytes(limit)),
@@ -736,20 +635,20 @@ fn virtual_reservations_keep_live_blocks_mapped_under_random_pressure() {
                 _ => drop(pool.cleanup(1)),
             }
             let s = pool.stats();
-            let mapped_pages = pool.backend().mapped.lock().len() as u64;
             let plain: u64 = pool.snapshot().segments.iter().filter(|g| !g.virtual_reservation).map(|g| g.size).sum();
-            assert_eq!(s.reserved_bytes.current, mapped_pages * SimBackend::PAGE + plain, "round {round}");
+            assert_eq!(s.reserved_bytes.current, faults.mapped_bytes() + plain, "round {round}");
             assert!(s.reserved_bytes.current <= limit, "round {round}: over the limit");
             for block in &live {
                 let (segment, offset) = pool.segment_of(block).unwrap();
-                assert!(!segment.reservation || pool.backend().is_mapped(&segment, offset, block.size));
+                assert!(!segment.inner().reservation || faults.is_mapped(&segment, offset, block.size));
             }
+            assert_no_violations(&pool, &format!("round {round}"));
         }
         for block in live.drain(..) {
             pool.free(&block).unwrap();
         }
         pool.release_cached();
-        assert_eq!(pool.backend().mapped.lock().len(), 0, "round {round}: pages left mapped");
+        assert_eq!(faults.mapped_bytes(), 0, "round {round}: pages left mapped");
         assert_eq!(pool.stats().reserved_bytes.current, 0);
     }
 }
