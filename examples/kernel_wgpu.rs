@@ -1,5 +1,6 @@
-//! WGSL saxpy (y = a*x + y) through a wgpu compute pipeline on two buffers from `allocate_universal`, bound at
-//! their blocks' offsets, checked against the CPU. Exits 0 with a reason when no wgpu adapter is present, 1 on
+//! WGSL saxpy (y = a*x + y) through a wgpu compute pipeline on three buffers from `allocate_universal`: x read,
+//! y read and written, a a read-only buffer bound as a uniform; checked against the CPU. Every umm buffer on wgpu
+//! is a `wgpu::Buffer` of its own, so buffers bind together with any mix of usages. Exits 0 with a reason when no wgpu adapter is present, 1 on
 //! a mismatch.
 //!
 //! `cargo run --example kernel_wgpu`
@@ -9,9 +10,7 @@ use umm::backends::wgpu_backend::wgpu;
 use umm::{AllocOptions, Api, DeviceSelector, Placement, UniversalMemoryManager};
 
 const SHADER: &str = r#"
-// x and y may be blocks of one pooled buffer: WebGPU forbids read and read-write use of one buffer in a
-// dispatch, so both are bound read_write.
-@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+@group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read_write> y: array<f32>;
 @group(0) @binding(2) var<uniform> a: vec4<f32>;
 
@@ -40,9 +39,11 @@ fn main() -> Result<ExitCode, umm::Error> {
     let ys: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
     let options = AllocOptions::new().placement(Placement::DeviceLocal).device(DeviceSelector::Api(Api::Wgpu));
     let mut x = mm.allocate_universal_with::<f32>(n, options.clone())?;
-    let mut y = mm.allocate_universal_with::<f32>(n, options)?;
+    let mut y = mm.allocate_universal_with::<f32>(n, options.clone())?;
     x.write(&xs)?;
     y.write(&ys)?;
+    // A uniform holds at least 16 bytes: a in the first lane of a vec4.
+    let params = mm.allocate_universal_from_with(&[a, 0.0, 0.0, 0.0], options.placement(Placement::ReadOnly))?;
 
     let xv = x.wgpu_binding()?;
     let (device, queue) = (xv.device().clone(), xv.queue().clone());
@@ -58,22 +59,21 @@ fn main() -> Result<ExitCode, umm::Error> {
         compilation_options: Default::default(),
         cache: None,
     });
-    let uniform = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("a"),
-        size: 16,
-        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    queue.write_buffer(&uniform, 0, &[a.to_le_bytes(), [0; 4], [0; 4], [0; 4]].concat());
+    let av = params.wgpu_uniform_binding()?;
     let yv = y.wgpu_binding_mut()?;
-    println!("x bound at offset {} ({} bytes), y at offset {}", xv.offset(), xv.size(), yv.offset());
+    println!(
+        "x: {} bytes bound read-only, y: {} bytes read-write, a: a uniform of {} bytes",
+        xv.size(),
+        yv.size(),
+        av.size()
+    );
     let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
         label: None,
         layout: &pipeline.get_bind_group_layout(0),
         entries: &[
             wgpu::BindGroupEntry { binding: 0, resource: xv.binding_resource() },
             wgpu::BindGroupEntry { binding: 1, resource: yv.binding_resource() },
-            wgpu::BindGroupEntry { binding: 2, resource: uniform.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 2, resource: av.binding_resource() },
         ],
     });
     let mut encoder = device.create_command_encoder(&Default::default());
@@ -88,7 +88,7 @@ fn main() -> Result<ExitCode, umm::Error> {
         eprintln!("waiting for the device failed: {e}");
         return Ok(ExitCode::FAILURE);
     }
-    drop((group, yv, xv));
+    drop((group, yv, xv, av));
     y.record_device_use();
 
     let got = y.to_vec()?;

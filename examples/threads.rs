@@ -3,7 +3,10 @@
 //! For 1, 2, 4, 8 and 16 threads (and the machine's core count when it is not among them), every thread shares
 //! ONE allocator through an `Arc`: the bare host pool (`Pool<HostBackend>`), the simulated device's pool
 //! (`Pool<SimBackend>`), the CUDA device pool (`CudaPool`, where a CUDA device is found), and
-//! `UniversalMemoryManager::allocate_universal::<u8>(n, Placement::DeviceLocal)` + drop on one manager.
+//! `UniversalMemoryManager::allocate_universal::<u8>(n, Placement::DeviceLocal)` + drop on one manager. On request
+//! (`--pools`): `sim-wgpu` (the simulated device with a segment per block, as wgpu pools have), `wgpu` (the
+//! device-local pool of the first wgpu adapter, a hardware one where there is one) and `universal-wgpu`
+//! (`allocate_universal` with `DeviceLocal` on the wgpu device).
 //!
 //! Each thread keeps 16 live blocks; one op frees a random one of them and allocates a new random size into its
 //! slot (one op = one allocate+free pair). Sizes come from {256 B, 4 KiB, 64 KiB, 1 MiB} (`small`) or
@@ -13,7 +16,7 @@
 //! run for `--secs`; ops/s is all pairs over the time from the first thread's start to the last one's finish.
 //!
 //! `cargo run --release --example threads -- [--secs 0.3] [--max-threads N] [--workloads small,large]
-//!  [--pools host,sim,cuda,universal] [--json rows.json]`
+//!  [--pools host,sim,cuda,universal,sim-wgpu,wgpu,universal-wgpu] [--json rows.json]`
 //!
 //! The large workload holds up to threads × 16 × 64 MiB at once (about 26 MiB a block on average: 7 GiB of host
 //! memory at 16 threads); a configuration whose worst case exceeds 3/4 of its device's memory is skipped with
@@ -26,7 +29,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use umm::backends::{Backend, BlockHandle, HostBackend, Pool, PoolConfig, SimBackend, StreamId};
-use umm::{HostInfo, Placement, UniversalBuffer, UniversalMemoryManager};
+use umm::{AllocOptions, HostInfo, Placement, UniversalBuffer, UniversalMemoryManager};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -95,6 +98,9 @@ enum PoolKind {
     Sim,
     Cuda,
     Universal,
+    SimWgpu,
+    Wgpu,
+    UniversalWgpu,
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -159,17 +165,19 @@ impl Allocator for umm::backends::cuda::CudaPool {
     }
 }
 
-/// The whole manager: placement decision, usage tracking and profiler hooks around the device's pool.
-struct Universal(UniversalMemoryManager);
+/// The whole manager: placement decision, usage tracking and profiler hooks around the device's pool. With
+/// options, `allocate_universal_with` those options; else `allocate_universal(n, Placement::DeviceLocal)`.
+struct Universal(UniversalMemoryManager, Option<AllocOptions>);
 
 impl Allocator for Universal {
     type Block = UniversalBuffer<u8>;
     fn allocate(&self, bytes: u64) -> Result<UniversalBuffer<u8>, String> {
         let n = bytes as usize;
-        let buffer = self
-            .0
-            .allocate_universal::<u8>(n, Placement::DeviceLocal)
-            .map_err(|e| format!("allocate_universal of {bytes} bytes failed: {e}"))?;
+        let buffer = match &self.1 {
+            None => self.0.allocate_universal::<u8>(n, Placement::DeviceLocal),
+            Some(options) => self.0.allocate_universal_with::<u8>(n, options.clone()),
+        }
+        .map_err(|e| format!("allocate_universal of {bytes} bytes failed: {e}"))?;
         if buffer.len() != n {
             return Err(format!("asked for {n} bytes, got a buffer of {}", buffer.len()));
         }
@@ -500,17 +508,65 @@ fn cuda_subject() -> Result<Subject<umm::backends::cuda::CudaPool>, String> {
     })
 }
 
+fn sim_wgpu_subject(need: u64) -> Subject<Pool<SimBackend>> {
+    let capacity = SIM_CAPACITY.max(need.saturating_mul(4));
+    Subject {
+        pool: "sim-wgpu",
+        device: "simulated device, a segment per block".into(),
+        memory: None,
+        make: Box::new(move || {
+            Arc::new(Pool::new(SimBackend::segment_per_block("sim-wgpu", capacity), pool_config()).expect("sim pool"))
+        }),
+        reset: Box::new(|_| {}),
+    }
+}
+
+/// The device-local pool of the first wgpu adapter, preferring one that is not a CPU (lavapipe, llvmpipe).
+#[cfg(feature = "wgpu")]
+fn wgpu_subject() -> Result<Subject<Pool<umm::backends::wgpu_backend::WgpuBackend>>, String> {
+    use umm::backends::{wgpu_backend, PoolPlacement};
+    let found = wgpu_backend::discover();
+    let mut devices = found.devices;
+    devices.sort_by_key(|d| d.adapter_info().device_type == wgpu_backend::wgpu::DeviceType::Cpu);
+    let Some(device) = devices.into_iter().next() else {
+        return Err(if found.skipped.is_empty() { "no wgpu adapter".into() } else { found.skipped.join("; ") });
+    };
+    let name = format!("{} ({:?})", device.info().name, device.adapter_info().backend);
+    println!("wgpu device: {name}");
+    Ok(Subject {
+        pool: "wgpu",
+        device: name,
+        memory: Some(device.info().total_memory),
+        make: Box::new(move || Arc::new(device.pool(PoolPlacement::DeviceLocal, pool_config()).expect("wgpu pool"))),
+        reset: Box::new(|_| {}),
+    })
+}
+
 /// One manager for every configuration (discovery is slow); the probe allocation shows where DeviceLocal goes.
-fn universal_subject() -> Result<Subject<Universal>, String> {
-    let mm = UniversalMemoryManager::new().map_err(|e| format!("the manager could not be built: {e}"))?;
-    let probe = mm.allocate_universal::<u8>(MIB as usize, Placement::DeviceLocal).map_err(|e| e.to_string())?;
+/// `wgpu`: on the wgpu device, and the manager sees only wgpu devices (and the host).
+fn universal_subject(wgpu: bool) -> Result<Subject<Universal>, String> {
+    let mm = if wgpu {
+        UniversalMemoryManager::builder().backends(false, false, true).build()
+    } else {
+        UniversalMemoryManager::new()
+    }
+    .map_err(|e| format!("the manager could not be built: {e}"))?;
+    let options = wgpu.then(|| {
+        AllocOptions::new().placement(Placement::DeviceLocal).device(umm::DeviceSelector::Api(umm::Api::Wgpu))
+    });
+    let probe = match &options {
+        None => mm.allocate_universal::<u8>(MIB as usize, Placement::DeviceLocal),
+        Some(options) => mm.allocate_universal_with::<u8>(MIB as usize, options.clone()),
+    }
+    .map_err(|e| e.to_string())?;
     let device = probe.device().name().to_string();
     let memory = probe.device().total_memory();
-    println!("universal: Placement::DeviceLocal lands on {device} ({} pool)", probe.placement());
+    let pool = if wgpu { "universal-wgpu" } else { "universal" };
+    println!("{pool}: Placement::DeviceLocal lands on {device} ({} pool)", probe.placement());
     drop(probe);
-    let shared = Arc::new(Universal(mm));
+    let shared = Arc::new(Universal(mm, options));
     Ok(Subject {
-        pool: "universal",
+        pool,
         device,
         memory: Some(memory),
         make: Box::new(move || Arc::clone(&shared)),
@@ -556,10 +612,21 @@ fn main() {
             },
             #[cfg(not(feature = "cuda"))]
             PoolKind::Cuda => println!("cuda: skipped: built without the `cuda` feature"),
-            PoolKind::Universal => match universal_subject() {
+            PoolKind::Universal | PoolKind::UniversalWgpu => {
+                let wgpu = *kind == PoolKind::UniversalWgpu;
+                match universal_subject(wgpu) {
+                    Ok(subject) => plans.push(planned(subject)),
+                    Err(reason) => println!("{kind:?}: skipped: {reason}"),
+                }
+            }
+            PoolKind::SimWgpu => plans.push(planned(sim_wgpu_subject(need))),
+            #[cfg(feature = "wgpu")]
+            PoolKind::Wgpu => match wgpu_subject() {
                 Ok(subject) => plans.push(planned(subject)),
-                Err(reason) => println!("universal: skipped: {reason}"),
+                Err(reason) => println!("wgpu: skipped: {reason}"),
             },
+            #[cfg(not(feature = "wgpu"))]
+            PoolKind::Wgpu => println!("wgpu: skipped: built without the `wgpu` feature"),
         }
     }
     println!();

@@ -4,7 +4,7 @@
 //! | API    | view                                                    | what a kernel gets                       |
 //! |--------|---------------------------------------------------------|------------------------------------------|
 //! | host   | [`UniversalBuffer::as_slice`] / `as_mut_slice`          | `&[T]` / `&mut [T]`                      |
-//! | wgpu   | [`UniversalBuffer::wgpu_binding`] / `wgpu_binding_mut`  | a `wgpu::BufferBinding` (buffer, offset, size) |
+//! | wgpu   | [`UniversalBuffer::wgpu_binding`] / `wgpu_binding_mut` / `wgpu_uniform_binding` | a `wgpu::BufferBinding` (buffer, offset, size) |
 //! | OpenCL | [`UniversalBuffer::opencl_buffer`] / `opencl_buffer_mut`| a sub-buffer `cl_mem` of exactly the buffer |
 //! | CUDA   | [`UniversalBuffer::cuda_view`] / `cuda_view_mut`        | cudarc `DevicePtr` / `DevicePtrMut`      |
 //!
@@ -13,10 +13,12 @@
 //! ([`Error::ReadOnly`]). Asking for a view of another API's buffer is [`Error::WrongApi`]; of an empty buffer,
 //! [`Error::EmptyBuffer`].
 //!
-//! Alignment: pools place every block at an offset that is a multiple of the backend's alignment, which is at
-//! least wgpu's `min_storage_buffer_offset_alignment` (and `min_uniform_buffer_offset_alignment` for ReadOnly
-//! pools) and OpenCL's `CL_DEVICE_MEM_BASE_ADDR_ALIGN`, so a block can always be bound at its offset or become a
-//! sub-buffer. An adopted buffer is its own segment, at offset 0.
+//! Alignment: a wgpu buffer's memory is a `wgpu::Buffer` of its own, bound at offset 0, so any umm buffers can be
+//! bound together in one pass with any mix of usages (storage `read` and `read_write`, uniform, copies): wgpu
+//! tracks usage per `wgpu::Buffer`. OpenCL pools place every block at a multiple of `CL_DEVICE_MEM_BASE_ADDR_ALIGN`,
+//! so a block can always become a sub-buffer; sub-buffers of distinct umm buffers never overlap, which the OpenCL
+//! specification requires of buffers one kernel reads and writes. An adopted buffer is its own segment, at
+//! offset 0.
 
 use crate::discovery::ApiHandle;
 use crate::{Error, Result, UniversalBuffer};
@@ -60,7 +62,7 @@ pub use self::wgpu_view::WgpuView;
 #[cfg(feature = "wgpu")]
 mod wgpu_view {
     use super::*;
-    use umm_backends::wgpu_backend::{block_binding, wgpu, WgpuBackend, WgpuBlock};
+    use umm_backends::wgpu_backend::{block_binding, block_uniform_binding, wgpu, WgpuBackend, WgpuBlock};
     use umm_backends::Backend;
     use umm_backends::Pool;
 
@@ -79,8 +81,8 @@ mod wgpu_view {
     }
 
     impl WgpuView<'_> {
-        /// The `(buffer, offset, size)` binding: `offset` is the block's offset in its segment (a multiple of
-        /// the device's `min_storage_buffer_offset_alignment`), `size` the buffer's bytes rounded up to 4.
+        /// The `(buffer, offset, size)` binding: the buffer is this umm buffer's own, `offset` is 0, `size` the
+        /// buffer's bytes rounded up to 4.
         pub fn binding(&self) -> wgpu::BufferBinding<'_> {
             self.block.as_buffer_binding()
         }
@@ -95,7 +97,8 @@ mod wgpu_view {
             &self.block.buffer
         }
 
-        /// Offset of the buffer's first byte in [`WgpuView::buffer`].
+        /// Offset of the buffer's first byte in [`WgpuView::buffer`]: 0 (every umm buffer on wgpu is a
+        /// `wgpu::Buffer` of its own).
         pub fn offset(&self) -> u64 {
             self.block.offset
         }
@@ -132,11 +135,23 @@ mod wgpu_view {
             let block = self.block_of_mut("wgpu_binding_mut", Api::Wgpu)?;
             view(block)
         }
+
+        /// The buffer as a wgpu uniform binding (`var<uniform>`): the same binding as
+        /// [`UniversalBuffer::wgpu_binding`], checked against `max_uniform_buffer_binding_size` and the buffer's
+        /// usages instead (device-local and read-only buffers have `UNIFORM`; host-pinned ones do not).
+        pub fn wgpu_uniform_binding(&self) -> Result<WgpuView<'_>> {
+            let block = self.block_of("wgpu_uniform_binding", Api::Wgpu)?;
+            let pool = wgpu_pool(block);
+            Ok(WgpuView { block: block_uniform_binding(block)?, pool })
+        }
+    }
+
+    fn wgpu_pool(block: &OwnedBlock) -> &Pool<WgpuBackend> {
+        block.pool().as_any().downcast_ref::<Pool<WgpuBackend>>().expect("wgpu memory lives in a wgpu pool")
     }
 
     fn view(block: &OwnedBlock) -> Result<WgpuView<'_>> {
-        let pool = block.pool().as_any().downcast_ref::<Pool<WgpuBackend>>().expect("wgpu memory lives in a wgpu pool");
-        Ok(WgpuView { block: block_binding(block)?, pool })
+        Ok(WgpuView { block: block_binding(block)?, pool: wgpu_pool(block) })
     }
 }
 

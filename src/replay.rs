@@ -15,6 +15,7 @@ use umm_backends::{Backend, BlockHandle, HostBackend, Limit, Pool, PoolConfig, S
 pub const BACKENDS: &[&str] = &[
     "sim",
     "sim-plain",
+    "sim-wgpu",
     "host",
     #[cfg(feature = "cuda")]
     "cuda",
@@ -84,7 +85,7 @@ pub struct ReplayOptions<'a> {
     pub repeat: usize,
     /// Cap on the pool's reserved bytes.
     pub limit: Option<Limit>,
-    /// Capacity of the simulated device (`sim`, `sim-plain`); [`SIM_CAPACITY`] when `None`.
+    /// Capacity of the simulated device (`sim`, `sim-plain`, `sim-wgpu`); [`SIM_CAPACITY`] when `None`.
     pub sim_capacity: Option<u64>,
     /// Memory the host backend may use (the CLI passes the machine's available memory); required for `host`.
     pub host_capacity: Option<u64>,
@@ -170,6 +171,12 @@ pub fn replay_on(backend: &str, trace: &Trace, opts: ReplayOptions<'_>) -> Resul
         "sim-plain" => {
             let device = format!("simulated {} device, plain segments only", human_bytes(sim_capacity));
             let pool = Pool::new(SimBackend::plain("sim-plain", sim_capacity), config).map_err(pool_error)?;
+            replay(trace, &pool, backend, &device, opts)
+        }
+        "sim-wgpu" => {
+            let device = format!("simulated {} device, a segment per block (wgpu-like)", human_bytes(sim_capacity));
+            let sim = SimBackend::segment_per_block("sim-wgpu", sim_capacity);
+            let pool = Pool::new(sim, config).map_err(pool_error)?;
             replay(trace, &pool, backend, &device, opts)
         }
         "host" => {
@@ -432,7 +439,7 @@ mod tests {
     fn unknown_backend_lists_the_known_ones() {
         let trace = Trace::parse_str("t", "t", "# umm-trace v1\n").unwrap();
         let err = replay_on("vulkan", &trace, ReplayOptions::default()).unwrap_err().to_string();
-        assert!(err.contains("vulkan") && err.contains("sim, sim-plain, host"), "{err}");
+        assert!(err.contains("vulkan") && err.contains("sim, sim-plain, sim-wgpu, host"), "{err}");
     }
 
     #[test]

@@ -168,4 +168,14 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
     fn may_be_host_addressable(&self) -> bool {
         false
     }
+
+    /// Whether every block needs a segment of its own. wgpu tracks usage per buffer: within one dispatch a buffer
+    /// is bound either read-only or read-write, and a buffer cannot be copied into itself, so two blocks of one
+    /// shared buffer could not be bound as an input and an output of one kernel. A pool over such a backend never
+    /// splits a segment (see [`crate::engine::Engine::whole_blocks`]): each block missing from its caches gets a
+    /// segment of its size, and a free segment serves later requests it exceeds by at most
+    /// [`crate::engine::WHOLE_FIT_SLACK`]. Virtual reservations are refused for such a backend.
+    fn segment_per_block(&self) -> bool {
+        false
+    }
 }

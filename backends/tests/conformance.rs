@@ -1,5 +1,5 @@
 //! One conformance suite, written once ([`suite`]) and run on every backend present ([`fixtures`]): host, the
-//! simulated device (plain and virtual segments), CUDA (device-local in plain and virtual segments, pinned,
+//! simulated device (plain and virtual segments, a segment per block), CUDA (device-local in plain and virtual segments, pinned,
 //! read-only), OpenCL (device-local, pinned, read-only; PoCL in CI, NVIDIA on a GPU machine) and wgpu
 //! (device-local, host-pinned, read-only, upload and read-back buffers; lavapipe in CI, Vulkan on a GPU machine).
 //!
@@ -50,6 +50,7 @@ macro_rules! conformance {
 conformance!(host, crate::fixtures::host);
 conformance!(sim_plain, crate::fixtures::sim_plain);
 conformance!(sim_virtual, crate::fixtures::sim_virtual);
+conformance!(sim_segment_per_block, crate::fixtures::sim_segment_per_block);
 
 #[cfg(feature = "cuda")]
 conformance!(cuda_device_local_plain, crate::fixtures::cuda_device_local_plain);

@@ -9,6 +9,10 @@
 //! splits the chosen block; freeing coalesces it with its free address neighbours, so a segment whose blocks are
 //! all free is again one block and can be released whole.
 //!
+//! An engine made with [`Engine::whole_blocks`] never splits: every block is a whole segment, and a free segment
+//! serves a request only when it is at most [`WHOLE_FIT_SLACK`] larger (for backends that cannot share one
+//! segment between blocks, such as wgpu, whose buffers each have one usage state per pass).
+//!
 //! Parts of a segment can be *withheld* ([`withheld`]): address ranges with no memory behind them (a virtual
 //! reservation's unmapped pages). They sit in the segment between blocks but out of the free index, in a list of
 //! their own, so every block the free index hands out has memory behind it and allocation never has to ask.
@@ -27,6 +31,15 @@ use slab::{Node, NodeState, NIL, RETIRED};
 /// How many blocks of the request's own size class are examined for the best fit before settling for the best
 /// seen (or moving to the next class). Bounds allocation to O(1) even when many blocks of one class are free.
 const FIT_SCAN_LIMIT: usize = 8;
+
+/// In an engine of whole blocks, the most a free segment may exceed the request it serves, as a fraction
+/// (`1 / 2^WHOLE_FIT_SLACK_SHIFT` = 1/8): a larger one would hand out memory nobody asked for, and a new segment
+/// of the request's size is made instead. Requests whose shapes vary by a few percent still reuse each other's
+/// segments.
+pub const WHOLE_FIT_SLACK_SHIFT: u32 = 3;
+
+/// [`WHOLE_FIT_SLACK_SHIFT`] as a fraction, for documentation and reports.
+pub const WHOLE_FIT_SLACK: f64 = 1.0 / (1u64 << WHOLE_FIT_SLACK_SHIFT) as f64;
 
 // Nodes remember their size class in a u16.
 const _: () = assert!(BIN_COUNT <= u16::MAX as usize + 1);
@@ -149,6 +162,8 @@ struct Segment {
 #[derive(Debug, Clone)]
 pub struct Engine {
     alignment: u64,
+    /// Blocks are whole segments: never split (see [`Engine::whole_blocks`]).
+    whole: bool,
     nodes: slab::Slab,
     segments: Vec<Option<Segment>>,
     vacant_segments: Vec<u32>,
@@ -182,6 +197,7 @@ impl Engine {
         }
         Some(Self {
             alignment,
+            whole: false,
             nodes: slab::Slab::default(),
             segments: Vec::new(),
             vacant_segments: Vec::new(),
@@ -189,6 +205,22 @@ impl Engine {
             withheld_flat: Vec::new(),
             stats: EngineStats::default(),
         })
+    }
+
+    /// An engine whose every block is a whole segment: allocation never splits a free segment, and takes one
+    /// only when it exceeds the request (rounded up to `alignment`) by at most [`WHOLE_FIT_SLACK`]; otherwise
+    /// it misses, and the caller adds a segment of the request's size. The handed-out block's size is the
+    /// segment's. Withheld ranges are not for such an engine (a withheld part would be split off a segment).
+    /// O(1).
+    ///
+    /// Returns `None` when `alignment` is zero or not a power of two.
+    pub fn whole_blocks(alignment: u64) -> Option<Self> {
+        Some(Self { whole: true, ..Self::new(alignment)? })
+    }
+
+    /// Whether every block is a whole segment ([`Engine::whole_blocks`]). O(1).
+    pub fn is_whole_blocks(&self) -> bool {
+        self.whole
     }
 
     /// The alignment every block honours. O(1).
@@ -333,11 +365,36 @@ impl Engine {
     pub fn allocate(&mut self, size: u64) -> Option<Allocation> {
         let size = self.block_size(size)?;
         let node = self.find_fit(size)?;
+        if self.whole {
+            return self.take_whole(node, size);
+        }
         Some(self.take(node, size))
     }
 
+    /// In an engine of whole blocks, `found` (what `find_fit` chose for `size`) unsplit if it exceeds `size` by
+    /// at most [`WHOLE_FIT_SLACK`]. When it does not, it was the head of a higher class, and a block of the
+    /// request's own class past the bounded scan may still fit (blocks of one class lie within 1/32 of each
+    /// other, so any that holds `size` is within the slack). So `None` means no free segment within 1/16 above
+    /// `size`: the head of the first non-empty higher class is less than 1/32 above any block of its class.
+    /// Kept out of line and cold: engines that split never come here.
+    #[cold]
+    #[inline(never)]
+    fn take_whole(&mut self, found: u32, size: u64) -> Option<Allocation> {
+        let fits = |engine: &Self, node: u32| engine.nodes[node].size - size <= size >> WHOLE_FIT_SLACK_SHIFT;
+        let node = if fits(self, found) {
+            found
+        } else {
+            let head = self.free.heads[bin_of(size)];
+            let node = if head == NIL { None } else { self.first_fit_in_class(head, size) }?;
+            fits(self, node).then_some(node)?
+        };
+        let whole = self.nodes[node].size;
+        Some(self.take(node, whole))
+    }
+
     /// Allocates `size` bytes from the start of an entirely free segment, bypassing the size-class search
-    /// (used right after [`Engine::add_segment`]). O(1).
+    /// (used right after [`Engine::add_segment`]); in an engine of whole blocks, the whole segment, however
+    /// much larger than `size` it is. O(1).
     pub fn allocate_in(&mut self, segment: SegmentId, size: u64) -> Option<Allocation> {
         let size = self.block_size(size)?;
         let seg = self.segment(segment)?;
@@ -345,6 +402,7 @@ impl Engine {
         if seg.live_blocks != 0 || first.state != NodeState::Free || first.size < size {
             return None;
         }
+        let size = if self.whole { first.size } else { size };
         Some(self.take(seg.first_block, size))
     }
 

@@ -740,3 +740,157 @@ fn a_fitting_block_behind_the_scan_limit_is_found_when_no_larger_class_has_one()
     assert_eq!((a.offset, a.size), (blocks[0].offset, 1040));
     assert_eq!(e.allocate(1040).map(|a| a.size), None, "now nothing fits");
 }
+
+// ------------------------------------------------------------------------------------------------ whole blocks
+
+/// Operations on an engine of whole blocks: allocations, frees, segments added at a chosen size (as a pool adds
+/// one for a miss), and empty segments removed.
+#[derive(Debug, Clone)]
+enum WholeOp {
+    Alloc(u64),
+    Free(usize),
+    AddFor(u64),
+    RemoveEmpty(usize),
+    Park(usize),
+}
+
+fn whole_op() -> impl Strategy<Value = WholeOp> {
+    prop_oneof![
+        6 => (1u64..5_000).prop_map(WholeOp::Alloc),
+        4 => any::<usize>().prop_map(WholeOp::Free),
+        2 => (1u64..5_000).prop_map(WholeOp::AddFor),
+        1 => any::<usize>().prop_map(WholeOp::RemoveEmpty),
+        1 => any::<usize>().prop_map(WholeOp::Park),
+    ]
+}
+
+/// An engine of whole blocks against a shadow of segment sizes: a block is always a whole segment; an
+/// allocation takes a free segment at most 1/8 larger than the request, and misses only when none lies within
+/// 1/16 of it; the statistics are the shadow's.
+fn run_whole(ops: &[WholeOp], alignment: u64) {
+    let mut e = Engine::whole_blocks(alignment).unwrap();
+    assert!(e.is_whole_blocks());
+    let round = |s: u64| s.next_multiple_of(alignment);
+    let mut segments: BTreeMap<SegmentId, u64> = BTreeMap::new();
+    let mut live: Vec<(Allocation, bool)> = Vec::new(); // (block, parked)
+    for op in ops {
+        match *op {
+            WholeOp::Alloc(asked) => {
+                let r = round(asked);
+                let taken: BTreeSet<SegmentId> = live.iter().map(|(a, _)| a.segment).collect();
+                let free: Vec<u64> =
+                    segments.iter().filter(|(id, _)| !taken.contains(id)).map(|(_, &size)| size).collect();
+                match e.allocate(asked) {
+                    Some(a) => {
+                        assert_eq!(a.offset, 0, "{a:?}: a block starts its segment");
+                        assert_eq!(Some(a.size), segments.get(&a.segment).copied(), "{a:?}: the whole segment");
+                        assert!(!taken.contains(&a.segment), "{a:?}: a segment handed out twice");
+                        assert!(a.size >= r && a.size - r <= r / 8, "{a:?} for {r}: beyond the slack");
+                        assert!(a.segment_was_empty);
+                        live.push((a, false));
+                    }
+                    None => {
+                        let near = free.iter().find(|&&s| s >= r && s - r <= r / 16);
+                        assert!(near.is_none(), "a miss for {r} with a free segment of {near:?}");
+                    }
+                }
+            }
+            WholeOp::Free(k) if !live.is_empty() => {
+                let (a, _) = live.swap_remove(k % live.len());
+                let freed = e.free(a.block).expect("a live or parked block frees");
+                assert_eq!((freed.segment, freed.size, freed.segment_now_empty), (a.segment, a.size, true));
+                assert!(e.free(a.block).is_none(), "a double free is refused");
+            }
+            WholeOp::AddFor(asked) => {
+                let id = e.add_segment(asked).unwrap();
+                segments.insert(id, round(asked));
+                let a = e.allocate_in(id, asked.div_ceil(3)).expect("a fresh segment serves any smaller request");
+                assert_eq!((a.segment, a.offset, a.size), (id, 0, round(asked)), "allocate_in takes it whole");
+                live.push((a, false));
+            }
+            WholeOp::RemoveEmpty(k) => {
+                let empty: Vec<SegmentId> = e.empty_segments().collect();
+                if let Some(&id) = empty.get(k % empty.len().max(1)) {
+                    assert_eq!(e.remove_segment(id), segments.remove(&id));
+                }
+            }
+            WholeOp::Park(k) if !live.is_empty() => {
+                let i = k % live.len();
+                let (a, parked) = live[i];
+                let id = if parked { e.unpark(a.block) } else { e.park(a.block) }.unwrap();
+                live[i] = (Allocation { block: id, ..a }, !parked);
+            }
+            WholeOp::Free(_) | WholeOp::Park(_) => {}
+        }
+        e.check_index();
+        let s = e.stats();
+        let taken: BTreeSet<SegmentId> = live.iter().map(|(a, _)| a.segment).collect();
+        assert_eq!(s.reserved_bytes, segments.values().sum::<u64>());
+        assert_eq!(s.allocated_bytes, live.iter().map(|(a, _)| a.size).sum::<u64>());
+        assert_eq!(s.live_blocks, live.len() as u64);
+        assert_eq!(s.free_blocks, (segments.len() - taken.len()) as u64, "every free block is a whole segment");
+        assert_eq!(s.inactive_split_bytes(), 0, "nothing is ever split");
+        assert_eq!(
+            s.empty_segment_bytes,
+            segments.iter().filter(|(id, _)| !taken.contains(id)).map(|(_, &size)| size).sum::<u64>()
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn whole_blocks_match_their_shadow(ops in prop::collection::vec(whole_op(), 1..400), align_shift in 0u32..9) {
+        run_whole(&ops, 1 << align_shift);
+    }
+}
+
+#[test]
+fn whole_blocks_reuse_a_segment_up_to_an_eighth_larger_and_take_the_tightest() {
+    let mut e = Engine::whole_blocks(8).unwrap();
+    let big = e.add_segment(1024).unwrap();
+    assert!(e.allocate(900).is_none(), "1,024 is more than 1/8 above 904: a miss, not a split");
+    let a = e.allocate(912).expect("1,024 is 1/8 above 912");
+    assert_eq!((a.segment, a.offset, a.size), (big, 0, 1024));
+    e.free(a.block).unwrap();
+    let tight = e.add_segment(1000).unwrap();
+    let b = e.allocate(1000).unwrap();
+    assert_eq!((b.segment, b.size), (tight, 1000), "the tightest free segment");
+    let c = e.allocate(1000).unwrap();
+    assert_eq!((c.segment, c.size), (big, 1024));
+    assert!(e.allocate(8).is_none());
+    let fresh = e.add_segment(4096).unwrap();
+    let d = e.allocate_in(fresh, 8).unwrap();
+    assert_eq!(d.size, 4096, "allocate_in hands out the whole segment");
+    assert_eq!(e.stats().inactive_split_bytes(), 0);
+}
+
+#[test]
+fn whole_blocks_find_a_fitting_block_of_their_class_behind_a_too_large_head() {
+    // Nine free segments of 1,024 bytes and one of 1,050 in the class of a 1,040-byte request, the fitting one
+    // last, and one of 4,000 in a higher class: the higher class's head is far beyond the slack, so the request's
+    // own class is walked.
+    let mut e = Engine::whole_blocks(2).unwrap();
+    let mut blocks = Vec::new();
+    for size in std::iter::once(1050).chain([1024; FIT_SCAN_LIMIT + 1]).chain([4000]) {
+        let segment = e.add_segment(size).unwrap();
+        blocks.push(e.allocate_in(segment, size).unwrap());
+    }
+    for b in &blocks {
+        e.free(b.block).unwrap();
+    }
+    let a = e.allocate(1040).expect("the 1,050-byte segment fits");
+    assert_eq!((a.segment, a.size), (blocks[0].segment, 1050));
+    assert!(e.allocate(1040).is_none(), "now nothing fits within the slack");
+}
+
+#[test]
+fn whole_blocks_withhold_nothing() {
+    let mut e = Engine::whole_blocks(4096).unwrap();
+    assert!(e.add_withheld_segment(1 << 20).is_none());
+    let seg = e.add_segment(1 << 20).unwrap();
+    assert_eq!(e.withhold_free(4096, 1 << 20, |_| true, |_, _, _| panic!("nothing to release")), 0);
+    assert!(!e.withhold_range(seg, 0, 4096, 4096));
+    assert_eq!(e.stats().withheld_bytes, 0);
+    assert!(Engine::whole_blocks(48).is_none());
+}

@@ -110,8 +110,12 @@ fn best_of(nodes: &[Node], ranges: &[u32], size: u64, granule: u64) -> Best {
 
 impl Engine {
     /// Adds a segment of `size` bytes (rounded up to the alignment) that is withheld from end to end: nothing in it
-    /// is allocatable until restored. O(1) amortised. Returns `None` for a zero size.
+    /// is allocatable until restored. O(1) amortised. Returns `None` for a zero size, and in an engine of whole
+    /// blocks ([`Engine::whole_blocks`]), which withholds nothing.
     pub fn add_withheld_segment(&mut self, size: u64) -> Option<SegmentId> {
+        if self.whole {
+            return None;
+        }
         let id = self.add_segment(size)?;
         let node = self.segments[id.0 as usize].expect("just added").first_block;
         self.unlink(node);
@@ -125,7 +129,8 @@ impl Engine {
     /// wholly inside free blocks of the segments `eligible` accepts, smallest free blocks first (the large ones
     /// are what future requests fit in), each from its top, until `want` bytes are withheld (rounded up to the
     /// granule). Calls `release(segment, offset, len)` for each range just before withholding it, so the caller
-    /// can give its memory back. Returns the bytes withheld. O(free blocks of a granule or more visited).
+    /// can give its memory back. Returns the bytes withheld (none in an engine of whole blocks). O(free blocks of
+    /// a granule or more visited).
     pub fn withhold_free(
         &mut self,
         granule: u64,
@@ -135,6 +140,9 @@ impl Engine {
     ) -> u64 {
         debug_assert!(granule.is_power_of_two() && granule >= self.alignment);
         let mut withheld = 0;
+        if self.whole {
+            return withheld;
+        }
         let mut bin = bin_of(granule);
         while withheld < want {
             let Some(class) = self.free.bins.first_at_or_after(bin) else { break };
@@ -167,10 +175,11 @@ impl Engine {
     }
 
     /// Withholds `[offset, offset + len)` of `segment`, which must lie inside one free block and be a whole
-    /// number of `granule`s. Returns whether it did. O(blocks in the segment): for undoing a restore, a rare path.
+    /// number of `granule`s. Returns whether it did (never in an engine of whole blocks). O(blocks in the
+    /// segment): for undoing a restore, a rare path.
     pub fn withhold_range(&mut self, segment: SegmentId, offset: u64, len: u64, granule: u64) -> bool {
         let Some(seg) = self.segment(segment) else { return false };
-        if len == 0 || !offset.is_multiple_of(granule) || !len.is_multiple_of(granule) {
+        if self.whole || len == 0 || !offset.is_multiple_of(granule) || !len.is_multiple_of(granule) {
             return false;
         }
         let mut cursor = seg.first_block;

@@ -372,7 +372,8 @@ impl<B: Backend> Pool<B> {
         for class in [ArenaClass::Small, ArenaClass::Large] {
             let virtual_segments = class == ArenaClass::Large && self.page_size.is_some();
             let (alignment, small_max) = (self.backend.alignment(), self.config.small_request_max);
-            state.arenas.push(Arena::new(stream, class, virtual_segments, alignment, small_max));
+            let whole = self.backend.segment_per_block();
+            state.arenas.push(Arena::new(stream, class, virtual_segments, alignment, small_max, whole));
         }
         state.streams.insert(stream, [first, first + 1]);
         Ok(first as usize + slot)
@@ -438,7 +439,7 @@ impl<B: Backend> Pool<B> {
             return Ok(alloc);
         }
         let preferred = match state.arenas[arena].class {
-            _ if self.config.strategy == Strategy::Direct => round(size),
+            _ if self.config.strategy == Strategy::Direct || self.backend.segment_per_block() => round(size),
             ArenaClass::Small => round(self.config.small_segment_size.max(size)),
             ArenaClass::Large if size < self.config.large_segment_size / 2 => round(self.config.large_segment_size),
             ArenaClass::Large => round(size),

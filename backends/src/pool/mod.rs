@@ -128,14 +128,16 @@ impl<B: Backend> Pool<B> {
                 backend.name()
             )));
         }
-        let mut vm = backend.virtual_memory();
+        // A segment per block cannot be a reservation that blocks share.
+        let mut vm = backend.virtual_memory().filter(|_| !backend.segment_per_block());
         let use_virtual = match config.segment_mode {
             SegmentMode::Plain => false,
             SegmentMode::Auto => vm.is_some(),
             SegmentMode::Virtual if vm.is_none() => {
                 return Err(Error::InvalidConfig(format!(
-                    "segment_mode virtual asked for, but {} has no virtual memory support",
-                    backend.name()
+                    "segment_mode virtual asked for, but {} has no virtual memory support{}",
+                    backend.name(),
+                    if backend.segment_per_block() { " (every block is a segment of its own)" } else { "" }
                 )))
             }
             SegmentMode::Virtual => true,

@@ -46,17 +46,20 @@ pub(super) struct Arena<S> {
 
 impl<S> Arena<S> {
     /// An arena of `class` for `stream`, with no segments. Small arenas keep quick blocks up to
-    /// `small_request_max`; large ones none.
+    /// `small_request_max`; large ones none. `whole_blocks`: every block is a whole segment
+    /// ([`Engine::whole_blocks`]).
     pub(super) fn new(
         stream: StreamId,
         class: ArenaClass,
         virtual_segments: bool,
         alignment: u64,
         small_request_max: u64,
+        whole_blocks: bool,
     ) -> Self {
+        let engine = if whole_blocks { Engine::whole_blocks(alignment) } else { Engine::new(alignment) };
         Self {
             stream,
-            engine: Engine::new(alignment).expect("alignment checked in Pool::new"),
+            engine: engine.expect("alignment checked in Pool::new"),
             class,
             virtual_segments,
             segments: Vec::new(),

@@ -1,6 +1,7 @@
 //! A simulated device: hands out address ranges up to a capacity and touches no memory, so an 8 GB trace
 //! replays on a small machine. It models a CUDA device with virtual memory management (2 MiB pages, 256-byte
-//! alignment) unless built with [`SimBackend::plain`].
+//! alignment) unless built with [`SimBackend::plain`] (segments only, as OpenCL) or
+//! [`SimBackend::segment_per_block`] (a segment for every block, as wgpu).
 
 use crate::{Api, Backend, Error, Result, VirtualMemory};
 use parking_lot::Mutex;
@@ -23,6 +24,8 @@ pub struct SimBackend {
     name: String,
     capacity: u64,
     virtual_memory: bool,
+    /// Every block is a segment of its own, at wgpu's granularity (see [`SimBackend::segment_per_block`]).
+    whole_blocks: bool,
     /// Page size of virtual reservations ([`SimBackend::PAGE`] unless a pool asked for larger pages).
     page: u64,
     /// Where the next segment or reservation starts.
@@ -53,15 +56,26 @@ impl SimBackend {
             name: name.into(),
             capacity,
             virtual_memory: true,
+            whole_blocks: false,
             page: Self::PAGE,
             next_address: Mutex::new(0),
             physical: AtomicU64::new(0),
         }
     }
 
-    /// A simulated device without virtual memory: segments only, as OpenCL and wgpu devices are.
+    /// A simulated device without virtual memory: segments only, as OpenCL devices are.
     pub fn plain(name: impl Into<String>, capacity: u64) -> Self {
         Self { virtual_memory: false, ..Self::new(name, capacity) }
+    }
+
+    /// Block alignment and segment granularity of [`SimBackend::segment_per_block`] devices, as wgpu's pools
+    /// have them (`wgpu::MAP_ALIGNMENT`).
+    pub const WHOLE_BLOCK_ALIGNMENT: u64 = 8;
+
+    /// A simulated device without virtual memory whose every block is a segment of its own, sized to the
+    /// request at an 8-byte granularity, as wgpu devices are (see [`Backend::segment_per_block`]).
+    pub fn segment_per_block(name: impl Into<String>, capacity: u64) -> Self {
+        Self { virtual_memory: false, whole_blocks: true, ..Self::new(name, capacity) }
     }
 
     /// Physical bytes in use (segments plus mapped pages).
@@ -120,10 +134,21 @@ impl Backend for SimBackend {
         Api::Sim
     }
     fn alignment(&self) -> u64 {
-        Self::ALIGNMENT
+        if self.whole_blocks {
+            Self::WHOLE_BLOCK_ALIGNMENT
+        } else {
+            Self::ALIGNMENT
+        }
     }
     fn segment_granularity(&self) -> u64 {
-        Self::PAGE
+        if self.whole_blocks {
+            Self::WHOLE_BLOCK_ALIGNMENT
+        } else {
+            Self::PAGE
+        }
+    }
+    fn segment_per_block(&self) -> bool {
+        self.whole_blocks
     }
     fn max_segment_size(&self) -> u64 {
         self.capacity

@@ -337,11 +337,6 @@ impl WgpuDevice {
         Ok((shared.device.clone(), shared.queue.clone()))
     }
 
-    /// The last wgpu error raised by work that no umm call wrapped (the caller's own passes), taken.
-    pub fn take_uncaptured_error(&self) -> Option<String> {
-        self.opened.lock().as_ref().and_then(|s| s.uncaptured.lock().take())
-    }
-
     /// Why the device was lost, once it has been.
     pub fn lost_reason(&self) -> Option<String> {
         self.opened.lock().as_ref().and_then(|s| s.lost_reason())

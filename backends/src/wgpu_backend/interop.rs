@@ -6,8 +6,9 @@ use crate::{Backend, BlockHandle, Error, OwnedBlock, Pool, Result};
 use std::sync::Arc;
 use wgpu::BufferUsages;
 
-/// A live block as wgpu sees it. `offset` honours the pool's binding alignment; `size` is the requested size
-/// rounded up to 4 bytes (what a binding may span, and what `arrayLength` counts), never past the block.
+/// A live block as wgpu sees it. `buffer` is the block's own (every block is a buffer of its own, so blocks bind
+/// together in any mix of usages), and `offset` is 0; `size` is the requested size rounded up to 4 bytes (what a
+/// binding may span, and what `arrayLength` counts), never past the block.
 #[derive(Debug, Clone)]
 pub struct WgpuBlock {
     /// The segment's buffer.
@@ -77,14 +78,21 @@ pub fn binding(pool: &Pool<WgpuBackend>, block: &BlockHandle) -> Result<WgpuBloc
 /// An owned block of a wgpu pool for a storage binding, as [`binding`]. Errors with [`Error::Unsupported`] when
 /// the block is not of a wgpu pool.
 pub fn block_binding(block: &OwnedBlock) -> Result<WgpuBlock> {
+    binding(wgpu_pool_of(block)?, block.handle())
+}
+
+/// An owned block of a wgpu pool for a uniform binding, as [`uniform_binding`]. Errors with
+/// [`Error::Unsupported`] when the block is not of a wgpu pool.
+pub fn block_uniform_binding(block: &OwnedBlock) -> Result<WgpuBlock> {
+    uniform_binding(wgpu_pool_of(block)?, block.handle())
+}
+
+fn wgpu_pool_of(block: &OwnedBlock) -> Result<&Pool<WgpuBackend>> {
     let pool = block.pool();
-    let Some(wgpu) = pool.as_any().downcast_ref::<Pool<WgpuBackend>>() else {
-        return Err(Error::Unsupported {
-            backend: pool.name().to_string(),
-            what: "a wgpu binding of a block that is not wgpu memory".into(),
-        });
-    };
-    binding(wgpu, block.handle())
+    pool.as_any().downcast_ref::<Pool<WgpuBackend>>().ok_or_else(|| Error::Unsupported {
+        backend: pool.name().to_string(),
+        what: "a wgpu binding of a block that is not wgpu memory".into(),
+    })
 }
 
 /// Queues writing `data` into an owned block of a wgpu pool at `offset` with `queue.write_buffer` and returns
@@ -133,7 +141,7 @@ pub fn write_block_queued(block: &mut OwnedBlock, offset: u64, data: &[u8]) -> R
     })
 }
 
-/// `block` for a uniform binding (ReadOnly pools). Errors if the pool's buffers lack `UNIFORM`, the block is
+/// `block` for a uniform binding (device-local and read-only pools). Errors if the pool's buffers lack `UNIFORM`, the block is
 /// not live, or it spans more than `max_uniform_buffer_binding_size`.
 pub fn uniform_binding(pool: &Pool<WgpuBackend>, block: &BlockHandle) -> Result<WgpuBlock> {
     let limit = pool.backend().limits().max_uniform_buffer_binding_size;
@@ -142,8 +150,8 @@ pub fn uniform_binding(pool: &Pool<WgpuBackend>, block: &BlockHandle) -> Result<
 
 /// Copies `len` bytes from `src_block` at `src_offset` to `dst_block` at `dst_offset` on the device with
 /// `copy_buffer_to_buffer`, and waits. Both pools must be of one device; offsets (block offset plus the given
-/// offset) and `len` must be multiples of 4 (wgpu's copy alignment). Blocks in the same buffer are copied
-/// through a temporary buffer. Holds the turns of mappable segments (see [`WgpuSegment`]) until the copy is done.
+/// offset) and `len` must be multiples of 4 (wgpu's copy alignment). A copy within one buffer (one block, or an
+/// adopted buffer) goes through a temporary buffer: wgpu copies no buffer into itself. Holds the turns of mappable segments (see [`WgpuSegment`]) until the copy is done.
 #[allow(clippy::too_many_arguments)]
 pub fn copy_block(
     src_pool: &Pool<WgpuBackend>,

@@ -1,6 +1,7 @@
 //! The opened device shared by an adapter's pools, and the byte movement every pool uses: queued writes, staged
 //! and mapped reads, mapped writes, clears. Every call runs inside error scopes so that wgpu's asynchronous
-//! errors come back as [`Error::Driver`] instead of panics.
+//! errors come back as [`Error::Driver`] instead of panics. Errors of the caller's own work are left to wgpu's
+//! error handling (the caller's scopes, its handler, or wgpu's default panic): umm installs no handler.
 
 use crate::{Error, Result};
 use parking_lot::Mutex;
@@ -29,13 +30,12 @@ pub(crate) struct DeviceShared {
     pub(crate) held: AtomicU64,
     /// Set by the device-lost callback.
     pub(crate) lost: Arc<Mutex<Option<String>>>,
-    /// The last error that no scope caught (from work the caller submitted itself).
-    pub(crate) uncaptured: Arc<Mutex<Option<String>>>,
 }
 
 impl DeviceShared {
-    /// Wraps an opened device: installs the uncaptured-error handler (log, keep, never panic) and the
-    /// device-lost callback.
+    /// Wraps an opened device and installs the device-lost callback. No uncaptured-error handler: an error that
+    /// none of umm's scopes caught came from the caller's own work, and goes where wgpu sends it (a scope of the
+    /// caller's, a handler the caller installed, else wgpu's default, a panic), as it would without umm.
     pub(crate) fn new(
         label: &str,
         device: wgpu::Device,
@@ -44,14 +44,6 @@ impl DeviceShared {
         shares_memory_with_host: bool,
     ) -> Self {
         let lost = Arc::new(Mutex::new(None));
-        let uncaptured = Arc::new(Mutex::new(None));
-        {
-            let (label, uncaptured) = (label.to_string(), Arc::clone(&uncaptured));
-            device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-                log::error!("wgpu error on {label} outside any umm call: {e}");
-                *uncaptured.lock() = Some(e.to_string());
-            }));
-        }
         {
             let (label, lost) = (label.to_string(), Arc::clone(&lost));
             device.set_device_lost_callback(move |reason, message| {
@@ -61,7 +53,7 @@ impl DeviceShared {
             });
         }
         let limits = device.limits();
-        Self { device, queue, limits, capacity, shares_memory_with_host, held: AtomicU64::new(0), lost, uncaptured }
+        Self { device, queue, limits, capacity, shares_memory_with_host, held: AtomicU64::new(0), lost }
     }
 
     pub(crate) fn lost_reason(&self) -> Option<String> {

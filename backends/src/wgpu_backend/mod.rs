@@ -1,7 +1,12 @@
 //! wgpu buffers (Vulkan, GL, Metal, DX12): every adapter becomes a [`WgpuDevice`] whose pools are
-//! [`Pool<WgpuBackend>`](crate::Pool) on the shared engine. A segment is one `wgpu::Buffer` ([`WgpuSegment`]); a
-//! block is `(buffer, offset, size)` with offsets on the binding alignment, so that it can be bound at its offset
-//! in a bind group ([`binding`]) or copied with `copy_buffer_to_buffer` ([`copy_block`]).
+//! [`Pool<WgpuBackend>`](crate::Pool) on the shared engine. A segment is one `wgpu::Buffer` ([`WgpuSegment`]), and
+//! every block is a whole segment ([`Backend::segment_per_block`]): wgpu tracks usage per buffer, so within one
+//! dispatch or pass a buffer is either read-only (storage `read`, uniform, vertex, index, copy source) or
+//! read-write (storage `read_write`, copy destination), and a buffer is never copied into itself. Blocks cut from
+//! one shared buffer could not be an input and an output of one kernel; blocks of their own can, in any mix of
+//! usages. A freed block's buffer stays cached and serves a later request of up to 1/8 less (see
+//! [`crate::engine::WHOLE_FIT_SLACK`]); the pool's slack budget destroys buffers nobody reuses. A block is bound
+//! as `(buffer, 0, size)` ([`binding`]) or copied with `copy_buffer_to_buffer` ([`copy_block`]).
 //!
 //! wgpu loads its drivers at run time: with none installed, [`discover`] returns no device and says why.
 //!
@@ -17,10 +22,12 @@
 //! Work submitted by the caller on blocks of mappable pools (bind groups, copies) must likewise not overlap this
 //! backend's reads and writes of blocks in the same segment: wgpu refuses to submit work on a mapped buffer.
 //!
-//! Errors: wgpu reports validation, out-of-memory and internal errors asynchronously (and panics on those no one
-//! catches). Every call of this backend runs inside error scopes, and the device gets an uncaptured-error handler
-//! that logs instead of panicking, so a failure becomes [`Error::Driver`] naming the call; a lost or destroyed
-//! device is reported the same way by every later call.
+//! Errors: wgpu reports validation, out-of-memory and internal errors asynchronously, to the innermost error scope
+//! of the calling thread, else to the device's uncaptured-error handler (by default a panic). Every call of this
+//! backend runs inside error scopes of its own, so its failures become [`Error::Driver`] naming the call; a lost
+//! or destroyed device is reported the same way by every later call. umm installs no uncaptured-error handler:
+//! errors of the caller's own work (its bind groups, passes, submissions) reach the caller as wgpu's default
+//! handler, the caller's own error scopes or a handler the caller installs would deliver them.
 
 mod discover;
 mod interop;
@@ -29,8 +36,8 @@ mod segment;
 
 pub use discover::{discover, WgpuDevice};
 pub use interop::{
-    binding, block_binding, copy_block, seal, segment_and_offset, uniform_binding, unseal, write_block_queued,
-    WgpuBlock,
+    binding, block_binding, block_uniform_binding, copy_block, seal, segment_and_offset, uniform_binding, unseal,
+    write_block_queued, WgpuBlock,
 };
 pub use segment::WgpuSegment;
 /// The wgpu this crate was built with, so that callers build pipelines with the same version.
@@ -47,10 +54,11 @@ use wgpu::BufferUsages;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::Display, strum::EnumIter)]
 #[strum(serialize_all = "kebab-case")]
 pub enum WgpuPoolKind {
-    /// `STORAGE | COPY_SRC | COPY_DST`: read-write storage, bound at block offsets.
+    /// `STORAGE | UNIFORM | VERTEX | INDEX | INDIRECT | COPY_SRC | COPY_DST`: device memory a kernel or a draw
+    /// may use every way a non-mapped buffer can be used.
     DeviceLocal,
-    /// `STORAGE | UNIFORM | COPY_DST | COPY_SRC`: filled at allocation, bound read-only (storage `read` or
-    /// uniform). `COPY_SRC` is there so the bytes can be read back and copied elsewhere.
+    /// The same usages as [`WgpuPoolKind::DeviceLocal`]: filled at allocation and bound read-only (storage
+    /// `read`, uniform, vertex, index, indirect, copy source); the facade refuses writes after the fill.
     ReadOnly,
     /// `MAP_WRITE | COPY_SRC`: host-written staging for uploads; written by mapping, read through a copy.
     Upload,
@@ -65,9 +73,14 @@ impl WgpuPoolKind {
     /// The buffer usages of this kind's segments.
     pub fn usages(self) -> BufferUsages {
         match self {
-            Self::DeviceLocal => BufferUsages::STORAGE | BufferUsages::COPY_SRC | BufferUsages::COPY_DST,
-            Self::ReadOnly => {
-                BufferUsages::STORAGE | BufferUsages::UNIFORM | BufferUsages::COPY_DST | BufferUsages::COPY_SRC
+            Self::DeviceLocal | Self::ReadOnly => {
+                BufferUsages::STORAGE
+                    | BufferUsages::UNIFORM
+                    | BufferUsages::VERTEX
+                    | BufferUsages::INDEX
+                    | BufferUsages::INDIRECT
+                    | BufferUsages::COPY_SRC
+                    | BufferUsages::COPY_DST
             }
             Self::Upload => BufferUsages::MAP_WRITE | BufferUsages::COPY_SRC,
             Self::Readback => BufferUsages::MAP_READ | BufferUsages::COPY_DST,
@@ -91,7 +104,8 @@ impl WgpuPoolKind {
     }
 }
 
-/// The backend of one wgpu pool: one device (shared by the device's pools) and one [`WgpuPoolKind`].
+/// The backend of one wgpu pool: one device (shared by the device's pools) and one [`WgpuPoolKind`]. Every block
+/// is a buffer of its own ([`Backend::segment_per_block`]).
 pub struct WgpuBackend {
     name: String,
     kind: WgpuPoolKind,
@@ -117,19 +131,10 @@ impl std::fmt::Debug for WgpuBackend {
 
 impl WgpuBackend {
     fn new(name: String, kind: WgpuPoolKind, shared: Arc<DeviceShared>) -> Self {
-        let limits = &shared.limits;
-        let storage = u64::from(limits.min_storage_buffer_offset_alignment);
-        let uniform = u64::from(limits.min_uniform_buffer_offset_alignment);
+        // Every block starts its own buffer, so no binding offset alignment applies: sizes are kept to whole
+        // mapping units (8 bytes), so that any block can be mapped or copied to its end.
+        let alignment = wgpu::MAP_ALIGNMENT.max(wgpu::COPY_BUFFER_ALIGNMENT);
         let usage = kind.usages();
-        let mut alignment = wgpu::MAP_ALIGNMENT.max(wgpu::COPY_BUFFER_ALIGNMENT);
-        if usage.contains(BufferUsages::STORAGE) {
-            alignment = alignment.max(storage);
-        }
-        if usage.contains(BufferUsages::UNIFORM) {
-            alignment = alignment.max(uniform);
-        }
-        // Limits are powers of two; guard anyway so that Pool::new gets one.
-        let alignment = alignment.next_power_of_two();
         Self { name, kind, usage, alignment, shared, sealed: parking_lot::Mutex::new(Vec::new()), adoption: None }
     }
 
@@ -245,6 +250,9 @@ impl Backend for WgpuBackend {
     }
     fn free_memory(&self) -> u64 {
         self.shared.free_memory()
+    }
+    fn segment_per_block(&self) -> bool {
+        true
     }
     fn create_segment(&self, size: u64) -> Result<WgpuSegment> {
         if let Some(adoption) = &self.adoption {

@@ -1,18 +1,18 @@
-//! A wgpu pool's segment: one `wgpu::Buffer` and, for a buffer the host can map, the lock that gives its users
-//! turns.
+//! A wgpu pool's segment: one `wgpu::Buffer`, the whole of one block, and, for a buffer the host can map, the lock
+//! that gives its users turns.
 //!
 //! wgpu keeps one mapping state per buffer, not per range. While any range of a buffer is mapped, or a mapping of
 //! it is pending, a submission that uses the buffer fails validation ("still mapped"), a `queue.write_buffer` to
 //! it fails, and a second `map_async` fails; a `queue.write_buffer` recorded before a mapping is requested and
-//! submitted after it could land while the host holds the mapping. Blocks are ranges of one segment, so two
-//! threads working on two blocks work on one buffer: every read, write, fill and copy of a mappable segment holds
-//! the segment's turn from its first command to its last wait (or its unmap). A buffer that cannot be mapped needs
-//! no turn: the queue orders the work on it, and blocks do not overlap.
+//! submitted after it could land while the host holds the mapping. Two threads may read one block at once (reads
+//! borrow it shared), and so work on one buffer: every read, write, fill and copy of a mappable segment holds the
+//! segment's turn from its first command to its last wait (or its unmap). A buffer that cannot be mapped needs no
+//! turn: the queue orders the work on it.
 
 use parking_lot::{Mutex, MutexGuard};
 use std::sync::Arc;
 
-/// One segment of a wgpu pool: a buffer, shared by the blocks carved from it.
+/// One segment of a wgpu pool: a buffer, the whole of one block (or of one adopted buffer).
 #[derive(Debug, Clone)]
 pub struct WgpuSegment {
     buffer: wgpu::Buffer,

@@ -36,6 +36,8 @@ pub struct Fixture {
     pub read_only: bool,
     /// Whether the pool alone uses the device (host, sim), so that its free memory is exact.
     pub exclusive: bool,
+    /// Whether every block is a segment of its own (wgpu; see `Backend::segment_per_block`).
+    pub segment_per_block: bool,
     /// Two streams of the API, neither the default one.
     pub streams: [StreamId; 2],
     /// The kernel, made on demand (`None`: the API has none here, or it could not be built, said on stderr).
@@ -57,6 +59,7 @@ impl Fixture {
             host_writes: true,
             read_only: false,
             exclusive: false,
+            segment_per_block: false,
             streams: [StreamId(1), StreamId(2)],
             kernel: None,
             pools: Mutex::new(Vec::new()),
@@ -146,6 +149,14 @@ pub fn host() -> Vec<Fixture> {
 fn sim(mode: SegmentMode) -> Vec<Fixture> {
     let make: MakePool = Box::new(|config| Ok(Arc::new(Pool::new(SimBackend::new("sim", 16 * GIB), config)?)));
     vec![Fixture { holds_bytes: false, exclusive: true, ..Fixture::new(format!("sim {mode}"), mode, make) }]
+}
+
+/// The simulated device with a segment per block, as wgpu pools have.
+pub fn sim_segment_per_block() -> Vec<Fixture> {
+    let make: MakePool =
+        Box::new(|config| Ok(Arc::new(Pool::new(SimBackend::segment_per_block("sim-wgpu", 16 * GIB), config)?)));
+    let fixture = Fixture::new("sim segment per block".into(), SegmentMode::Auto, make);
+    vec![Fixture { holds_bytes: false, exclusive: true, segment_per_block: true, ..fixture }]
 }
 
 /// The simulated device in plain segments.
@@ -471,6 +482,7 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
                 Fixture {
                     device_local: Some(maker(Arc::clone(&dev), WgpuPoolKind::DeviceLocal)),
                     read_only: kind == WgpuPoolKind::ReadOnly,
+                    segment_per_block: true,
                     kernel: bindable.then(|| Box::new(kernel) as MakeKernel),
                     ..Fixture::new(label, SegmentMode::Auto, maker(dev, kind))
                 }

@@ -93,7 +93,7 @@ pub(crate) struct PlotArgs {
 #[derive(Debug, Args)]
 pub(crate) struct ReplayArgs {
     /// Backend to replay on: sim (simulated device with virtual memory, like CUDA), sim-plain (segments only,
-    /// like OpenCL and wgpu), host (this machine's memory), or cuda, opencl, wgpu where built in (the first
+    /// like OpenCL), sim-wgpu (a segment per block, like wgpu), host (this machine's memory), or cuda, opencl, wgpu where built in (the first
     /// device found; UMM_REPLAY_DEVICE=N picks another).
     #[arg(long, default_value = "sim")]
     pub(crate) backend: String,
@@ -104,7 +104,7 @@ pub(crate) struct ReplayArgs {
     /// Warm replays after the cold one; ns/op warm is their median.
     #[arg(long, default_value_t = 5, value_parser = whole::<usize>)]
     pub(crate) repeat: usize,
-    /// Device capacity, as a size: for sim and sim-plain (default 80GiB, an H100), and for host (default the
+    /// Device capacity, as a size: for sim, sim-plain and sim-wgpu (default 80GiB, an H100), and for host (default the
     /// memory available now, MemAvailable).
     #[arg(long, value_parser = replay::parse_capacity)]
     pub(crate) capacity: Option<u64>,
