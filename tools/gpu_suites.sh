@@ -19,7 +19,7 @@ dir=${2:-.gpu-suites}
 # the C ABI's, and the root crate's that place buffers on devices.
 SUITES=" umm-backends:conformance umm-backends:cuda umm-backends:opencl umm-backends:wgpu umm-backends:teardown
 umm-backends:required_backends umm-capi:umm_capi umm-capi:abi umm-capi:c_header umm-capi:fuzz umm:concurrency
-umm:facade umm:front_door umm:kernels umm:migration umm:multi_gpu umm:observability umm:overlap umm:teardown "
+umm:facade umm:front_door umm:kernels umm:ordinary_kernels umm:migration umm:multi_gpu umm:observability umm:overlap umm:teardown "
 SUITES=$(echo $SUITES)
 
 case $mode in

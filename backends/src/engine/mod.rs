@@ -392,6 +392,18 @@ impl Engine {
         Some(self.take(node, whole))
     }
 
+    /// In an engine of whole blocks, an empty segment of at least `want` bytes, as tight as the free index finds
+    /// (the best fit, or one within 1/32 of it), and its size: the one segment whose release covers `want` with
+    /// the least memory given back beyond it. `None` when none is that large, for zero, and in an engine that
+    /// splits (its free blocks are not segments). O(1) but for the walk [`Engine::allocate`] makes on a miss.
+    pub fn empty_segment_covering(&self, want: u64) -> Option<(SegmentId, u64)> {
+        if !self.whole {
+            return None;
+        }
+        let node = &self.nodes[self.find_fit(self.block_size(want)?)?];
+        Some((SegmentId(node.segment), node.size))
+    }
+
     /// Allocates `size` bytes from the start of an entirely free segment, bypassing the size-class search
     /// (used right after [`Engine::add_segment`]); in an engine of whole blocks, the whole segment, however
     /// much larger than `size` it is. O(1).

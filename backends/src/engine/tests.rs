@@ -894,3 +894,21 @@ fn whole_blocks_withhold_nothing() {
     assert_eq!(e.stats().withheld_bytes, 0);
     assert!(Engine::whole_blocks(48).is_none());
 }
+
+#[test]
+fn the_empty_segment_covering_a_want_is_the_tightest_and_only_in_whole_engines() {
+    let mut e = Engine::whole_blocks(8).unwrap();
+    let sizes = [4096u64, 1024, 65536, 2048];
+    let ids: Vec<SegmentId> = sizes.iter().map(|&s| e.add_segment(s).unwrap()).collect();
+    assert_eq!(e.empty_segment_covering(1500), Some((ids[3], 2048)));
+    assert_eq!(e.empty_segment_covering(4096), Some((ids[0], 4096)));
+    assert_eq!(e.empty_segment_covering(5000), Some((ids[2], 65536)));
+    assert_eq!(e.empty_segment_covering(65537), None);
+    assert_eq!(e.empty_segment_covering(0), None);
+    let live = e.allocate_in(ids[3], 2048).unwrap();
+    assert_eq!(e.empty_segment_covering(1500), Some((ids[0], 4096)), "a live segment is not empty");
+    e.free(live.block).unwrap();
+    let mut split = Engine::new(8).unwrap();
+    split.add_segment(4096).unwrap();
+    assert_eq!(split.empty_segment_covering(100), None, "free blocks of an engine that splits are not segments");
+}

@@ -372,7 +372,7 @@ impl<B: Backend> Pool<B> {
         for class in [ArenaClass::Small, ArenaClass::Large] {
             let virtual_segments = class == ArenaClass::Large && self.page_size.is_some();
             let (alignment, small_max) = (self.backend.alignment(), self.config.small_request_max);
-            let whole = self.backend.segment_per_block();
+            let whole = self.whole_blocks;
             state.arenas.push(Arena::new(stream, class, virtual_segments, alignment, small_max, whole));
         }
         state.streams.insert(stream, [first, first + 1]);
@@ -439,7 +439,7 @@ impl<B: Backend> Pool<B> {
             return Ok(alloc);
         }
         let preferred = match state.arenas[arena].class {
-            _ if self.config.strategy == Strategy::Direct || self.backend.segment_per_block() => round(size),
+            _ if self.config.strategy == Strategy::Direct || self.whole_blocks => round(size),
             ArenaClass::Small => round(self.config.small_segment_size.max(size)),
             ArenaClass::Large if size < self.config.large_segment_size / 2 => round(self.config.large_segment_size),
             ArenaClass::Large => round(size),
@@ -452,7 +452,7 @@ impl<B: Backend> Pool<B> {
         let excess =
             (state.reserved() + preferred).saturating_sub(Self::trim_budget(state, self.config.segment_slack, size));
         if excess > 0 && state.has_empty_plain_segments() {
-            self.release_least_recent_empty_segments(state, excess);
+            self.release_empty_segments(state, excess);
         }
         // Under a limit, fall back to a segment of just the request's size rather than fail.
         let limit = state.stats.limit_bytes;

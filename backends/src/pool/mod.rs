@@ -97,6 +97,8 @@ pub struct Pool<B: Backend> {
     /// [`ARENA_BITS`]. Handles carry `arena_base + index`, and a handle whose number is outside this pool's range
     /// (another pool's, even with the same block ids) is refused by the same bounds check that finds its arena.
     arena_base: u64,
+    /// Every block is a whole segment ([`Backend::segment_per_block`]).
+    whole_blocks: bool,
     /// The largest small and large blocks thread caches keep (0: none of that class).
     cached_small_max: u64,
     cached_large_max: u64,
@@ -129,7 +131,8 @@ impl<B: Backend> Pool<B> {
             )));
         }
         // A segment per block cannot be a reservation that blocks share.
-        let mut vm = backend.virtual_memory().filter(|_| !backend.segment_per_block());
+        let backend_whole = backend.segment_per_block();
+        let mut vm = backend.virtual_memory().filter(|_| !backend_whole);
         let use_virtual = match config.segment_mode {
             SegmentMode::Plain => false,
             SegmentMode::Auto => vm.is_some(),
@@ -198,6 +201,7 @@ impl<B: Backend> Pool<B> {
             max_reservation,
             max_block,
             arena_base,
+            whole_blocks: backend_whole,
             cached_small_max,
             cached_large_max,
             shared: Arc::new(Shared { state, slots }),

@@ -1216,3 +1216,58 @@ fn blocks_carry_their_host_address_through_every_cache_and_thread() {
     assert_eq!((b.host, sim.host_ptr(&b)), (0, None));
     sim.free(&b).unwrap();
 }
+
+/// A pool over a backend whose every block is a segment: blocks are never split, a freed segment serves requests
+/// up to 1/8 smaller, and the slack budget releases the one tightest empty segment that covers the excess rather
+/// than the least recently used ones.
+#[test]
+fn a_segment_per_block_pool_never_splits_and_releases_the_tightest_covering_segment() {
+    let config = PoolConfig {
+        segment_slack: Some(0.0),
+        thread_cache_bytes: 0,
+        thread_cache_large_bytes: 0,
+        ..PoolConfig::default()
+    };
+    let pool = Pool::new(SimBackend::segment_per_block("sim-wgpu", 8 << 30), config).unwrap();
+    assert!(pool.backend().segment_per_block());
+    let virtual_config = PoolConfig { segment_mode: SegmentMode::Virtual, ..PoolConfig::default() };
+    let err = Pool::new(SimBackend::segment_per_block("sim-wgpu", 8 << 30), virtual_config).err().unwrap();
+    assert!(err.to_string().contains("a segment of its own"), "{err}");
+
+    // Two small blocks get a segment each, of their own sizes (8-byte granularity), not a shared 2 MiB one.
+    let (a, b) = (pool.allocate(1000, S0).unwrap(), pool.allocate(24, S0).unwrap());
+    assert_ne!(a.segment_index(), b.segment_index());
+    assert_eq!((a.offset(), a.size(), b.offset(), b.size()), (0, 1000, 0, 24));
+    assert_eq!(pool.stats().reserved_bytes.current, 1024);
+    pool.free(&a).unwrap();
+    let c = pool.allocate(900, S0).unwrap();
+    assert_eq!((c.segment_index(), c.size()), (a.segment_index(), 1000), "1,000 is within 1/8 of 900");
+    let d = pool.allocate(800, S0).unwrap();
+    assert_ne!(d.segment_index(), a.segment_index(), "1,000 is more than 1/8 above 800");
+    for block in [&b, &c, &d] {
+        pool.free(block).unwrap();
+    }
+    pool.release_cached();
+
+    // Large blocks, freed: 4, 4, 8, 20 and 64 MiB, the larger ones used last.
+    let blocks: Vec<_> = [4, 4, 8, 20, 64].iter().map(|&m| pool.allocate(m * MIB, S0).unwrap()).collect();
+    for block in &blocks {
+        pool.free(block).unwrap();
+    }
+    let before = pool.stats();
+    assert_eq!(before.reserved_bytes.current, 100 * MIB);
+    // 16 MiB more would pass the high-water mark of 100 MiB by 16 MiB: the 20 MiB segment alone covers that. The
+    // least recently used would have been the three small ones, the largest the 64 MiB one.
+    let e = pool.allocate(16 * MIB, S0).unwrap();
+    let after = pool.stats();
+    assert_eq!(after.num_device_free - before.num_device_free, 1, "{after:?}");
+    assert_eq!(after.reserved_bytes.current, 96 * MIB);
+    for (size, still) in [(4, true), (8, true), (64, true), (20, false)] {
+        let hits = pool.stats().cache_hits;
+        let reused = pool.allocate(size * MIB, S0).unwrap();
+        assert_eq!(pool.stats().cache_hits > hits, still, "{size} MiB cached: {still}");
+        pool.free(&reused).unwrap();
+    }
+    pool.free(&e).unwrap();
+    assert_eq!(pool.stats().inactive_split_bytes.current, 0, "nothing is ever split");
+}
