@@ -46,24 +46,42 @@ fn manager_with(api: Api) -> Option<UniversalMemoryManager> {
     None
 }
 
-fn device_local(api: Api) -> AllocOptions {
-    AllocOptions::new().placement(Placement::DeviceLocal).device(DeviceSelector::Api(api))
+/// The indexes of `api`'s devices (a machine may have several: PoCL beside NVIDIA's OpenCL, say). Every case runs
+/// on each, its buffers all placed on that one device by index, and its kernels built on the buffers' own device.
+/// Runs `case` on every device of `api`, each time with a manager of its own, or skips (with a notice) when there
+/// is none.
+fn on_each_device(api: Api, case: impl Fn(&UniversalMemoryManager, usize)) {
+    let Some(mm) = manager_with(api) else { return };
+    for device in devices_of(&mm, api) {
+        eprintln!("on {}", mm.devices()[device].name());
+        let mm = manager_with(api).expect("the device is still there");
+        case(&mm, device);
+    }
 }
 
-fn read_only(api: Api) -> AllocOptions {
-    AllocOptions::new().placement(Placement::ReadOnly).device(DeviceSelector::Api(api))
+fn devices_of(mm: &UniversalMemoryManager, api: Api) -> Vec<usize> {
+    mm.devices().iter().filter(|d| d.has_api(api)).map(|d| d.index()).collect()
 }
 
-/// A device-local buffer of `api` holding `data`.
-fn filled(mm: &UniversalMemoryManager, api: Api, data: &[f32]) -> UniversalBuffer<f32> {
-    let mut buffer = mm.allocate_universal_with::<f32>(data.len(), device_local(api)).unwrap();
+fn device_local(device: usize) -> AllocOptions {
+    AllocOptions::new().placement(Placement::DeviceLocal).device(DeviceSelector::Index(device))
+}
+
+fn read_only(device: usize) -> AllocOptions {
+    AllocOptions::new().placement(Placement::ReadOnly).device(DeviceSelector::Index(device))
+}
+
+/// A device-local buffer on `device` holding `data`.
+fn filled(mm: &UniversalMemoryManager, device: usize, data: &[f32]) -> UniversalBuffer<f32> {
+    let mut buffer = mm.allocate_universal_with::<f32>(data.len(), device_local(device)).unwrap();
+    assert_eq!(buffer.device().index(), device, "placed on the device asked for");
     buffer.write(data).unwrap();
     buffer
 }
 
 /// Small buffers that stay live through a case, so that the case's buffers are not the first in their pools.
-fn neighbours(mm: &UniversalMemoryManager, api: Api) -> Vec<UniversalBuffer<f32>> {
-    (1..4).map(|n| mm.allocate_universal_with::<f32>(n * 5, device_local(api)).unwrap()).collect()
+fn neighbours(mm: &UniversalMemoryManager, device: usize) -> Vec<UniversalBuffer<f32>> {
+    (1..4).map(|n| mm.allocate_universal_with::<f32>(n * 5, device_local(device)).unwrap()).collect()
 }
 
 /// `got` equals `want` element by element (exactly: every kernel here computes what the CPU computes, in the
@@ -217,148 +235,155 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
 
     #[test]
     fn one_input_read_and_one_output_written_in_one_dispatch() {
-        let Some(mm) = manager_with(Api::Wgpu) else { return };
-        let _pads = neighbours(&mm, Api::Wgpu);
-        // Once on small buffers, once on buffers above the small-request bound.
-        for n in [N, 300_007] {
-            let x_data: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 - 3.5).collect();
-            let x = filled(&mm, Api::Wgpu, &x_data);
-            let mut y = filled(&mm, Api::Wgpu, &vec![1.0; n]);
-            let gpu = Gpu::of(&x);
-            let pipeline = gpu.pipeline(DOUBLE);
-            {
-                let (xv, yv) = (x.wgpu_binding().unwrap(), y.wgpu_binding_mut().unwrap());
-                let group = gpu.bind_group(&pipeline, vec![xv.binding_resource(), yv.binding_resource()]);
-                let mut encoder = gpu.device.create_command_encoder(&Default::default());
+        on_each_device(Api::Wgpu, |mm, device| {
+            let _pads = neighbours(mm, device);
+            // Once on small buffers, once on buffers above the small-request bound.
+            for n in [N, 300_007] {
+                let x_data: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 - 3.5).collect();
+                let x = filled(mm, device, &x_data);
+                let mut y = filled(mm, device, &vec![1.0; n]);
+                let gpu = Gpu::of(&x);
+                let pipeline = gpu.pipeline(DOUBLE);
                 {
-                    let mut pass = encoder.begin_compute_pass(&Default::default());
-                    pass.set_pipeline(&pipeline);
-                    pass.set_bind_group(0, &group, &[]);
-                    pass.dispatch_workgroups((n as u32).div_ceil(64), 1, 1);
+                    let (xv, yv) = (x.wgpu_binding().unwrap(), y.wgpu_binding_mut().unwrap());
+                    let group = gpu.bind_group(&pipeline, vec![xv.binding_resource(), yv.binding_resource()]);
+                    let mut encoder = gpu.device.create_command_encoder(&Default::default());
+                    {
+                        let mut pass = encoder.begin_compute_pass(&Default::default());
+                        pass.set_pipeline(&pipeline);
+                        pass.set_bind_group(0, &group, &[]);
+                        pass.dispatch_workgroups((n as u32).div_ceil(64), 1, 1);
+                    }
+                    gpu.queue.submit([encoder.finish()]);
+                    gpu.device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
                 }
-                gpu.queue.submit([encoder.finish()]);
-                gpu.device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+                let want: Vec<f32> = x_data.iter().map(|v| 2.0 * v).collect();
+                assert_matches(&format!("y = 2x over {n}"), &y.to_vec().unwrap(), &want);
             }
-            let want: Vec<f32> = x_data.iter().map(|v| 2.0 * v).collect();
-            assert_matches(&format!("y = 2x over {n}"), &y.to_vec().unwrap(), &want);
-        }
+        });
     }
 
     #[test]
     fn several_read_only_inputs_one_of_them_a_read_only_buffer() {
-        let Some(mm) = manager_with(Api::Wgpu) else { return };
-        let _pads = neighbours(&mm, Api::Wgpu);
-        let a = filled(&mm, Api::Wgpu, &xs());
-        let b = filled(&mm, Api::Wgpu, &ys());
-        let c = mm.allocate_universal_from_with(&zs(), read_only(Api::Wgpu)).unwrap();
-        let mut out = filled(&mm, Api::Wgpu, &vec![f32::NAN; N]);
-        let gpu = Gpu::of(&a);
-        let (av, bv, cv) = (a.wgpu_binding().unwrap(), b.wgpu_binding().unwrap(), c.wgpu_binding().unwrap());
-        let ov = out.wgpu_binding_mut().unwrap();
-        let resources =
-            vec![av.binding_resource(), bv.binding_resource(), cv.binding_resource(), ov.binding_resource()];
-        gpu.dispatch(FMA, resources, |_| {});
-        drop((av, bv, cv, ov));
-        let want: Vec<f32> = (0..N).map(|i| xs()[i].mul_add(ys()[i], zs()[i])).collect();
-        let cpu: Vec<f32> = (0..N).map(|i| xs()[i] * ys()[i] + zs()[i]).collect();
-        // WGSL may fuse a * b + c or not: either rounding is right.
-        let got = out.to_vec().unwrap();
-        let bad = (0..N).filter(|&i| got[i] != want[i] && got[i] != cpu[i]).count();
-        assert_eq!(bad, 0, "out = a * b + c: {bad} of {N} elements differ from the CPU");
+        on_each_device(Api::Wgpu, |mm, device| {
+            let _pads = neighbours(mm, device);
+            let a = filled(mm, device, &xs());
+            let b = filled(mm, device, &ys());
+            let c = mm.allocate_universal_from_with(&zs(), read_only(device)).unwrap();
+            let mut out = filled(mm, device, &vec![f32::NAN; N]);
+            let gpu = Gpu::of(&a);
+            let (av, bv, cv) = (a.wgpu_binding().unwrap(), b.wgpu_binding().unwrap(), c.wgpu_binding().unwrap());
+            let ov = out.wgpu_binding_mut().unwrap();
+            let resources =
+                vec![av.binding_resource(), bv.binding_resource(), cv.binding_resource(), ov.binding_resource()];
+            gpu.dispatch(FMA, resources, |_| {});
+            drop((av, bv, cv, ov));
+            let want: Vec<f32> = (0..N).map(|i| xs()[i].mul_add(ys()[i], zs()[i])).collect();
+            let cpu: Vec<f32> = (0..N).map(|i| xs()[i] * ys()[i] + zs()[i]).collect();
+            // WGSL may fuse a * b + c or not: either rounding is right.
+            let got = out.to_vec().unwrap();
+            let bad = (0..N).filter(|&i| got[i] != want[i] && got[i] != cpu[i]).count();
+            assert_eq!(bad, 0, "out = a * b + c: {bad} of {N} elements differ from the CPU");
+        });
     }
 
     #[test]
     fn an_update_in_place_beside_an_input_read() {
-        let Some(mm) = manager_with(Api::Wgpu) else { return };
-        let _pads = neighbours(&mm, Api::Wgpu);
-        let mut x = filled(&mm, Api::Wgpu, &ys());
-        let s = filled(&mm, Api::Wgpu, &xs());
-        let gpu = Gpu::of(&s);
-        let sv = s.wgpu_binding().unwrap();
-        let xv = x.wgpu_binding_mut().unwrap();
-        gpu.dispatch(SQUARE_ADD, vec![xv.binding_resource(), sv.binding_resource()], |_| {});
-        drop((xv, sv));
-        let want: Vec<f32> = ys().iter().zip(xs()).map(|(x, s)| x * x + s).collect();
-        assert_matches("x = x * x + s", &x.to_vec().unwrap(), &want);
+        on_each_device(Api::Wgpu, |mm, device| {
+            let _pads = neighbours(mm, device);
+            let mut x = filled(mm, device, &ys());
+            let s = filled(mm, device, &xs());
+            let gpu = Gpu::of(&s);
+            let sv = s.wgpu_binding().unwrap();
+            let xv = x.wgpu_binding_mut().unwrap();
+            gpu.dispatch(SQUARE_ADD, vec![xv.binding_resource(), sv.binding_resource()], |_| {});
+            drop((xv, sv));
+            let want: Vec<f32> = ys().iter().zip(xs()).map(|(x, s)| x * x + s).collect();
+            assert_matches("x = x * x + s", &x.to_vec().unwrap(), &want);
+        });
     }
 
     #[test]
     fn a_uniform_and_storage_from_read_only_buffers() {
-        let Some(mm) = manager_with(Api::Wgpu) else { return };
-        let _pads = neighbours(&mm, Api::Wgpu);
-        let params = mm.allocate_universal_from_with(&[1.5f32, -2.0, 0.0, 0.0], read_only(Api::Wgpu)).unwrap();
-        let x = mm.allocate_universal_from_with(&xs(), read_only(Api::Wgpu)).unwrap();
-        let mut out = filled(&mm, Api::Wgpu, &vec![f32::NAN; N]);
-        let gpu = Gpu::of(&x);
-        let (pv, xv) = (params.wgpu_uniform_binding().unwrap(), x.wgpu_binding().unwrap());
-        let ov = out.wgpu_binding_mut().unwrap();
-        gpu.dispatch(AFFINE, vec![pv.binding_resource(), xv.binding_resource(), ov.binding_resource()], |_| {});
-        drop((pv, xv, ov));
-        let want: Vec<f32> = xs().iter().map(|x| 1.5 * x - 2.0).collect();
-        assert_matches("out = 1.5 x - 2", &out.to_vec().unwrap(), &want);
+        on_each_device(Api::Wgpu, |mm, device| {
+            let _pads = neighbours(mm, device);
+            let params = mm.allocate_universal_from_with(&[1.5f32, -2.0, 0.0, 0.0], read_only(device)).unwrap();
+            let x = mm.allocate_universal_from_with(&xs(), read_only(device)).unwrap();
+            let mut out = filled(mm, device, &vec![f32::NAN; N]);
+            let gpu = Gpu::of(&x);
+            let (pv, xv) = (params.wgpu_uniform_binding().unwrap(), x.wgpu_binding().unwrap());
+            let ov = out.wgpu_binding_mut().unwrap();
+            gpu.dispatch(AFFINE, vec![pv.binding_resource(), xv.binding_resource(), ov.binding_resource()], |_| {});
+            drop((pv, xv, ov));
+            let want: Vec<f32> = xs().iter().map(|x| 1.5 * x - 2.0).collect();
+            assert_matches("out = 1.5 x - 2", &out.to_vec().unwrap(), &want);
+        });
     }
 
     #[test]
     fn one_buffer_read_through_two_bindings() {
-        let Some(mm) = manager_with(Api::Wgpu) else { return };
-        let _pads = neighbours(&mm, Api::Wgpu);
-        let x = filled(&mm, Api::Wgpu, &xs());
-        let mut out = filled(&mm, Api::Wgpu, &vec![f32::NAN; N]);
-        let gpu = Gpu::of(&x);
-        let (first, second) = (x.wgpu_binding().unwrap(), x.wgpu_binding().unwrap());
-        let ov = out.wgpu_binding_mut().unwrap();
-        gpu.dispatch(SUM, vec![first.binding_resource(), second.binding_resource(), ov.binding_resource()], |_| {});
-        drop((first, second, ov));
-        let want: Vec<f32> = xs().iter().map(|x| x + x).collect();
-        assert_matches("out = x + x", &out.to_vec().unwrap(), &want);
+        on_each_device(Api::Wgpu, |mm, device| {
+            let _pads = neighbours(mm, device);
+            let x = filled(mm, device, &xs());
+            let mut out = filled(mm, device, &vec![f32::NAN; N]);
+            let gpu = Gpu::of(&x);
+            let (first, second) = (x.wgpu_binding().unwrap(), x.wgpu_binding().unwrap());
+            let ov = out.wgpu_binding_mut().unwrap();
+            gpu.dispatch(SUM, vec![first.binding_resource(), second.binding_resource(), ov.binding_resource()], |_| {});
+            drop((first, second, ov));
+            let want: Vec<f32> = xs().iter().map(|x| x + x).collect();
+            assert_matches("out = x + x", &out.to_vec().unwrap(), &want);
+        });
     }
 
     #[test]
     fn copies_between_buffers_then_a_dispatch_in_one_command_buffer() {
-        let Some(mm) = manager_with(Api::Wgpu) else { return };
-        let _pads = neighbours(&mm, Api::Wgpu);
-        let source = filled(&mm, Api::Wgpu, &xs());
-        let x = filled(&mm, Api::Wgpu, &vec![0.0; N]);
-        let mut y = filled(&mm, Api::Wgpu, &vec![f32::NAN; N]);
-        let gpu = Gpu::of(&x);
-        let (sv, xv) = (source.wgpu_binding().unwrap(), x.wgpu_binding().unwrap());
-        let yv = y.wgpu_binding_mut().unwrap();
-        let bytes = (N * 4) as u64;
-        // source -> x, then y = 2 x: x is a copy destination and a read-only binding in one command buffer.
-        gpu.dispatch(DOUBLE, vec![xv.binding_resource(), yv.binding_resource()], |encoder| {
-            encoder.copy_buffer_to_buffer(sv.buffer(), sv.offset(), xv.buffer(), xv.offset(), bytes);
+        on_each_device(Api::Wgpu, |mm, device| {
+            let _pads = neighbours(mm, device);
+            let source = filled(mm, device, &xs());
+            let x = filled(mm, device, &vec![0.0; N]);
+            let mut y = filled(mm, device, &vec![f32::NAN; N]);
+            let gpu = Gpu::of(&x);
+            let (sv, xv) = (source.wgpu_binding().unwrap(), x.wgpu_binding().unwrap());
+            let yv = y.wgpu_binding_mut().unwrap();
+            let bytes = (N * 4) as u64;
+            // source -> x, then y = 2 x: x is a copy destination and a read-only binding in one command buffer.
+            gpu.dispatch(DOUBLE, vec![xv.binding_resource(), yv.binding_resource()], |encoder| {
+                encoder.copy_buffer_to_buffer(sv.buffer(), sv.offset(), xv.buffer(), xv.offset(), bytes);
+            });
+            drop((sv, xv, yv));
+            assert_matches("x = source", &x.to_vec().unwrap(), &xs());
+            let want: Vec<f32> = xs().iter().map(|v| 2.0 * v).collect();
+            assert_matches("y = 2 x after the copy", &y.to_vec().unwrap(), &want);
         });
-        drop((sv, xv, yv));
-        assert_matches("x = source", &x.to_vec().unwrap(), &xs());
-        let want: Vec<f32> = xs().iter().map(|v| 2.0 * v).collect();
-        assert_matches("y = 2 x after the copy", &y.to_vec().unwrap(), &want);
     }
 
     #[test]
     fn an_indirect_dispatch_whose_arguments_are_a_umm_buffer() {
-        let Some(mm) = manager_with(Api::Wgpu) else { return };
-        let _pads = neighbours(&mm, Api::Wgpu);
-        let x = filled(&mm, Api::Wgpu, &xs());
-        let mut y = filled(&mm, Api::Wgpu, &vec![f32::NAN; N]);
-        let mut args = mm.allocate_universal_with::<u32>(3, device_local(Api::Wgpu)).unwrap();
-        args.write(&[(N as u32).div_ceil(64), 1, 1]).unwrap();
-        let gpu = Gpu::of(&x);
-        let pipeline = gpu.pipeline(DOUBLE);
-        let (xv, av) = (x.wgpu_binding().unwrap(), args.wgpu_binding().unwrap());
-        let yv = y.wgpu_binding_mut().unwrap();
-        let group = gpu.bind_group(&pipeline, vec![xv.binding_resource(), yv.binding_resource()]);
-        let mut encoder = gpu.device.create_command_encoder(&Default::default());
-        {
-            let mut pass = encoder.begin_compute_pass(&Default::default());
-            pass.set_pipeline(&pipeline);
-            pass.set_bind_group(0, &group, &[]);
-            pass.dispatch_workgroups_indirect(av.buffer(), av.offset());
-        }
-        gpu.queue.submit([encoder.finish()]);
-        gpu.device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
-        drop((xv, av, yv));
-        let want: Vec<f32> = xs().iter().map(|v| 2.0 * v).collect();
-        assert_matches("y = 2 x, dispatched indirectly", &y.to_vec().unwrap(), &want);
+        on_each_device(Api::Wgpu, |mm, device| {
+            let _pads = neighbours(mm, device);
+            let x = filled(mm, device, &xs());
+            let mut y = filled(mm, device, &vec![f32::NAN; N]);
+            let mut args = mm.allocate_universal_with::<u32>(3, device_local(device)).unwrap();
+            args.write(&[(N as u32).div_ceil(64), 1, 1]).unwrap();
+            let gpu = Gpu::of(&x);
+            let pipeline = gpu.pipeline(DOUBLE);
+            let (xv, av) = (x.wgpu_binding().unwrap(), args.wgpu_binding().unwrap());
+            let yv = y.wgpu_binding_mut().unwrap();
+            let group = gpu.bind_group(&pipeline, vec![xv.binding_resource(), yv.binding_resource()]);
+            let mut encoder = gpu.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = encoder.begin_compute_pass(&Default::default());
+                pass.set_pipeline(&pipeline);
+                pass.set_bind_group(0, &group, &[]);
+                pass.dispatch_workgroups_indirect(av.buffer(), av.offset());
+            }
+            gpu.queue.submit([encoder.finish()]);
+            gpu.device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+            drop((xv, av, yv));
+            let want: Vec<f32> = xs().iter().map(|v| 2.0 * v).collect();
+            assert_matches("y = 2 x, dispatched indirectly", &y.to_vec().unwrap(), &want);
+        });
     }
 
     /// A quad over the left half of an 8 x 8 target, drawn from umm vertex and index buffers in the colour of a
@@ -377,107 +402,111 @@ fn fs() -> @location(0) vec4<f32> {
 }
 "#;
         const SIDE: u32 = 8;
-        let Some(mm) = manager_with(Api::Wgpu) else { return };
-        let _pads = neighbours(&mm, Api::Wgpu);
-        let corners = [-1.0f32, -1.0, 0.0, -1.0, 0.0, 1.0, -1.0, 1.0];
-        let vertices = mm.allocate_universal_from_with(&corners, read_only(Api::Wgpu)).unwrap();
-        let indices = mm.allocate_universal_from_with(&[0u32, 1, 2, 0, 2, 3], read_only(Api::Wgpu)).unwrap();
-        let colour = mm.allocate_universal_from_with(&[1.0f32, 0.0, 1.0, 1.0], read_only(Api::Wgpu)).unwrap();
-        // Rows of a texture copy are 256 bytes apart.
-        let mut pixels = mm.allocate_universal_with::<u32>(64 * SIDE as usize, device_local(Api::Wgpu)).unwrap();
-        pixels.fill(0).unwrap();
-        let cv = colour.wgpu_uniform_binding().unwrap();
-        let (device, queue) = (cv.device().clone(), cv.queue().clone());
-        let format = wgpu::TextureFormat::Rgba8Unorm;
-        let target = device.create_texture(&wgpu::TextureDescriptor {
-            label: None,
-            size: wgpu::Extent3d { width: SIDE, height: SIDE, depth_or_array_layers: 1 },
-            mip_level_count: 1,
-            sample_count: 1,
-            dimension: wgpu::TextureDimension::D2,
-            format,
-            usage: wgpu::TextureUsages::RENDER_ATTACHMENT | wgpu::TextureUsages::COPY_SRC,
-            view_formats: &[],
-        });
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: None,
-            source: wgpu::ShaderSource::Wgsl(DRAW.into()),
-        });
-        let pipeline = device.create_render_pipeline(&wgpu::RenderPipelineDescriptor {
-            label: None,
-            layout: None,
-            vertex: wgpu::VertexState {
-                module: &module,
-                entry_point: Some("vs"),
-                compilation_options: Default::default(),
-                buffers: &[Some(wgpu::VertexBufferLayout {
-                    array_stride: 8,
-                    step_mode: wgpu::VertexStepMode::Vertex,
-                    attributes: &wgpu::vertex_attr_array![0 => Float32x2],
-                })],
-            },
-            primitive: Default::default(),
-            depth_stencil: None,
-            multisample: Default::default(),
-            fragment: Some(wgpu::FragmentState {
-                module: &module,
-                entry_point: Some("fs"),
-                compilation_options: Default::default(),
-                targets: &[Some(format.into())],
-            }),
-            multiview_mask: None,
-            cache: None,
-        });
-        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &[wgpu::BindGroupEntry { binding: 0, resource: cv.binding_resource() }],
-        });
-        let (vv, iv) = (vertices.wgpu_binding().unwrap(), indices.wgpu_binding().unwrap());
-        let pv = pixels.wgpu_binding_mut().unwrap();
-        let view = target.create_view(&Default::default());
-        let mut encoder = device.create_command_encoder(&Default::default());
-        {
-            let mut pass = encoder.begin_render_pass(&wgpu::RenderPassDescriptor {
-                color_attachments: &[Some(wgpu::RenderPassColorAttachment {
-                    view: &view,
-                    depth_slice: None,
-                    resolve_target: None,
-                    ops: wgpu::Operations {
-                        load: wgpu::LoadOp::Clear(wgpu::Color::BLACK),
-                        store: wgpu::StoreOp::Store,
-                    },
-                })],
-                ..Default::default()
+        on_each_device(Api::Wgpu, |mm, device| {
+            let _pads = neighbours(mm, device);
+            let corners = [-1.0f32, -1.0, 0.0, -1.0, 0.0, 1.0, -1.0, 1.0];
+            let vertices = mm.allocate_universal_from_with(&corners, read_only(device)).unwrap();
+            let indices = mm.allocate_universal_from_with(&[0u32, 1, 2, 0, 2, 3], read_only(device)).unwrap();
+            let colour = mm.allocate_universal_from_with(&[1.0f32, 0.0, 1.0, 1.0], read_only(device)).unwrap();
+            // Rows of a texture copy are 256 bytes apart.
+            let mut pixels = mm.allocate_universal_with::<u32>(64 * SIDE as usize, device_local(device)).unwrap();
+            pixels.fill(0).unwrap();
+            let cv = colour.wgpu_uniform_binding().unwrap();
+            let (device, queue) = (cv.device().clone(), cv.queue().clone());
+            let format = wgpu::TextureFormat::Rgba8Unorm;
+            let target = device.create_texture(&wgpu::TextureDescriptor {
+                label: None,
+                size: wgpu::Extent3d { width: SIDE, height: SIDE, depth_or_array_layers: 1 },
+                mip_level_count: 1,
+                sample_count: 1,
+                dimension: wgpu::TextureDimension::D2,
+                format,
+                usage: wgpu::TextureUsages::RENDER_ATTACHMENT | wgpu::TextureUsages::COPY_SRC,
+                view_formats: &[],
             });
-            pass.set_pipeline(&pipeline);
-            pass.set_bind_group(0, &group, &[]);
-            pass.set_vertex_buffer(0, vv.buffer().slice(vv.offset()..vv.offset() + vv.size()));
-            pass.set_index_buffer(iv.buffer().slice(iv.offset()..iv.offset() + iv.size()), wgpu::IndexFormat::Uint32);
-            pass.draw_indexed(0..6, 0, 0..1);
-        }
-        encoder.copy_texture_to_buffer(
-            target.as_image_copy(),
-            wgpu::TexelCopyBufferInfo {
-                buffer: pv.buffer(),
-                layout: wgpu::TexelCopyBufferLayout {
-                    offset: pv.offset(),
-                    bytes_per_row: Some(256),
-                    rows_per_image: Some(SIDE),
+            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: None,
+                source: wgpu::ShaderSource::Wgsl(DRAW.into()),
+            });
+            let pipeline = device.create_render_pipeline(&wgpu::RenderPipelineDescriptor {
+                label: None,
+                layout: None,
+                vertex: wgpu::VertexState {
+                    module: &module,
+                    entry_point: Some("vs"),
+                    compilation_options: Default::default(),
+                    buffers: &[Some(wgpu::VertexBufferLayout {
+                        array_stride: 8,
+                        step_mode: wgpu::VertexStepMode::Vertex,
+                        attributes: &wgpu::vertex_attr_array![0 => Float32x2],
+                    })],
                 },
-            },
-            target.size(),
-        );
-        queue.submit([encoder.finish()]);
-        device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
-        drop((cv, vv, iv, pv));
-        let got = pixels.to_vec().unwrap();
-        let (magenta, black) = (u32::from_le_bytes([255, 0, 255, 255]), u32::from_le_bytes([0, 0, 0, 255]));
-        for row in 0..SIDE as usize {
-            let texels = &got[row * 64..row * 64 + SIDE as usize];
-            let want: Vec<u32> = (0..SIDE).map(|c| if c < SIDE / 2 { magenta } else { black }).collect();
-            assert_eq!(texels, &want[..], "row {row} of the draw");
-        }
+                primitive: Default::default(),
+                depth_stencil: None,
+                multisample: Default::default(),
+                fragment: Some(wgpu::FragmentState {
+                    module: &module,
+                    entry_point: Some("fs"),
+                    compilation_options: Default::default(),
+                    targets: &[Some(format.into())],
+                }),
+                multiview_mask: None,
+                cache: None,
+            });
+            let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &[wgpu::BindGroupEntry { binding: 0, resource: cv.binding_resource() }],
+            });
+            let (vv, iv) = (vertices.wgpu_binding().unwrap(), indices.wgpu_binding().unwrap());
+            let pv = pixels.wgpu_binding_mut().unwrap();
+            let view = target.create_view(&Default::default());
+            let mut encoder = device.create_command_encoder(&Default::default());
+            {
+                let mut pass = encoder.begin_render_pass(&wgpu::RenderPassDescriptor {
+                    color_attachments: &[Some(wgpu::RenderPassColorAttachment {
+                        view: &view,
+                        depth_slice: None,
+                        resolve_target: None,
+                        ops: wgpu::Operations {
+                            load: wgpu::LoadOp::Clear(wgpu::Color::BLACK),
+                            store: wgpu::StoreOp::Store,
+                        },
+                    })],
+                    ..Default::default()
+                });
+                pass.set_pipeline(&pipeline);
+                pass.set_bind_group(0, &group, &[]);
+                pass.set_vertex_buffer(0, vv.buffer().slice(vv.offset()..vv.offset() + vv.size()));
+                pass.set_index_buffer(
+                    iv.buffer().slice(iv.offset()..iv.offset() + iv.size()),
+                    wgpu::IndexFormat::Uint32,
+                );
+                pass.draw_indexed(0..6, 0, 0..1);
+            }
+            encoder.copy_texture_to_buffer(
+                target.as_image_copy(),
+                wgpu::TexelCopyBufferInfo {
+                    buffer: pv.buffer(),
+                    layout: wgpu::TexelCopyBufferLayout {
+                        offset: pv.offset(),
+                        bytes_per_row: Some(256),
+                        rows_per_image: Some(SIDE),
+                    },
+                },
+                target.size(),
+            );
+            queue.submit([encoder.finish()]);
+            device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+            drop((cv, vv, iv, pv));
+            let got = pixels.to_vec().unwrap();
+            let (magenta, black) = (u32::from_le_bytes([255, 0, 255, 255]), u32::from_le_bytes([0, 0, 0, 255]));
+            for row in 0..SIDE as usize {
+                let texels = &got[row * 64..row * 64 + SIDE as usize];
+                let want: Vec<u32> = (0..SIDE).map(|c| if c < SIDE / 2 { magenta } else { black }).collect();
+                assert_eq!(texels, &want[..], "row {row} of the draw");
+            }
+        });
     }
 
     /// A dispatch of the caller's that wgpu refuses (one buffer bound read-only and read-write in one dispatch)
@@ -485,39 +514,40 @@ fn fs() -> @location(0) vec4<f32> {
     /// panic. No logger is installed here: nothing depends on one.
     #[test]
     fn an_invalid_dispatch_of_the_callers_is_not_swallowed() {
-        let Some(mm) = manager_with(Api::Wgpu) else { return };
-        let x = filled(&mm, Api::Wgpu, &xs());
-        let gpu = Gpu::of(&x);
-        let pipeline = gpu.pipeline(DOUBLE);
-        let invalid_submission = || {
-            let xv = x.wgpu_binding().unwrap();
-            let group = gpu.bind_group(&pipeline, vec![xv.binding_resource(), xv.binding_resource()]);
-            let mut encoder = gpu.device.create_command_encoder(&Default::default());
-            {
-                let mut pass = encoder.begin_compute_pass(&Default::default());
-                pass.set_pipeline(&pipeline);
-                pass.set_bind_group(0, &group, &[]);
-                pass.dispatch_workgroups(1, 1, 1);
-            }
-            gpu.queue.submit([encoder.finish()]);
-        };
+        on_each_device(Api::Wgpu, |mm, device| {
+            let x = filled(mm, device, &xs());
+            let gpu = Gpu::of(&x);
+            let pipeline = gpu.pipeline(DOUBLE);
+            let invalid_submission = || {
+                let xv = x.wgpu_binding().unwrap();
+                let group = gpu.bind_group(&pipeline, vec![xv.binding_resource(), xv.binding_resource()]);
+                let mut encoder = gpu.device.create_command_encoder(&Default::default());
+                {
+                    let mut pass = encoder.begin_compute_pass(&Default::default());
+                    pass.set_pipeline(&pipeline);
+                    pass.set_bind_group(0, &group, &[]);
+                    pass.dispatch_workgroups(1, 1, 1);
+                }
+                gpu.queue.submit([encoder.finish()]);
+            };
 
-        let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        invalid_submission();
-        let caught = pollster::block_on(scope.pop());
-        let text = caught.map(|e| e.to_string()).unwrap_or_default();
-        assert!(text.contains("conflicting usages") || text.contains("usage"), "the caller's scope got: {text:?}");
+            let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+            invalid_submission();
+            let caught = pollster::block_on(scope.pop());
+            let text = caught.map(|e| e.to_string()).unwrap_or_default();
+            assert!(text.contains("conflicting usages") || text.contains("usage"), "the caller's scope got: {text:?}");
 
-        let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(invalid_submission)).unwrap_err();
-        let text = panic.downcast_ref::<String>().cloned().unwrap_or_default();
-        assert!(text.contains("wgpu error") && text.contains("Validation"), "wgpu's default handler: {text:?}");
+            let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(invalid_submission)).unwrap_err();
+            let text = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+            assert!(text.contains("wgpu error") && text.contains("Validation"), "wgpu's default handler: {text:?}");
 
-        // umm's own calls keep their errors to themselves and still work.
-        let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        assert_matches("x after the caller's errors", &x.to_vec().unwrap(), &xs());
-        let err = mm.allocate_universal_with::<f32>(usize::MAX / 8, device_local(Api::Wgpu)).unwrap_err();
-        assert!(!err.to_string().is_empty());
-        assert!(pollster::block_on(scope.pop()).is_none(), "umm's calls leave the caller's scope alone");
+            // umm's own calls keep their errors to themselves and still work.
+            let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+            assert_matches("x after the caller's errors", &x.to_vec().unwrap(), &xs());
+            let err = mm.allocate_universal_with::<f32>(usize::MAX / 8, device_local(device)).unwrap_err();
+            assert!(!err.to_string().is_empty());
+            assert!(pollster::block_on(scope.pop()).is_none(), "umm's calls leave the caller's scope alone");
+        });
     }
 }
 
@@ -530,6 +560,7 @@ mod opencl_kernels {
     use opencl3::program::Program;
     use opencl3::types::cl_mem;
     use umm::backends::opencl::opencl3;
+    use umm::interop::OpenClView;
 
     const KERNELS: &str = r#"
 __kernel void twice(__global const float* x, __global float* y, int n) {
@@ -555,10 +586,10 @@ __kernel void sum(__global const float* x, __global const float* x2, __global fl
 }
 "#;
 
-    /// Runs `name` over N elements with `buffers` as its first arguments and N as its last, and waits.
-    fn run(mm: &UniversalMemoryManager, name: &str, buffers: &[cl_mem]) {
-        let cl = mm.devices().iter().find(|d| d.has_api(Api::OpenCl)).unwrap().opencl().unwrap();
-        let program = Program::create_and_build_from_source(cl.context(), KERNELS, "").expect("kernels build");
+    /// Runs `name` over N elements with `buffers` as its first arguments and N as its last, and waits: built in the
+    /// context of `on` (a view of one of the buffers, all on one device) and enqueued on its queue.
+    fn run(on: &OpenClView<'_>, name: &str, buffers: &[cl_mem]) {
+        let program = Program::create_and_build_from_source(on.context(), KERNELS, "").expect("kernels build");
         let kernel = Kernel::create(&program, name).unwrap();
         let n = N as i32;
         let mut launch = ExecuteKernel::new(&kernel);
@@ -568,96 +599,102 @@ __kernel void sum(__global const float* x, __global const float* x2, __global fl
             unsafe { launch.set_arg(buffer) };
         }
         // SAFETY: the last argument is an int.
-        let event = unsafe { launch.set_arg(&n).set_global_work_size(N).enqueue_nd_range(cl.queue()).unwrap() };
+        let event = unsafe { launch.set_arg(&n).set_global_work_size(N).enqueue_nd_range(on.queue()).unwrap() };
         event.wait().unwrap();
     }
 
     #[test]
     fn one_input_read_and_one_output_written_from_one_segment() {
-        let Some(mm) = manager_with(Api::OpenCl) else { return };
-        let _pads = neighbours(&mm, Api::OpenCl);
-        let x = filled(&mm, Api::OpenCl, &xs());
-        let mut y = filled(&mm, Api::OpenCl, &vec![1.0; N]);
-        {
-            let (xv, yv) = (x.opencl_buffer().unwrap(), y.opencl_buffer_mut().unwrap());
-            run(&mm, "twice", &[xv.as_raw(), yv.as_raw()]);
-        }
-        let want: Vec<f32> = xs().iter().map(|v| 2.0 * v).collect();
-        assert_matches("y = 2x", &y.to_vec().unwrap(), &want);
+        on_each_device(Api::OpenCl, |mm, device| {
+            let _pads = neighbours(mm, device);
+            let x = filled(mm, device, &xs());
+            let mut y = filled(mm, device, &vec![1.0; N]);
+            {
+                let (xv, yv) = (x.opencl_buffer().unwrap(), y.opencl_buffer_mut().unwrap());
+                run(&xv, "twice", &[xv.as_raw(), yv.as_raw()]);
+            }
+            let want: Vec<f32> = xs().iter().map(|v| 2.0 * v).collect();
+            assert_matches("y = 2x", &y.to_vec().unwrap(), &want);
+        });
     }
 
     #[test]
     fn several_read_only_inputs_one_of_them_a_read_only_buffer() {
-        let Some(mm) = manager_with(Api::OpenCl) else { return };
-        let _pads = neighbours(&mm, Api::OpenCl);
-        let (a, b) = (filled(&mm, Api::OpenCl, &xs()), filled(&mm, Api::OpenCl, &ys()));
-        let c = mm.allocate_universal_from_with(&zs(), read_only(Api::OpenCl)).unwrap();
-        let mut out = filled(&mm, Api::OpenCl, &vec![f32::NAN; N]);
-        {
-            let (av, bv, cv) = (a.opencl_buffer().unwrap(), b.opencl_buffer().unwrap(), c.opencl_buffer().unwrap());
-            let ov = out.opencl_buffer_mut().unwrap();
-            run(&mm, "fma3", &[av.as_raw(), bv.as_raw(), cv.as_raw(), ov.as_raw()]);
-        }
-        let got = out.to_vec().unwrap();
-        // OpenCL may contract a * b + c into one rounding: either is right.
-        let bad = (0..N)
-            .filter(|&i| got[i] != xs()[i] * ys()[i] + zs()[i] && got[i] != xs()[i].mul_add(ys()[i], zs()[i]))
-            .count();
-        assert_eq!(bad, 0, "out = a * b + c: {bad} of {N} elements differ from the CPU");
+        on_each_device(Api::OpenCl, |mm, device| {
+            let _pads = neighbours(mm, device);
+            let (a, b) = (filled(mm, device, &xs()), filled(mm, device, &ys()));
+            let c = mm.allocate_universal_from_with(&zs(), read_only(device)).unwrap();
+            let mut out = filled(mm, device, &vec![f32::NAN; N]);
+            {
+                let (av, bv, cv) = (a.opencl_buffer().unwrap(), b.opencl_buffer().unwrap(), c.opencl_buffer().unwrap());
+                let ov = out.opencl_buffer_mut().unwrap();
+                run(&av, "fma3", &[av.as_raw(), bv.as_raw(), cv.as_raw(), ov.as_raw()]);
+            }
+            let got = out.to_vec().unwrap();
+            // OpenCL may contract a * b + c into one rounding: either is right.
+            let bad = (0..N)
+                .filter(|&i| got[i] != xs()[i] * ys()[i] + zs()[i] && got[i] != xs()[i].mul_add(ys()[i], zs()[i]))
+                .count();
+            assert_eq!(bad, 0, "out = a * b + c: {bad} of {N} elements differ from the CPU");
+        });
     }
 
     #[test]
     fn an_update_in_place_beside_an_input_read() {
-        let Some(mm) = manager_with(Api::OpenCl) else { return };
-        let _pads = neighbours(&mm, Api::OpenCl);
-        let mut x = filled(&mm, Api::OpenCl, &ys());
-        let s = filled(&mm, Api::OpenCl, &xs());
-        {
-            let (sv, xv) = (s.opencl_buffer().unwrap(), x.opencl_buffer_mut().unwrap());
-            run(&mm, "square_add", &[xv.as_raw(), sv.as_raw()]);
-        }
-        let got = x.to_vec().unwrap();
-        let bad = (0..N)
-            .filter(|&i| got[i] != ys()[i] * ys()[i] + xs()[i] && got[i] != ys()[i].mul_add(ys()[i], xs()[i]))
-            .count();
-        assert_eq!(bad, 0, "x = x * x + s: {bad} of {N} elements differ from the CPU");
+        on_each_device(Api::OpenCl, |mm, device| {
+            let _pads = neighbours(mm, device);
+            let mut x = filled(mm, device, &ys());
+            let s = filled(mm, device, &xs());
+            {
+                let (sv, xv) = (s.opencl_buffer().unwrap(), x.opencl_buffer_mut().unwrap());
+                run(&xv, "square_add", &[xv.as_raw(), sv.as_raw()]);
+            }
+            let got = x.to_vec().unwrap();
+            let bad = (0..N)
+                .filter(|&i| got[i] != ys()[i] * ys()[i] + xs()[i] && got[i] != ys()[i].mul_add(ys()[i], xs()[i]))
+                .count();
+            assert_eq!(bad, 0, "x = x * x + s: {bad} of {N} elements differ from the CPU");
+        });
     }
 
     #[test]
     fn a_constant_argument_and_storage_from_read_only_buffers() {
-        let Some(mm) = manager_with(Api::OpenCl) else { return };
-        let _pads = neighbours(&mm, Api::OpenCl);
-        let params = mm.allocate_universal_from_with(&[1.5f32, -2.0], read_only(Api::OpenCl)).unwrap();
-        let x = mm.allocate_universal_from_with(&xs(), read_only(Api::OpenCl)).unwrap();
-        let mut out = filled(&mm, Api::OpenCl, &vec![f32::NAN; N]);
-        {
-            let (pv, xv) = (params.opencl_buffer().unwrap(), x.opencl_buffer().unwrap());
-            let ov = out.opencl_buffer_mut().unwrap();
-            run(&mm, "affine", &[pv.as_raw(), xv.as_raw(), ov.as_raw()]);
-        }
-        let got = out.to_vec().unwrap();
-        let bad = (0..N).filter(|&i| got[i] != 1.5 * xs()[i] - 2.0 && got[i] != 1.5f32.mul_add(xs()[i], -2.0)).count();
-        assert_eq!(bad, 0, "out = 1.5 x - 2: {bad} of {N} elements differ from the CPU");
+        on_each_device(Api::OpenCl, |mm, device| {
+            let _pads = neighbours(mm, device);
+            let params = mm.allocate_universal_from_with(&[1.5f32, -2.0], read_only(device)).unwrap();
+            let x = mm.allocate_universal_from_with(&xs(), read_only(device)).unwrap();
+            let mut out = filled(mm, device, &vec![f32::NAN; N]);
+            {
+                let (pv, xv) = (params.opencl_buffer().unwrap(), x.opencl_buffer().unwrap());
+                let ov = out.opencl_buffer_mut().unwrap();
+                run(&pv, "affine", &[pv.as_raw(), xv.as_raw(), ov.as_raw()]);
+            }
+            let got = out.to_vec().unwrap();
+            let bad =
+                (0..N).filter(|&i| got[i] != 1.5 * xs()[i] - 2.0 && got[i] != 1.5f32.mul_add(xs()[i], -2.0)).count();
+            assert_eq!(bad, 0, "out = 1.5 x - 2: {bad} of {N} elements differ from the CPU");
+        });
     }
 
     /// Two views of one buffer are two sub-buffers over the same bytes; OpenCL defines reading both in one
     /// kernel. A view that writes borrows its buffer mutably, so no other view of it can be alive meanwhile.
     #[test]
     fn one_buffer_read_through_two_sub_buffers() {
-        let Some(mm) = manager_with(Api::OpenCl) else { return };
-        let _pads = neighbours(&mm, Api::OpenCl);
-        let x = filled(&mm, Api::OpenCl, &xs());
-        let mut out = filled(&mm, Api::OpenCl, &vec![f32::NAN; N]);
-        {
-            let (first, second) = (x.opencl_buffer().unwrap(), x.opencl_buffer().unwrap());
-            assert_eq!((first.offset(), first.size()), (second.offset(), second.size()));
-            let ov = out.opencl_buffer_mut().unwrap();
-            let (o, f) = (ov.offset(), first.offset());
-            assert!(o + ov.size() <= f || f + first.size() <= o, "distinct buffers never overlap");
-            run(&mm, "sum", &[first.as_raw(), second.as_raw(), ov.as_raw()]);
-        }
-        let want: Vec<f32> = xs().iter().map(|x| x + x).collect();
-        assert_matches("out = x + x", &out.to_vec().unwrap(), &want);
+        on_each_device(Api::OpenCl, |mm, device| {
+            let _pads = neighbours(mm, device);
+            let x = filled(mm, device, &xs());
+            let mut out = filled(mm, device, &vec![f32::NAN; N]);
+            {
+                let (first, second) = (x.opencl_buffer().unwrap(), x.opencl_buffer().unwrap());
+                assert_eq!((first.offset(), first.size()), (second.offset(), second.size()));
+                let ov = out.opencl_buffer_mut().unwrap();
+                let (o, f) = (ov.offset(), first.offset());
+                assert!(o + ov.size() <= f || f + first.size() <= o, "distinct buffers never overlap");
+                run(&first, "sum", &[first.as_raw(), second.as_raw(), ov.as_raw()]);
+            }
+            let want: Vec<f32> = xs().iter().map(|x| x + x).collect();
+            assert_matches("out = x + x", &out.to_vec().unwrap(), &want);
+        });
     }
 }
 
@@ -695,12 +732,12 @@ extern "C" __global__ void sum(const float* x, const float* x2, float* out, int 
     }
 
     impl Cuda {
-        fn new(mm: &UniversalMemoryManager) -> Option<Self> {
+        fn new(mm: &UniversalMemoryManager, device: usize) -> Option<Self> {
             if !cuda::nvrtc_available() {
                 skip_or_fail("cuda", "NVRTC (libnvrtc) is not available to compile the kernels");
                 return None;
             }
-            let device = mm.devices().iter().find(|d| d.has_api(Api::Cuda)).unwrap().cuda().unwrap();
+            let device = mm.devices()[device].cuda().unwrap();
             let ctx = device.context().clone();
             let ptx = cudarc::nvrtc::compile_ptx(KERNELS).expect("NVRTC compiles the kernels");
             Some(Self { stream: ctx.default_stream(), module: ctx.load_module(ptx).unwrap() })
@@ -728,49 +765,50 @@ extern "C" __global__ void sum(const float* x, const float* x2, float* out, int 
 
     #[test]
     fn ordinary_kernels_over_pooled_buffers_match_the_cpu() {
-        let Some(mm) = manager_with(Api::Cuda) else { return };
-        let Some(gpu) = Cuda::new(&mm) else { return };
-        let s = &gpu.stream;
-        let _pads = neighbours(&mm, Api::Cuda);
+        on_each_device(Api::Cuda, |mm, device| {
+            let Some(gpu) = Cuda::new(mm, device) else { return };
+            let s = &gpu.stream;
+            let _pads = neighbours(mm, device);
 
-        let x = filled(&mm, Api::Cuda, &xs());
-        let mut y = filled(&mm, Api::Cuda, &vec![1.0; N]);
-        {
-            let (xv, yv) = (x.cuda_view(s).unwrap(), y.cuda_view_mut(s).unwrap());
-            gpu.run("twice", &[xv.device_address(), yv.device_address()]);
-        }
-        assert_matches("y = 2x", &y.to_vec().unwrap(), &xs().iter().map(|v| 2.0 * v).collect::<Vec<_>>());
+            let x = filled(mm, device, &xs());
+            let mut y = filled(mm, device, &vec![1.0; N]);
+            {
+                let (xv, yv) = (x.cuda_view(s).unwrap(), y.cuda_view_mut(s).unwrap());
+                gpu.run("twice", &[xv.device_address(), yv.device_address()]);
+            }
+            assert_matches("y = 2x", &y.to_vec().unwrap(), &xs().iter().map(|v| 2.0 * v).collect::<Vec<_>>());
 
-        let b = filled(&mm, Api::Cuda, &ys());
-        let c = mm.allocate_universal_from_with(&zs(), read_only(Api::Cuda)).unwrap();
-        let mut out = filled(&mm, Api::Cuda, &vec![f32::NAN; N]);
-        {
-            let (av, bv, cv) = (x.cuda_view(s).unwrap(), b.cuda_view(s).unwrap(), c.cuda_view(s).unwrap());
-            let ov = out.cuda_view_mut(s).unwrap();
-            gpu.run("fma3", &[av.device_address(), bv.device_address(), cv.device_address(), ov.device_address()]);
-        }
-        let got = out.to_vec().unwrap();
-        let bad = (0..N)
-            .filter(|&i| got[i] != xs()[i] * ys()[i] + zs()[i] && got[i] != xs()[i].mul_add(ys()[i], zs()[i]))
-            .count();
-        assert_eq!(bad, 0, "out = a * b + c: {bad} of {N} elements differ from the CPU");
+            let b = filled(mm, device, &ys());
+            let c = mm.allocate_universal_from_with(&zs(), read_only(device)).unwrap();
+            let mut out = filled(mm, device, &vec![f32::NAN; N]);
+            {
+                let (av, bv, cv) = (x.cuda_view(s).unwrap(), b.cuda_view(s).unwrap(), c.cuda_view(s).unwrap());
+                let ov = out.cuda_view_mut(s).unwrap();
+                gpu.run("fma3", &[av.device_address(), bv.device_address(), cv.device_address(), ov.device_address()]);
+            }
+            let got = out.to_vec().unwrap();
+            let bad = (0..N)
+                .filter(|&i| got[i] != xs()[i] * ys()[i] + zs()[i] && got[i] != xs()[i].mul_add(ys()[i], zs()[i]))
+                .count();
+            assert_eq!(bad, 0, "out = a * b + c: {bad} of {N} elements differ from the CPU");
 
-        let mut inplace = filled(&mm, Api::Cuda, &ys());
-        {
-            let (iv, sv) = (inplace.cuda_view_mut(s).unwrap(), x.cuda_view(s).unwrap());
-            gpu.run("square_add", &[iv.device_address(), sv.device_address()]);
-        }
-        let got = inplace.to_vec().unwrap();
-        let bad = (0..N)
-            .filter(|&i| got[i] != ys()[i] * ys()[i] + xs()[i] && got[i] != ys()[i].mul_add(ys()[i], xs()[i]))
-            .count();
-        assert_eq!(bad, 0, "x = x * x + s: {bad} of {N} elements differ from the CPU");
+            let mut inplace = filled(mm, device, &ys());
+            {
+                let (iv, sv) = (inplace.cuda_view_mut(s).unwrap(), x.cuda_view(s).unwrap());
+                gpu.run("square_add", &[iv.device_address(), sv.device_address()]);
+            }
+            let got = inplace.to_vec().unwrap();
+            let bad = (0..N)
+                .filter(|&i| got[i] != ys()[i] * ys()[i] + xs()[i] && got[i] != ys()[i].mul_add(ys()[i], xs()[i]))
+                .count();
+            assert_eq!(bad, 0, "x = x * x + s: {bad} of {N} elements differ from the CPU");
 
-        {
-            let (first, second) = (x.cuda_view(s).unwrap(), x.cuda_view(s).unwrap());
-            let ov = out.cuda_view_mut(s).unwrap();
-            gpu.run("sum", &[first.device_address(), second.device_address(), ov.device_address()]);
-        }
-        assert_matches("out = x + x", &out.to_vec().unwrap(), &xs().iter().map(|v| v + v).collect::<Vec<_>>());
+            {
+                let (first, second) = (x.cuda_view(s).unwrap(), x.cuda_view(s).unwrap());
+                let ov = out.cuda_view_mut(s).unwrap();
+                gpu.run("sum", &[first.device_address(), second.device_address(), ov.device_address()]);
+            }
+            assert_matches("out = x + x", &out.to_vec().unwrap(), &xs().iter().map(|v| v + v).collect::<Vec<_>>());
+        });
     }
 }

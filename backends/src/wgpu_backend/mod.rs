@@ -4,7 +4,7 @@
 //! dispatch or pass a buffer is either read-only (storage `read`, uniform, vertex, index, copy source) or
 //! read-write (storage `read_write`, copy destination), and a buffer is never copied into itself. Blocks cut from
 //! one shared buffer could not be an input and an output of one kernel; blocks of their own can, in any mix of
-//! usages. A freed block's buffer stays cached and serves a later request of up to 1/8 less (see
+//! usages. A freed block's buffer stays cached and serves a later request of up to 1/4 less (see
 //! [`crate::engine::WHOLE_FIT_SLACK`]); the pool's slack budget destroys buffers nobody reuses. A block is bound
 //! as `(buffer, 0, size)` ([`binding`]) or copied with `copy_buffer_to_buffer` ([`copy_block`]).
 //!
