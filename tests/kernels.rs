@@ -2,6 +2,9 @@
 //! and OpenCL run on any machine with a driver (lavapipe, PoCL); CUDA tests skip without one. Each backend's
 //! tests skip with a printed reason when it is absent, unless `UMM_REQUIRE_BACKENDS` names it.
 
+mod kernel_support;
+
+use kernel_support::manager_with;
 use umm::backends::skip_or_fail;
 use umm::{
     AdoptOptions, Adoptable, AllocOptions, Api, DeviceSelector, Error, Ownership, Placement, UniversalMemoryManager,
@@ -24,19 +27,6 @@ fn expected(x: &[f32], y: &[f32]) -> Vec<f32> {
 
 fn host_only() -> UniversalMemoryManager {
     UniversalMemoryManager::builder().backends(false, false, false).build().unwrap()
-}
-
-/// A manager that sees `api`'s devices, or `None` (after a skip notice) when there are none.
-fn manager_with(api: Api) -> Option<UniversalMemoryManager> {
-    let mm = UniversalMemoryManager::builder()
-        .backends(api == Api::Cuda, api == Api::OpenCl, api == Api::Wgpu)
-        .build()
-        .unwrap();
-    if mm.devices().iter().any(|d| d.apis().contains(&api)) {
-        return Some(mm);
-    }
-    skip_or_fail(&api.to_string(), &format!("no {api} device ({})", mm.skipped().join("; ")));
-    None
 }
 
 fn on(api: Api) -> AllocOptions {

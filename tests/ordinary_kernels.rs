@@ -15,6 +15,9 @@
 //! wgpu and OpenCL run on lavapipe and PoCL in CI; CUDA skips without a driver. `UMM_REQUIRE_BACKENDS` turns a
 //! skip into a failure.
 
+mod kernel_support;
+
+use kernel_support::manager_with;
 use umm::backends::skip_or_fail;
 use umm::{AllocOptions, Api, DeviceSelector, Placement, UniversalBuffer, UniversalMemoryManager};
 
@@ -31,19 +34,6 @@ fn ys() -> Vec<f32> {
 
 fn zs() -> Vec<f32> {
     (0..N).map(|i| 1.0 / (i as f32 + 1.0)).collect()
-}
-
-/// A manager that sees `api`'s devices, or `None` (after a skip notice) when there are none.
-fn manager_with(api: Api) -> Option<UniversalMemoryManager> {
-    let mm = UniversalMemoryManager::builder()
-        .backends(api == Api::Cuda, api == Api::OpenCl, api == Api::Wgpu)
-        .build()
-        .unwrap();
-    if mm.devices().iter().any(|d| d.apis().contains(&api)) {
-        return Some(mm);
-    }
-    skip_or_fail(&api.to_string(), &format!("no {api} device ({})", mm.skipped().join("; ")));
-    None
 }
 
 /// The indexes of `api`'s devices (a machine may have several: PoCL beside NVIDIA's OpenCL, say). Every case runs
