@@ -385,16 +385,20 @@ mod tests {
                 })
             })
             .collect();
-        let mut reads = 0;
+        // Reads go on until the writers have been seen writing (on a loaded machine they may start after 20,000
+        // reads are done, which tested nothing), within a bound.
+        let (mut reads, mut seen_writes) = (0, false);
         let started = std::time::Instant::now();
-        while reads < 20_000 && started.elapsed() < std::time::Duration::from_secs(5) {
+        while (reads < 20_000 || !seen_writes) && started.elapsed() < std::time::Duration::from_secs(5) {
             let sum = ledgers.sum(0);
             assert_eq!(sum.bytes, 4096.0 * sum.buffers, "torn read after {reads} reads");
             assert_eq!(sum.auto_buffers, sum.buffers);
+            seen_writes |= sum.buffers > 0.0;
             reads += 1;
         }
         stop.store(true, Ordering::Relaxed);
         writers.into_iter().for_each(|w| w.join().unwrap());
+        assert!(seen_writes, "no write was seen in {reads} reads");
         assert!(ledgers.sum(0).buffers > 0.0);
     }
 

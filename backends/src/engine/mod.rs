@@ -36,8 +36,8 @@ const FIT_SCAN_LIMIT: usize = 8;
 /// (`1 / 2^WHOLE_FIT_SLACK_SHIFT` = 1/4): a larger one would hand out memory nobody asked for, and a new segment
 /// of the request's size is made instead. Requests whose shapes vary reuse each other's segments: with 1/8,
 /// `umm replay --backend sim-wgpu` made 2.3 times the segments in a warm pass of `variable` (79.0 against 34.1
-/// per 1,000 ops) and 1.3 times on `resnet50_train` and `pressure`, at the same reserved memory but on
-/// `pressure` (1.147 against 1.195 of peak live).
+/// per 1,000 ops) and 1.3 times on `resnet50_train` and `pressure`, at the same reserved memory except on
+/// `pressure` (1.147 of peak live against 1.195 with 1/4).
 pub const WHOLE_FIT_SLACK_SHIFT: u32 = 2;
 
 /// [`WHOLE_FIT_SLACK_SHIFT`] as a fraction, for documentation and reports.

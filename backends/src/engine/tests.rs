@@ -859,6 +859,10 @@ fn whole_blocks_reuse_a_segment_up_to_a_quarter_larger_and_take_the_tightest() {
     let c = e.allocate(1000).unwrap();
     assert_eq!((c.segment, c.size), (big, 1024));
     assert!(e.allocate(8).is_none());
+    let mut edge = Engine::whole_blocks(8).unwrap();
+    edge.add_segment(1000).unwrap();
+    assert!(edge.allocate(792).is_none(), "1,000 is more than a quarter above 792");
+    assert_eq!(edge.allocate(800).map(|a| a.size), Some(1000), "1,000 is exactly a quarter above 800");
     let fresh = e.add_segment(4096).unwrap();
     let d = e.allocate_in(fresh, 8).unwrap();
     assert_eq!(d.size, 4096, "allocate_in hands out the whole segment");

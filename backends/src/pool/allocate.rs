@@ -153,7 +153,7 @@ impl<B: Backend> Pool<B> {
             // runs out of memory. So are small ones where every block is a segment: they do not coalesce, so
             // draining the slot rarely makes a fit, and emptied at every miss the caches of 16 threads made the
             // pool create and destroy segments under its lock (threads example, small, 16 threads on an H100:
-            // 1,073 segments made in 0.3 s and 60 M pairs/s, against 170-180 M with shared segments).
+            // 1,073 segments made in 0.3 s and 60 M pairs/s, against 155-182 M with shared segments).
             None => match self.allocate_locked(&mut state, bytes, stream) {
                 Err(Error::OutOfMemory { .. }) if cache.holds_any() => {
                     // This thread's own cached blocks were out of the pool's reach (its slot is held here): give
@@ -375,8 +375,7 @@ impl<B: Backend> Pool<B> {
         for class in [ArenaClass::Small, ArenaClass::Large] {
             let virtual_segments = class == ArenaClass::Large && self.page_size.is_some();
             let (alignment, small_max) = (self.backend.alignment(), self.config.small_request_max);
-            let whole = self.whole_blocks;
-            state.arenas.push(Arena::new(stream, class, virtual_segments, alignment, small_max, whole));
+            state.arenas.push(Arena::new(stream, class, virtual_segments, alignment, small_max, self.whole_blocks));
         }
         state.streams.insert(stream, [first, first + 1]);
         Ok(first as usize + slot)

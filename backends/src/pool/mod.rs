@@ -140,7 +140,7 @@ impl<B: Backend> Pool<B> {
                 return Err(Error::InvalidConfig(format!(
                     "segment_mode virtual asked for, but {} has no virtual memory support{}",
                     backend.name(),
-                    if backend.segment_per_block() { " (every block is a segment of its own)" } else { "" }
+                    if backend_whole { " (every block is a segment of its own)" } else { "" }
                 )))
             }
             SegmentMode::Virtual => true,

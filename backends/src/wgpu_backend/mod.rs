@@ -15,12 +15,12 @@
 //!   lengths there, so the partial words at either end of an unaligned range are read, patched and written back
 //!   (those words lie inside the block: blocks start and end on the pool's alignment);
 //! - reads copy into a staging buffer (`MAP_READ | COPY_DST`), map it, and poll the device until the map is done;
-//! - mappable segments (host-pinned pools) are mapped directly instead. wgpu maps whole buffers, not ranges, so
+//! - mappable segments (host-pinned pools) are mapped directly instead. wgpu keeps one mapping per buffer, so
 //!   every access to a mappable segment takes the segment's turn ([`WgpuSegment`]): while one thread has it
-//!   mapped, another's copy or queued write of a neighbouring block would be refused.
+//!   mapped (two threads may read one block), another's map, copy or queued write of it would be refused.
 //!
 //! Work submitted by the caller on blocks of mappable pools (bind groups, copies) must likewise not overlap this
-//! backend's reads and writes of blocks in the same segment: wgpu refuses to submit work on a mapped buffer.
+//! backend's reads and writes of the same block: wgpu refuses to submit work on a mapped buffer.
 //!
 //! Errors: wgpu reports validation, out-of-memory and internal errors asynchronously, to the innermost error scope
 //! of the calling thread, else to the device's uncaptured-error handler (by default a panic). Every call of this
