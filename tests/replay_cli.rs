@@ -80,7 +80,7 @@ fn table_has_a_header_and_one_row_per_trace() {
 #[test]
 fn json_has_every_field_on_every_backend() {
     let path = small_trace("json");
-    for backend in ["sim", "sim-plain", "host"] {
+    for backend in ["sim", "sim-plain", "sim-wgpu", "host"] {
         let output = umm(&["replay", "--backend", backend, "--json", "--repeat", "3", path.to_str().unwrap()]);
         assert!(output.status.success(), "{backend}: {}", text(&output.stderr));
         let lines = json_lines(&output);
