@@ -91,6 +91,15 @@ fn assert_matches(case: &str, got: &[f32], want: &[f32]) {
     );
 }
 
+/// `got[i]` is `a[i] * b[i] + c[i]`, rounded once or twice: a compiler may contract the multiply-add into one
+/// rounding or not, and either is right.
+#[track_caller]
+fn assert_multiply_adds(case: &str, got: &[f32], a: &[f32], b: &[f32], c: &[f32]) {
+    assert_eq!(got.len(), a.len(), "{case}: length");
+    let bad = (0..got.len()).filter(|&i| got[i] != a[i] * b[i] + c[i] && got[i] != a[i].mul_add(b[i], c[i])).count();
+    assert_eq!(bad, 0, "{case}: {bad} of {} elements differ from the CPU", got.len());
+}
+
 // ---------------------------------------------------------------------------------------------------------- wgpu
 
 #[cfg(feature = "wgpu")]
@@ -268,12 +277,7 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
                 vec![av.binding_resource(), bv.binding_resource(), cv.binding_resource(), ov.binding_resource()];
             gpu.dispatch(FMA, resources, |_| {});
             drop((av, bv, cv, ov));
-            let want: Vec<f32> = (0..N).map(|i| xs()[i].mul_add(ys()[i], zs()[i])).collect();
-            let cpu: Vec<f32> = (0..N).map(|i| xs()[i] * ys()[i] + zs()[i]).collect();
-            // WGSL may fuse a * b + c or not: either rounding is right.
-            let got = out.to_vec().unwrap();
-            let bad = (0..N).filter(|&i| got[i] != want[i] && got[i] != cpu[i]).count();
-            assert_eq!(bad, 0, "out = a * b + c: {bad} of {N} elements differ from the CPU");
+            assert_multiply_adds("out = a * b + c", &out.to_vec().unwrap(), &xs(), &ys(), &zs());
         });
     }
 
@@ -288,8 +292,7 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
             let xv = x.wgpu_binding_mut().unwrap();
             gpu.dispatch(SQUARE_ADD, vec![xv.binding_resource(), sv.binding_resource()], |_| {});
             drop((xv, sv));
-            let want: Vec<f32> = ys().iter().zip(xs()).map(|(x, s)| x * x + s).collect();
-            assert_matches("x = x * x + s", &x.to_vec().unwrap(), &want);
+            assert_multiply_adds("x = x * x + s", &x.to_vec().unwrap(), &ys(), &ys(), &xs());
         });
     }
 
@@ -305,8 +308,7 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
             let ov = out.wgpu_binding_mut().unwrap();
             gpu.dispatch(AFFINE, vec![pv.binding_resource(), xv.binding_resource(), ov.binding_resource()], |_| {});
             drop((pv, xv, ov));
-            let want: Vec<f32> = xs().iter().map(|x| 1.5 * x - 2.0).collect();
-            assert_matches("out = 1.5 x - 2", &out.to_vec().unwrap(), &want);
+            assert_multiply_adds("out = 1.5 x - 2", &out.to_vec().unwrap(), &[1.5; N], &xs(), &[-2.0; N]);
         });
     }
 
@@ -620,12 +622,7 @@ __kernel void sum(__global const float* x, __global const float* x2, __global fl
                 let ov = out.opencl_buffer_mut().unwrap();
                 run(&av, "fma3", &[av.as_raw(), bv.as_raw(), cv.as_raw(), ov.as_raw()]);
             }
-            let got = out.to_vec().unwrap();
-            // OpenCL may contract a * b + c into one rounding: either is right.
-            let bad = (0..N)
-                .filter(|&i| got[i] != xs()[i] * ys()[i] + zs()[i] && got[i] != xs()[i].mul_add(ys()[i], zs()[i]))
-                .count();
-            assert_eq!(bad, 0, "out = a * b + c: {bad} of {N} elements differ from the CPU");
+            assert_multiply_adds("out = a * b + c", &out.to_vec().unwrap(), &xs(), &ys(), &zs());
         });
     }
 
@@ -639,11 +636,7 @@ __kernel void sum(__global const float* x, __global const float* x2, __global fl
                 let (sv, xv) = (s.opencl_buffer().unwrap(), x.opencl_buffer_mut().unwrap());
                 run(&xv, "square_add", &[xv.as_raw(), sv.as_raw()]);
             }
-            let got = x.to_vec().unwrap();
-            let bad = (0..N)
-                .filter(|&i| got[i] != ys()[i] * ys()[i] + xs()[i] && got[i] != ys()[i].mul_add(ys()[i], xs()[i]))
-                .count();
-            assert_eq!(bad, 0, "x = x * x + s: {bad} of {N} elements differ from the CPU");
+            assert_multiply_adds("x = x * x + s", &x.to_vec().unwrap(), &ys(), &ys(), &xs());
         });
     }
 
@@ -659,10 +652,7 @@ __kernel void sum(__global const float* x, __global const float* x2, __global fl
                 let ov = out.opencl_buffer_mut().unwrap();
                 run(&pv, "affine", &[pv.as_raw(), xv.as_raw(), ov.as_raw()]);
             }
-            let got = out.to_vec().unwrap();
-            let bad =
-                (0..N).filter(|&i| got[i] != 1.5 * xs()[i] - 2.0 && got[i] != 1.5f32.mul_add(xs()[i], -2.0)).count();
-            assert_eq!(bad, 0, "out = 1.5 x - 2: {bad} of {N} elements differ from the CPU");
+            assert_multiply_adds("out = 1.5 x - 2", &out.to_vec().unwrap(), &[1.5; N], &xs(), &[-2.0; N]);
         });
     }
 
@@ -776,22 +766,14 @@ extern "C" __global__ void sum(const float* x, const float* x2, float* out, int 
                 let ov = out.cuda_view_mut(s).unwrap();
                 gpu.run("fma3", &[av.device_address(), bv.device_address(), cv.device_address(), ov.device_address()]);
             }
-            let got = out.to_vec().unwrap();
-            let bad = (0..N)
-                .filter(|&i| got[i] != xs()[i] * ys()[i] + zs()[i] && got[i] != xs()[i].mul_add(ys()[i], zs()[i]))
-                .count();
-            assert_eq!(bad, 0, "out = a * b + c: {bad} of {N} elements differ from the CPU");
+            assert_multiply_adds("out = a * b + c", &out.to_vec().unwrap(), &xs(), &ys(), &zs());
 
             let mut inplace = filled(mm, device, &ys());
             {
                 let (iv, sv) = (inplace.cuda_view_mut(s).unwrap(), x.cuda_view(s).unwrap());
                 gpu.run("square_add", &[iv.device_address(), sv.device_address()]);
             }
-            let got = inplace.to_vec().unwrap();
-            let bad = (0..N)
-                .filter(|&i| got[i] != ys()[i] * ys()[i] + xs()[i] && got[i] != ys()[i].mul_add(ys()[i], xs()[i]))
-                .count();
-            assert_eq!(bad, 0, "x = x * x + s: {bad} of {N} elements differ from the CPU");
+            assert_multiply_adds("x = x * x + s", &inplace.to_vec().unwrap(), &ys(), &ys(), &xs());
 
             {
                 let (first, second) = (x.cuda_view(s).unwrap(), x.cuda_view(s).unwrap());
