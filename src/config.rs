@@ -11,6 +11,7 @@
 //! | `UMM_ZERO`, `UMM_POISON` | `0`/`1`, `true`/`false`, `on`/`off` | zero every allocation; poison every freed block |
 //! | `UMM_BACKENDS` | a comma list of `cuda`, `opencl`, `wgpu` (or `none`; not empty) | which APIs discovery probes |
 //! | `UMM_MAPPED_SLACK` | a fraction >= 0 or `off` | opt-in trimming on the allocation path: how far reserved may exceed live memory in virtual reservations before free pages are unmapped to map others (default `off`: only the limit, out of memory and cleanup rounds trim, so a repeating workload makes no driver call once warm) |
+//! | `UMM_CROSS_STREAM` | `off`, `completed`, `wait` | when memory one stream freed may serve another stream's miss: once a mark after the free has passed (default), at once with the taker made to wait for it on the device, or never |
 //! | `UMM_SEGMENT_SLACK` | a fraction >= 0 or `off` | how far reserved may exceed live memory before a new plain segment first replaces empty ones (default 0.1) |
 //! | `UMM_PAGE_SIZE` | bytes, a power of two (`8MiB`) | page size of virtual reservations (default 32 MiB without a limit, the device's own page, 2 MiB on CUDA, under one): larger pages map and unmap with fewer driver calls, at some memory |
 //! | `UMM_THREAD_CACHE`, `UMM_THREAD_CACHE_LARGE` | bytes, `0` for off | most bytes of free small (large) blocks one thread's cache keeps per stream (default 32 MiB and 1 GiB; large blocks only once threads contend, up to a sixteenth of the bound each) |
@@ -151,6 +152,10 @@ impl UmmConfig {
         if let Some(v) = lookup("UMM_SEGMENT_SLACK") {
             self.pool.segment_slack = PoolConfig::parse_slack(&v)
                 .ok_or_else(|| invalid("UMM_SEGMENT_SLACK", v, "a fraction >= 0 (0.1) or off"))?;
+        }
+        if let Some(v) = lookup("UMM_CROSS_STREAM") {
+            self.pool.cross_stream =
+                v.trim().parse().map_err(|_| invalid("UMM_CROSS_STREAM", v, "one of off, completed, wait"))?;
         }
         if let Some(v) = lookup("UMM_PAGE_SIZE") {
             const PAGE: &str = "a power of two of bytes (2MiB, 8MiB, 8388608)";
@@ -360,6 +365,7 @@ pub const KNOWN_VARS: &[&str] = &[
     "UMM_BACKENDS",
     "UMM_MAPPED_SLACK",
     "UMM_SEGMENT_SLACK",
+    "UMM_CROSS_STREAM",
     "UMM_PAGE_SIZE",
     "UMM_THREAD_CACHE",
     "UMM_THREAD_CACHE_LARGE",
@@ -507,6 +513,7 @@ mod tests {
             ("UMM_PAGE_SIZE", "8MiB"),
             ("UMM_THREAD_CACHE", "0"),
             ("UMM_THREAD_CACHE_LARGE", "64MiB"),
+            ("UMM_CROSS_STREAM", " Wait"),
         ]
         .into();
         let mut config = UmmConfig::default();
@@ -515,6 +522,7 @@ mod tests {
         assert_eq!(config.pool.page_size, Some(8 << 20));
         assert_eq!((config.pool.thread_cache_bytes, config.pool.thread_cache_large_bytes), (0, 64 << 20));
         assert_eq!(config.pool.strategy, Strategy::Direct);
+        assert_eq!(config.pool.cross_stream, umm_backends::CrossStream::Wait);
         assert!(config.pool.zero_on_alloc);
         assert!(!config.cuda && config.opencl && !config.wgpu);
 
@@ -540,6 +548,7 @@ mod tests {
             ("UMM_PROFILE", "sometimes"),
             ("UMM_PROFILE_CAPACITY", "lots"),
             ("UMM_TRACE", " "),
+            ("UMM_CROSS_STREAM", "sometimes"),
         ] {
             let err = UmmConfig::default().apply_vars(|k| (k == var).then(|| value.to_string())).unwrap_err();
             let text = err.to_string();

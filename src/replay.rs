@@ -91,6 +91,10 @@ pub struct ReplayOptions<'a> {
     pub host_capacity: Option<u64>,
     /// Called every few thousand ops with (ops done, ops in all passes).
     pub progress: Option<&'a mut dyn FnMut(u64, u64)>,
+    /// The stream each of the trace's stream numbers runs on (`streams[k]` for stream `k`); a number past the
+    /// end is used as it is. Empty on backends whose streams are plain numbers; the CUDA replay of a trace
+    /// with several streams makes one CUDA stream for each.
+    pub streams: Vec<StreamId>,
 }
 
 impl ReplayOptions<'_> {
@@ -199,6 +203,22 @@ pub fn replay_on(backend: &str, trace: &Trace, opts: ReplayOptions<'_>) -> Resul
         "cuda" => {
             let device = first_device(backend, umm_backends::cuda::discover(), trace)?;
             let pool = device.pool(umm_backends::PoolPlacement::DeviceLocal, config).map_err(pool_error)?;
+            // A trace of one stream keeps the null stream; several get a CUDA stream each, kept alive here.
+            let cuda_error = |e: umm_backends::cuda::cudarc::driver::DriverError| {
+                pool_error(umm_backends::Error::Driver {
+                    backend: backend.into(),
+                    call: "cuStreamCreate".into(),
+                    message: e.to_string(),
+                })
+            };
+            let streams = match trace.streams {
+                0 | 1 => Vec::new(),
+                n => {
+                    (0..n).map(|_| device.context().new_stream()).collect::<Result<Vec<_>, _>>().map_err(cuda_error)?
+                }
+            };
+            let mut opts = opts;
+            opts.streams = streams.iter().map(umm_backends::cuda::stream_id).collect();
             replay(trace, &pool, backend, &device.info().name, opts)
         }
         #[cfg(feature = "opencl")]
@@ -266,7 +286,8 @@ pub fn replay<B: Backend>(
             report(done, total);
         }
     };
-    let cold = run_pass(trace, pool, &mut slots, &mut |n| progress(n)).map_err(pool_error)?;
+    let streams = std::mem::take(&mut opts.streams);
+    let cold = run_pass(trace, pool, &streams, &mut slots, &mut |n| progress(n)).map_err(pool_error)?;
     let stats = pool.stats();
     free_all(pool, &mut slots).map_err(pool_error)?;
     pool.reset_peaks();
@@ -274,7 +295,8 @@ pub fn replay<B: Backend>(
     let mut warm = Vec::with_capacity(opts.repeat);
     let mut ooms = cold.ooms;
     for pass in 1..=opts.repeat as u64 {
-        let result = run_pass(trace, pool, &mut slots, &mut |n| progress(pass * ops + n)).map_err(pool_error)?;
+        let result =
+            run_pass(trace, pool, &streams, &mut slots, &mut |n| progress(pass * ops + n)).map_err(pool_error)?;
         free_all(pool, &mut slots).map_err(pool_error)?;
         ooms = ooms.max(result.ooms);
         warm.push(result.elapsed);
@@ -321,6 +343,7 @@ struct Pass {
 fn run_pass<B: Backend>(
     trace: &Trace,
     pool: &Pool<B>,
+    streams: &[StreamId],
     slots: &mut [Option<BlockHandle>],
     progress: &mut dyn FnMut(u64),
 ) -> umm_backends::Result<Pass> {
@@ -328,7 +351,7 @@ fn run_pass<B: Backend>(
     let mut done = 0;
     for chunk in trace.ops.chunks(CHUNK) {
         let start = Instant::now();
-        pass.ooms += run_ops(chunk, pool, slots)?;
+        pass.ooms += run_ops(chunk, pool, streams, slots)?;
         pass.elapsed += start.elapsed();
         done += chunk.len() as u64;
         progress(done);
@@ -338,15 +361,23 @@ fn run_pass<B: Backend>(
 
 /// The timed loop. Returns the allocations that failed for lack of memory (skipped, and their frees ignored).
 #[inline(never)]
-fn run_ops<B: Backend>(ops: &[Op], pool: &Pool<B>, slots: &mut [Option<BlockHandle>]) -> umm_backends::Result<u64> {
+fn run_ops<B: Backend>(
+    ops: &[Op],
+    pool: &Pool<B>,
+    streams: &[StreamId],
+    slots: &mut [Option<BlockHandle>],
+) -> umm_backends::Result<u64> {
     let mut ooms = 0;
     for op in ops {
         match *op {
-            Op::Alloc { slot, bytes, stream } => match pool.allocate(bytes, StreamId(u64::from(stream))) {
-                Ok(block) => slots[slot as usize] = Some(block),
-                Err(umm_backends::Error::OutOfMemory { .. } | umm_backends::Error::TooLarge { .. }) => ooms += 1,
-                Err(e) => return Err(e),
-            },
+            Op::Alloc { slot, bytes, stream } => {
+                let stream = streams.get(stream as usize).copied().unwrap_or(StreamId(u64::from(stream)));
+                match pool.allocate(bytes, stream) {
+                    Ok(block) => slots[slot as usize] = Some(block),
+                    Err(umm_backends::Error::OutOfMemory { .. } | umm_backends::Error::TooLarge { .. }) => ooms += 1,
+                    Err(e) => return Err(e),
+                }
+            }
             Op::Free { slot } => {
                 if let Some(block) = slots[slot as usize].take() {
                     pool.free(&block)?;

@@ -18,6 +18,16 @@ pub struct VirtualMemory {
     pub max_reservation: u64,
 }
 
+/// A point in one stream's queue recorded by [`Backend::mark_stream`]: an index into the backend's own table of
+/// marks (events). Not `Clone`: the pool that got it gives it back once with [`Backend::release_mark`].
+#[derive(Debug, PartialEq, Eq)]
+pub struct StreamMark {
+    /// The stream it was recorded on.
+    pub stream: StreamId,
+    /// The backend's number for it.
+    pub(crate) id: u64,
+}
+
 /// Proof that a [`crate::Pool`] is the caller: what [`Backend::destroy_segment`] asks for. Only this crate makes
 /// one, and [`Backend`] is sealed, so none reaches code outside it.
 #[derive(Debug, Clone, Copy)]
@@ -110,10 +120,11 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
     ///
     /// `stream` is the stream of the arena the pages lie in: every block over them was freed on it, and a block
     /// used on other streams came back to the arena only once their work had passed (see `CudaPool`). So
-    /// waiting for `stream` alone makes the pages safe to give back; a backend with queued work waits for that
-    /// stream, not for the whole device.
-    fn unmap_pages(&self, segment: &Self::Segment, offset: u64, len: u64, stream: StreamId) {
-        let _ = (segment, offset, len, stream);
+    /// waiting for `stream` alone makes the pages safe to give back; with `wait`, a backend with queued work
+    /// waits for that stream, not for the whole device. Without it, the pool knows the work has passed (a
+    /// [`StreamMark`] recorded after the pages' last free has passed), and nothing is waited for.
+    fn unmap_pages(&self, segment: &Self::Segment, offset: u64, len: u64, stream: StreamId, wait: bool) {
+        let _ = (segment, offset, len, stream, wait);
     }
 
     /// Frees the physical memory of pages unmapped but kept for reuse. A pool calls it at the end of every
@@ -167,6 +178,34 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
     /// once, at allocation). A backend that overrides `host_ptr` overrides this too.
     fn may_be_host_addressable(&self) -> bool {
         false
+    }
+
+    /// Records a mark at the current end of `stream`'s queue: it passes once the work queued there so far has
+    /// run. A pool marks a stream before handing memory freed on it to another stream (see
+    /// [`CrossStream`](crate::CrossStream)). `Ok(None)`: the backend queues no work behind the host's back on
+    /// that stream (its operations are complete when they return, or every stream's work runs in one in-order
+    /// queue that the pool's own calls go through), so everything freed on it may be reused anywhere at once.
+    fn mark_stream(&self, stream: StreamId) -> Result<Option<StreamMark>> {
+        let _ = stream;
+        Ok(None)
+    }
+
+    /// Whether the work before `mark` has run (a query; never waits).
+    fn mark_passed(&self, mark: &StreamMark) -> bool {
+        let _ = mark;
+        true
+    }
+
+    /// Makes work queued on `stream` from now on wait for `mark` on the device, without blocking the host
+    /// (CUDA: `cuStreamWaitEvent`).
+    fn wait_for_mark(&self, stream: StreamId, mark: &StreamMark) -> Result<()> {
+        let _ = (stream, mark);
+        Ok(())
+    }
+
+    /// Gives a mark back (its event is kept for the next one). Never fails.
+    fn release_mark(&self, mark: StreamMark) {
+        let _ = mark;
     }
 
     /// Whether every block needs a segment of its own. wgpu tracks usage per buffer: within one dispatch a buffer

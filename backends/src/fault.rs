@@ -509,15 +509,15 @@ impl<B: Backend> Backend for FaultyBackend<B> {
         }
         Ok(())
     }
-    fn unmap_pages(&self, segment: &Self::Segment, offset: u64, len: u64, stream: StreamId) {
+    fn unmap_pages(&self, segment: &Self::Segment, offset: u64, len: u64, stream: StreamId, wait: bool) {
         self.shared.unmap_calls.fetch_add(1, Ordering::Relaxed);
         let end = offset + len;
         let on_grid = self.on_page_grid(offset, len);
         let mut ledger = self.shared.ledger.lock();
-        ledger.unmap_streams.insert(stream.0);
         if !on_grid {
             ledger.violation(format!("unmap_pages of {offset}..{end} in segment {}: not whole pages", segment.id));
         }
+        ledger.unmap_streams.insert(stream.0);
         let named = ledger.live.get_mut(&segment.id).map(|r| *r.unmapped_for.get_or_insert(stream));
         if let Some(named) = named.filter(|&named| named != stream) {
             ledger.violation(format!(
@@ -546,7 +546,19 @@ impl<B: Backend> Backend for FaultyBackend<B> {
             None => ledger.violation(format!("unmap_pages of {offset}..{end} in segment {}: not mapped", segment.id)),
         }
         drop(ledger);
-        self.inner.unmap_pages(&segment.inner, offset, len, stream);
+        self.inner.unmap_pages(&segment.inner, offset, len, stream, wait);
+    }
+    fn mark_stream(&self, stream: StreamId) -> Result<Option<crate::StreamMark>> {
+        self.inner.mark_stream(stream)
+    }
+    fn mark_passed(&self, mark: &crate::StreamMark) -> bool {
+        self.inner.mark_passed(mark)
+    }
+    fn wait_for_mark(&self, stream: StreamId, mark: &crate::StreamMark) -> Result<()> {
+        self.inner.wait_for_mark(stream, mark)
+    }
+    fn release_mark(&self, mark: crate::StreamMark) {
+        self.inner.release_mark(mark)
     }
     fn release_spare_pages(&self) {
         self.inner.release_spare_pages();

@@ -31,7 +31,7 @@ pub mod stats;
 pub mod wgpu_backend;
 
 pub use adopt::Ownership;
-pub use backend::{Backend, HostPtr, PoolAccess, VirtualMemory};
+pub use backend::{Backend, HostPtr, PoolAccess, StreamMark, VirtualMemory};
 pub use block::{BlockHandle, BlockInfo, MemoryPool, OwnedBlock, PoolLease};
 pub use device::{DeviceInfo, Discovery, PoolPlacement};
 pub use device_copy::DevicePath;
@@ -40,10 +40,10 @@ pub use host::{host_memory, HostBackend};
 /// The pools' lock (a release with a plain store), also behind the facade's per-thread tables.
 pub use lock::{LeanGuard, LeanMutex};
 pub use pool::{
-    parse_size, BlockSnapshot, Limit, Pool, PoolConfig, PoolSnapshot, SegmentMode, SegmentSnapshot, Strategy,
-    TrimReport, DEFAULT_PAGE_UNLIMITED,
+    parse_size, BlockSnapshot, CrossStream, Limit, Pool, PoolConfig, PoolSnapshot, SegmentMode, SegmentSnapshot,
+    Strategy, TrimReport, DEFAULT_PAGE_UNLIMITED,
 };
-pub use sim::SimBackend;
+pub use sim::{SimBackend, SimStreamLog};
 pub use stats::{PoolStats, Stat};
 /// The vocabulary shared with the placement crate: which API a pool or device is reached through, and what sort
 /// of device it is.

@@ -68,6 +68,10 @@ pub struct PoolStats {
     /// Every call the pool made into the device's memory API: segments created and destroyed, address ranges
     /// reserved, page ranges mapped and unmapped (a page moved from one place to another is two calls).
     pub num_device_calls: u64,
+    /// Empty segments moved from one stream's arena to another's to serve a miss ([`crate::CrossStream`]).
+    pub num_segments_shared: u64,
+    /// Pages unmapped in one stream's reservation so that another stream's could map their memory.
+    pub num_pages_shared: u64,
     /// Allocations that failed first, released cached memory and were retried.
     pub num_alloc_retries: u64,
     /// Allocations that failed for good with out of memory.
@@ -117,6 +121,8 @@ impl PoolStats {
         self.num_device_alloc += other.num_device_alloc;
         self.num_device_free += other.num_device_free;
         self.num_device_calls += other.num_device_calls;
+        self.num_segments_shared += other.num_segments_shared;
+        self.num_pages_shared += other.num_pages_shared;
         self.num_alloc_retries += other.num_alloc_retries;
         self.num_ooms += other.num_ooms;
         self.limit_bytes = match (self.limit_bytes, other.limit_bytes) {

@@ -184,6 +184,7 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
                 sim_capacity: args.capacity,
                 host_capacity,
                 progress: Some(&mut progress),
+                ..ReplayOptions::default()
             };
             let report = replay::replay_on(&args.backend, &trace, opts).map_err(|e| e.to_string());
             bar.finish();

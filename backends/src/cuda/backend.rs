@@ -65,6 +65,8 @@ pub struct CudaBackend {
     /// Physical pages unmapped during the current pool operation, kept for its next mapping: moving a page
     /// costs cuMemUnmap + cuMemMap, while freeing and creating one adds cuMemRelease + cuMemCreate.
     spare_pages: Mutex<Vec<u64>>,
+    /// Stream marks (events) the pool recorded to share free memory across streams.
+    pub(super) marks: Mutex<super::marks::Marks>,
     /// The devices granted access to mapped pages: this one, then every device that can reach its memory as a
     /// peer. A reservation's pages are reachable only from the devices `cuMemSetAccess` names, so without the
     /// peers a GPU→GPU copy from virtual segments would be staged by the driver (a tenth of NVLink's speed).
@@ -114,6 +116,7 @@ impl CudaBackend {
             vmm,
             granularity,
             spare_pages: Mutex::new(Vec::new()),
+            marks: Mutex::new(super::marks::Marks::default()),
             access: std::iter::once(ordinal).chain(peers.iter().copied().filter(|&p| p != ordinal)).collect(),
             adoption: None,
         }
@@ -458,16 +461,36 @@ impl Backend for CudaBackend {
     }
 
     #[allow(unsafe_code)] // Discharges `unmap_range`'s contract.
-    fn unmap_pages(&self, segment: &CudaSegment, offset: u64, len: u64, stream: StreamId) {
+    fn unmap_pages(&self, segment: &CudaSegment, offset: u64, len: u64, stream: StreamId, wait: bool) {
         let (Some(vm), true) = (self.vmm, segment.is_virtual()) else { return };
-        // Blocks over these pages were freed on `stream`; work queued there before may still use them.
-        if let Err(e) = self.wait_for_stream(stream) {
-            log::error!("{}: waiting before unmapping pages failed: {e}", self.name);
+        // Blocks over these pages were freed on `stream`; work queued there before may still use them, unless
+        // the pool saw a mark recorded after their frees pass.
+        if wait {
+            if let Err(e) = self.wait_for_stream(stream) {
+                log::error!("{}: waiting before unmapping pages failed: {e}", self.name);
+            }
         }
-        // SAFETY: `stream` was waited for just above, and it is the only stream whose work may still use these
-        // pages (`Backend::unmap_pages`' contract with the pool; a failure is logged: a context with a sticky
-        // error runs no further work); the pool unmaps only pages under no live block.
+        // SAFETY: `stream` was waited for just above, or the pool saw a mark recorded on it after the pages' last
+        // free pass, and it is the only stream whose work may still use these pages (`Backend::unmap_pages`'
+        // contract with the pool; a failure is logged: a context with a sticky error runs no further work); the
+        // pool unmaps only pages under no live block.
         unsafe { self.unmap_range(segment, offset, len, vm.page_size, true) };
+    }
+
+    fn mark_stream(&self, stream: StreamId) -> Result<Option<crate::StreamMark>> {
+        self.record_mark(stream).map(Some)
+    }
+
+    fn mark_passed(&self, mark: &crate::StreamMark) -> bool {
+        self.query_mark(mark)
+    }
+
+    fn wait_for_mark(&self, stream: StreamId, mark: &crate::StreamMark) -> Result<()> {
+        self.order_after(stream, mark)
+    }
+
+    fn release_mark(&self, mark: crate::StreamMark) {
+        self.drop_mark(mark);
     }
 
     #[allow(unsafe_code)] // Discharges `raw::mem_release`'s contract.

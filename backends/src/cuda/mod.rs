@@ -24,6 +24,7 @@ mod backend;
 mod buffer;
 mod cache;
 mod interop;
+mod marks;
 pub(crate) mod peer;
 mod raw;
 mod scope;

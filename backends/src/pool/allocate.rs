@@ -450,6 +450,10 @@ impl<B: Backend> Pool<B> {
         // the engine keeps as it is, or the pool would count other bytes than the engine hands out.
         .min(self.backend.max_segment_size() / granularity * granularity)
         .max(size);
+        // Another stream's empty segment of about the size this one would make, before a new one (see `share`).
+        if let Some(alloc) = self.adopt_empty_segment(state, arena, size, preferred) {
+            return Ok(alloc);
+        }
         // Empty segments that would leave reserved memory above its `segment_slack` budget go first.
         let excess =
             (state.reserved() + preferred).saturating_sub(Self::trim_budget(state, self.config.segment_slack, size));

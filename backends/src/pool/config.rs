@@ -135,6 +135,32 @@ pub enum SegmentMode {
     Virtual,
 }
 
+/// When memory freed on one stream may serve an allocation on another. A pool keeps each stream's free blocks
+/// apart, so that a block is never reused while work queued before its free may still touch it; without
+/// sharing, a program with N streams (an inference server with a stream per worker) holds up to N peaks. With
+/// it, a stream that would otherwise take new memory from the device first takes memory that other streams
+/// hold free: an empty segment (moved to its arena as it is) or free pages of a virtual reservation (unmapped
+/// there and mapped in its own). What makes that safe is a mark ([`crate::StreamMark`], a CUDA event) recorded
+/// on the giving stream after the memory was freed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, strum::Display, strum::EnumString)]
+#[strum(serialize_all = "lowercase", ascii_case_insensitive)]
+#[serde(rename_all = "lowercase")]
+pub enum CrossStream {
+    /// Each stream's free memory serves that stream only (until cleanup, the limit or out of memory).
+    Off,
+    /// Memory freed on another stream serves once a mark recorded after its free has passed: the taking stream
+    /// never waits for the giving one. A stream whose mark has not passed is marked again (one event record)
+    /// for a later miss; its memory is not used now.
+    #[default]
+    Completed,
+    /// Memory freed on another stream serves at once: the taking stream is made to wait on the device for a
+    /// mark on the giving stream (`cuStreamWaitEvent`, what `cudaMallocAsync` calls internal dependencies). The
+    /// host never blocks for empty segments, but the taking stream's later work queues behind the giving
+    /// stream's work so far. Free pages of reservations are unmapped only after the giving stream's work
+    /// has run, so there the host waits for it.
+    Wait,
+}
+
 /// Configuration of one pool. `Default` follows PyTorch's segment policy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PoolConfig {
@@ -167,6 +193,9 @@ pub struct PoolConfig {
     /// segment until cleanup, the limit or out of memory.
     #[serde(default = "default_segment_slack")]
     pub segment_slack: Option<f64>,
+    /// When a stream's free memory may serve another stream (see [`CrossStream`]).
+    #[serde(default)]
+    pub cross_stream: CrossStream,
     /// Page size of virtual reservations: each page is one physical allocation, mapped and unmapped whole.
     /// A power of two of at least the backend's own page (2 MiB on CUDA); `None` for
     /// [`crate::pool::DEFAULT_PAGE_UNLIMITED`] (32 MiB) in a pool without a limit and the backend's own page in
@@ -215,6 +244,7 @@ impl Default for PoolConfig {
             large_segment_size: 20 << 20,
             mapped_slack: None,
             segment_slack: Some(0.1),
+            cross_stream: CrossStream::default(),
             page_size: None,
             zero_on_alloc: false,
             poison_on_free: false,

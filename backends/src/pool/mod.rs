@@ -25,6 +25,7 @@
 //! - [`state`]: the books behind the pool's lock (arenas, segments, byte counts);
 //! - [`slots`]: the pool's side of the thread caches ([`thread_cache`], [`quick`] for the arenas' own);
 //! - [`snapshot`]: statistics and snapshots; [`io`]: bytes in and out of live blocks;
+//! - [`share`]: free memory of one stream serving another's miss ([`CrossStream`]);
 //! - [`config`], [`streams`]: the configuration and the stream → arena map.
 
 mod allocate;
@@ -33,6 +34,7 @@ mod free;
 mod io;
 mod paging;
 mod quick;
+mod share;
 mod slots;
 mod snapshot;
 mod state;
@@ -40,7 +42,7 @@ mod streams;
 mod thread_cache;
 mod trim;
 
-pub use config::{parse_size, Limit, PoolConfig, SegmentMode, Strategy};
+pub use config::{parse_size, CrossStream, Limit, PoolConfig, SegmentMode, Strategy};
 pub use snapshot::{BlockSnapshot, PoolSnapshot, SegmentSnapshot};
 pub use trim::TrimReport;
 
@@ -262,6 +264,9 @@ impl<B: Backend> Drop for Pool<B> {
             }
         }
         for arena in &mut state.arenas {
+            if let Some(mark) = arena.mark.take() {
+                self.backend.release_mark(mark.mark);
+            }
             for index in 0..arena.segments.len() {
                 let Some(entry) = arena.segments[index].take() else { continue };
                 Self::unmap_all(&self.backend, arena.engine(), arena.stream, SegmentId(index as u32), &entry);

@@ -23,6 +23,8 @@ impl<B: Backend> Pool<B> {
         // The block is taken before its pages are mapped, so the trim below cannot give them back.
         let alloc = engine.restore_and_allocate(&restore, size).expect("found just now");
         let missing = restore.len;
+        // Other streams' free pages first: their physical memory is mapped here instead of new memory.
+        self.take_free_pages(state, arena, missing);
         // Give back free mapped pages elsewhere first when the mapping would pass the budget: the limit, and with
         // `mapped_slack` the live set's share. Trimming just the excess here, rather than failing and letting the
         // retry release cached memory the size of the whole request, keeps the other cached pages mapped.
@@ -33,7 +35,7 @@ impl<B: Backend> Pool<B> {
             let (round, mut trimmed) = (state.cleanup_round, 0);
             for a in 0..state.arenas.len() {
                 if state.arenas[a].virtual_segments && trimmed < excess {
-                    trimmed += self.unmap_free_pages(state, a, round, 0, excess - trimmed).1;
+                    trimmed += self.unmap_free_pages(state, a, round, 0, excess - trimmed, true).1;
                 }
             }
         }
@@ -69,7 +71,8 @@ impl<B: Backend> Pool<B> {
 
     /// Unmaps pages lying wholly inside free blocks of the arena's reservations (those idle for `idle_rounds`
     /// cleanup rounds), smallest free blocks first, until `want` bytes are unmapped, and withholds them from the
-    /// engine. Returns (pages, bytes). O(free blocks of a page or more visited).
+    /// engine. `wait`: the backend waits for the arena's stream first; off only where a passed mark says its
+    /// work on them has run. Returns (pages, bytes). O(free blocks of a page or more visited).
     pub(super) fn unmap_free_pages(
         &self,
         state: &mut State<B::Segment>,
@@ -77,6 +80,7 @@ impl<B: Backend> Pool<B> {
         round: u64,
         idle_rounds: u64,
         want: u64,
+        wait: bool,
     ) -> (u64, u64) {
         let page = self.page_size.expect("virtual arenas exist only with virtual memory");
         let idle: Vec<bool> = if idle_rounds == 0 {
@@ -91,7 +95,7 @@ impl<B: Backend> Pool<B> {
         let mut calls = 0;
         let bytes = engine.withhold_free(page, want, eligible, |id, offset, len| {
             let entry = segments[id.0 as usize].as_mut().expect("segment exists");
-            self.backend.unmap_pages(&entry.handle, offset, len, stream);
+            self.backend.unmap_pages(&entry.handle, offset, len, stream, wait);
             *entry.mapped.as_mut().expect("virtual segment") -= len;
             calls += 1;
         });
@@ -116,7 +120,7 @@ impl<B: Backend> Pool<B> {
         }
         let (mut released, mut calls) = (0, 0);
         for (offset, len) in engine.backed_ranges(id) {
-            backend.unmap_pages(&entry.handle, offset, len, stream);
+            backend.unmap_pages(&entry.handle, offset, len, stream, true);
             released += len;
             calls += 1;
         }

@@ -101,6 +101,8 @@ impl<B: Backend> Pool<B> {
     pub fn reset_peaks(&self) {
         let mut state = self.folded_state();
         state.update_split();
+        // The sharing budget follows the live peak across resets (see `State::live_high_water`).
+        state.live_high_water = state.live_high_water.max(state.stats.allocated_bytes.peak);
         let s = &mut state.stats;
         for stat in [
             &mut s.allocated_bytes,

@@ -14,7 +14,7 @@ use super::quick::QuickCache;
 use super::streams::StreamArenas;
 use super::thread_cache::Returned;
 use crate::engine::{Allocation, BlockId, Engine, Freed, SegmentId};
-use crate::{BlockHandle, PoolStats, StreamId};
+use crate::{BlockHandle, PoolStats, StreamId, StreamMark};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum ArenaClass {
@@ -32,6 +32,15 @@ pub(super) struct SegmentEntry<S> {
     pub(super) last_used_alloc: u64,
 }
 
+/// A mark recorded on an arena's stream before its free memory went to another stream (see [`super::share`]).
+pub(super) struct ArenaMark {
+    pub(super) mark: StreamMark,
+    /// [`State::mark_epoch`] when it was recorded: it covers the frees of epochs below.
+    pub(super) epoch: u64,
+    /// Seen to have passed (a passed mark stays passed).
+    pub(super) passed: bool,
+}
+
 /// One free index: the blocks of one stream and one size class.
 pub(super) struct Arena<S> {
     /// The stream it serves.
@@ -42,6 +51,10 @@ pub(super) struct Arena<S> {
     pub(super) virtual_segments: bool,
     pub(super) segments: Vec<Option<SegmentEntry<S>>>,
     pub(super) quick: QuickCache,
+    /// [`State::mark_epoch`] at the latest free into the engine: a mark of a later epoch covers every free block.
+    pub(super) freed_epoch: u64,
+    /// The latest mark on this arena's stream, for sharing its free memory.
+    pub(super) mark: Option<ArenaMark>,
 }
 
 impl<S> Arena<S> {
@@ -67,6 +80,8 @@ impl<S> Arena<S> {
                 ArenaClass::Small => QuickCache::new(small_request_max),
                 ArenaClass::Large => QuickCache::disabled(),
             },
+            freed_epoch: 0,
+            mark: None,
         }
     }
 
@@ -104,6 +119,11 @@ pub(super) struct State<S> {
     /// The highest reserved figure since the last full release: up to it the allocation path takes memory
     /// without trimming for `mapped_slack` or `segment_slack` (see [`Pool::trim_budget`]).
     pub(super) reserved_high_water: u64,
+    /// Marks recorded so far on any arena's stream: the epoch an arena's frees and marks are dated with.
+    pub(super) mark_epoch: u64,
+    /// The highest live figure before the latest [`crate::Pool::reset_peaks`] (the statistics' peak holds the
+    /// rest): what sharing across streams budgets reserved memory against.
+    pub(super) live_high_water: u64,
 }
 
 /// What happened to a plain segment, as far as `empty_plain_bytes` cares.
@@ -128,6 +148,8 @@ impl<S> State<S> {
             empty_plain_bytes: 0,
             cleanup_round: 0,
             reserved_high_water: 0,
+            mark_epoch: 0,
+            live_high_water: 0,
         }
     }
 
@@ -170,7 +192,9 @@ impl<S> State<S> {
     /// block the engine does not hold live or parked.
     #[inline(always)]
     pub(super) fn free_block(&mut self, arena: usize, block: BlockId) -> Option<Freed> {
-        let freed = self.arenas[arena].engine.free(block)?;
+        let a = &mut self.arenas[arena];
+        let freed = a.engine.free(block)?;
+        a.freed_epoch = self.mark_epoch;
         if freed.segment_now_empty {
             self.note_emptiness(arena, freed.segment, Emptiness::Became);
         }

@@ -93,7 +93,7 @@ impl<B: Backend> Pool<B> {
         for arena in 0..state.arenas.len() {
             if state.arenas[arena].virtual_segments && report.bytes_released < want {
                 let (pages, bytes) =
-                    self.unmap_free_pages(state, arena, round, idle_rounds, want - report.bytes_released);
+                    self.unmap_free_pages(state, arena, round, idle_rounds, want - report.bytes_released, true);
                 report.pages_unmapped += pages;
                 report.bytes_released += bytes;
             }

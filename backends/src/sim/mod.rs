@@ -3,9 +3,14 @@
 //! alignment) unless built with [`SimBackend::plain`] (segments only, as OpenCL) or
 //! [`SimBackend::segment_per_block`] (a segment for every block, as wgpu).
 
-use crate::{Api, Backend, Error, Result, VirtualMemory};
+mod streams;
+
+pub use streams::SimStreamLog;
+
+use crate::{Api, Backend, Error, Result, StreamId, StreamMark, VirtualMemory};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use streams::SimStreams;
 
 /// A simulated segment: a range of addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +38,8 @@ pub struct SimBackend {
     /// Physical bytes in use: an atomic, not a lock, because pools map and unmap on every remap and a
     /// device's bookkeeping should cost the replay no more than it must.
     physical: AtomicU64,
+    /// Queued work, marks and waits (see [`streams`]).
+    streams: Mutex<SimStreams>,
 }
 
 /// Free-memory queries answered by simulated devices in this process: what a driver's `cuMemGetInfo` would
@@ -60,6 +67,7 @@ impl SimBackend {
             page: Self::PAGE,
             next_address: Mutex::new(0),
             physical: AtomicU64::new(0),
+            streams: Mutex::new(SimStreams::default()),
         }
     }
 
@@ -76,6 +84,22 @@ impl SimBackend {
     /// request at an 8-byte granularity, as wgpu devices are (see [`Backend::segment_per_block`]).
     pub fn segment_per_block(name: impl Into<String>, capacity: u64) -> Self {
         Self { virtual_memory: false, whole_blocks: true, ..Self::new(name, capacity) }
+    }
+
+    /// Holds back the work queued on `stream` from now on, as a long kernel would: marks recorded on it do not
+    /// pass until [`SimBackend::finish_stream`].
+    pub fn hold_stream(&self, stream: StreamId) {
+        self.streams.lock().hold(stream);
+    }
+
+    /// Runs the work held on `stream`: its marks pass.
+    pub fn finish_stream(&self, stream: StreamId) {
+        self.streams.lock().finish(stream);
+    }
+
+    /// What the simulated streams were asked so far.
+    pub fn stream_log(&self) -> SimStreamLog {
+        self.streams.lock().log()
     }
 
     /// Physical bytes in use (segments plus mapped pages).
@@ -190,8 +214,22 @@ impl Backend for SimBackend {
     fn map_pages(&self, _segment: &SimSegment, _offset: u64, len: u64) -> Result<()> {
         self.take(len, "map_pages")
     }
-    fn unmap_pages(&self, _segment: &SimSegment, _offset: u64, len: u64, _stream: crate::StreamId) {
+    fn unmap_pages(&self, _segment: &SimSegment, _offset: u64, len: u64, stream: StreamId, wait: bool) {
+        self.streams.lock().unmapped(stream, wait);
         self.physical.fetch_sub(len, Ordering::Relaxed);
+    }
+    fn mark_stream(&self, stream: StreamId) -> Result<Option<StreamMark>> {
+        Ok(Some(self.streams.lock().mark(stream)))
+    }
+    fn mark_passed(&self, mark: &StreamMark) -> bool {
+        self.streams.lock().passed(mark)
+    }
+    fn wait_for_mark(&self, stream: StreamId, mark: &StreamMark) -> Result<()> {
+        self.streams.lock().wait(stream, mark);
+        Ok(())
+    }
+    fn release_mark(&self, mark: StreamMark) {
+        self.streams.lock().release(mark);
     }
     fn write(&self, _segment: &SimSegment, _offset: u64, _src: &[u8]) -> Result<()> {
         Err(self.no_bytes("write"))

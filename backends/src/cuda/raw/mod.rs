@@ -533,6 +533,13 @@ pub(super) fn event_record(event: &CudaEvent, stream: &LiveStream) -> Raw<()> {
     check(unsafe { sys::cuEventRecord(event.cu_event(), cu_stream(stream)) }, "cuEventRecord")
 }
 
+/// Makes work queued on `stream` from now on wait for `event` on the device (the host does not wait). Safe: both
+/// are live (borrowed); an event of another context is an error from the driver.
+pub(super) fn stream_wait_event(stream: &LiveStream, event: &CudaEvent) -> Raw<()> {
+    // SAFETY: as in `event_record`: the event is live and of the bound context, the stream a `LiveStream`.
+    check(unsafe { sys::cuStreamWaitEvent(cu_stream(stream), event.cu_event(), 0) }, "cuStreamWaitEvent")
+}
+
 // ----- the calling thread's current context -----
 
 /// The context current on the calling thread (`None`: none is). `Err` when the driver cannot say.

@@ -1,0 +1,113 @@
+//! The simulated device's streams: a deterministic model of queued work, so that the rules for sharing memory
+//! across streams run in CI. A stream's work runs at once unless a test holds it back
+//! ([`SimBackend::hold_stream`](super::SimBackend::hold_stream)); marks recorded on a held stream pass only when
+//! the test lets it finish. The model logs what a real device would have been asked: streams made to wait for
+//! others, host waits, and pages unmapped while work that may use them is still held (what faults on a GPU).
+
+use crate::{StreamId, StreamMark};
+
+/// What the simulated streams saw, for tests to check.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SimStreamLog {
+    /// Marks recorded.
+    pub marks_recorded: u64,
+    /// Marks recorded and not yet given back.
+    pub marks_live: u64,
+    /// Every device-side wait: (the stream made to wait, the stream it waits for).
+    pub waits: Vec<(StreamId, StreamId)>,
+    /// Unmaps that waited for a held stream: the host would have blocked until its work ran (the model lets it
+    /// finish).
+    pub host_waits: u64,
+    /// Unmaps, without waiting, of pages of a stream whose work was held: on a GPU a kernel still queued there
+    /// could fault. Always 0 in a correct pool.
+    pub unsafe_unmaps: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct SimMark {
+    stream: StreamId,
+    passed: bool,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct SimStreams {
+    held: Vec<StreamId>,
+    /// Marks by id; freed ids are reused.
+    marks: Vec<Option<SimMark>>,
+    spare_ids: Vec<usize>,
+    log: SimStreamLog,
+}
+
+impl SimStreams {
+    pub(super) fn hold(&mut self, stream: StreamId) {
+        if !self.held.contains(&stream) {
+            self.held.push(stream);
+        }
+    }
+
+    /// Runs the held work of `stream`: its marks pass.
+    pub(super) fn finish(&mut self, stream: StreamId) {
+        self.held.retain(|&s| s != stream);
+        for mark in self.marks.iter_mut().flatten().filter(|m| m.stream == stream) {
+            mark.passed = true;
+        }
+    }
+
+    fn is_held(&self, stream: StreamId) -> bool {
+        self.held.contains(&stream)
+    }
+
+    pub(super) fn mark(&mut self, stream: StreamId) -> StreamMark {
+        let mark = SimMark { stream, passed: !self.is_held(stream) };
+        let id = match self.spare_ids.pop() {
+            Some(id) => {
+                self.marks[id] = Some(mark);
+                id
+            }
+            None => {
+                self.marks.push(Some(mark));
+                self.marks.len() - 1
+            }
+        };
+        self.log.marks_recorded += 1;
+        self.log.marks_live += 1;
+        StreamMark { stream, id: id as u64 }
+    }
+
+    fn get(&self, mark: &StreamMark) -> SimMark {
+        self.marks.get(mark.id as usize).copied().flatten().expect("a live mark of this device")
+    }
+
+    pub(super) fn passed(&self, mark: &StreamMark) -> bool {
+        self.get(mark).passed
+    }
+
+    pub(super) fn wait(&mut self, stream: StreamId, mark: &StreamMark) {
+        let giver = self.get(mark).stream;
+        self.log.waits.push((stream, giver));
+    }
+
+    pub(super) fn release(&mut self, mark: StreamMark) {
+        let slot = self.marks.get_mut(mark.id as usize).expect("a mark of this device");
+        assert!(slot.take().is_some(), "a mark given back twice");
+        self.spare_ids.push(mark.id as usize);
+        self.log.marks_live -= 1;
+    }
+
+    /// Pages of `stream`'s arena unmapped, after waiting for the stream or not.
+    pub(super) fn unmapped(&mut self, stream: StreamId, wait: bool) {
+        if !self.is_held(stream) {
+            return;
+        }
+        if wait {
+            self.log.host_waits += 1;
+            self.finish(stream);
+        } else {
+            self.log.unsafe_unmaps += 1;
+        }
+    }
+
+    pub(super) fn log(&self) -> SimStreamLog {
+        self.log.clone()
+    }
+}
