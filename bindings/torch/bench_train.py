@@ -1,22 +1,35 @@
-"""PyTorch's own CUDA allocator against umm (through umm_torch) on real work, in one job on one GPU.
+"""PyTorch's own CUDA allocator (as it comes, and with expandable segments) against umm (through umm_torch) on
+real work, in one job on one GPU.
 
     python3 bindings/torch/bench_train.py                 # everything, then a table
     python3 bindings/torch/bench_train.py --steps 3 --bert-batches 3   # a smoke run
+    python3 bindings/torch/bench_train.py --allocs expandable,umm --repeats 3
 
-Workloads (each run twice, once per allocator, each in its own process, because the allocator must be chosen
-before the first CUDA allocation):
+Allocators (--allocs, default all three):
+  pytorch     PyTorch's caching allocator with its defaults
+  expandable  the same with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, set in that worker's environment
+              only, so it is there before torch initialises CUDA (the worker checks that it took)
+  umm         umm through umm_torch.enable()
+PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF are removed from every worker's environment otherwise, so that
+"pytorch" means PyTorch's defaults whatever the calling shell sets.
+
+Workloads (each run once per allocator, each in its own process, because the allocator must be chosen
+before the first CUDA allocation; with --repeats N the order alternates: pytorch, expandable, umm, then
+umm, expandable, pytorch, ...):
   gpt2    transformers GPT2LMHeadModel(GPT2Config()) (GPT-2 small, 124M), batch 8, sequence 512, AdamW,
           bf16 autocast, training
   resnet  torchvision resnet50, batch 64, 224x224, SGD with momentum, bf16 autocast, training
   bert    transformers BertModel(BertConfig()) (BERT base), inference, bf16 autocast, a random batch of 1-32
           sequences of 16-512 tokens per call
 
-Same seeds and data for both allocators; deterministic algorithms on (CUBLAS_WORKSPACE_CONFIG=:4096:8), so the
+Same seeds and data for every allocator; deterministic algorithms on (CUBLAS_WORKSPACE_CONFIG=:4096:8), so the
 per-step losses should match bit for bit. GPT-2 uses transformers' eager attention: PyTorch's SDPA picks cuDNN
 attention on Hopper, whose backward is not deterministic (it warns so), and then runs differ by ~1e-5 whatever the
-allocator. --umm-variants adds umm runs with other settings (environment variables) for comparison. Step time: median of the steps after the warm-up steps, each step
-ended with a synchronisation (the loss is read every step). Peak reserved: torch.cuda.max_memory_reserved()
-for PyTorch's allocator, umm's reserved_bytes.peak (umm_stats_json) for umm.
+allocator. --umm-variants adds umm runs with other settings (environment variables) for comparison. Step time:
+median of the steps after the warm-up steps, each step ended with a synchronisation (the loss is read every step).
+Peak reserved: torch.cuda.max_memory_reserved() for PyTorch's allocator (both settings), umm's reserved_bytes.peak
+(umm_stats_json) for umm. The table has one row per workload and allocator; ratios are against the first of
+--allocs (pytorch by default), and "outputs" compares the losses with that allocator's.
 """
 
 import argparse
@@ -30,7 +43,29 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKS = ("gpt2", "resnet", "bert", "alloc")
-ALLOCS = ("pytorch", "umm")
+ALLOCS = ("pytorch", "expandable", "umm")
+# PyTorch's allocator settings (PYTORCH_ALLOC_CONF is the newer name): dropped from every worker's environment, then
+# set for the expandable worker alone. PYTORCH_CUDA_ALLOC_CONF is the name that torch 2.9 still honours for
+# expandable_segments where the newer one was ignored (pytorch/pytorch#183387); newer versions warn that it is
+# deprecated but read it.
+ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+EXPANDABLE_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+
+def expandable_segments_on(torch):
+    """Whether PyTorch's caching allocator runs with expandable segments, from its memory snapshot; None where this
+    torch does not say (or the allocator is not PyTorch's)."""
+    try:
+        snap = torch.cuda.memory._snapshot()
+    except Exception:
+        return None
+    settings = snap.get("allocator_settings") or {}
+    if "expandable_segments" in settings:
+        return bool(settings["expandable_segments"])
+    segments = snap.get("segments") or []
+    if segments and "is_expandable" in segments[0]:
+        return any(seg["is_expandable"] for seg in segments)
+    return None
 
 
 def worker(args):
@@ -180,7 +215,13 @@ def worker(args):
             num_device_alloc=st.get("num_device_alloc"),
             num_alloc_retries=st.get("num_alloc_retries"),
             allocator_backend=torch.cuda.memory.get_allocator_backend(),
+            alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+            expandable_segments=expandable_segments_on(torch),
         )
+        # A run labelled expandable that is not (or the reverse) would put wrong figures in the table: fail instead.
+        if result["expandable_segments"] is not None and result["expandable_segments"] != (args.alloc == "expandable"):
+            raise RuntimeError(f"{args.alloc}: expandable_segments is {result['expandable_segments']} "
+                               f"(PYTORCH_CUDA_ALLOC_CONF={result['alloc_conf']!r})")
     result["device"] = torch.cuda.get_device_name(0)
     result["torch"] = torch.__version__
     with open(args.out, "w") as f:
@@ -192,15 +233,19 @@ def gib(b):
 
 
 def driver(args):
-    env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONUNBUFFERED="1")
+    env = {k: v for k, v in os.environ.items() if k not in ALLOC_CONF_VARS}
+    env.update(CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONUNBUFFERED="1")
     outdir = args.outdir or os.environ.get("OUT") or "/tmp"
     results = {}
-    runs = list(ALLOCS) + [f"umm:{v}" for v in args.umm_variants.split(";") if v]
+    allocs = args.allocs.split(",")
+    runs = allocs + [f"umm:{v}" for v in args.umm_variants.split(";") if v]
     for work in args.works.split(","):
         order = [r for rep in range(args.repeats) for r in (runs if rep % 2 == 0 else runs[::-1])]
         for rep, run in enumerate(order):
             alloc, _, settings = run.partition(":")
             run_env = dict(env, **dict(kv.split("=", 1) for kv in settings.split(",") if kv))
+            if alloc == "expandable":
+                run_env.update(EXPANDABLE_ENV)  # in the child's environment before it imports torch
             tag = "".join(c if c.isalnum() else "_" for c in run)
             out = os.path.join(tempfile.gettempdir(), f"umm_bench_{work}_{tag}_{rep}.json")
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--work", work, "--alloc", alloc,
@@ -230,55 +275,47 @@ def driver(args):
         merged["all_medians"] = [round(x["median_ms"], 2) for x in reps]
         merged["consistent"] = all(x["losses"] == reps[0]["losses"] for x in reps)
         results[(w, r)] = merged
-    if ("alloc", "pytorch") in results and ("alloc", "umm") in results:
-        for r in runs:
-            x = results.get(("alloc", r))
-            if x:
-                print(f"alloc microbench {r}: {x['median_ms'] * 1e6 / x['ops_per_step']:.0f} ns per op "
-                      f"(torch.empty + free, sizes 512 B-128 MiB, 32 live; runs {x['all_medians']} ms)")
+    for r in runs:
+        x = results.get(("alloc", r))
+        if x:
+            print(f"alloc microbench {r}: {x['median_ms'] * 1e6 / x['ops_per_step']:.0f} ns per op "
+                  f"(torch.empty + free, sizes 512 B-128 MiB, 32 live; runs {x['all_medians']} ms)")
+    # One row per workload and allocator; ratios and outputs against the first of --allocs (the baseline).
     rows = []
     for work in args.works.split(","):
-        if work == "alloc":
+        base = results.get((work, runs[0]))
+        if work == "alloc" or not base:
             continue
-        a, b = results.get((work, "pytorch")), results.get((work, "umm"))
-        if not a or not b:
-            continue
-        la = [float.fromhex(x) for x in a["losses"]]
-        lb = [float.fromhex(x) for x in b["losses"]]
-        same = a["losses"] == b["losses"] and a["consistent"] and b["consistent"]
-        diff = max(abs(x - y) for x, y in zip(la, lb))
-        rows.append((work, a, b, same, diff))
+        for run in runs:
+            x = results.get((work, run))
+            if not x:
+                continue
+            lb = [float.fromhex(v) for v in base["losses"]]
+            lx = [float.fromhex(v) for v in x["losses"]]
+            same = x["losses"] == base["losses"] and x["consistent"] and base["consistent"]
+            diff = max((abs(a - b) for a, b in zip(lb, lx)), default=0.0)
+            rows.append((work, run, base, x, same, diff))
     if rows:
-        dev = rows[0][1]["device"]
-        print(f"\n{dev}, torch {rows[0][1]['torch']}; step = median ms after {args.warmup} warm-up steps")
-        print("| workload | steps | PyTorch step ms | umm step ms | umm/PyTorch | PyTorch peak alloc GiB | "
-              "PyTorch peak reserved GiB | umm peak alloc GiB | umm peak reserved GiB | umm/PyTorch reserved | "
-              "outputs |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
-        for work, a, b, same, diff in rows:
-            outputs = "bit-identical" if same else f"max abs diff {diff:.3g}"
-            print(f"| {work} | {len(a['losses'])} | {a['median_ms']:.2f} | {b['median_ms']:.2f} | "
-                  f"{b['median_ms'] / a['median_ms']:.3f} | {gib(a['peak_allocated'])} | {gib(a['peak_reserved'])} | "
-                  f"{gib(b['peak_allocated'])} | {gib(b['peak_reserved'])} | "
-                  f"{b['peak_reserved'] / a['peak_reserved']:.3f} | {outputs} |")
-        for work, a, b, same, diff in rows:
-            print(f"{work}: PyTorch reserved/allocated {a['peak_reserved'] / a['peak_allocated']:.2f}, "
-                  f"umm reserved/allocated {b['peak_reserved'] / b['peak_allocated']:.2f}; "
-                  f"first losses {[round(float.fromhex(x), 4) for x in a['losses'][:3]]}; "
-                  f"umm hit rate {b.get('hit_rate', 0):.4f}, device allocs {b['num_device_alloc']} vs "
-                  f"{a['num_device_alloc']}, retries {b['num_alloc_retries']} vs {a['num_alloc_retries']}; "
-                  f"host launch ms PyTorch {a['median_launch_ms']:.2f}, umm {b['median_launch_ms']:.2f}; "
-                  f"medians of repeats PyTorch {a['all_medians']}, umm {b['all_medians']}")
-        variants = [r for r in runs if r.startswith("umm:")]
-        if variants:
-            print("\numm variants | workload | step ms | /PyTorch | peak reserved GiB | /PyTorch | outputs")
-            for work, a, _, _, _ in rows:
-                for v in variants:
-                    c = results.get((work, v))
-                    if c:
-                        same = "bit-identical" if c["losses"] == a["losses"] else "differ"
-                        print(f"{v} | {work} | {c['median_ms']:.2f} | {c['median_ms'] / a['median_ms']:.3f} | "
-                              f"{gib(c['peak_reserved'])} | {c['peak_reserved'] / a['peak_reserved']:.3f} | {same}")
+        first = rows[0][3]
+        print(f"\n{first['device']}, torch {first['torch']}; step = median ms after {args.warmup} warm-up steps; "
+              f"ratios against {runs[0]}")
+        print(f"| workload | allocator | steps | step ms | /{runs[0]} | peak alloc GiB | peak reserved GiB | "
+              f"reserved /{runs[0]} | reserved/allocated | outputs |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for work, run, base, x, same, diff in rows:
+            if run == runs[0]:
+                outputs = "reference" + ("" if x["consistent"] else " (repeats differ)")
+            else:
+                outputs = "bit-identical" if same else f"max abs diff {diff:.3g}"
+            print(f"| {work} | {run} | {len(x['losses'])} | {x['median_ms']:.2f} | "
+                  f"{x['median_ms'] / base['median_ms']:.3f} | {gib(x['peak_allocated'])} | "
+                  f"{gib(x['peak_reserved'])} | {x['peak_reserved'] / base['peak_reserved']:.3f} | "
+                  f"{x['peak_reserved'] / x['peak_allocated']:.3f} | {outputs} |")
+        for work, run, base, x, same, diff in rows:
+            hit = f", hit rate {x['hit_rate']:.4f}" if "hit_rate" in x else ""
+            print(f"{work}/{run}: first losses {[round(float.fromhex(v), 4) for v in x['losses'][:3]]}; "
+                  f"device allocs {x['num_device_alloc']}, retries {x['num_alloc_retries']}{hit}; "
+                  f"host launch ms {x['median_launch_ms']:.2f}; medians of repeats {x['all_medians']}")
 
 
 def main():
@@ -286,6 +323,8 @@ def main():
     ap.add_argument("--worker", action="store_true")
     ap.add_argument("--work", choices=WORKS)
     ap.add_argument("--alloc", choices=ALLOCS)
+    ap.add_argument("--allocs", default=",".join(ALLOCS),
+                    help=f"comma-separated, from {','.join(ALLOCS)}; the first is the baseline of the ratios")
     ap.add_argument("--works", default="gpt2,resnet,bert")
     ap.add_argument("--steps", type=int, default=25)
     ap.add_argument("--bert-batches", type=int, default=50)
@@ -296,6 +335,9 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--outdir")
     args = ap.parse_args()
+    bad = [a for a in args.allocs.split(",") if a not in ALLOCS]
+    if bad or not args.allocs:
+        ap.error(f"--allocs: unknown {bad}; choose from {','.join(ALLOCS)}")
     worker(args) if args.worker else driver(args)
 
 

@@ -206,3 +206,14 @@ def set_limit(nbytes, device=None):
     """Caps the bytes umm reserves (0 removes the cap); past it, allocations fail like an out-of-memory."""
     if load().umm_set_limit(-1 if device is None else _device_index(device), int(nbytes)) != 0:
         raise RuntimeError(last_error())
+
+
+def trace_flush():
+    """Writes the allocations umm recorded for UMM_TRACE so far to the trace file, which then holds a complete
+    trace up to now. umm also writes them out every 16,384 ops, in empty_cache() and when Python exits normally;
+    call this before os._exit() or to read the trace while the program runs. Does nothing without UMM_TRACE."""
+    lib = load()
+    lib.umm_trace_flush.restype = ctypes.c_int
+    lib.umm_trace_flush.argtypes = []
+    if lib.umm_trace_flush() != 0:
+        raise RuntimeError(last_error() or "umm_trace_flush failed")

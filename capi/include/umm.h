@@ -15,7 +15,10 @@
  * reservation mapped in 2 MiB pages where the device supports it) | plain | virtual; UMM_STRATEGY = pooled
  * (default) | direct (no caching, for debugging); UMM_HUGE_MIN = bytes (default 0: off): next to a virtual pool,
  * requests of at least this size go to a second pool of plain segments, one segment each, which the next request
- * of the same size reuses whole. An invalid value makes every allocation fail with a message naming it.
+ * of the same size reuses whole; UMM_TRACE = path: every allocation and free written as an umm-trace v1 file for
+ * `umm replay` ({pid} becomes the process id, .gz compresses), written out every 16,384 lines, at exit and by
+ * umm_trace_flush(). An invalid value, or a UMM_TRACE file that cannot be created, makes every allocation fail
+ * with a message naming it.
  */
 #ifndef UMM_H
 #define UMM_H
@@ -73,6 +76,12 @@ int umm_set_limit(int device, uint64_t bytes);
 
 /* Resets peak statistics of `device` (-1: every device) to current values. 0, or -1 with a message. */
 int umm_reset_peaks(int device);
+
+/* Writes the allocations and frees recorded for UMM_TRACE so far to its file, which then holds a complete trace up
+ * to this call. umm also does every 16,384 lines, in umm_empty_cache and at exit() (an atexit handler); call it
+ * before _exit() or to read the trace while the program runs. 0 (also without UMM_TRACE), or -1 with a message
+ * when the file could not be created or a write to it failed. */
+int umm_trace_flush(void);
 
 #ifdef __cplusplus
 }

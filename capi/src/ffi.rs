@@ -4,7 +4,7 @@
 //! message for [`umm_last_error`]. The work itself is in the safe [`crate::registry`].
 #![allow(unsafe_code)]
 
-use crate::{error, registry};
+use crate::{error, registry, trace};
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use umm_backends::cuda::foreign_stream;
@@ -147,4 +147,32 @@ pub extern "C" fn umm_set_limit(device: c_int, bytes: u64) -> c_int {
 #[no_mangle]
 pub extern "C" fn umm_reset_peaks(device: c_int) -> c_int {
     guarded("umm_reset_peaks", -1, || registry::reset_peaks(i64::from(device)).map(|()| 0))
+}
+
+/// Writes the allocations and frees recorded for `UMM_TRACE` so far to the trace file, which then holds a
+/// complete trace up to this call (a gzip file one more complete member). umm also writes them out every 16,384
+/// lines, in [`umm_empty_cache`] and when the process exits through `exit` (an `atexit` handler, which a normal
+/// end of a C or Python program runs); call this before `_exit`/`os._exit`, or to read the trace while the program
+/// runs. Returns 0, also without `UMM_TRACE` or before umm has started (its first allocation or query); -1 with a
+/// message when the file of `UMM_TRACE` could not be created or a write to it failed.
+#[no_mangle]
+pub extern "C" fn umm_trace_flush() -> c_int {
+    guarded("umm_trace_flush", -1, || trace::flush().map(|()| 0).map_err(|e| format!("umm_trace_flush: {e}")))
+}
+
+extern "C" {
+    /// C's `atexit`. glibc links it from `libc_nonshared.a` as `__cxa_atexit` with this library's DSO handle, so
+    /// a `dlclose` of the library runs the handler then instead of leaving it to call unmapped code at exit.
+    fn atexit(callback: extern "C" fn()) -> c_int;
+}
+
+/// Registers the trace's last write-out to run at process exit; false if the C library refused.
+pub(crate) fn flush_trace_at_exit() -> bool {
+    extern "C" fn at_exit() {
+        let _ = catch_unwind(trace::flush_at_exit);
+    }
+    // SAFETY: `atexit` only stores the function pointer. `at_exit` is a function of this library with the C ABI
+    // that takes and returns nothing and never unwinds (a panic stops at `catch_unwind`); it locks the trace with
+    // a timeout, so an exit while another thread records cannot hang.
+    unsafe { atexit(at_exit) == 0 }
 }

@@ -14,6 +14,14 @@
 //!
 //! Errors never cross the ABI as panics: a failing call returns NULL (or -1) and leaves a message that
 //! `umm_last_error()` returns on the same thread. Every `unsafe` of the crate is in [`ffi`].
+//!
+//! Environment, read once at the first call; an invalid value makes every allocation fail with a message naming it:
+//! - `UMM_SEGMENT_MODE` (`auto`, `plain`, `virtual`), `UMM_STRATEGY` (`pooled`, `direct`): the pools' segments.
+//! - `UMM_MAPPED_SLACK`, `UMM_SEGMENT_SLACK` (a fraction or `off`), `UMM_PAGE_SIZE` (a power of two of bytes).
+//! - `UMM_CROSS_STREAM` (`completed`, the default, `wait`, `off`): when memory freed on one stream serves another.
+//! - `UMM_HUGE_MIN` (bytes; 0, the default, is off): a pool of plain segments for huge requests.
+//! - `UMM_TRACE=path` (`{pid}`: the process id; `.gz`: gzip): every allocation and free as an `umm-trace v1`
+//!   file for `umm replay`, written out every 16,384 lines, at exit and by `umm_trace_flush()` (`trace` module).
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -21,6 +29,7 @@
 mod error;
 pub mod ffi;
 mod registry;
+mod trace;
 
 pub use error::last_error_message;
 pub use ffi::*;

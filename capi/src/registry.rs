@@ -11,6 +11,7 @@
 //! Everything here is safe Rust over plain integers (addresses and stream handles as `u64`); [`crate::ffi`]
 //! converts the C types.
 
+use crate::trace;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -32,6 +33,8 @@ struct Live {
     /// Whether it came from the device's huge pool.
     huge: bool,
     block: BlockHandle,
+    /// Its ID in the `UMM_TRACE` recording (`None`: not recording).
+    trace_id: Option<u64>,
 }
 
 /// One device's pools, or why it has none.
@@ -121,7 +124,8 @@ fn registry() -> &'static Registry {
 }
 
 /// The pool configuration: PyTorch's segment policy (the default), with `UMM_SEGMENT_MODE` (auto, plain,
-/// virtual), `UMM_MAPPED_SLACK` and `UMM_SEGMENT_SLACK` (a fraction or off), `UMM_PAGE_SIZE` (a power of two of
+/// virtual), `UMM_MAPPED_SLACK` and `UMM_SEGMENT_SLACK` (a fraction or off), `UMM_CROSS_STREAM` (off, completed,
+/// wait), `UMM_PAGE_SIZE` (a power of two of
 /// bytes: the page size of virtual reservations) and `UMM_STRATEGY` (pooled, direct) read through `var` (the
 /// environment). An error names the variable and its value.
 fn pool_config(var: impl Fn(&str) -> Option<String>) -> Result<PoolConfig, String> {
@@ -138,6 +142,10 @@ fn pool_config(var: impl Fn(&str) -> Option<String>) -> Result<PoolConfig, Strin
     if let Some(v) = var("UMM_SEGMENT_SLACK") {
         config.segment_slack = PoolConfig::parse_slack(&v)
             .ok_or_else(|| format!("UMM_SEGMENT_SLACK={v:?} is not a fraction >= 0 (0.1) or off"))?;
+    }
+    if let Some(v) = var("UMM_CROSS_STREAM") {
+        config.cross_stream =
+            v.trim().parse().map_err(|_| format!("UMM_CROSS_STREAM={v:?} is not one of off, completed, wait"))?;
     }
     if let Some(v) = var("UMM_PAGE_SIZE") {
         config.page_size = Some(match umm_backends::parse_size(&v) {
@@ -173,7 +181,9 @@ fn env_var(name: &str) -> Option<String> {
 impl Registry {
     fn discover() -> Self {
         let found = cuda::discover();
-        let config = pool_config(env_var).and_then(|c| Ok((c, huge_min(env_var)?)));
+        let config = pool_config(env_var)
+            .and_then(|c| Ok((c, huge_min(env_var)?)))
+            .and_then(|c| trace::start(env_var).map(|()| c));
         let huge_min = config.as_ref().map_or(0, |(_, h)| *h);
         let mut devices: Vec<Slot> = Vec::new();
         for device in &found.devices {
@@ -259,7 +269,9 @@ pub(crate) fn alloc(size: i64, device: i64, stream: StreamId) -> Result<u64, Str
             return Err(format!("umm_alloc: {e}"));
         }
     };
-    reg.live.lock().insert(ptr, Live { device: device as usize, stream, huge, block });
+    // Recorded before the pointer is published, so that no free of it is recorded first.
+    let trace_id = trace::record_alloc(size as u64, stream.0);
+    reg.live.lock().insert(ptr, Live { device: device as usize, stream, huge, block, trace_id });
     Ok(ptr)
 }
 
@@ -279,6 +291,7 @@ pub(crate) fn free(ptr: u64, device: i64, stream: StreamId) -> Result<(), String
     let live = reg.live.lock().remove(&ptr).ok_or_else(|| {
         format!("umm_free: {ptr:#x} (device {device}) was not allocated by umm or was already freed; nothing done")
     })?;
+    trace::record_free(live.trace_id);
     let pool = live_pool(reg, &live)?;
     let _scope = ContextScope::enter();
     if stream != live.stream {
@@ -334,6 +347,7 @@ pub(crate) fn stats_json(device: i64) -> Result<String, String> {
 /// Gives cached memory of `device` (or every device for -1) back to the driver. Returns the bytes released.
 pub(crate) fn empty_cache(device: i64) -> Result<u64, String> {
     let reg = registry();
+    let _ = trace::flush(); // a moment the program chose; a failed write was reported when it happened
     let _scope = ContextScope::enter_saving();
     Ok(reg
         .targets(device)?
@@ -388,7 +402,8 @@ mod tests {
     #[test]
     fn fuzzed_variables_are_read_or_refused_by_name() {
         let cases: u64 = std::env::var("UMM_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
-        const VARS: [&str; 6] = [
+        const VARS: [&str; 7] = [
+            "UMM_CROSS_STREAM",
             "UMM_SEGMENT_MODE",
             "UMM_MAPPED_SLACK",
             "UMM_SEGMENT_SLACK",
@@ -396,7 +411,9 @@ mod tests {
             "UMM_STRATEGY",
             "UMM_HUGE_MIN",
         ];
-        const VALUES: [&str; 24] = [
+        const VALUES: [&str; 26] = [
+            "wait",
+            "Completed",
             "",
             " ",
             "0",

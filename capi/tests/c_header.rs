@@ -40,7 +40,12 @@ fn c_program_uses_the_header() {
         .status()
         .expect("run the C compiler");
     assert!(status.success(), "compiling tests/abi_test.c failed");
-    let run = Command::new(&out).output().expect("run the C test");
+    // Cargo's LD_LIBRARY_PATH, which outranks the rpath, also holds <target>/<profile>, where a `cargo build` of
+    // another revision may have left an older libumm_capi.so: run against the library the program was linked with.
+    let mut paths = vec![lib_dir.clone()];
+    paths.extend(std::env::var_os("LD_LIBRARY_PATH").iter().flat_map(std::env::split_paths));
+    let library_path = std::env::join_paths(paths).expect("library paths");
+    let run = Command::new(&out).env("LD_LIBRARY_PATH", library_path).output().expect("run the C test");
     let _ = std::fs::remove_file(&out);
     assert!(
         run.status.success(),
