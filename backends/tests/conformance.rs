@@ -32,6 +32,7 @@ macro_rules! conformance {
                 poison_on_free_overwrites_freed_blocks,
                 limit_releases_cached_memory_retries_then_reports_out_of_memory,
                 freed_blocks_come_back_on_their_own_stream_only,
+                a_stream_takes_what_another_freed_when_shared,
                 eight_threads_allocate_write_read_and_free,
                 statistics_count_every_block_exactly
             );

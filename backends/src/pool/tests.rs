@@ -362,8 +362,10 @@ fn direct_strategy_gives_memory_back_on_free() {
 }
 
 #[test]
-fn streams_do_not_share_free_blocks() {
-    let pool = sim_pool(SegmentMode::Plain, None);
+fn without_sharing_streams_do_not_share_free_blocks() {
+    let config = PoolConfig { cross_stream: crate::CrossStream::Off, ..PoolConfig::default() };
+    let pool =
+        Pool::new(SimBackend::new("sim0", 8 << 30), PoolConfig { segment_mode: SegmentMode::Plain, ..config }).unwrap();
     let a = pool.allocate(4096, StreamId(1)).unwrap();
     pool.free(&a).unwrap();
     let b = pool.allocate(4096, StreamId(2)).unwrap();
@@ -827,7 +829,7 @@ fn cleanup_and_thread_exit_drain_thread_caches() {
 }
 
 #[test]
-fn an_out_of_memory_retry_drains_other_threads_caches() {
+fn a_miss_under_the_limit_drains_other_threads_caches() {
     // Room for one small segment and nothing else: a large request fits only once another thread's cached
     // small blocks go back and their segment is released.
     let pool = Arc::new(sim_pool(SegmentMode::Plain, Some(Limit::Bytes(2 * MIB))));
@@ -846,9 +848,11 @@ fn an_out_of_memory_retry_drains_other_threads_caches() {
     };
     cached_rx.recv().unwrap();
     assert_eq!(thread_cached_bytes(&pool), MIB);
-    let big = pool.allocate(2 * MIB, S0).expect("the retry drains the other thread's cache");
+    let big = pool.allocate(2 * MIB, S0).expect("the miss drains the other thread's cache");
     let s = pool.stats();
-    assert_eq!((s.num_alloc_retries, s.num_ooms, s.reserved_bytes.current), (1, 0, 2 * MIB));
+    // Taken back before the pool asks for new memory, so the first attempt already fits: no retry.
+    assert_eq!((s.num_alloc_retries, s.num_ooms, s.reserved_bytes.current), (0, 0, 2 * MIB));
+    assert_eq!(thread_cached_bytes(&pool), 0);
     pool.free(&big).unwrap();
     done_tx.send(()).unwrap();
     worker.join().unwrap();
@@ -1272,4 +1276,40 @@ fn a_segment_per_block_pool_never_splits_and_releases_the_tightest_covering_segm
     }
     pool.free(&e).unwrap();
     assert_eq!(pool.stats().inactive_split_bytes.current, 0, "nothing is ever split");
+}
+
+/// Free blocks parked in other threads' caches go back to the pool before it takes new memory: a thread's
+/// cached large blocks serve another thread's request instead of new pages or segments.
+#[test]
+fn another_threads_cached_blocks_serve_a_miss_before_new_memory() {
+    for mode in [SegmentMode::Plain, SegmentMode::Virtual] {
+        let pool = Arc::new(sim_pool(mode, None));
+        for slot in pool.shared.slots.iter() {
+            slot.large.store(true, Ordering::Relaxed); // as after contention: large blocks are cached
+        }
+        let (parked_tx, parked_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let worker = {
+            let pool = Arc::clone(&pool);
+            std::thread::spawn(move || {
+                let blocks: Vec<_> = (0..4).map(|_| pool.allocate(8 * MIB, S0).unwrap()).collect();
+                let lent = blocks.iter().all(|b| b.lent.is_some());
+                for b in &blocks {
+                    pool.free(b).unwrap();
+                }
+                parked_tx.send(lent).unwrap();
+                // Alive until the main thread is done: a thread's exit drains its slot.
+                done_rx.recv().unwrap();
+            })
+        };
+        assert!(parked_rx.recv().unwrap(), "{mode:?}: lent from the worker's cache");
+        assert_eq!(thread_cached_bytes(&pool), 32 * MIB, "{mode:?}: parked in the worker's slot");
+        let reserved = pool.stats().reserved_bytes.current;
+        let block = pool.allocate(16 * MIB, S0).unwrap();
+        assert_eq!(pool.stats().reserved_bytes.current, reserved, "{mode:?}: the worker's blocks served it");
+        assert_eq!(thread_cached_bytes(&pool), 0, "{mode:?}: taken back from the worker's slot");
+        pool.free(&block).unwrap();
+        done_tx.send(()).unwrap();
+        worker.join().unwrap();
+    }
 }

@@ -310,6 +310,17 @@ impl ThreadCache {
         cache.bytes = 0;
     }
 
+    /// Takes out every free block of streams other than `keep`, handing each to `out`.
+    pub(super) fn drain_other_streams(&mut self, keep: StreamId, mut out: impl FnMut(Returned)) {
+        for cache in self.arenas.iter_mut().filter(|a| a.stream != keep && !a.quick.is_empty()) {
+            let arena = cache.arena;
+            cache.quick.shrink();
+            cache.quick.drain(|block| out(Returned { arena, block }));
+            self.bytes -= cache.bytes;
+            cache.bytes = 0;
+        }
+    }
+
     /// Whether the slot holds any free block.
     pub(super) fn holds_any(&self) -> bool {
         self.bytes > 0

@@ -5,7 +5,9 @@ use crate::common::pattern;
 use crate::fixtures::Fixture;
 use std::sync::Arc;
 use umm_backends::pool::POISON_BYTE;
-use umm_backends::{BlockHandle, Error, Limit, MemoryPool, OwnedBlock, PoolConfig, SegmentMode, Strategy, StreamId};
+use umm_backends::{
+    BlockHandle, CrossStream, Error, Limit, MemoryPool, OwnedBlock, PoolConfig, SegmentMode, Strategy, StreamId,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -346,11 +348,13 @@ pub fn limit_releases_cached_memory_retries_then_reports_out_of_memory(fx: &Fixt
     pool.free(&c).unwrap();
 }
 
-/// A block freed on a stream is reused at once on that stream, and never handed to another stream while cached.
+/// Without sharing across streams, a block freed on a stream is reused at once on that stream, and never handed
+/// to another stream while cached.
 pub fn freed_blocks_come_back_on_their_own_stream_only(fx: &Fixture) {
     let [s1, s2] = fx.streams;
     // No segment slack: an empty segment cached for s1 stays, rather than making room for s2's.
-    let pool = fx.pool(PoolConfig { segment_slack: None, ..fx.config() });
+    let config = PoolConfig { segment_slack: None, cross_stream: CrossStream::Off, ..fx.config() };
+    let pool = fx.pool(config);
     for size in [4096u64, 3 * MIB] {
         let a = pool.allocate(size, s1).unwrap();
         let place = (a.segment_index(), a.offset(), a.key());
@@ -379,6 +383,38 @@ pub fn freed_blocks_come_back_on_their_own_stream_only(fx: &Fixture) {
             pool.free(&d).unwrap();
         }
         pool.free(&c).unwrap();
+    }
+}
+
+/// With sharing across streams (the default), memory a stream freed serves another stream's miss instead of new
+/// memory once the giving stream's work has passed (here nothing is queued), and the bytes written through the
+/// new block are its own.
+pub fn a_stream_takes_what_another_freed_when_shared(fx: &Fixture) {
+    let [s1, s2] = fx.streams;
+    for size in [4096u64, 3 * MIB] {
+        let pool = fx.pool(fx.config());
+        let a = pool.allocate(size, s1).unwrap();
+        pool.free(&a).unwrap();
+        let before = pool.stats();
+        let b = pool.allocate(size, s2).unwrap();
+        let after = pool.stats();
+        assert_eq!(after.reserved_bytes.current, before.reserved_bytes.current, "{} {size}: {after:?}", fx.label);
+        let moved = after.num_segments_shared + after.num_pages_shared;
+        assert!(moved > before.num_segments_shared + before.num_pages_shared, "{} {size}: {after:?}", fx.label);
+        if fx.holds_bytes && fx.host_writes {
+            pool.write(&b, 0, &pattern(size as usize, 3)).unwrap();
+            assert_eq!(read(&pool, &b, 0, size as usize), pattern(size as usize, 3), "{}", fx.label);
+        }
+        pool.free(&b).unwrap();
+        // With sharing off (and no segment slack, which would destroy s1's empty segment first), the same steps
+        // take new memory.
+        let off = fx.pool(PoolConfig { cross_stream: CrossStream::Off, segment_slack: None, ..fx.config() });
+        let a = off.allocate(size, s1).unwrap();
+        off.free(&a).unwrap();
+        let before = off.stats().reserved_bytes.current;
+        let b = off.allocate(size, s2).unwrap();
+        assert!(off.stats().reserved_bytes.current > before, "{} {size}: new memory when off", fx.label);
+        off.free(&b).unwrap();
     }
 }
 
