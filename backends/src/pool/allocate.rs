@@ -443,31 +443,37 @@ impl<B: Backend> Pool<B> {
         Ok((alloc, false))
     }
 
-    /// Before the pool takes new memory for `size` bytes in `arena`: the free blocks other threads' caches hold
-    /// go back to the pool, coalesced, and the arena is asked again. A thread cache keeps up to
-    /// `thread_cache_large_bytes` (1 GiB) of large blocks per stream once its thread has met contention; parked
-    /// there, they are reserved memory no other thread can use, and an inference server of 4 threads through
-    /// PyTorch reserved 4.4-4.9 × its peak of allocated memory with them (H100, `bench_serve.py`, against 3.5
-    /// for PyTorch's allocator). A slot whose lock is taken keeps its blocks (the lock order forbids waiting
-    /// for it here). Not where every block is a segment: whole blocks do not coalesce, so taking other threads'
-    /// caches rarely makes a fit there and would empty them at every miss (see [`Pool::allocate_through_pool`]).
-    /// O(slots) on a miss that would otherwise take new memory.
+    /// Before the pool takes new memory for `size` bytes in `arena`, where streams share memory: the free blocks
+    /// other threads' caches hold for other streams go back to their arenas, coalesced, where `share` can move
+    /// them, and the arena is asked again. A thread cache keeps up to `thread_cache_large_bytes` (1 GiB) of large
+    /// blocks per stream once its thread has met contention; an inference server of 4 threads, each on its own
+    /// stream, reserved 4.4-4.9 × its peak of allocated memory through PyTorch with them (H100,
+    /// `bench_serve.py`; PyTorch's allocator 3.5), 1.5 when other threads' caches were taken back at every such
+    /// miss. A thread's blocks of its own miss's stream stay: taking back every cache at every miss that would
+    /// grow the pool, the caches of 16 threads on one stream emptied each other about 5,000 times in 0.6 s and
+    /// the threads example fell from 132-190 M pairs/s to 20-27 (large) and 113-184 to 14-17 (small); limited to
+    /// once per eighth of growth, the server's memory went back to 4.2 ×. A slot whose lock is taken keeps its
+    /// blocks (the lock order forbids waiting for it here). Not where every block is a segment: whole blocks do
+    /// not coalesce (see [`Pool::allocate_through_pool`]). O(slots) on such a miss.
     pub(super) fn reclaim_thread_caches(
         &self,
         state: &mut State<B::Segment>,
         arena: usize,
         size: u64,
     ) -> Option<Allocation> {
-        if self.whole_blocks {
+        if self.whole_blocks || !self.shares_across_streams(state) {
             return None;
         }
+        let stream = state.arenas[arena].stream;
         let mut reclaimed = false;
         for slot in self.shared.slots.iter() {
             let Some(mut cache) = slot.cache.try_lock() else { continue };
             if cache.holds_any() {
                 slot.fold(&mut cache, &mut state.stats);
-                cache.drain(|r| state.take_back(r, true));
-                reclaimed = true;
+                cache.drain_other_streams(stream, |r| {
+                    state.take_back(r, true);
+                    reclaimed = true;
+                });
             }
         }
         if !reclaimed {
