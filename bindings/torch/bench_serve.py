@@ -63,14 +63,11 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bench_train import ALLOC_CONF_VARS, EXPANDABLE_ENV, expandable_segments_on  # noqa: E402 - the file beside
+
 WORKS = ("serve", "generate")
 ALLOCS = ("pytorch", "expandable", "umm")
-# PyTorch's allocator settings (PYTORCH_ALLOC_CONF is the newer name): dropped from every worker's environment, then
-# set for the expandable worker alone. PYTORCH_CUDA_ALLOC_CONF is the name that torch 2.9 still honours for
-# expandable_segments where the newer one was ignored (pytorch/pytorch#183387); newer versions warn that it is
-# deprecated but read it.
-ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
-EXPANDABLE_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 # Request shapes, inclusive ranges.
 SERVE_BATCH, SERVE_SEQ = (1, 32), (16, 512)
@@ -78,22 +75,6 @@ GEN_BATCH, GEN_PROMPT, GEN_NEW = (1, 8), (16, 256), (64, 256)  # at most 512 pos
 
 
 # ----------------------------------------------------------------------------------------------------- worker side
-
-
-def expandable_segments_on(torch):
-    """Whether PyTorch's caching allocator runs with expandable segments, from its memory snapshot; None where this
-    torch does not say (or the allocator is not PyTorch's)."""
-    try:
-        snap = torch.cuda.memory._snapshot()
-    except Exception:
-        return None
-    settings = snap.get("allocator_settings") or {}
-    if "expandable_segments" in settings:
-        return bool(settings["expandable_segments"])
-    segments = snap.get("segments") or []
-    if segments and "is_expandable" in segments[0]:
-        return any(seg["is_expandable"] for seg in segments)
-    return None
 
 
 class Memory:
