@@ -237,9 +237,19 @@ fn check_fit(shadow: &Shadow, runs: &[Run], size: u64, got: Option<&Allocation>)
     assert!(run.len >= a.size, "{a:?} runs past its free run {run:?}");
     let best = best.expect("a run held it");
     if runs.len() <= FIT_SCAN_LIMIT {
-        // Every block of the request's class was examined, so the choice is the best there, or the head of the
-        // next class, whose blocks differ by less than 1/32 (below 32 bytes, classes are exact sizes).
-        assert!(run.len <= best + best / 32, "{rounded} bytes from a run of {} while one of {best} was free", run.len);
+        // Every block of the request's class was examined: where one of them fits, the choice is the tightest of
+        // them, exactly; where none does, it is a block of the first class above holding a free block (the
+        // engine takes that class's head: its blocks differ by less than 1/32, and every one fits).
+        if bins::bin_of(best) == bins::bin_of(rounded) {
+            assert_eq!(run.len, best, "{rounded} bytes from a run of {} while one of {best} was free", run.len);
+        } else {
+            assert_eq!(
+                bins::bin_of(run.len),
+                bins::bin_of(best),
+                "{rounded} bytes from a run of {} in another class than the tightest fit, {best}",
+                run.len
+            );
+        }
     }
 }
 
@@ -518,6 +528,23 @@ fn best_fit_prefers_the_tightest_hole() {
     e.free(b.block).unwrap();
     let c = e.allocate(4000).unwrap();
     assert_eq!((c.segment, c.offset), (seg, b.offset), "4000 B goes into the 4 KiB hole, not the 8 KiB one");
+}
+
+/// Holes of one size class: the tightest one serves, not the class's first (most recently freed) one.
+#[test]
+fn best_fit_within_one_class_takes_the_tightest_hole() {
+    let mut e = Engine::new(8).unwrap();
+    let seg = e.add_segment(1 << 20).unwrap();
+    // Holes of 4,200 and 4,152 bytes (one class: [4096, 4224)), the wider one freed last, so it heads the class.
+    let tight = e.allocate(4152).unwrap();
+    let _sep1 = e.allocate(64).unwrap();
+    let wide = e.allocate(4200).unwrap();
+    let _sep2 = e.allocate(64).unwrap();
+    assert_eq!(bins::bin_of(4152), bins::bin_of(4200), "one class");
+    e.free(tight.block).unwrap();
+    e.free(wide.block).unwrap();
+    let c = e.allocate(4104).unwrap();
+    assert_eq!((c.segment, c.offset), (seg, tight.offset), "4,104 B goes into the 4,152 B hole");
 }
 
 #[test]
