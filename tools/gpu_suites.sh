@@ -27,9 +27,13 @@ case $mode in
     cd "$(dirname "$0")/.."
     mkdir -p "$dir/bin"
     cargo build --bin umm
+    # A package id names its package after '#' (`path+file:///w/umm-main#umm@0.1.0`), except where the package's
+    # name is its folder's, when only the version follows (`path+file:///w/umm#0.1.0`): then the folder names it.
     cargo test --workspace --no-run --message-format=json 2>/dev/null |
       jq -r 'select(.reason == "compiler-artifact" and .profile.test == true and .executable != null)
-             | "\(.package_id | capture("#(?<n>[^@]+)@").n) \(.target.name) \(.executable)"' |
+             | (.package_id | if test("#[^@/]+@") then capture("#(?<n>[^@/]+)@").n
+                 else capture("/(?<n>[^/#]+)#").n end) as $package
+             | "\($package) \(.target.name) \(.executable)"' |
       while read -r package target exe; do
         case " $SUITES " in
           *" $package:$target "*)
