@@ -925,6 +925,14 @@ fn eight_threads_keep_data_and_statistics_exact() {
     }
 }
 
+/// Returns once some thread has found the pool's lock taken (it marks its slot to cache large blocks just before
+/// it waits), so that a test holding the lock knows the other thread is waiting for it, without sleeping.
+fn wait_until_a_thread_contends<B: Backend>(pool: &Pool<B>) {
+    while !pool.shared.slots.iter().any(|slot| slot.large.load(Ordering::Relaxed)) {
+        std::thread::yield_now();
+    }
+}
+
 #[test]
 fn large_blocks_are_cached_only_by_threads_that_met_contention() {
     let pool = Arc::new(sim_pool(SegmentMode::Auto, None));
@@ -954,7 +962,7 @@ fn large_blocks_are_cached_only_by_threads_that_met_contention() {
             after.lent.is_none()
         })
     };
-    std::thread::sleep(std::time::Duration::from_millis(50));
+    wait_until_a_thread_contends(&pool);
     drop(held);
     let (cached, same) = cached_rx.recv().expect("the worker runs");
     assert!(cached, "lent from the thread's cache once the thread met contention");
@@ -993,7 +1001,7 @@ fn a_contending_thread_keeps_large_blocks_through_misses_and_gives_them_back_whe
             (cached, kept)
         })
     };
-    std::thread::sleep(std::time::Duration::from_millis(50));
+    wait_until_a_thread_contends(&pool);
     drop(held);
     let (cached, kept) = worker.join().unwrap();
     assert_eq!(cached, 48 * MIB, "three 16 MiB blocks cached");
