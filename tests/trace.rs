@@ -97,8 +97,12 @@ fn error_of(file: &str, body: &str) -> String {
 
 #[test]
 fn every_malformed_line_is_an_error_naming_file_line_and_problem() {
-    let cases: [(&str, &str, &str); 11] = [
+    let cases: [(&str, &str, &str); 14] = [
         ("unknown_op", "x 1 2 3\n", "unknown op `x`"),
+        // Signs are not dropped: `-5` bytes is an error, not 5 bytes.
+        ("negative_bytes", "a 2 -5 0\n", "BYTES `-5` is not a non-negative integer"),
+        ("negative_stream", "a 2 4096 -1\n", "STREAM `-1` is not a non-negative integer"),
+        ("negative_alloc_id", "a -2 4096 0\n", "ID `-2` is not a non-negative integer"),
         ("missing_bytes", "a 2\n", "missing its BYTES"),
         ("missing_stream", "a 2 4096\n", "missing its STREAM"),
         ("missing_free_id", "f\n", "missing its ID"),

@@ -236,6 +236,19 @@ fn pressure_skips_busy_devices_then_falls_back_to_pinned_host_memory() {
     assert_eq!(d.pool, PoolKind::HostPinned);
 }
 
+/// The threshold itself is not pressure: a device exactly 90% used is chosen, one a byte fuller is skipped.
+#[test]
+fn a_device_exactly_at_the_pressure_threshold_is_not_under_pressure() {
+    let at = gpu(1, 10 * GIB, GIB);
+    assert_eq!(at.used_fraction(), DecisionConfig::default().pressure_threshold, "exactly at the threshold");
+    let d = decide(auto(MEDIUM, AccessPattern::Unknown), &[host(0), at]);
+    assert_eq!((d.device, d.pool), (1, PoolKind::DeviceLocal), "{}", d.reason());
+    let past = gpu(1, 10 * GIB, GIB - 1);
+    let d = decide(auto(MEDIUM, AccessPattern::Unknown), &[host(0), past]);
+    assert_eq!(d.pool, PoolKind::HostPinned, "{}", d.reason());
+    assert!(d.reason().contains("above the 90% pressure threshold"), "{}", d.reason());
+}
+
 #[test]
 fn a_request_that_does_not_fit_skips_the_device() {
     let small = gpu(1, 8 * GIB, 4 * GIB);
