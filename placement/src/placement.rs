@@ -197,7 +197,7 @@ mod tests {
         assert_eq!(AccessPattern::from_str("Host-Frequent"), Ok(AccessPattern::HostFrequent));
         assert_eq!(PoolKind::from_str("device_local"), Ok(PoolKind::DeviceLocal));
         assert_eq!(SizeClass::from_str("LARGE"), Ok(SizeClass::Large));
-        assert!(Placement::from_str("vram").is_err());
+        assert_eq!(Placement::from_str("vram"), Err(strum::ParseError::VariantNotFound));
     }
 
     #[test]
@@ -234,7 +234,7 @@ mod tests {
         assert_eq!(err, Error::InvalidThresholds { small_max: 16 << 20, medium_max: 64 << 10 });
         let msg = err.to_string();
         assert!(msg.contains("small_max (16777216 B) must be less than medium_max (65536 B)"), "{msg}");
-        assert!(Thresholds::new(5, 5).is_err());
+        assert_eq!(Thresholds::new(5, 5), Err(Error::InvalidThresholds { small_max: 5, medium_max: 5 }));
     }
 
     #[test]

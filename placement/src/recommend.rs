@@ -451,6 +451,8 @@ mod tests {
         let msg = bad.validate().unwrap_err().to_string();
         assert!(msg.contains("device_share: 0.6"), "{msg}");
         let bad = RecommendConfig { pinned_share: f64::NAN, ..RecommendConfig::default() };
-        assert!(bad.validate().is_err());
+        assert!(
+            matches!(bad.validate(), Err(Error::InvalidConfig { field: "pinned_share", ref value, .. }) if value == "NaN")
+        );
     }
 }

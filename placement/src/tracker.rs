@@ -354,9 +354,16 @@ mod tests {
         let cfg = TrackerConfig { buffer_cap: 0, ..TrackerConfig::default() };
         let msg = UsageTracker::with_config(cfg).unwrap_err().to_string();
         assert!(msg.contains("buffer_cap"), "{msg}");
-        assert!(UsageTracker::new(Thresholds { small_max: 10, medium_max: 10 }).is_err());
+        assert!(matches!(
+            UsageTracker::new(Thresholds { small_max: 10, medium_max: 10 }),
+            Err(Error::InvalidThresholds { small_max: 10, medium_max: 10 })
+        ));
         let t = UsageTracker::default();
-        assert!(t.decay(1.5).is_err());
-        assert!(t.decay(f64::NAN).is_err());
+        for bad in [1.5, -0.1, f64::NAN] {
+            assert!(
+                matches!(t.decay(bad), Err(Error::InvalidConfig { field: "decay factor", ref value, .. }) if *value == bad.to_string()),
+                "{bad}"
+            );
+        }
     }
 }
