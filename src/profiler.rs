@@ -680,7 +680,11 @@ static TRACE_PATHS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 impl TraceRecorder {
     fn create(asked: &Path) -> crate::Result<Self> {
         let path = unique_trace_path(asked);
-        let io_error = |source| Error::Io { path: path.display().to_string(), source };
+        // Named as the user asked for it: the variable or the builder call is what they can change.
+        let io_error = |source| Error::Io {
+            path: format!("{} (the trace file asked for with UMM_TRACE or Builder::record_trace)", path.display()),
+            source,
+        };
         let mut writer = TraceWriter::create(&path).map_err(io_error)?;
         let program = std::env::args().next().unwrap_or_default();
         writer

@@ -7,7 +7,7 @@ use crate::UmmConfig;
 use parking_lot::Mutex;
 use std::fmt;
 use std::sync::{Arc, Weak};
-use umm_backends::{DeviceInfo, HostBackend, MemoryPool, Pool, PoolConfig, PoolPlacement, SimBackend};
+use umm_backends::{DeviceInfo, HostBackend, MemoryPool, Pool, PoolConfig, PoolPlacement, SegmentMode, SimBackend};
 use umm_placement::{Api, DeviceKind, DeviceView, PoolKind};
 
 /// The pool of an adopted buffer, held weakly: it lives as long as its buffer.
@@ -163,7 +163,22 @@ impl Device {
         if let Some((_, _, pool)) = pools.iter().find(|(a, k, _)| *a == entry.api && *k == kind) {
             return Ok(Arc::clone(pool));
         }
-        let pool = (entry.factory)(placement, config)?;
+        let pool = match (entry.factory)(placement, config) {
+            // `virtual` asks for reservations where the device has them (`UMM_SEGMENT_MODE`'s documentation): the
+            // host and devices without virtual memory keep plain segments rather than refuse every allocation.
+            Err(e) if e.is_invalid_config() && config.segment_mode == SegmentMode::Virtual => {
+                let plain = PoolConfig { segment_mode: SegmentMode::Auto, ..config.clone() };
+                let pool = (entry.factory)(placement, &plain).map_err(|_| e)?;
+                log::info!(
+                    "segment_mode virtual (UMM_SEGMENT_MODE): {} through {} has no virtual memory; its {kind} pool \
+                     uses plain segments",
+                    self.name,
+                    entry.api
+                );
+                pool
+            }
+            other => other?,
+        };
         pools.push((entry.api, kind, Arc::clone(&pool)));
         Ok(pool)
     }

@@ -282,6 +282,36 @@ fn a_larger_page_size_maps_device_memory_in_whole_pages() {
     assert!(err.to_string().contains("page_size"), "{err}");
 }
 
+/// `segment_mode: virtual` (`UMM_SEGMENT_MODE=virtual`) means virtual reservations where the device has them:
+/// host memory keeps plain segments and serves every placement, and a device with virtual memory reserves.
+#[test]
+fn virtual_segments_are_used_where_the_device_has_them_and_host_memory_still_serves() {
+    let mut config = umm::UmmConfig::default();
+    config.pool.segment_mode = umm::SegmentMode::Virtual;
+    let mm = UniversalMemoryManager::builder()
+        .config(config)
+        .backends(false, false, false)
+        .simulated_device(8 << 30)
+        .build()
+        .unwrap();
+    for placement in [Placement::HostPinned, Placement::Auto] {
+        let on_host = mm
+            .allocate_universal_with::<u8>(
+                4 << 20,
+                AllocOptions::new().placement(placement).device(DeviceSelector::Host),
+            )
+            .unwrap_or_else(|e| panic!("{placement:?} on the host: {e}"));
+        assert_eq!(on_host.device().index(), 0);
+    }
+    let device =
+        mm.allocate_universal_with::<u8>(20 << 20, AllocOptions::new().placement(Placement::DeviceLocal)).unwrap();
+    assert_eq!(device.device().index(), 1);
+    let snapshot = mm.snapshot();
+    let on_device = snapshot.pools.iter().filter(|p| p.device == 1);
+    let reservation = on_device.flat_map(|p| &p.segments).any(|s| s.virtual_reservation);
+    assert!(reservation, "the simulated device's large block lives in a reservation");
+}
+
 #[test]
 fn auto_avoids_a_device_under_pressure() {
     let mm = UniversalMemoryManager::builder()

@@ -356,6 +356,18 @@ fn plot_of_a_snapshot_has_a_panel_per_device_and_merges_small_allocations_when_a
 }
 
 #[test]
+fn a_trace_file_that_cannot_be_created_is_named_with_how_it_was_asked_for() {
+    let err = UniversalMemoryManager::builder()
+        .backends(false, false, false)
+        .record_trace("/nonexistent/dir/x.trace")
+        .build()
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("/nonexistent/dir/x.trace") && err.contains("UMM_TRACE or Builder::record_trace"), "{err}");
+}
+
+#[test]
 fn a_recorded_trace_replays_to_the_same_peak_live_bytes() {
     for name in ["recorded.trace", "recorded.trace.gz"] {
         let path = temp_dir().join(name);
