@@ -304,3 +304,24 @@ fn below_the_live_peak_each_stream_keeps_its_own_free_memory() {
         pool.free(&block).expect("frees");
     }
 }
+
+/// A segment far larger than the one the miss would make stays with its stream: taken, most of it would sit idle
+/// in the taker's arena while its own stream, needing it back, made another.
+#[test]
+fn an_empty_segment_much_larger_than_the_request_is_not_taken() {
+    let pool = pool(Memory::Plain, CrossStream::Completed);
+    let wide = pool.allocate(64 * MIB, S1).expect("allocates");
+    pool.free(&wide).expect("frees");
+    let block = pool.allocate(BIG, S2).expect("allocates");
+    assert_eq!(reserved(&pool), 64 * MIB + BIG, "a segment of its own size");
+    assert_eq!(shared(&pool), 0);
+    pool.free(&block).expect("frees");
+    // One at most a quarter larger than what the miss would make is taken.
+    let pool = self::pool(Memory::Plain, CrossStream::Completed);
+    let near = pool.allocate(BIG + BIG / 4, S1).expect("allocates");
+    pool.free(&near).expect("frees");
+    let block = pool.allocate(BIG, S2).expect("allocates");
+    assert_eq!(reserved(&pool), BIG + BIG / 4, "taken");
+    assert_eq!(shared(&pool), 1);
+    pool.free(&block).expect("frees");
+}
