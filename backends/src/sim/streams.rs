@@ -15,6 +15,8 @@ pub struct SimStreamLog {
     pub marks_live: u64,
     /// Every device-side wait: (the stream made to wait, the stream it waits for).
     pub waits: Vec<(StreamId, StreamId)>,
+    /// Unmaps that waited for their stream (held or not): each a `cuStreamSynchronize` on a GPU.
+    pub waited_unmaps: u64,
     /// Unmaps that waited for a held stream: the host would have blocked until its work ran (the model lets it
     /// finish).
     pub host_waits: u64,
@@ -96,6 +98,7 @@ impl SimStreams {
 
     /// Pages of `stream`'s arena unmapped, after waiting for the stream or not.
     pub(super) fn unmapped(&mut self, stream: StreamId, wait: bool) {
+        self.log.waited_unmaps += u64::from(wait);
         if !self.is_held(stream) {
             return;
         }
