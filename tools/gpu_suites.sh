@@ -48,6 +48,9 @@ case $mode in
     cp "$built/umm" "$dir/bin/target-debug/umm"
     strip "$dir/bin/target-debug/umm" 2>/dev/null || true
     echo "$built" >"$dir/bin/target-debug/path"
+    # observability's plot test reads a committed trace, beside where it runs when not where it was built.
+    mkdir -p "$dir/examples/traces"
+    cp examples/traces/resnet50_train.trace.gz "$dir/examples/traces/"
     cp "$0" "$dir/gpu_suites.sh"
     ls "$dir/bin"
     ;;
