@@ -147,10 +147,7 @@ impl<B: Backend> Pool<B> {
                 // so that thread caches never make the pool reserve more; where streams share, the thread's
                 // blocks of its other streams too, whose segments may then serve this one (see `share`).
                 cache.drain_arena(arena as u32, |r| state.take_back(r, true));
-                if self.shares_across_streams(&state) {
-                    cache.drain_other_streams(stream, |r| state.take_back(r, true));
-                }
-                self.allocate_locked(&mut state, bytes, stream)?
+                self.allocate_sharing_own_cache(&mut state, &mut cache, bytes, stream)?
             }
             // Large blocks are cached only by threads that contend, for whom a cache emptied at every miss would
             // be no cache: the pool grows instead, by at most the cache's bound, and gets the blocks back when it
@@ -182,10 +179,9 @@ impl<B: Backend> Pool<B> {
         Ok(BlockHandle { block: parked, lent: Some(lent), ..handle })
     }
 
-    /// A miss of a large block, or of any where every block is a segment, past the calling thread's own cache
-    /// (`cache`, whose lock it holds): the blocks this thread keeps for its other streams go back to the pool
-    /// first when the pool shares memory across streams, since they may then serve this stream (see `share`);
-    /// its blocks of this stream stay (see the caller).
+    /// A miss past the calling thread's own cache (`cache`, whose lock it holds): the blocks this thread keeps for
+    /// its other streams go back to the pool first when the pool shares memory across streams, since they may then
+    /// serve this stream (see `share`); its blocks of this stream are the caller's to drain or keep.
     fn allocate_sharing_own_cache(
         &self,
         state: &mut State<B::Segment>,

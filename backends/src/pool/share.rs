@@ -66,7 +66,7 @@ impl<B: Backend> Pool<B> {
             }
             match (covers, mark.passed, policy) {
                 (true, true, _) => return Donor::Passed,
-                (true, false, CrossStream::Wait) => return self.order(taker_stream, &arena.mark),
+                (true, false, CrossStream::Wait) => return self.order(taker_stream, &mark.mark),
                 (_, false, _) => return Donor::NotYet,
                 (false, true, _) => {}
             }
@@ -82,12 +82,13 @@ impl<B: Backend> Pool<B> {
             Ok(Some(mark)) => {
                 state.stats.num_device_calls += 1;
                 let passed = self.backend.mark_passed(&mark);
-                arena.mark = Some(ArenaMark { mark, epoch, passed });
-                match (passed, policy) {
+                let donor = match (passed, policy) {
                     (true, _) => Donor::Passed,
-                    (false, CrossStream::Wait) => self.order(taker_stream, &arena.mark),
+                    (false, CrossStream::Wait) => self.order(taker_stream, &mark),
                     (false, _) => Donor::NotYet,
-                }
+                };
+                arena.mark = Some(ArenaMark { mark, epoch, passed });
+                donor
             }
             Err(e) => {
                 log::debug!("{}: marking a stream before sharing its free memory failed: {e}", self.backend.name());
@@ -97,9 +98,8 @@ impl<B: Backend> Pool<B> {
     }
 
     /// Makes `taker` wait on the device for `mark`.
-    fn order(&self, taker: crate::StreamId, mark: &Option<ArenaMark>) -> Donor {
-        let mark = mark.as_ref().expect("a mark was just found or recorded");
-        match self.backend.wait_for_mark(taker, &mark.mark) {
+    fn order(&self, taker: crate::StreamId, mark: &crate::StreamMark) -> Donor {
+        match self.backend.wait_for_mark(taker, mark) {
             Ok(()) => Donor::Ordered,
             Err(e) => {
                 log::warn!("{}: ordering one stream after another failed: {e}", self.backend.name());
@@ -165,10 +165,10 @@ impl<B: Backend> Pool<B> {
 
     /// Before virtual `arena` maps `missing` bytes of new pages: unmaps up to that many bytes of free pages that
     /// other streams' reservations hold, from streams whose marks allow it, so that the mapping reuses their
-    /// physical memory instead of taking more. Returns the bytes unmapped. O(arenas + free blocks visited).
-    pub(super) fn take_free_pages(&self, state: &mut State<B::Segment>, arena: usize, missing: u64) -> u64 {
+    /// physical memory instead of taking more. O(arenas + free blocks visited).
+    pub(super) fn take_free_pages(&self, state: &mut State<B::Segment>, arena: usize, missing: u64) {
         if missing == 0 || !self.should_share(state, missing) {
-            return 0;
+            return;
         }
         let page = self.page_size.expect("virtual arenas exist only with virtual memory");
         let (round, mut taken) = (state.cleanup_round, 0);
@@ -194,6 +194,5 @@ impl<B: Backend> Pool<B> {
             state.stats.num_pages_shared += pages;
             taken += bytes;
         }
-        taken
     }
 }
