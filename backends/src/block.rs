@@ -141,6 +141,8 @@ pub trait MemoryPool: sealed::Sealed + Send + Sync + 'static {
     fn snapshot(&self) -> crate::pool::PoolSnapshot;
     /// See [`Pool::reset_peaks`].
     fn reset_peaks(&self);
+    /// See [`Pool::mark_step`].
+    fn mark_step(&self) -> crate::pool::StepReport;
     /// See [`Pool::release_cached`].
     fn release_cached(&self) -> TrimReport;
     /// See [`Pool::cleanup`].
@@ -227,6 +229,9 @@ impl MemoryPool for PoolLease {
     fn reset_peaks(&self) {
         self.0.reset_peaks()
     }
+    fn mark_step(&self) -> crate::pool::StepReport {
+        self.0.mark_step()
+    }
     fn release_cached(&self) -> TrimReport {
         self.0.release_cached()
     }
@@ -291,6 +296,9 @@ impl<B: Backend> MemoryPool for Pool<B> {
     }
     fn reset_peaks(&self) {
         Pool::reset_peaks(self)
+    }
+    fn mark_step(&self) -> crate::pool::StepReport {
+        Pool::mark_step(self)
     }
     fn snapshot(&self) -> crate::pool::PoolSnapshot {
         Pool::snapshot(self)

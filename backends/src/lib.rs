@@ -1,5 +1,6 @@
-//! umm's backends: the segment-block [`engine`], the generic [`Pool`] built on it, and the device backends that
-//! create segments and move bytes (host and sim always; CUDA, OpenCL and wgpu behind cargo features).
+//! umm's backends: the segment-block [`engine`], the generic [`Pool`] built on it, the device backends that
+//! create segments and move bytes (host and sim always; CUDA, OpenCL and wgpu behind cargo features), and the
+//! offline memory planner's solver ([`plan`]), which places allocations of known lifetimes in one block.
 //!
 //! Data flows one way: a pool asks the engine where a block goes (offsets only) and asks its [`Backend`] for
 //! segments. Backends never see the engine; the engine never sees a device.
@@ -22,6 +23,7 @@ mod host_ptr;
 mod lock;
 #[cfg(feature = "opencl")]
 pub mod opencl;
+pub mod plan;
 pub mod pool;
 pub mod sim;
 pub mod stats;
@@ -41,7 +43,7 @@ pub use host::{host_memory, HostBackend};
 pub use lock::{LeanGuard, LeanMutex};
 pub use pool::{
     parse_size, BlockSnapshot, CrossStream, Limit, Pool, PoolConfig, PoolSnapshot, SegmentMode, SegmentSnapshot,
-    Strategy, TrimReport, DEFAULT_PAGE_UNLIMITED,
+    StepOutcome, StepReport, Strategy, TrimReport, DEFAULT_PAGE_UNLIMITED, MISSES_TO_DROP, REPEATS_TO_PLAN,
 };
 pub use sim::{SimBackend, SimStreamLog};
 pub use stats::{PoolStats, Stat};

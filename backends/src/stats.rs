@@ -72,6 +72,18 @@ pub struct PoolStats {
     pub num_segments_shared: u64,
     /// Pages unmapped in one stream's reservation so that another stream's could map their memory.
     pub num_pages_shared: u64,
+    /// Step ends marked ([`crate::MemoryPool::mark_step`]).
+    pub num_steps: u64,
+    /// Plans made from repeating steps.
+    pub num_step_plans: u64,
+    /// Steps that ran as their plan foresaw (same allocations, sizes, streams and frees, in order).
+    pub num_steps_planned: u64,
+    /// Allocations served at their planned offset in a step's planned segment.
+    pub num_planned_allocs: u64,
+    /// Allocations a plan foresaw that went to the pool instead: their range was not free (the step deviated).
+    pub num_plan_fallbacks: u64,
+    /// Bytes of the planned segments held now (counted in `reserved_bytes` too).
+    pub planned_bytes: u64,
     /// Allocations that failed first, released cached memory and were retried.
     pub num_alloc_retries: u64,
     /// Allocations that failed for good with out of memory.
@@ -123,6 +135,12 @@ impl PoolStats {
         self.num_device_calls += other.num_device_calls;
         self.num_segments_shared += other.num_segments_shared;
         self.num_pages_shared += other.num_pages_shared;
+        self.num_steps += other.num_steps;
+        self.num_step_plans += other.num_step_plans;
+        self.num_steps_planned += other.num_steps_planned;
+        self.num_planned_allocs += other.num_planned_allocs;
+        self.num_plan_fallbacks += other.num_plan_fallbacks;
+        self.planned_bytes += other.planned_bytes;
         self.num_alloc_retries += other.num_alloc_retries;
         self.num_ooms += other.num_ooms;
         self.limit_bytes = match (self.limit_bytes, other.limit_bytes) {

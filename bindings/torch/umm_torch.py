@@ -69,6 +69,8 @@ def load(path=None):
     lib.umm_set_limit.argtypes = [ctypes.c_int, ctypes.c_uint64]
     lib.umm_reset_peaks.restype = ctypes.c_int
     lib.umm_reset_peaks.argtypes = [ctypes.c_int]
+    lib.umm_mark_step.restype = ctypes.c_int
+    lib.umm_mark_step.argtypes = [ctypes.c_int]
     _lib, _lib_path = lib, path
     return lib
 
@@ -185,6 +187,16 @@ def reset_peak_memory_stats(device=None):
 
         return torch.cuda.reset_peak_memory_stats(device)
     if load().umm_reset_peaks(-1 if device is None else _device_index(device)) != 0:
+        raise RuntimeError(last_error())
+
+
+def step(device=None):
+    """Marks the end of a training or inference step (call it at the same point of every step, e.g. after
+    optimizer.step()). Once two steps in a row allocate alike, umm serves the tensors that live within a step from
+    one planned segment of the step's peak size. Does nothing under PyTorch's own allocator."""
+    if not enabled():
+        return
+    if load().umm_mark_step(-1 if device is None else _device_index(device)) != 0:
         raise RuntimeError(last_error())
 
 

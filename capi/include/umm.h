@@ -60,6 +60,7 @@ void umm_clear_error(void);
 /* Statistics of `device`'s pool as a JSON object, named like torch.cuda.memory_stats(): allocated_bytes,
  * requested_bytes, reserved_bytes, active_bytes, inactive_split_bytes, active_blocks, segments (each
  * {"current","peak"}), num_allocs, num_frees, cache_hits, cache_misses, num_device_alloc, num_device_free,
+ * num_steps, num_step_plans, num_steps_planned, num_planned_allocs, num_plan_fallbacks, planned_bytes,
  * num_alloc_retries, num_ooms, limit_bytes, hit_rate, fragmentation_ratio, live_pointers, pending_frees,
  * device, device_name, device_total_bytes, virtual_memory, huge_pool_min_bytes, and "pools" with each pool's
  * own statistics where the device has two (UMM_HUGE_MIN, below); then the peaks are those of the pools added up,
@@ -76,6 +77,12 @@ int umm_set_limit(int device, uint64_t bytes);
 
 /* Resets peak statistics of `device` (-1: every device) to current values. 0, or -1 with a message. */
 int umm_reset_peaks(int device);
+
+/* Marks the end of a training or inference step on `device` (-1: every device). Call it at the same point of every
+ * step: once two steps in a row make the same allocations and frees, the blocks that live within a step are placed
+ * at planned offsets of one segment of the step's peak size; a step that differs is served as before
+ * (UMM_PLAN_STEPS=off only counts steps). 0, or -1 with a message. */
+int umm_mark_step(int device);
 
 /* Writes the allocations and frees recorded for UMM_TRACE so far to its file, which then holds a complete trace up
  * to this call. umm also does every 16,384 lines, in umm_empty_cache and at exit() (an atexit handler); call it

@@ -149,6 +149,16 @@ pub extern "C" fn umm_reset_peaks(device: c_int) -> c_int {
     guarded("umm_reset_peaks", -1, || registry::reset_peaks(i64::from(device)).map(|()| 0))
 }
 
+/// Marks the end of a training or inference step on `device` (or every device for -1), and the start of the
+/// next. Call it once per step, at the same point of every step: once two steps in a row make the same
+/// allocations and frees, the allocations that live within a step are served at planned offsets of one segment
+/// of the step's peak size, and a step that does something else is served by the pool as before
+/// (`UMM_PLAN_STEPS=off` only counts steps). Returns 0, or -1 with a message.
+#[no_mangle]
+pub extern "C" fn umm_mark_step(device: c_int) -> c_int {
+    guarded("umm_mark_step", -1, || registry::mark_step(i64::from(device)).map(|()| 0))
+}
+
 /// Writes the allocations and frees recorded for `UMM_TRACE` so far to the trace file, which then holds a
 /// complete trace up to this call (a gzip file one more complete member). umm also writes them out every 16,384
 /// lines, in [`umm_empty_cache`] and when the process exits through `exit` (an `atexit` handler, which a normal

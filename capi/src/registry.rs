@@ -125,7 +125,7 @@ fn registry() -> &'static Registry {
 
 /// The pool configuration: PyTorch's segment policy (the default), with `UMM_SEGMENT_MODE` (auto, plain,
 /// virtual), `UMM_MAPPED_SLACK` and `UMM_SEGMENT_SLACK` (a fraction or off), `UMM_CROSS_STREAM` (off, completed,
-/// wait), `UMM_PAGE_SIZE` (a power of two of
+/// wait), `UMM_PLAN_STEPS` (on, off), `UMM_PAGE_SIZE` (a power of two of
 /// bytes: the page size of virtual reservations) and `UMM_STRATEGY` (pooled, direct) read through `var` (the
 /// environment). An error names the variable and its value.
 fn pool_config(var: impl Fn(&str) -> Option<String>) -> Result<PoolConfig, String> {
@@ -153,6 +153,13 @@ fn pool_config(var: impl Fn(&str) -> Option<String>) -> Result<PoolConfig, Strin
             Ok(page) => return Err(format!("UMM_PAGE_SIZE={v:?} is not a power of two of bytes (8MiB): {page} bytes")),
             Err(e) => return Err(format!("UMM_PAGE_SIZE={v:?} is not a power of two of bytes (8MiB): {e}")),
         });
+    }
+    if let Some(v) = var("UMM_PLAN_STEPS") {
+        config.plan_steps = match v.trim().to_ascii_lowercase().as_str() {
+            "on" | "1" | "true" => true,
+            "off" | "0" | "false" => false,
+            _ => return Err(format!("UMM_PLAN_STEPS={v:?} is not one of on, off")),
+        };
     }
     if let Some(v) = var("UMM_STRATEGY") {
         config.strategy =
@@ -386,6 +393,20 @@ pub(crate) fn set_limit(device: i64, bytes: u64) -> Result<(), String> {
 }
 
 /// Resets the peaks of `device` (or every device for -1) to the current values.
+/// Marks the end of a step on `device` (or every device for -1): steps that repeat are served from a plan (see
+/// `umm_backends::Pool::mark_step`), and records the mark in the trace of `UMM_TRACE`.
+pub(crate) fn mark_step(device: i64) -> Result<(), String> {
+    let targets = registry().targets(device)?;
+    trace::record_step();
+    let _scope = ContextScope::enter();
+    for (slot, _) in targets {
+        slot.pools().for_each(|p| {
+            p.mark_step();
+        });
+    }
+    Ok(())
+}
+
 pub(crate) fn reset_peaks(device: i64) -> Result<(), String> {
     for (slot, _) in registry().targets(device)? {
         slot.pools().for_each(|p| p.reset_peaks());
@@ -402,8 +423,9 @@ mod tests {
     #[test]
     fn fuzzed_variables_are_read_or_refused_by_name() {
         let cases: u64 = std::env::var("UMM_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
-        const VARS: [&str; 7] = [
+        const VARS: [&str; 8] = [
             "UMM_CROSS_STREAM",
+            "UMM_PLAN_STEPS",
             "UMM_SEGMENT_MODE",
             "UMM_MAPPED_SLACK",
             "UMM_SEGMENT_SLACK",
@@ -411,8 +433,10 @@ mod tests {
             "UMM_STRATEGY",
             "UMM_HUGE_MIN",
         ];
-        const VALUES: [&str; 26] = [
+        const VALUES: [&str; 28] = [
             "wait",
+            "on",
+            "True",
             "Completed",
             "",
             " ",

@@ -6,6 +6,7 @@
 //! # recorded by umm-capi ... (comments)
 //! a ID BYTES STREAM       a successful umm_alloc: ID counts allocations (0, 1, ...), BYTES is the size asked for
 //! f ID                    umm_free of a pointer umm handed out
+//! s                       umm_mark_step: the end of a step (of every device)
 //! ```
 //!
 //! STREAM numbers the raw `cudaStream_t` values densely, 0, 1, 2, ... in the order each is first allocated on,
@@ -89,6 +90,14 @@ pub(crate) fn record_alloc(bytes: u64, stream: u64) -> Option<u64> {
 pub(crate) fn record_free(id: Option<u64>) {
     if let (Some(id), Some(recorder)) = (id, recorder()) {
         recorder.free(id);
+    }
+}
+
+/// Records the end of a step (`umm_mark_step`).
+pub(crate) fn record_step() {
+    if let Some(recorder) = recorder() {
+        let mut state = recorder.state.lock();
+        recorder.record(&mut state, format_args!("s\n"));
     }
 }
 

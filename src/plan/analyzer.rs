@@ -1,9 +1,10 @@
 //! Collecting lifetimes: from steps of tensor usage or from a trace.
 
-use super::{item, round_up, solve, PlanError, PlannedAllocation, ReusePlan, DEFAULT_ALIGNMENT};
+use super::{round_up, PlanError, PlannedAllocation, ReusePlan, DEFAULT_ALIGNMENT};
 use crate::trace::{Op, Trace};
 use std::collections::HashMap;
 use std::path::Path;
+use umm_backends::plan::PlanItem;
 
 /// One tensor's lifetime: it is in use at every step from `first` to `last`, both included.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,7 +203,7 @@ impl LifetimeAnalyzer {
 
     /// The most aligned bytes live at any one step: no plan can be smaller. O(n log n).
     pub fn lower_bound_bytes(&self) -> u64 {
-        solve::lower_bound(&self.items())
+        umm_backends::plan::lower_bound(&self.items())
     }
 
     /// Bytes that reuse can save at best: [`total_bytes`](Self::total_bytes) (no reuse) minus
@@ -211,11 +212,8 @@ impl LifetimeAnalyzer {
         self.total_bytes() - self.lower_bound_bytes()
     }
 
-    fn items(&self) -> Vec<item::Item> {
-        self.lifetimes
-            .iter()
-            .map(|l| item::Item { first: l.first, last: l.last, size: self.aligned(l.bytes) })
-            .collect()
+    fn items(&self) -> Vec<PlanItem> {
+        self.lifetimes.iter().map(|l| PlanItem { first: l.first, last: l.last, size: self.aligned(l.bytes) }).collect()
     }
 
     /// Assigns every tensor an offset such that tensors whose lifetimes meet never share bytes. Runs several
@@ -224,10 +222,11 @@ impl LifetimeAnalyzer {
     /// at the same time. When none reaches the bound, a search re-places the tensors that stand above a target
     /// together with their neighbours in time, from the heuristics' plans, and keeps what it finds if lower; its
     /// work is bounded (about half a second on a 2-core machine at most) and its random choices seeded, so
-    /// the same lifetimes always get the same plan.
+    /// the same lifetimes always get the same plan. The solver is [`umm_backends::plan::solve`]; this aligns the
+    /// sizes for it and names its offsets.
     pub fn compute_reuse_plan(&self) -> ReusePlan {
         let items = self.items();
-        let solution = solve::solve(&items);
+        let solution = umm_backends::plan::solve(&items);
         let allocations = self
             .lifetimes
             .iter()

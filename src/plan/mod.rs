@@ -7,12 +7,13 @@
 //!   record its own allocations to a file ([`crate::Builder::record_trace`], `UMM_TRACE`); a plan is made from
 //!   that file with [`LifetimeAnalyzer::from_trace_file`] (the manager does not hand its recording over in
 //!   memory).
-//! - [`LifetimeAnalyzer::compute_reuse_plan`] assigns offsets ([`ReusePlan`]): several greedy heuristics from
-//!   the literature (greedy by size and greedy by breadth as in TFLite, the lifetime order of XLA's heap
-//!   simulator; each with best fit and first fit), the smallest plan kept; when none reaches the lower bound,
-//!   a bounded, seeded search (ruin and recreate: the tensors that stand above a target are taken off with
-//!   their neighbours in time and placed again) from their plans. [`ReusePlan::verify`] checks a plan
-//!   independently of how it was made.
+//! - [`LifetimeAnalyzer::compute_reuse_plan`] assigns offsets ([`ReusePlan`]) with the solver in
+//!   [`umm_backends::plan`] (where a pool can call it too): several greedy heuristics from the literature
+//!   (greedy by size and greedy by breadth as in TFLite, the lifetime order of XLA's heap simulator; each with
+//!   best fit and first fit), the smallest plan kept; when none reaches the lower bound, a bounded, seeded
+//!   search (ruin and recreate: the tensors that stand above a target are taken off with their neighbours in
+//!   time and placed again) from their plans. [`ReusePlan::verify`] checks a plan independently of how it was
+//!   made.
 //! - [`PlannedArena`] serves a repeating step from one pool block of the plan's size and falls back to the pool
 //!   when the step does something the plan did not foresee.
 //!
@@ -31,12 +32,8 @@
 
 mod analyzer;
 mod arena;
-mod improve;
-mod item;
-mod occupancy;
 mod report;
 mod reuse;
-mod solve;
 
 pub use analyzer::{Lifetime, LifetimeAnalyzer};
 pub use arena::{ArenaBlock, ArenaError, ArenaStats, PlannedArena};

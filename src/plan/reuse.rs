@@ -3,59 +3,8 @@
 use super::PlanError;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::fmt;
-
-/// In which order the greedy planner places allocations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Order {
-    /// Largest first (TFLite's greedy by size; XLA's spatial order).
-    Size,
-    /// Busiest instant first: allocations live at the instant with the most live bytes, largest first, then
-    /// those at the next busiest instant (TFLite's greedy by breadth).
-    Breadth,
-    /// Longest lifetime first, then largest (XLA's temporal order).
-    Duration,
-}
-
-/// Where the planner puts an allocation among the gaps left by allocations whose lifetimes meet its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Fit {
-    /// The smallest gap that holds it (lowest offset among equals), else above everything.
-    Best,
-    /// The lowest gap that holds it, else above everything.
-    First,
-}
-
-/// Which greedy heuristic made a plan, and whether the search after the heuristics lowered it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Heuristic {
-    /// The order allocations were placed in.
-    pub order: Order,
-    /// How each found its gap.
-    pub fit: Fit,
-    /// Whether the plan is this heuristic's plan as the search after the heuristics lowered it (re-placing the
-    /// allocations that stand above a target together with their neighbours in time), rather than the greedy
-    /// plan itself.
-    pub searched: bool,
-}
-
-impl fmt::Display for Heuristic {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let order = match self.order {
-            Order::Size => "greedy by size",
-            Order::Breadth => "greedy by breadth",
-            Order::Duration => "greedy by lifetime",
-        };
-        let fit = match self.fit {
-            Fit::Best => "best fit",
-            Fit::First => "first fit",
-        };
-        let searched = if self.searched { ", then search" } else { "" };
-        write!(f, "{order}, {fit}{searched}")
-    }
-}
+// The heuristics' vocabulary lives with the solver, in `umm_backends::plan`; `umm::plan` re-exports it.
+pub use umm_backends::plan::{Fit, Heuristic, Order};
 
 /// One allocation of a plan: its lifetime and where it goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

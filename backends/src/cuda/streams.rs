@@ -385,6 +385,9 @@ impl MemoryPool for CudaPool {
     fn reset_peaks(&self) {
         self.pool.reset_peaks()
     }
+    fn mark_step(&self) -> crate::pool::StepReport {
+        self.pool.mark_step()
+    }
     fn release_cached(&self) -> TrimReport {
         CudaPool::release_cached(self)
     }

@@ -420,6 +420,54 @@ impl Engine {
         Some(self.take(seg.first_block, size))
     }
 
+    /// Allocates exactly `[offset, offset + size)` (`size` rounded up to the alignment) of `segment`, where a plan
+    /// placed it: `after` names the live block that the caller knows ends closest below `offset` (`None`: no
+    /// live block lies below it in the segment), and the free block right after that one must cover the range.
+    /// The free block is split around the range; what lies before and after it stays free. O(1): the caller's
+    /// knowledge of its neighbour replaces a search by address, which the engine does not index.
+    ///
+    /// Returns `None` (and changes nothing) when the range is not free as described: `after` not live or in
+    /// another segment, the block after it live or too short, an offset off the alignment, a zero or
+    /// overflowing size, or a segment that does not exist. A `None` is never unsafe: the caller allocates
+    /// elsewhere.
+    pub fn allocate_at(
+        &mut self,
+        segment: SegmentId,
+        after: Option<BlockId>,
+        offset: u64,
+        size: u64,
+    ) -> Option<Allocation> {
+        let size = self.block_size(size)?;
+        let end = offset.checked_add(size)?;
+        if self.whole || !offset.is_multiple_of(self.alignment) {
+            return None;
+        }
+        let candidate = match after {
+            Some(id) => {
+                let node = self.nodes.get(id.index())?;
+                if node.state != NodeState::Live || node.generation != id.generation() || node.segment != segment.0 {
+                    return None;
+                }
+                node.next_phys
+            }
+            None => self.segment(segment)?.first_block,
+        };
+        let node = self.nodes.get(candidate)?;
+        let start = node.offset;
+        if node.state != NodeState::Free || start > offset || start + node.size < end {
+            return None;
+        }
+        self.unlink_free(candidate);
+        let index = if start < offset {
+            let placed = self.split(candidate, offset);
+            self.push_free(candidate);
+            placed
+        } else {
+            candidate
+        };
+        Some(self.carve(index, size))
+    }
+
     /// Parks a live block: it keeps its range but stops being live, so a later free or park of its old id is
     /// refused. Returns the id to [`Engine::unpark`] or [`Engine::free`] it with. O(1).
     #[inline]

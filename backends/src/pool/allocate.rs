@@ -55,6 +55,9 @@ impl<B: Backend> Pool<B> {
     /// else through the pool.
     #[inline(always)]
     pub(super) fn allocate_any(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
+        if self.stepping.load(Ordering::Relaxed) {
+            return self.allocate_stepped(bytes, stream);
+        }
         let Some((index, thread)) = self.thread_slot() else {
             return self.allocate_uncached(bytes, stream);
         };
@@ -504,7 +507,7 @@ impl<B: Backend> Pool<B> {
             _ if self.config.strategy == Strategy::Direct || self.whole_blocks => round(size),
             ArenaClass::Small => round(self.config.small_segment_size.max(size)),
             ArenaClass::Large if size < self.config.large_segment_size / 2 => round(self.config.large_segment_size),
-            ArenaClass::Large => round(size),
+            ArenaClass::Large | ArenaClass::Planned => round(size),
         }
         // The largest segment the backend makes, rounded down to the granularity: a segment size must be one
         // the engine keeps as it is, or the pool would count other bytes than the engine hands out.

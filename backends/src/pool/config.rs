@@ -196,6 +196,11 @@ pub struct PoolConfig {
     /// When a stream's free memory may serve another stream (see [`CrossStream`]).
     #[serde(default)]
     pub cross_stream: CrossStream,
+    /// Serve repeating steps from a plan: once [`crate::MemoryPool::mark_step`] has seen two steps in a row make
+    /// the same allocations and frees, the next steps' allocations that live within a step are placed at offsets
+    /// planned for them in one segment (see [`crate::pool`]'s steps). Off, `mark_step` only counts steps.
+    #[serde(default = "default_plan_steps")]
+    pub plan_steps: bool,
     /// Page size of virtual reservations: each page is one physical allocation, mapped and unmapped whole.
     /// A power of two of at least the backend's own page (2 MiB on CUDA); `None` for
     /// [`crate::pool::DEFAULT_PAGE_UNLIMITED`] (32 MiB) in a pool without a limit and the backend's own page in
@@ -225,6 +230,10 @@ fn default_segment_slack() -> Option<f64> {
     PoolConfig::default().segment_slack
 }
 
+fn default_plan_steps() -> bool {
+    PoolConfig::default().plan_steps
+}
+
 fn default_thread_cache_bytes() -> u64 {
     PoolConfig::default().thread_cache_bytes
 }
@@ -245,6 +254,7 @@ impl Default for PoolConfig {
             mapped_slack: None,
             segment_slack: Some(0.1),
             cross_stream: CrossStream::default(),
+            plan_steps: true,
             page_size: None,
             zero_on_alloc: false,
             poison_on_free: false,

@@ -45,6 +45,9 @@ impl<B: Backend> Pool<B> {
 
     #[inline(always)]
     pub(super) fn free_unpoisoned(&self, block: &BlockHandle) -> Result<()> {
+        if self.stepping.load(Ordering::Relaxed) {
+            self.note_stepped_free(block);
+        }
         if let Some(lent) = block.lent {
             return self.free_lent(block, lent);
         }

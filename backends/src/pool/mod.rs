@@ -26,6 +26,7 @@
 //! - [`slots`]: the pool's side of the thread caches ([`thread_cache`], [`quick`] for the arenas' own);
 //! - [`snapshot`]: statistics and snapshots; [`io`]: bytes in and out of live blocks;
 //! - [`share`]: free memory of one stream serving another's miss ([`CrossStream`]);
+//! - [`steps`]: repeating steps served from a plan ([`Pool::mark_step`]);
 //! - [`config`], [`streams`]: the configuration and the stream → arena map.
 
 mod allocate;
@@ -38,12 +39,14 @@ mod share;
 mod slots;
 mod snapshot;
 mod state;
+mod steps;
 mod streams;
 mod thread_cache;
 mod trim;
 
 pub use config::{parse_size, CrossStream, Limit, PoolConfig, SegmentMode, Strategy};
 pub use snapshot::{BlockSnapshot, PoolSnapshot, SegmentSnapshot};
+pub use steps::{StepOutcome, StepReport, MISSES_TO_DROP, REPEATS_TO_PLAN};
 pub use trim::TrimReport;
 
 use crate::backend::PoolAccess;
@@ -104,6 +107,8 @@ pub struct Pool<B: Backend> {
     /// The largest small and large blocks thread caches keep (0: none of that class).
     cached_small_max: u64,
     cached_large_max: u64,
+    /// Set at the first [`Pool::mark_step`]: from then on allocations and frees are recorded ([`steps`]).
+    stepping: AtomicBool,
     shared: Arc<Shared<B::Segment>>,
 }
 
@@ -206,6 +211,7 @@ impl<B: Backend> Pool<B> {
             whole_blocks: backend_whole,
             cached_small_max,
             cached_large_max,
+            stepping: AtomicBool::new(false),
             shared: Arc::new(Shared { state, slots }),
         })
     }

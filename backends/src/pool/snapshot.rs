@@ -85,7 +85,11 @@ impl<B: Backend> Pool<B> {
                 }
                 segments.push(SegmentSnapshot {
                     stream,
-                    class: if arena.class == ArenaClass::Small { "small" } else { "large" },
+                    class: match arena.class {
+                        ArenaClass::Small => "small",
+                        ArenaClass::Large => "large",
+                        ArenaClass::Planned => "planned",
+                    },
                     index: id.0,
                     size,
                     virtual_reservation: entry.mapped.is_some(),

@@ -11,6 +11,7 @@
 //! bytes, are changed through [`State::virtual_engine`] and never count as empty.
 
 use super::quick::QuickCache;
+use super::steps::Steps;
 use super::streams::StreamArenas;
 use super::thread_cache::Returned;
 use crate::engine::{Allocation, BlockId, Engine, Freed, SegmentId};
@@ -20,6 +21,8 @@ use crate::{BlockHandle, PoolStats, StreamId, StreamMark};
 pub(super) enum ArenaClass {
     Small,
     Large,
+    /// The segment of a planned step ([`super::steps`]): blocks are placed at planned offsets only.
+    Planned,
 }
 
 pub(super) struct SegmentEntry<S> {
@@ -78,7 +81,7 @@ impl<S> Arena<S> {
             segments: Vec::new(),
             quick: match class {
                 ArenaClass::Small => QuickCache::new(small_request_max),
-                ArenaClass::Large => QuickCache::disabled(),
+                ArenaClass::Large | ArenaClass::Planned => QuickCache::disabled(),
             },
             freed_epoch: 0,
             mark: None,
@@ -124,6 +127,8 @@ pub(super) struct State<S> {
     /// The highest live figure before the latest [`crate::Pool::reset_peaks`] (the statistics' peak holds the
     /// rest): what sharing across streams budgets reserved memory against.
     pub(super) live_high_water: u64,
+    /// Marked steps and their plan ([`super::steps`]).
+    pub(super) steps: Steps,
 }
 
 /// What happened to a plain segment, as far as `empty_plain_bytes` cares.
@@ -150,6 +155,7 @@ impl<S> State<S> {
             reserved_high_water: 0,
             mark_epoch: 0,
             live_high_water: 0,
+            steps: Steps::default(),
         }
     }
 
@@ -206,6 +212,25 @@ impl<S> State<S> {
     pub(super) fn allocate_from_engine(&mut self, arena: usize, size: u64) -> Option<Allocation> {
         let alloc = self.arenas[arena].engine.allocate(size);
         self.counted(arena, alloc)
+    }
+
+    /// Exactly `[offset, offset + size)` of `segment` in a planned arena, where `after` is the live block below
+    /// (see [`Engine::allocate_at`]); `None` when that range is not free.
+    pub(super) fn allocate_planned(
+        &mut self,
+        arena: usize,
+        segment: SegmentId,
+        after: Option<BlockId>,
+        offset: u64,
+        size: u64,
+    ) -> Option<Allocation> {
+        let alloc = self.arenas[arena].engine.allocate_at(segment, after, offset, size);
+        self.counted(arena, alloc)
+    }
+
+    /// Bytes of the planned arenas' segments.
+    pub(super) fn planned_bytes(&self) -> u64 {
+        self.steps.arenas.iter().map(|&(_, arena)| self.arenas[arena].engine.stats().reserved_bytes).sum()
     }
 
     /// A block of `size` bytes carved from `segment` (one just added), its segment no longer counted empty.
@@ -285,6 +310,7 @@ impl<S> State<S> {
         stats.active_bytes = stats.allocated_bytes;
         stats.num_allocs = stats.cache_hits + stats.cache_misses;
         stats.inactive_split_bytes.current = self.split_bytes();
+        stats.planned_bytes = self.planned_bytes();
         stats
     }
 

@@ -1,7 +1,7 @@
 //! Giving memory back: cleanup rounds and `release_cached` destroy empty plain segments and unmap free pages of
 //! virtual reservations; the allocation path gives back only what the limit or a slack budget demands.
 
-use super::state::State;
+use super::state::{Arena, ArenaClass, State};
 use super::Pool;
 use crate::backend::PoolAccess;
 use crate::engine::SegmentId;
@@ -124,7 +124,9 @@ impl<B: Backend> Pool<B> {
             }
         }
         let mut empty: Vec<(u64, usize, SegmentId)> = Vec::new();
-        for (a, arena) in state.arenas.iter().enumerate().filter(|(_, arena)| !arena.virtual_segments) {
+        // A planned step's segment goes only when asked (cleanup, a release, a shortfall), not to make room.
+        let plain = |arena: &&Arena<B::Segment>| !arena.virtual_segments && arena.class != ArenaClass::Planned;
+        for (a, arena) in state.arenas.iter().enumerate().filter(|(_, arena)| plain(arena)) {
             for id in arena.engine().empty_segments() {
                 let order = match self.whole_blocks {
                     true => u64::MAX - arena.engine().segment_size(id).expect("segment exists"),

@@ -9,28 +9,35 @@
 //! short (packed bytes merge into one run).
 
 use super::improve;
-use super::item::Item;
 use super::occupancy::{Index, Occupancy};
-use super::reuse::{Fit, Heuristic, Order};
+use super::PlanItem;
+use super::{Fit, Heuristic, Order};
 
-/// The best plan found.
-pub(crate) struct Solution {
+/// The best plan found by [`solve()`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Solution {
+    /// Offset of each item's first byte, in the order of the items given: two items whose lifetimes meet never
+    /// share a byte.
     pub offsets: Vec<u64>,
+    /// Bytes the plan needs: the highest end (offset + size) of any item; 0 for no items.
     pub peak: u64,
+    /// The most bytes live at one step ([`lower_bound()`]): no plan can need less than this.
     pub lower_bound: u64,
+    /// The heuristic whose plan this is, and whether the search after the heuristics lowered it.
     pub heuristic: Heuristic,
 }
 
-/// The most bytes live at one step.
-pub(crate) fn lower_bound(items: &[Item]) -> u64 {
+/// The most bytes live at one step: the sum of the sizes of the items whose lifetimes include it, at the
+/// busiest step. No plan can need less; 0 for no items.
+pub fn lower_bound(items: &[PlanItem]) -> u64 {
     Timeline::new(items).live.iter().copied().max().unwrap_or(0)
 }
 
-/// Every heuristic tried, in order of preference among equal peaks: two rounds on a 2-core machine. Each of
-/// the four gives the smallest plan on at least one of the eight shared traces. Also tried, and dropped because
-/// none of them did better than these four on any of those traces but one (by 0.4%), which is not worth their
-/// time: breadth and lifetime orders with the other fit, XLA's size × lifetime order, greedy by breadth in
-/// allocation order, and best fit at the top of the gap.
+/// Every heuristic tried, in order of preference among equal peaks (listed in [`solve()`]'s docs too: keep them
+/// in step): two rounds on a 2-core machine. Each of the four gives the smallest plan on at least one of the
+/// eight shared traces. Also tried, and dropped because none of them did better than these four on any of those
+/// traces but one (by 0.4%), which is not worth their time: breadth and lifetime orders with the other fit,
+/// XLA's size × lifetime order, greedy by breadth in allocation order, and best fit at the top of the gap.
 const HEURISTICS: [Heuristic; 4] = [
     Heuristic { order: Order::Size, fit: Fit::Best, searched: false },
     Heuristic { order: Order::Size, fit: Fit::First, searched: false },
@@ -38,15 +45,20 @@ const HEURISTICS: [Heuristic; 4] = [
     Heuristic { order: Order::Duration, fit: Fit::First, searched: false },
 ];
 
-/// Runs every heuristic and keeps the smallest plan; among equal peaks the earlier in [`HEURISTICS`] wins.
-/// Heuristics run on as many threads as the machine offers (they share nothing but the input), in rounds, and
-/// the search stops after a round in which a plan reaches the lower bound: the result is the first heuristic
-/// (in order) to reach it, or the smallest of all, whatever the number of threads or their timing.
+/// Assigns every item an offset such that two items whose lifetimes meet never share a byte, aiming at the
+/// smallest peak. Every item needs `first <= last`; its size is taken as already aligned.
 ///
-/// When no heuristic reaches the lower bound, the search of [`improve`] starts from their plans (the one in
-/// lifetime order first) and keeps its plan if it is lower. It runs on one thread, with a fixed seed and a
-/// budget counted in work rather than time, so its plan too is the same whatever the machine.
-pub(crate) fn solve(items: &[Item]) -> Solution {
+/// Runs every greedy heuristic (greedy by size with best fit and with first fit, greedy by breadth with best
+/// fit, greedy by lifetime with first fit) and keeps the smallest plan; among equal peaks the earlier in that
+/// list wins. Heuristics run on as many threads as the machine offers (they share nothing but the input), in
+/// rounds, and the search stops after a round in which a plan reaches the lower bound: the result is the first
+/// heuristic (in order) to reach it, or the smallest of all, whatever the number of threads or their timing.
+///
+/// When no heuristic reaches the lower bound, a bounded search (ruin and recreate around the items that stand
+/// above a target) starts from their plans (the one in lifetime order first) and keeps its plan if it is lower
+/// ([`Heuristic::searched`]). It runs on one thread, with a fixed seed and a budget counted in work rather than
+/// time, so its plan too is the same whatever the machine.
+pub fn solve(items: &[PlanItem]) -> Solution {
     let timeline = Timeline::new(items);
     let lower_bound = timeline.live.iter().copied().max().unwrap_or(0);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, HEURISTICS.len());
@@ -102,7 +114,7 @@ struct Timeline {
 }
 
 impl Timeline {
-    fn new(items: &[Item]) -> Self {
+    fn new(items: &[PlanItem]) -> Self {
         let mut coords: Vec<u64> = items.iter().flat_map(|i| [i.first, i.last]).collect();
         coords.sort_unstable();
         coords.dedup();
@@ -145,7 +157,7 @@ impl Timeline {
 
 /// The order a heuristic places allocations in (indices into `items`). Ties fall back to earlier first step,
 /// then recording order, so every order is deterministic.
-fn sequence(order: Order, items: &[Item], timeline: &Timeline) -> Vec<u32> {
+fn sequence(order: Order, items: &[PlanItem], timeline: &Timeline) -> Vec<u32> {
     let mut sequence: Vec<u32> = (0..items.len() as u32).collect();
     let duration = |i: u32| {
         let item = &items[i as usize];
@@ -176,7 +188,7 @@ fn sequence(order: Order, items: &[Item], timeline: &Timeline) -> Vec<u32> {
 }
 
 /// Places the allocations in `sequence` order; returns their offsets and the peak.
-fn place(items: &[Item], timeline: &Timeline, sequence: &[u32], fit: Fit) -> (Vec<u64>, u64) {
+fn place(items: &[PlanItem], timeline: &Timeline, sequence: &[u32], fit: Fit) -> (Vec<u64>, u64) {
     let mut index = Occupancy::new(timeline.coords.len(), timeline.index, &timeline.spans);
     let mut offsets = vec![0u64; items.len()];
     let mut peak = 0u64;

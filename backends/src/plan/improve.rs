@@ -26,7 +26,7 @@
 //! The work is bounded by a count of the placements' range reads ([`BUDGET`]), not by time, and the random
 //! choices come from a fixed seed: the plan is the same on every machine, however loaded.
 
-use super::item::Item;
+use super::PlanItem;
 use std::collections::BTreeMap;
 
 /// Range reads the search may spend, in all: about half a second on a 2-core KVM guest.
@@ -187,7 +187,7 @@ fn choose_below(ranges: &[(u64, u64)], size: u64, fit: GapChoice, target: u64) -
 /// the lowest plan found and the index of the start it came from, or `None` when no attempt got below the
 /// lowest start.
 pub(crate) fn improve(
-    items: &[Item],
+    items: &[PlanItem],
     coords: usize,
     spans: &[(u32, u32)],
     starts: &[(Vec<u64>, u64)],
@@ -235,7 +235,7 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 }
 
 struct Search<'a> {
-    items: &'a [Item],
+    items: &'a [PlanItem],
     /// What every size is a multiple of.
     grain: u64,
     spans: &'a [(u32, u32)],
