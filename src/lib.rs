@@ -49,14 +49,16 @@ pub use config::UmmConfig;
 pub use device_table::{DeviceRow, DeviceTable};
 pub use error::{Error, Result};
 pub use host_info::HostInfo;
-pub use manager::{AllocOptions, Builder, UniversalMemoryManager};
+pub use manager::{AllocOptions, Builder, PoolStep, UniversalMemoryManager};
 pub use migrate::{MigrateError, MigrateTo, MigrationPath};
 pub use observe::Snapshot;
 pub use profiler::{CallSite, Event, EventKind, LeakReport, LiveAllocation, Profiler, ProfilerConfig};
 pub use registry::Device;
 pub use stats::{DeviceStats, GlobalMemoryStats, PoolStatsEntry};
 
-pub use umm_backends::{BlockInfo, Limit, Ownership, PoolStats, SegmentMode, Strategy, StreamId};
+pub use umm_backends::{
+    BlockInfo, Limit, Ownership, PoolStats, SegmentMode, StepOutcome, StepReport, Strategy, StreamId,
+};
 pub use umm_placement::{
     AccessPattern, Api, Decision, DeviceKind, DeviceSelector, Evidence, Placement, PoolKind, Recommendation,
     Recommendations, SizeClass, Subject,

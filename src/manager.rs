@@ -551,6 +551,24 @@ impl UniversalMemoryManager {
         self.inner.cleanup(self.inner.config.cleanup_idle_rounds)
     }
 
+    /// Marks the end of a training or inference step, and the start of the next, in every pool. Call it at the
+    /// same point of every step (after the optimizer's step, or after a request is answered). Once two steps in a
+    /// row make the same allocations and frees, the buffers that live within a step are placed at planned offsets
+    /// of one segment per pool, of the step's peak size, with no device call; a step that does something else is
+    /// served as before, and a plan whose steps keep deviating is dropped (see `umm_backends::Pool::mark_step`).
+    /// The plan's segment counts in every statistic. `UMM_PLAN_STEPS=off` ([`umm_backends::PoolConfig`]'s
+    /// `plan_steps`) only counts steps. Recorded in the trace of [`Builder::record_trace`] as an `s` line.
+    pub fn mark_step(&self) -> Vec<PoolStep> {
+        self.inner.profiler.trace_step();
+        let mut steps = Vec::new();
+        for device in &self.inner.devices {
+            for (api, kind, pool) in device.pools() {
+                steps.push(PoolStep { device: device.index(), api, kind, report: pool.mark_step() });
+            }
+        }
+        steps
+    }
+
     /// Releases every cached byte in every pool now (PyTorch's `empty_cache`).
     pub fn release_all_cached(&self) -> CleanupReport {
         self.inner.cleanup(0)
@@ -708,4 +726,17 @@ fn _assert_send_sync() {
     fn is<T: Send + Sync>() {}
     is::<UniversalMemoryManager>();
     is::<UniversalBuffer<f32>>();
+}
+
+/// One pool's end of a step ([`UniversalMemoryManager::mark_step`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct PoolStep {
+    /// The device's index.
+    pub device: usize,
+    /// The pool's API.
+    pub api: umm_placement::Api,
+    /// The kind of pool.
+    pub kind: umm_placement::PoolKind,
+    /// What the pool did.
+    pub report: umm_backends::StepReport,
 }

@@ -462,6 +462,13 @@ impl Profiler {
         self.trace.as_ref().map(|t| t.path.as_path())
     }
 
+    /// Records the end of a step in the trace file, if any.
+    pub(crate) fn trace_step(&self) {
+        if let Some(trace) = &self.trace {
+            trace.write(format_args!("s\n"));
+        }
+    }
+
     /// Flushes the trace file, if any, so that it holds every op so far.
     pub fn flush_trace(&self) {
         if let Some(trace) = &self.trace {

@@ -95,6 +95,34 @@ pub struct ReplayOptions<'a> {
     /// end is used as it is. Empty on backends whose streams are plain numbers; the CUDA replay of a trace
     /// with several streams makes one CUDA stream for each.
     pub streams: Vec<StreamId>,
+    /// Where steps end ([`umm_backends::Pool::mark_step`]).
+    pub steps: StepMarks,
+}
+
+/// Where a replay marks the end of a step, so that a repeating step is served from a plan.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepMarks {
+    /// Where the trace's `s` lines say (none in a trace without them).
+    #[default]
+    Trace,
+    /// At the end of every pass (and once before the first, which starts the recording): the whole trace is one
+    /// step, for traces of one step recorded without marks. The trace's own marks are ignored.
+    Pass,
+    /// Nowhere: the trace's marks are ignored.
+    Off,
+}
+
+impl std::str::FromStr for StepMarks {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "trace" => Ok(Self::Trace),
+            "pass" => Ok(Self::Pass),
+            "off" => Ok(Self::Off),
+            _ => Err(format!("{s:?} is not one of trace, pass, off")),
+        }
+    }
 }
 
 impl ReplayOptions<'_> {
@@ -146,6 +174,16 @@ pub struct ReplayReport {
     pub ooms: u64,
     /// The pool's limit in bytes, if any.
     pub limit_bytes: Option<u64>,
+    /// The pool's peak of reserved bytes over the last pass alone: where a planned step settles.
+    pub peak_reserved_bytes_last: u64,
+    /// Steps marked over all passes.
+    pub steps: u64,
+    /// Steps that ran as their plan foresaw.
+    pub steps_planned: u64,
+    /// Allocations placed at their planned offsets.
+    pub planned_allocs: u64,
+    /// Allocations a plan foresaw that the pool served instead.
+    pub plan_fallbacks: u64,
 }
 
 /// Replays `trace` on a fresh pool of the backend named `backend` (one of [`BACKENDS`]).
@@ -287,23 +325,45 @@ pub fn replay<B: Backend>(
         }
     };
     let streams = std::mem::take(&mut opts.streams);
-    let cold = run_pass(trace, pool, &streams, &mut slots, &mut |n| progress(n)).map_err(pool_error)?;
+    let marks: &[usize] = if opts.steps == StepMarks::Trace { &trace.steps } else { &[] };
+    let per_pass = opts.steps == StepMarks::Pass;
+    // A pass ends with its live blocks freed, then the step marked: a block the trace leaves live lives within
+    // the pass's step.
+    let end_pass = |slots: &mut [Option<BlockHandle>]| {
+        free_all(pool, slots)?;
+        if per_pass {
+            pool.mark_step();
+        }
+        Ok(())
+    };
+    if per_pass {
+        pool.mark_step();
+    }
+    let cold = run_pass(trace, pool, &streams, marks, &mut slots, &mut |n| progress(n)).map_err(pool_error)?;
     let stats = pool.stats();
-    free_all(pool, &mut slots).map_err(pool_error)?;
+    end_pass(&mut slots).map_err(pool_error)?;
     pool.reset_peaks();
 
     let mut warm = Vec::with_capacity(opts.repeat);
     let mut ooms = cold.ooms;
+    let mut peak_warm = 0;
+    let mut peak_last = stats.reserved_bytes.peak;
     for pass in 1..=opts.repeat as u64 {
-        let result =
-            run_pass(trace, pool, &streams, &mut slots, &mut |n| progress(pass * ops + n)).map_err(pool_error)?;
-        free_all(pool, &mut slots).map_err(pool_error)?;
+        if pass == opts.repeat as u64 && pass > 1 {
+            peak_warm = pool.stats().reserved_bytes.peak;
+            pool.reset_peaks();
+        }
+        let result = run_pass(trace, pool, &streams, marks, &mut slots, &mut |n| progress(pass * ops + n))
+            .map_err(pool_error)?;
+        end_pass(&mut slots).map_err(pool_error)?;
         ooms = ooms.max(result.ooms);
         warm.push(result.elapsed);
+        peak_last = pool.stats().reserved_bytes.peak;
     }
     let after = pool.stats();
     let warm_device_calls = after.num_device_calls - stats.num_device_calls;
-    let peak_reserved_warm = if opts.repeat == 0 { stats.reserved_bytes.peak } else { after.reserved_bytes.peak };
+    let peak_reserved_warm =
+        if opts.repeat == 0 { stats.reserved_bytes.peak } else { after.reserved_bytes.peak.max(peak_warm) };
     let per_op = |d: Duration| if ops == 0 { 0.0 } else { d.as_nanos() as f64 / ops as f64 };
     let ns_per_op_cold = per_op(cold.elapsed);
     let ns_per_op_warm = if warm.is_empty() { ns_per_op_cold } else { per_op(median(&mut warm)) };
@@ -331,6 +391,11 @@ pub fn replay<B: Backend>(
         oom_retries: stats.num_alloc_retries,
         ooms,
         limit_bytes: stats.limit_bytes,
+        peak_reserved_bytes_last: peak_last,
+        steps: after.num_steps,
+        steps_planned: after.num_steps_planned,
+        planned_allocs: after.num_planned_allocs,
+        plan_fallbacks: after.num_plan_fallbacks,
     })
 }
 
@@ -339,22 +404,28 @@ struct Pass {
     ooms: u64,
 }
 
-/// One pass over the trace. Only the op loops are timed; progress is reported between chunks.
+/// One pass over the trace, marking the end of a step after each op count in `marks` (ascending). Only the op
+/// loops and the marks are timed; progress is reported between chunks.
 fn run_pass<B: Backend>(
     trace: &Trace,
     pool: &Pool<B>,
     streams: &[StreamId],
+    marks: &[usize],
     slots: &mut [Option<BlockHandle>],
     progress: &mut dyn FnMut(u64),
 ) -> umm_backends::Result<Pass> {
     let mut pass = Pass { elapsed: Duration::ZERO, ooms: 0 };
-    let mut done = 0;
-    for chunk in trace.ops.chunks(CHUNK) {
+    let (ops, mut marks, mut at) = (&trace.ops, marks.iter().copied().peekable(), 0);
+    while at < ops.len() || marks.peek().is_some() {
+        let end = marks.peek().map_or(ops.len(), |&mark| mark.min(ops.len())).min(at + CHUNK);
         let start = Instant::now();
-        pass.ooms += run_ops(chunk, pool, streams, slots)?;
+        pass.ooms += run_ops(&ops[at..end], pool, streams, slots)?;
+        while marks.next_if(|&mark| mark <= end).is_some() {
+            pool.mark_step();
+        }
         pass.elapsed += start.elapsed();
-        done += chunk.len() as u64;
-        progress(done);
+        at = end;
+        progress(at as u64);
     }
     Ok(pass)
 }

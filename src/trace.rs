@@ -7,6 +7,7 @@
 //! # any comment
 //! a ID BYTES STREAM       allocate BYTES on STREAM (0, 1, ...) and call the block ID
 //! f ID                    free block ID
+//! s                       a step ends here (a training or inference loop's step, marked by its program)
 //! ```
 //! Blocks still live at the end are simply left live.
 //!
@@ -111,6 +112,9 @@ pub struct Trace {
     pub streams: u32,
     /// The largest single allocation in bytes.
     pub max_block_bytes: u64,
+    /// Where steps end: after how many of `ops` each `s` line came (a step marked with `umm_mark_step` or
+    /// [`TraceWriter::step`]), in order. Empty for a trace with no marks.
+    pub steps: Vec<usize>,
 }
 
 impl Trace {
@@ -206,9 +210,14 @@ impl Builder<'_> {
                 self.no_extra(number, fields.next(), text)?;
                 self.free(number, id)
             }
+            "s" => {
+                self.no_extra(number, fields.next(), text)?;
+                self.trace.steps.push(self.trace.ops.len());
+                Ok(())
+            }
             other => Err(self.error(
                 number,
-                format!("unknown op {} (expected `a ID BYTES STREAM`, `f ID` or a `#` comment)", quote(other)),
+                format!("unknown op {} (expected `a ID BYTES STREAM`, `f ID`, `s` or a `#` comment)", quote(other)),
             )),
         }
     }
@@ -369,6 +378,11 @@ impl<W: Write> TraceWriter<W> {
     /// Records the free of block `id`.
     pub fn free(&mut self, id: u64) -> io::Result<()> {
         writeln!(self.out, "f {id}")
+    }
+
+    /// Records the end of a step.
+    pub fn step(&mut self) -> io::Result<()> {
+        writeln!(self.out, "s")
     }
 
     /// Flushes and returns the output.

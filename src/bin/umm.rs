@@ -184,6 +184,7 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
                 sim_capacity: args.capacity,
                 host_capacity,
                 progress: Some(&mut progress),
+                steps: args.steps,
                 ..ReplayOptions::default()
             };
             let report = replay::replay_on(&args.backend, &trace, opts).map_err(|e| e.to_string());
@@ -230,6 +231,8 @@ fn print_table(reports: &[ReplayReport], args: &ReplayArgs) {
         "peak live",
         "peak reserved",
         "reserved/live",
+        "last pass",
+        "steps planned",
         "ns/op cold",
         "ns/op warm",
         "device allocs",
@@ -237,7 +240,7 @@ fn print_table(reports: &[ReplayReport], args: &ReplayArgs) {
         "retries",
         "ooms",
     ];
-    let rows: Vec<[String; 11]> = reports
+    let rows: Vec<[String; 13]> = reports
         .iter()
         .map(|r| {
             [
@@ -246,6 +249,8 @@ fn print_table(reports: &[ReplayReport], args: &ReplayArgs) {
                 human_bytes(r.peak_live_bytes),
                 human_bytes(r.peak_reserved_bytes),
                 format!("{:.3}", r.reserved_over_live),
+                format!("{:.3}", r.peak_reserved_bytes_last as f64 / r.peak_live_bytes.max(1) as f64),
+                format!("{}/{}", r.steps_planned, r.steps),
                 format!("{:.1}", r.ns_per_op_cold),
                 format!("{:.1}", r.ns_per_op_warm),
                 r.device_allocs.to_string(),

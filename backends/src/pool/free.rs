@@ -3,7 +3,7 @@
 
 use super::quick::QuickBlock;
 use super::slots::Slot;
-use super::state::ArenaClass;
+use super::state::{ArenaClass, State};
 use super::thread_cache::{Lent, Returned, ThreadCache};
 use super::{Pool, POISON_BYTE};
 use crate::lock::LeanGuard;
@@ -46,7 +46,7 @@ impl<B: Backend> Pool<B> {
     #[inline(always)]
     pub(super) fn free_unpoisoned(&self, block: &BlockHandle) -> Result<()> {
         if self.stepping.load(Ordering::Relaxed) {
-            self.note_stepped_free(block);
+            return self.free_stepped(block);
         }
         if let Some(lent) = block.lent {
             return self.free_lent(block, lent);
@@ -58,11 +58,31 @@ impl<B: Backend> Pool<B> {
     /// [`Pool::allocate_uncached_from`]).
     #[inline(always)]
     pub(super) fn free_through_pool(&self, block: &BlockHandle) -> Result<()> {
-        let unknown = || self.unknown_block(block);
         let mut state = match self.thread_slot() {
             Some((index, _)) => self.lock_state_folding(&self.shared.slots[index as usize]),
             None => self.state().lock(),
         };
+        self.free_locked(&mut state, block)
+    }
+
+    /// A free while steps are marked: recorded, then done under the same lock (a block lent from a thread cache
+    /// before steps were marked goes back to its cache).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn free_stepped(&self, block: &BlockHandle) -> Result<()> {
+        if let Some(lent) = block.lent {
+            self.note_stepped_free(block);
+            return self.free_lent(block, lent);
+        }
+        let mut state = self.state().lock();
+        state.steps.note_free(block.key());
+        self.free_locked(&mut state, block)
+    }
+
+    /// Frees a block the pool handed out itself, with the lock held.
+    #[inline(always)]
+    fn free_locked(&self, state: &mut State<B::Segment>, block: &BlockHandle) -> Result<()> {
+        let unknown = || self.unknown_block(block);
         // Another pool's arena numbers wrap to far beyond this pool's arenas.
         let arena = block.arena.wrapping_sub(state.arena_base) as usize;
         let a = state.arenas.get_mut(arena).ok_or_else(unknown)?;
@@ -85,7 +105,7 @@ impl<B: Backend> Pool<B> {
         let freed = state.free_block(arena, block.block).ok_or_else(unknown)?;
         state.record_free(block);
         if self.config.strategy == Strategy::Direct && freed.segment_now_empty {
-            self.destroy_segment(&mut state, arena, freed.segment);
+            self.destroy_segment(state, arena, freed.segment);
         }
         Ok(())
     }

@@ -108,6 +108,11 @@ pub(crate) struct ReplayArgs {
     /// memory available now, MemAvailable).
     #[arg(long, value_parser = replay::parse_capacity)]
     pub(crate) capacity: Option<u64>,
+    /// Where steps end, so that a repeating step is served from a plan: trace (the trace's `s` lines, recorded
+    /// by umm_mark_step or UniversalMemoryManager::mark_step), pass (the whole trace is one step: for traces of
+    /// one step recorded without marks) or off.
+    #[arg(long, default_value = "trace", value_parser = |s: &str| s.parse::<replay::StepMarks>())]
+    pub(crate) steps: replay::StepMarks,
     /// Print one JSON object per trace (one per line) instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
