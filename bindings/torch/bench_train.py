@@ -28,7 +28,9 @@ attention on Hopper, whose backward is not deterministic (it warns so), and then
 allocator. --umm-variants adds umm runs with other settings (environment variables) for comparison. Step time:
 median of the steps after the warm-up steps, each step ended with a synchronisation (the loss is read every step).
 Peak reserved: torch.cuda.max_memory_reserved() for PyTorch's allocator (both settings), umm's reserved_bytes.peak
-(umm_stats_json) for umm. The table has one row per workload and allocator; ratios are against the first of
+(umm_stats_json) for umm; over the whole run, and "steady" from the first step after the warm-up on (peaks reset
+there for every allocator). umm runs call umm_torch.step() after every step (--mark-steps 0 turns it off), so that a
+repeating step is served from a plan; --umm-variants UMM_PLAN_STEPS=off gives the same runs without plans. The table has one row per workload and allocator; ratios are against the first of
 --allocs (pytorch by default), and "outputs" compares the losses with that allocator's.
 """
 
@@ -165,12 +167,29 @@ def worker(args):
         n = 3
         extra["ops_per_step"] = 2 * iters
 
+    def peaks():
+        if args.alloc == "umm":
+            st = umm_torch.umm_stats(0)
+            return st["reserved_bytes"]["peak"], st["allocated_bytes"]["peak"]
+        return torch.cuda.max_memory_reserved(0), torch.cuda.max_memory_allocated(0)
+
+    warm = min(args.warmup, max(0, n - 1))
+    whole = (0, 0)  # peaks before the steady state: max'ed with the steady ones at the end
     for i in range(n):
+        if i == warm:
+            # Steady-state peaks from here on, for every allocator alike.
+            whole = peaks()
+            if args.alloc == "umm":
+                umm_torch.reset_peak_memory_stats(0)
+            else:
+                torch.cuda.reset_peak_memory_stats(0)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         loss = step(i)
         launched.append((time.perf_counter() - t0) * 1e3)  # host time to queue the step's work
         losses.append(loss.item())
+        if args.mark_steps and args.alloc == "umm":
+            umm_torch.step(0)  # the step's end: repeating steps are served from a plan
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
         if args.alloc == "umm":
@@ -182,7 +201,6 @@ def worker(args):
             device_allocs.append(st.get("num_device_alloc", 0))
             reserved.append(st.get("reserved_bytes.all.current", 0))
 
-    warm = min(args.warmup, max(0, n - 1))
     result = {
         "work": args.work,
         "alloc": args.alloc,
@@ -196,11 +214,19 @@ def worker(args):
         "reserved_per_step": reserved,
         **extra,
     }
+    steady = peaks()
+    result.update(
+        steady_peak_reserved=steady[0],
+        steady_peak_allocated=steady[1],
+        peak_reserved=max(whole[0], steady[0]),
+        peak_allocated=max(whole[1], steady[1]),
+    )
     if args.alloc == "umm":
         s = umm_torch.umm_stats(0)
         result.update(
-            peak_reserved=s["reserved_bytes"]["peak"],
-            peak_allocated=s["allocated_bytes"]["peak"],
+            steps_planned=s.get("num_steps_planned", 0),
+            planned_allocs=s.get("num_planned_allocs", 0),
+            plan_fallbacks=s.get("num_plan_fallbacks", 0),
             num_device_alloc=s["num_device_alloc"],
             num_alloc_retries=s["num_alloc_retries"],
             hit_rate=s["hit_rate"],
@@ -210,8 +236,6 @@ def worker(args):
     else:
         st = torch.cuda.memory_stats(0)
         result.update(
-            peak_reserved=torch.cuda.max_memory_reserved(0),
-            peak_allocated=torch.cuda.max_memory_allocated(0),
             num_device_alloc=st.get("num_device_alloc"),
             num_alloc_retries=st.get("num_alloc_retries"),
             allocator_backend=torch.cuda.memory.get_allocator_backend(),
@@ -250,7 +274,7 @@ def driver(args):
             out = os.path.join(tempfile.gettempdir(), f"umm_bench_{work}_{tag}_{rep}.json")
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--work", work, "--alloc", alloc,
                    "--steps", str(args.steps), "--bert-batches", str(args.bert_batches), "--warmup",
-                   str(args.warmup), "--attn", args.attn, "--out", out]
+                   str(args.warmup), "--attn", args.attn, "--mark-steps", str(args.mark_steps), "--out", out]
             t0 = time.time()
             p = subprocess.run(cmd, env=run_env, capture_output=True, text=True)
             if p.returncode != 0:
@@ -300,8 +324,8 @@ def driver(args):
         print(f"\n{first['device']}, torch {first['torch']}; step = median ms after {args.warmup} warm-up steps; "
               f"ratios against {runs[0]}")
         print(f"| workload | allocator | steps | step ms | /{runs[0]} | peak alloc GiB | peak reserved GiB | "
-              f"reserved /{runs[0]} | reserved/allocated | outputs |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              f"reserved /{runs[0]} | reserved/allocated | steady reserved/allocated | outputs |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for work, run, base, x, same, diff in rows:
             if run == runs[0]:
                 outputs = "reference" + ("" if x["consistent"] else " (repeats differ)")
@@ -310,9 +334,13 @@ def driver(args):
             print(f"| {work} | {run} | {len(x['losses'])} | {x['median_ms']:.2f} | "
                   f"{x['median_ms'] / base['median_ms']:.3f} | {gib(x['peak_allocated'])} | "
                   f"{gib(x['peak_reserved'])} | {x['peak_reserved'] / base['peak_reserved']:.3f} | "
-                  f"{x['peak_reserved'] / x['peak_allocated']:.3f} | {outputs} |")
+                  f"{x['peak_reserved'] / x['peak_allocated']:.3f} | "
+                  f"{x['steady_peak_reserved'] / x['steady_peak_allocated']:.3f} | {outputs} |")
         for work, run, base, x, same, diff in rows:
             hit = f", hit rate {x['hit_rate']:.4f}" if "hit_rate" in x else ""
+            if "steps_planned" in x:
+                hit += (f", steps planned {x['steps_planned']}, planned allocs {x['planned_allocs']}, "
+                        f"fallbacks {x['plan_fallbacks']}")
             print(f"{work}/{run}: first losses {[round(float.fromhex(v), 4) for v in x['losses'][:3]]}; "
                   f"device allocs {x['num_device_alloc']}, retries {x['num_alloc_retries']}{hit}; "
                   f"host launch ms {x['median_launch_ms']:.2f}; medians of repeats {x['all_medians']}")
@@ -330,6 +358,9 @@ def main():
     ap.add_argument("--bert-batches", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--attn", default="eager", choices=["sdpa", "eager"], help="GPT-2's attention")
+    ap.add_argument("--mark-steps", type=int, default=1, choices=[0, 1],
+                    help="umm: call umm_torch.step() after every step (1, the default), so that repeating steps are "
+                         "served from a plan; compare with --umm-variants UMM_PLAN_STEPS=off")
     ap.add_argument("--umm-variants", default="", help="';'-separated settings, e.g. 'UMM_HUGE_MIN=0;UMM_SEGMENT_MODE=plain'")
     ap.add_argument("--repeats", type=int, default=1, help="runs per allocator, order alternating")
     ap.add_argument("--out")

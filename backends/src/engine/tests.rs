@@ -943,3 +943,452 @@ fn the_empty_segment_covering_a_want_is_the_tightest_and_only_in_whole_engines()
     split.add_segment(4096).unwrap();
     assert_eq!(split.empty_segment_covering(100), None, "free blocks of an engine that splits are not segments");
 }
+
+// ------------------------------------------------------------------------------------------------ planned placement
+
+/// In a segment's layout (`layout`): a free block, and a live one.
+const FREE: bool = true;
+const LIVE: bool = false;
+
+/// The blocks of a segment in address order, as (offset, size, free).
+fn layout(e: &Engine, segment: SegmentId) -> Vec<(u64, u64, bool)> {
+    e.blocks_in(segment).map(|b| (b.offset, b.size, b.free)).collect()
+}
+
+/// Everything an `allocate_at` refusal must leave as it was: the counts and every segment's blocks.
+fn snapshot(e: &Engine) -> (EngineStats, Vec<(SegmentId, Vec<SegmentBlock>)>) {
+    (e.stats(), e.segment_ids().map(|s| (s, e.blocks_in(s).collect())).collect())
+}
+
+/// Asserts that `allocate_at` refuses the placement and changes nothing.
+#[track_caller]
+fn refused(e: &mut Engine, segment: SegmentId, after: Option<BlockId>, offset: u64, size: u64, why: &str) {
+    let before = snapshot(e);
+    let got = e.allocate_at(segment, after, offset, size);
+    assert_eq!(got, None, "{why}: {size} bytes at {offset} of {segment:?} after {after:?}");
+    assert_eq!(snapshot(e), before, "{why}: a refusal changed the engine");
+    e.check_index();
+}
+
+#[test]
+fn allocate_at_places_a_block_at_the_start_and_in_the_middle_of_a_free_segment() {
+    let mut e = Engine::new(256).unwrap();
+    let first = e.add_segment(16384).unwrap();
+    let second = e.add_segment(16384).unwrap();
+    // At offset 0 of an empty segment, with no block below: the size is rounded up, the rest stays free.
+    let a = e.allocate_at(first, None, 0, 1000).unwrap();
+    assert_eq!((a.segment, a.offset, a.size, a.segment_was_empty), (first, 0, 1024, true));
+    assert_eq!(e.block(a.block).map(|b| (b.segment, b.offset, b.size)), Some((first, 0, 1024)));
+    assert_eq!(layout(&e, first), vec![(0, 1024, LIVE), (1024, 15360, FREE)]);
+    e.check_index();
+    let s = e.stats();
+    assert_eq!((s.allocated_bytes, s.live_blocks, s.free_blocks), (1024, 1, 2));
+    assert_eq!((s.empty_segment_bytes, s.reserved_bytes), (16384, 32768), "only the second segment is empty");
+    // In the middle: the free block is split three ways, free before and after the placed range.
+    let b = e.allocate_at(second, None, 4096, 2048).unwrap();
+    assert_eq!((b.segment, b.offset, b.size, b.segment_was_empty), (second, 4096, 2048, true));
+    assert_eq!(layout(&e, second), vec![(0, 4096, FREE), (4096, 2048, LIVE), (6144, 10240, FREE)]);
+    e.check_index();
+    let s = e.stats();
+    assert_eq!((s.allocated_bytes, s.live_blocks, s.free_blocks), (3072, 2, 3));
+    assert_eq!((s.empty_segment_bytes, s.reserved_bytes), (0, 32768));
+    assert_eq!(s.inactive_split_bytes(), 32768 - 3072);
+    // Still no live block below offset 1024 of the second segment (b lies above): no neighbour to name.
+    let c = e.allocate_at(second, None, 1024, 256).unwrap();
+    assert_eq!((c.offset, c.size, c.segment_was_empty), (1024, 256, false));
+    assert_eq!(
+        layout(&e, second),
+        vec![(0, 1024, FREE), (1024, 256, LIVE), (1280, 2816, FREE), (4096, 2048, LIVE), (6144, 10240, FREE)]
+    );
+    e.check_index();
+    // The remainders are ordinary free blocks, indexed by size: `allocate` finds them.
+    let d = e.allocate(2816).unwrap();
+    assert_eq!((d.segment, d.offset), (second, 1280), "the exact fit left between c and b");
+    assert_eq!(e.stats().free_blocks, 3);
+    e.check_index();
+}
+
+#[test]
+fn allocate_at_places_a_block_after_a_live_neighbour_at_its_end_and_past_a_gap() {
+    let mut e = Engine::new(256).unwrap();
+    let seg = e.add_segment(16384).unwrap();
+    let a = e.allocate_at(seg, None, 0, 1024).unwrap();
+    // Right at its neighbour's end: the free block starts where the range does, so only a tail is left.
+    let b = e.allocate_at(seg, Some(a.block), 1024, 512).unwrap();
+    assert_eq!((b.segment, b.offset, b.size, b.segment_was_empty), (seg, 1024, 512, false));
+    assert_eq!(layout(&e, seg), vec![(0, 1024, LIVE), (1024, 512, LIVE), (1536, 14848, FREE)]);
+    e.check_index();
+    // Past a gap: a free block before the range and one after it.
+    let c = e.allocate_at(seg, Some(b.block), 4096, 1000).unwrap();
+    assert_eq!((c.offset, c.size), (4096, 1024));
+    assert_eq!(
+        layout(&e, seg),
+        vec![(0, 1024, LIVE), (1024, 512, LIVE), (1536, 2560, FREE), (4096, 1024, LIVE), (5120, 11264, FREE)]
+    );
+    e.check_index();
+    // Ending at the segment's end: nothing after it.
+    let d = e.allocate_at(seg, Some(c.block), 16128, 256).unwrap();
+    assert_eq!((d.offset, d.size), (16128, 256));
+    assert_eq!(&layout(&e, seg)[4..], &[(5120, 11008, FREE), (16128, 256, LIVE)]);
+    e.check_index();
+    // Inside the gap before c: b is still the live block closest below.
+    let f = e.allocate_at(seg, Some(b.block), 2048, 1024).unwrap();
+    assert_eq!((f.offset, f.size), (2048, 1024));
+    // Filling what is left of the gap above f exactly: no remainder on either side.
+    let g = e.allocate_at(seg, Some(f.block), 3072, 1024).unwrap();
+    assert_eq!((g.offset, g.size), (3072, 1024));
+    assert_eq!(
+        layout(&e, seg),
+        vec![
+            (0, 1024, LIVE),
+            (1024, 512, LIVE),
+            (1536, 512, FREE),
+            (2048, 1024, LIVE),
+            (3072, 1024, LIVE),
+            (4096, 1024, LIVE),
+            (5120, 11008, FREE),
+            (16128, 256, LIVE),
+        ]
+    );
+    e.check_index();
+    let s = e.stats();
+    assert_eq!((s.allocated_bytes, s.live_blocks, s.free_blocks), (4864, 6, 2));
+    assert_eq!((s.empty_segment_bytes, s.reserved_bytes), (0, 16384));
+    for x in [a, b, c, d, f, g] {
+        assert_eq!(e.block(x.block).map(|y| (y.offset, y.size)), Some((x.offset, x.size)));
+    }
+}
+
+#[test]
+fn freeing_placed_blocks_coalesces_their_segment_back_into_one_free_block() {
+    let mut e = Engine::new(256).unwrap();
+    let seg = e.add_segment(65536).unwrap();
+    let other = e.add_segment(4096).unwrap();
+    let before = e.stats();
+    // A plan with gaps, placed in address order, each after the one before.
+    let plan = [(0, 4096), (4096, 1024), (8192, 8192), (20480, 256), (61440, 4096)];
+    let mut after = None;
+    let mut placed = Vec::new();
+    for (offset, size) in plan {
+        let a = e.allocate_at(seg, after, offset, size).unwrap();
+        assert_eq!((a.offset, a.size, a.segment_was_empty), (offset, size, after.is_none()));
+        after = Some(a.block);
+        placed.push(a);
+        e.check_index();
+    }
+    let s = e.stats();
+    assert_eq!((s.allocated_bytes, s.live_blocks), (17664, 5));
+    assert_eq!(s.free_blocks, 4, "three gaps and the other segment");
+    assert_eq!(s.empty_segment_bytes, 4096, "the other segment");
+    // Freed out of address order: each free merges with whichever neighbours are free.
+    for (i, k) in [2, 0, 4, 1, 3].into_iter().enumerate() {
+        let freed = e.free(placed[k].block).unwrap();
+        assert_eq!((freed.segment, freed.size), (seg, plan[k].1));
+        assert_eq!(freed.segment_now_empty, i == 4, "empty only once the last block goes");
+        e.check_index();
+    }
+    assert_eq!(layout(&e, seg), vec![(0, 65536, FREE)]);
+    assert_eq!(layout(&e, other), vec![(0, 4096, FREE)]);
+    assert!(e.is_segment_empty(seg));
+    assert_eq!(e.stats(), before, "counts back to the empty segments'");
+    // The empty segment serves another plan at once, and is released whole once it is freed again.
+    let again = e.allocate_at(seg, None, 8192, 4096).unwrap();
+    assert!(again.segment_was_empty);
+    assert!(e.free(again.block).unwrap().segment_now_empty);
+    assert_eq!(e.stats(), before);
+    assert_eq!(e.remove_segment(seg), Some(65536));
+    e.check_index();
+}
+
+#[test]
+fn allocate_at_refuses_a_range_that_is_not_free_as_described_and_changes_nothing() {
+    let mut e = Engine::new(256).unwrap();
+    let seg = e.add_segment(16384).unwrap();
+    // a | b | free [2048, 4096) | c | free [5120, 16384).
+    let a = e.allocate_at(seg, None, 0, 1024).unwrap();
+    let b = e.allocate_at(seg, Some(a.block), 1024, 1024).unwrap();
+    let c = e.allocate_at(seg, Some(b.block), 4096, 1024).unwrap();
+    let (a, b, c) = (Some(a.block), Some(b.block), Some(c.block));
+
+    refused(&mut e, seg, a, 2048, 256, "the block after `after` is live");
+    refused(&mut e, seg, None, 2048, 256, "the segment's first block is live");
+    refused(&mut e, seg, None, 0, 256, "the segment's first block is live, at its own offset");
+    refused(&mut e, seg, b, 1536, 256, "the range starts inside `after`");
+    refused(&mut e, seg, b, 1024, 256, "the range is `after` itself");
+    refused(&mut e, seg, c, 2048, 256, "the range lies below `after`");
+    refused(&mut e, seg, b, 2048, 2304, "the free block after `after` is too short");
+    refused(&mut e, seg, b, 3840, 512, "the range runs into the next live block");
+    refused(&mut e, seg, c, 16128, 512, "the range runs past the segment's end");
+    refused(&mut e, seg, c, 5120, 11265, "the size rounded up no longer fits");
+    refused(&mut e, seg, c, 1 << 40, 256, "the range lies far past the segment's end");
+    refused(&mut e, seg, b, 2048 + 128, 256, "offset off the alignment");
+    refused(&mut e, seg, b, 2049, 256, "offset off the alignment");
+    refused(&mut e, seg, b, 2048, 0, "zero size");
+    refused(&mut e, seg, b, 2048, u64::MAX, "size overflows when rounded");
+    refused(&mut e, seg, b, 2048, u64::MAX - 254, "size overflows when rounded");
+    refused(&mut e, seg, c, u64::MAX - 255, 256, "offset plus size overflows");
+    refused(&mut e, seg, c, 1 << 63, 1 << 63, "offset plus size overflows to zero");
+    refused(&mut e, seg, Some(BlockId::new(9999, 0)), 2048, 256, "`after` was never handed out");
+    refused(&mut e, SegmentId(99), None, 0, 256, "no such segment");
+    refused(&mut e, SegmentId(99), b, 2048, 256, "no such segment, `after` in another");
+    let gone = e.add_segment(4096).unwrap();
+    assert_eq!(e.remove_segment(gone), Some(4096));
+    refused(&mut e, gone, None, 0, 256, "a removed segment");
+
+    // After all that, the free ranges are still there to be placed.
+    let fill = e.allocate_at(seg, b, 2048, 2048).unwrap();
+    assert_eq!((fill.offset, fill.size), (2048, 2048));
+    let tail = e.allocate_at(seg, c, 5120, 11264).unwrap();
+    assert_eq!((tail.offset, tail.size), (5120, 11264));
+    assert_eq!(e.stats().free_blocks, 0);
+    e.check_index();
+
+    // An engine of whole blocks never splits, so it places nothing.
+    let mut whole = Engine::whole_blocks(256).unwrap();
+    let ws = whole.add_segment(4096).unwrap();
+    refused(&mut whole, ws, None, 0, 4096, "an engine of whole blocks, the whole segment");
+    refused(&mut whole, ws, None, 0, 256, "an engine of whole blocks");
+
+    // A withheld range is not free: neither a wholly withheld segment nor one between `after` and the range.
+    let mut w = Engine::new(256).unwrap();
+    let ws = w.add_withheld_segment(4 * GRANULE).unwrap();
+    refused(&mut w, ws, None, 0, 256, "the segment's first block is withheld");
+    // Live [0, G) | withheld [G, 3G) | free [3G, 7G) | live [7G, 8G).
+    let (mut h, hs) = holed_segment(&[1, 6, 1], 1, (1, 2));
+    let first = h.blocks_in(hs).next().unwrap().block;
+    assert!(first.is_some());
+    refused(&mut h, hs, first, GRANULE, 256, "the block after `after` is withheld");
+    refused(&mut h, hs, first, 3 * GRANULE, 256, "a withheld range lies between `after` and the range");
+}
+
+#[test]
+fn allocate_at_refuses_a_stale_or_parked_neighbour() {
+    let mut e = Engine::new(256).unwrap();
+    let seg = e.add_segment(16384).unwrap();
+    let a = e.allocate_at(seg, None, 0, 1024).unwrap();
+    let b = e.allocate_at(seg, Some(a.block), 1024, 1024).unwrap();
+    e.free(b.block).unwrap();
+    // b was the live block closest below 2048; freed, its id names nothing, though its range is free.
+    refused(&mut e, seg, Some(b.block), 2048, 256, "a freed `after`");
+    refused(&mut e, seg, Some(b.block), 1024, 256, "a freed `after`, at its own old offset");
+    // A freed block whose slot serves a new block at the same place: the old id is still refused.
+    e.free(a.block).unwrap();
+    let again = e.allocate_at(seg, None, 0, 1024).unwrap();
+    assert_eq!(again.block.index(), a.block.index(), "the freed block's slot serves again");
+    assert_ne!(again.block, a.block);
+    refused(&mut e, seg, Some(a.block), 1024, 256, "a stale `after` whose slot holds a live block");
+    refused(&mut e, seg, Some(b.block), 2048, 256, "a stale `after`");
+    // A parked neighbour is not live: neither its old id nor its parked one places.
+    let parked = e.park(again.block).unwrap();
+    refused(&mut e, seg, Some(again.block), 1024, 256, "the id a block had before it was parked");
+    refused(&mut e, seg, Some(parked), 1024, 256, "a parked `after`");
+    // Unparked, it is live again.
+    assert_eq!(e.unpark(parked), Some(parked));
+    let next = e.allocate_at(seg, Some(parked), 1024, 256).unwrap();
+    assert_eq!((next.offset, next.size), (1024, 256));
+    e.check_index();
+}
+
+#[test]
+fn allocate_at_refuses_a_neighbour_from_another_segment() {
+    let mut e = Engine::new(256).unwrap();
+    let s1 = e.add_segment(8192).unwrap();
+    let s2 = e.add_segment(8192).unwrap();
+    let x = e.allocate_at(s1, None, 0, 1024).unwrap();
+    let y = e.allocate_at(s2, None, 0, 1024).unwrap();
+    // Both segments are alike: a live block over [0, 1024), the rest free. Only each one's own block places there.
+    refused(&mut e, s2, Some(x.block), 1024, 1024, "`after` lies in the other segment");
+    refused(&mut e, s1, Some(y.block), 1024, 1024, "`after` lies in the other segment");
+    refused(&mut e, s1, Some(y.block), 4096, 256, "`after` lies in the other segment, past a gap");
+    let a = e.allocate_at(s2, Some(y.block), 1024, 1024).unwrap();
+    assert_eq!((a.segment, a.offset, a.size), (s2, 1024, 1024));
+    assert_eq!(layout(&e, s1), vec![(0, 1024, LIVE), (1024, 7168, FREE)], "the other segment is untouched");
+    e.check_index();
+}
+
+/// Operations for `allocate_at` against a shadow of live ranges.
+#[derive(Debug, Clone)]
+enum PlanOp {
+    /// Place a range in a segment (picked by the first value): its offset in alignment units (nudged off the
+    /// alignment when `misalign`), its size in units less `trim` bytes (rounded back up by the engine), and which
+    /// neighbour to name: mostly the true one, else none or a live block picked by `pick`.
+    Place { segment: usize, offset: u64, units: u64, trim: u64, neighbour: u8, pick: usize, misalign: bool },
+    /// Free a live block (picked by the value).
+    Free(usize),
+    /// Allocate by size, as a pool does for what no plan placed.
+    Alloc(u64),
+}
+
+fn plan_op() -> impl Strategy<Value = PlanOp> {
+    prop_oneof![
+        8 => (any::<usize>(), 0u64..72, 1u64..24, any::<u64>(), 0u8..10, any::<usize>(), prop::bool::weighted(0.05))
+            .prop_map(|(segment, offset, units, trim, neighbour, pick, misalign)| PlanOp::Place {
+                segment,
+                offset,
+                units,
+                trim,
+                neighbour,
+                pick,
+                misalign
+            }),
+        4 => any::<usize>().prop_map(PlanOp::Free),
+        1 => (1u64..8).prop_map(PlanOp::Alloc),
+    ]
+}
+
+/// A live block of the shadow.
+#[derive(Debug, Clone, Copy)]
+struct Placed {
+    segment: SegmentId,
+    offset: u64,
+    size: u64,
+    id: BlockId,
+}
+
+/// Checks the engine against the shadow: every segment's blocks are its live ranges and the maximal gaps between
+/// them, free; the counts agree.
+fn check_placed(e: &Engine, segments: &[(SegmentId, u64)], live: &[Placed]) {
+    e.check_index();
+    let mut free_blocks = 0;
+    let mut empty = 0;
+    for &(id, size) in segments {
+        let mut mine: Vec<Placed> = live.iter().copied().filter(|p| p.segment == id).collect();
+        mine.sort_unstable_by_key(|p| p.offset);
+        let mut expected = Vec::new();
+        let mut end = 0;
+        for p in &mine {
+            assert!(p.offset >= end, "overlap in the shadow at {p:?}");
+            if p.offset > end {
+                expected.push((end, p.offset - end, None));
+            }
+            expected.push((p.offset, p.size, Some(p.id)));
+            end = p.offset + p.size;
+        }
+        if end < size {
+            expected.push((end, size - end, None));
+        }
+        free_blocks += expected.iter().filter(|b| b.2.is_none()).count() as u64;
+        if mine.is_empty() {
+            empty += size;
+        }
+        let got: Vec<_> = e
+            .blocks_in(id)
+            .map(|b| {
+                assert_eq!(b.free, b.block.is_none(), "{b:?}: free or live, nothing else here");
+                (b.offset, b.size, b.block)
+            })
+            .collect();
+        assert_eq!(got, expected, "blocks of {id:?}");
+    }
+    let s = e.stats();
+    assert_eq!(s.allocated_bytes, live.iter().map(|p| p.size).sum::<u64>());
+    assert_eq!(s.live_blocks, live.len() as u64);
+    assert_eq!(s.free_blocks, free_blocks);
+    assert_eq!(s.empty_segment_bytes, empty);
+    assert_eq!(s.reserved_bytes, segments.iter().map(|s| s.1).sum::<u64>());
+}
+
+/// Random placements against a shadow of live ranges. With the true neighbour (the live block ending closest
+/// below the offset, or none), `allocate_at` must place exactly the ranges that lie inside the segment, aligned,
+/// and overlap no live block; with any other neighbour it must refuse (the free block after a block that is not
+/// the closest below cannot reach the range). Returns how many placements succeeded, and how many free ranges
+/// were refused for the wrong neighbour and how many ranges for overlapping a live block.
+fn run_planned(ops: &[PlanOp], alignment: u64, segment_units: &[u64]) -> (u64, u64, u64) {
+    let mut e = Engine::new(alignment).unwrap();
+    let segments: Vec<(SegmentId, u64)> =
+        segment_units.iter().map(|&u| (e.add_segment(u * alignment).unwrap(), u * alignment)).collect();
+    let mut live: Vec<Placed> = Vec::new();
+    let (mut placed, mut wrong_neighbour, mut overlapping) = (0, 0, 0);
+    for op in ops {
+        match *op {
+            PlanOp::Place { segment, offset, units, trim, neighbour, pick, misalign } => {
+                let (seg, seg_size) = segments[segment % segments.len()];
+                let offset = offset * alignment + if misalign { alignment / 2 } else { 0 };
+                let rounded = units * alignment;
+                let size = rounded - trim % alignment;
+                let end = offset + rounded;
+                let truth = live
+                    .iter()
+                    .filter(|p| p.segment == seg && p.offset + p.size <= offset)
+                    .max_by_key(|p| p.offset + p.size)
+                    .map(|p| p.id);
+                let after = match neighbour {
+                    0..=6 => truth,
+                    7 => None,
+                    _ if live.is_empty() => truth,
+                    _ => Some(live[pick % live.len()].id),
+                };
+                let overlaps = live.iter().any(|p| p.segment == seg && p.offset < end && offset < p.offset + p.size);
+                let free = offset.is_multiple_of(alignment) && end <= seg_size && !overlaps;
+                let was_empty = !live.iter().any(|p| p.segment == seg);
+                let before = snapshot(&e);
+                match e.allocate_at(seg, after, offset, size) {
+                    Some(a) => {
+                        assert!(free, "{a:?} placed over a live block or outside {seg:?} of {seg_size}");
+                        assert_eq!(after, truth, "{a:?} placed after {after:?}, not the closest block below");
+                        assert_eq!(
+                            (a.segment, a.offset, a.size, a.segment_was_empty),
+                            (seg, offset, rounded, was_empty)
+                        );
+                        live.push(Placed { segment: seg, offset, size: rounded, id: a.block });
+                        placed += 1;
+                    }
+                    None => {
+                        assert!(!free || after != truth, "refused the free range {offset}+{rounded} of {seg:?}");
+                        assert_eq!(snapshot(&e), before, "a refusal changed the engine");
+                        wrong_neighbour += u64::from(free);
+                        overlapping += u64::from(overlaps);
+                    }
+                }
+            }
+            PlanOp::Free(k) if !live.is_empty() => {
+                let p = live.swap_remove(k % live.len());
+                let freed = e.free(p.id).expect("a live block frees");
+                assert_eq!((freed.segment, freed.size), (p.segment, p.size));
+                assert_eq!(freed.segment_now_empty, !live.iter().any(|q| q.segment == p.segment));
+                assert!(e.allocate_at(p.segment, Some(p.id), p.offset + p.size, alignment).is_none(), "stale id");
+            }
+            PlanOp::Free(_) => {}
+            PlanOp::Alloc(units) => {
+                if let Some(a) = e.allocate(units * alignment) {
+                    live.push(Placed { segment: a.segment, offset: a.offset, size: a.size, id: a.block });
+                }
+            }
+        }
+        check_placed(&e, &segments, &live);
+    }
+    // Freed, every segment is one free block again.
+    for p in live.drain(..) {
+        e.free(p.id).unwrap();
+    }
+    check_placed(&e, &segments, &live);
+    for &(id, size) in &segments {
+        assert_eq!(layout(&e, id), vec![(0, size, FREE)]);
+        assert!(e.is_segment_empty(id));
+    }
+    let s = e.stats();
+    assert_eq!((s.empty_segment_bytes, s.free_blocks), (s.reserved_bytes, segments.len() as u64));
+    (placed, wrong_neighbour, overlapping)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+    #[test]
+    fn allocate_at_matches_a_shadow_of_live_ranges(
+        ops in prop::collection::vec(plan_op(), 1..300),
+        align_shift in 0u32..9,
+        segment_units in prop::collection::vec(1u64..80, 1..4),
+    ) {
+        run_planned(&ops, 1 << align_shift, &segment_units);
+    }
+}
+
+/// A longer deterministic sequence, dense enough that most placements meet live blocks.
+#[test]
+fn a_long_sequence_of_placements_matches_the_shadow() {
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let ops = prop::collection::vec(plan_op(), 20_000).new_tree(&mut runner).unwrap().current();
+    let (placed, wrong_neighbour, overlapping) = run_planned(&ops, 256, &[64, 40, 8]);
+    eprintln!("placed {placed}, refused {wrong_neighbour} for the neighbour, {overlapping} overlapping");
+    assert!(placed > 2000 && wrong_neighbour > 200 && overlapping > 1000, "every outcome is exercised");
+}
