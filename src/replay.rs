@@ -176,6 +176,8 @@ pub struct ReplayReport {
     pub limit_bytes: Option<u64>,
     /// The pool's peak of reserved bytes over the last pass alone: where a planned step settles.
     pub peak_reserved_bytes_last: u64,
+    /// Nanoseconds per op of the last pass alone (served from a plan where steps are planned).
+    pub ns_per_op_last: f64,
     /// Steps marked over all passes.
     pub steps: u64,
     /// Steps that ran as their plan foresaw.
@@ -366,6 +368,7 @@ pub fn replay<B: Backend>(
         if opts.repeat == 0 { stats.reserved_bytes.peak } else { after.reserved_bytes.peak.max(peak_warm) };
     let per_op = |d: Duration| if ops == 0 { 0.0 } else { d.as_nanos() as f64 / ops as f64 };
     let ns_per_op_cold = per_op(cold.elapsed);
+    let ns_per_op_last = warm.last().map_or(ns_per_op_cold, |&d| per_op(d));
     let ns_per_op_warm = if warm.is_empty() { ns_per_op_cold } else { per_op(median(&mut warm)) };
     let peak_reserved = stats.reserved_bytes.peak;
     Ok(ReplayReport {
@@ -392,6 +395,7 @@ pub fn replay<B: Backend>(
         ooms,
         limit_bytes: stats.limit_bytes,
         peak_reserved_bytes_last: peak_last,
+        ns_per_op_last,
         steps: after.num_steps,
         steps_planned: after.num_steps_planned,
         planned_allocs: after.num_planned_allocs,

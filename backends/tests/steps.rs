@@ -246,6 +246,36 @@ fn one_odd_step_keeps_the_plan_and_a_new_repeating_step_replaces_it() {
 }
 
 #[test]
+fn a_plan_that_raises_the_peak_is_dropped_and_not_made_again() {
+    let pool = pool(Memory::Plain);
+    let step = |persistent: bool| -> Option<BlockHandle> {
+        // Four 4 MiB blocks share a 20 MiB segment; the first step leaves a block of 1.5 MiB among them for good.
+        let (a, b) = (pool.allocate(4 * MIB, S0).unwrap(), pool.allocate(4 * MIB, S0).unwrap());
+        let kept = persistent.then(|| pool.allocate(3 * MIB / 2, S0).unwrap());
+        let (c, d) = (pool.allocate(4 * MIB, S0).unwrap(), pool.allocate(4 * MIB, S0).unwrap());
+        for block in [a, b, c, d] {
+            pool.free(&block).unwrap();
+        }
+        kept
+    };
+    pool.mark_step();
+    let kept = step(true);
+    let mut outcomes = vec![pool.mark_step().outcome];
+    for _ in 0..4 {
+        assert!(step(false).is_none());
+        outcomes.push(pool.mark_step().outcome);
+    }
+    // The plan's 16 MiB segment would come on top of the 20 MiB one the kept block pins, where the unplanned steps
+    // fit around it.
+    use StepOutcome::*;
+    assert_eq!(outcomes, [Recorded, Recorded, PlanMade, Unprofitable, Recorded], "the step is not planned again");
+    let stats = pool.stats();
+    assert_eq!((stats.num_step_plans, stats.planned_bytes), (1, 0));
+    assert_eq!(stats.reserved_bytes.current, 20 * MIB, "{stats:?}");
+    pool.free(&kept.unwrap()).unwrap();
+}
+
+#[test]
 fn release_cached_takes_the_plans_segment_and_planning_starts_over() {
     let mut r = Runner::new(pool(Memory::Plain));
     let step = training_step(1);

@@ -327,6 +327,7 @@ impl<S> State<S> {
         let reserved = self.reserved();
         self.stats.reserved_bytes.set(reserved);
         self.reserved_high_water = self.reserved_high_water.max(reserved);
+        self.steps.step_peak = self.steps.step_peak.max(reserved);
         self.update_split();
     }
 
