@@ -396,7 +396,7 @@ pub(crate) fn set_limit(device: i64, bytes: u64) -> Result<(), String> {
 /// Marks the end of a step on `device` (or every device for -1): steps that repeat are served from a plan (see
 /// `umm_backends::Pool::mark_step`), and records the mark in the trace of `UMM_TRACE`.
 pub(crate) fn mark_step(device: i64) -> Result<(), String> {
-    let targets = registry().targets(device)?;
+    let targets = registry().targets(device).map_err(|e| format!("umm_mark_step: {e}"))?;
     trace::record_step();
     let _scope = ContextScope::enter();
     for (slot, _) in targets {

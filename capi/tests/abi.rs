@@ -117,11 +117,15 @@ fn cache_limit_and_peaks_of_a_missing_device_fail_cleanly() {
     assert!(last_error().is_some());
     assert_eq!(umm_set_limit(device, 1 << 30), -1);
     assert_eq!(umm_reset_peaks(device), -1);
+    umm_clear_error();
+    assert_eq!(umm_mark_step(device), -1);
+    assert!(last_error().is_some_and(|e| e.starts_with("umm_mark_step")), "{:?}", last_error());
     // "Every device" with no devices is nothing to do, not an error.
     if !cuda_present() {
         assert_eq!(umm_empty_cache(-1), 0);
         assert_eq!(umm_set_limit(-1, 0), 0);
         assert_eq!(umm_reset_peaks(-1), 0);
+        assert_eq!(umm_mark_step(-1), 0);
     }
 }
 
@@ -163,6 +167,36 @@ fn round_trip_on_a_gpu_when_present() {
     assert_eq!(v["live_pointers"].as_u64(), Some(1));
     free(b, 1000, 0);
     assert!(umm_empty_cache(0) >= 0);
+}
+
+/// On a GPU machine: a step that repeats is served from a plan once steps are marked, each block at its own place.
+#[test]
+fn marked_steps_are_planned_on_a_gpu_when_present() {
+    if !cuda_present() {
+        return skip_or_fail("cuda", "planned steps through the C ABI need a device");
+    }
+    let _device = device_0();
+    let before = stats_of_device_0();
+    let sizes: [isize; 5] = [3 << 20, 1 << 20, 24 << 20, 512 << 10, 7 << 20];
+    assert_eq!(umm_mark_step(0), 0, "{:?}", last_error());
+    for _ in 0..5 {
+        let live: Vec<*mut c_void> = sizes.iter().map(|&size| alloc(size, 0)).collect();
+        assert!(live.iter().all(|p| !p.is_null()), "{:?}", last_error());
+        // Blocks live at once never share a byte.
+        let mut ranges: Vec<(usize, usize)> =
+            live.iter().zip(&sizes).map(|(&p, &n)| (p as usize, n as usize)).collect();
+        ranges.sort_unstable();
+        assert!(ranges.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0), "{ranges:x?}");
+        for (p, size) in live.into_iter().zip(sizes).rev() {
+            free(p, size, 0);
+        }
+        assert_eq!(umm_mark_step(0), 0, "{:?}", last_error());
+    }
+    let after = stats_of_device_0();
+    let grew = |key: &str| after[key].as_u64().unwrap() - before[key].as_u64().unwrap();
+    assert!(grew("num_steps_planned") >= 2, "{after}");
+    assert!(grew("num_planned_allocs") >= 2 * sizes.len() as u64, "{after}");
+    assert!(after["planned_bytes"].as_u64().unwrap() >= (35 << 20) + (512 << 10), "{after}");
 }
 
 /// Device 0's statistics as JSON.
