@@ -9,6 +9,7 @@
 //! | `UMM_SMALL_MAX`, `UMM_MEDIUM_MAX` | bytes | size-class thresholds of the decision table |
 //! | `UMM_PRESSURE` | a fraction in [0, 1] | used share of a device above which Auto avoids it |
 //! | `UMM_ZERO`, `UMM_POISON` | `0`/`1`, `true`/`false`, `on`/`off` | zero every allocation; poison every freed block |
+//! | `UMM_PLAN_STEPS` | `0`/`1`, `true`/`false`, `on`/`off` (default on) | serve repeating steps marked with `mark_step` from a plan; off, steps are only counted |
 //! | `UMM_BACKENDS` | a comma list of `cuda`, `opencl`, `wgpu` (or `none`; not empty) | which APIs discovery probes |
 //! | `UMM_MAPPED_SLACK` | a fraction >= 0 or `off` | opt-in trimming on the allocation path: how far reserved may exceed live memory in virtual reservations before free pages are unmapped to map others (default `off`: only the limit, out of memory and cleanup rounds trim, so a repeating workload makes no driver call once warm) |
 //! | `UMM_CROSS_STREAM` | `off`, `completed`, `wait` | when memory one stream freed may serve another stream's miss: once a mark after the free has passed (default), at once with the taker made to wait for it on the device, or never |
@@ -135,8 +136,11 @@ impl UmmConfig {
                 .filter(|f| (0.0..=1.0).contains(f))
                 .ok_or_else(|| invalid("UMM_PRESSURE", v, "a fraction in [0, 1]"))?;
         }
-        for (var, field) in [("UMM_ZERO", &mut self.pool.zero_on_alloc), ("UMM_POISON", &mut self.pool.poison_on_free)]
-        {
+        for (var, field) in [
+            ("UMM_ZERO", &mut self.pool.zero_on_alloc),
+            ("UMM_POISON", &mut self.pool.poison_on_free),
+            ("UMM_PLAN_STEPS", &mut self.pool.plan_steps),
+        ] {
             if let Some(v) = lookup(var) {
                 *field = parse_bool(&v).ok_or_else(|| invalid(var, v, "0/1, true/false, on/off or yes/no"))?;
             }
@@ -362,6 +366,7 @@ pub const KNOWN_VARS: &[&str] = &[
     "UMM_PRESSURE",
     "UMM_ZERO",
     "UMM_POISON",
+    "UMM_PLAN_STEPS",
     "UMM_BACKENDS",
     "UMM_MAPPED_SLACK",
     "UMM_SEGMENT_SLACK",
@@ -514,6 +519,7 @@ mod tests {
             ("UMM_THREAD_CACHE", "0"),
             ("UMM_THREAD_CACHE_LARGE", "64MiB"),
             ("UMM_CROSS_STREAM", " Wait"),
+            ("UMM_PLAN_STEPS", "off"),
         ]
         .into();
         let mut config = UmmConfig::default();
@@ -523,6 +529,7 @@ mod tests {
         assert_eq!((config.pool.thread_cache_bytes, config.pool.thread_cache_large_bytes), (0, 64 << 20));
         assert_eq!(config.pool.strategy, Strategy::Direct);
         assert_eq!(config.pool.cross_stream, umm_backends::CrossStream::Wait);
+        assert!(!config.pool.plan_steps);
         assert!(config.pool.zero_on_alloc);
         assert!(!config.cuda && config.opencl && !config.wgpu);
 
@@ -549,6 +556,7 @@ mod tests {
             ("UMM_PROFILE_CAPACITY", "lots"),
             ("UMM_TRACE", " "),
             ("UMM_CROSS_STREAM", "sometimes"),
+            ("UMM_PLAN_STEPS", "sometimes"),
         ] {
             let err = UmmConfig::default().apply_vars(|k| (k == var).then(|| value.to_string())).unwrap_err();
             let text = err.to_string();

@@ -12,7 +12,9 @@
  * All functions are thread-safe.
  *
  * Environment (read once, at the first call): UMM_SEGMENT_MODE = auto (default: large blocks in one virtual
- * reservation mapped in 2 MiB pages where the device supports it) | plain | virtual; UMM_STRATEGY = pooled
+ * reservation mapped in pages where the device supports it; UMM_PAGE_SIZE, 32 MiB by default) | plain | virtual;
+ * UMM_CROSS_STREAM = completed (default) | wait | off: when memory freed on one stream may serve another;
+ * UMM_PLAN_STEPS = on (default) | off: whether steps marked with umm_mark_step are served from a plan; UMM_STRATEGY = pooled
  * (default) | direct (no caching, for debugging); UMM_HUGE_MIN = bytes (default 0: off): next to a virtual pool,
  * requests of at least this size go to a second pool of plain segments, one segment each, which the next request
  * of the same size reuses whole; UMM_TRACE = path: every allocation and free written as an umm-trace v1 file for

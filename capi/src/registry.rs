@@ -156,9 +156,9 @@ fn pool_config(var: impl Fn(&str) -> Option<String>) -> Result<PoolConfig, Strin
     }
     if let Some(v) = var("UMM_PLAN_STEPS") {
         config.plan_steps = match v.trim().to_ascii_lowercase().as_str() {
-            "on" | "1" | "true" => true,
-            "off" | "0" | "false" => false,
-            _ => return Err(format!("UMM_PLAN_STEPS={v:?} is not one of on, off")),
+            "on" | "1" | "true" | "yes" => true,
+            "off" | "0" | "false" | "no" => false,
+            _ => return Err(format!("UMM_PLAN_STEPS={v:?} is not one of on, off (1/0, true/false, yes/no)")),
         };
     }
     if let Some(v) = var("UMM_STRATEGY") {
