@@ -43,7 +43,8 @@ pub use host::{host_memory, HostBackend};
 pub use lock::{LeanGuard, LeanMutex};
 pub use pool::{
     parse_size, BlockSnapshot, CrossStream, Limit, Pool, PoolConfig, PoolSnapshot, SegmentMode, SegmentSnapshot,
-    StepOutcome, StepReport, Strategy, TrimReport, DEFAULT_PAGE_UNLIMITED, MISSES_TO_DROP, REPEATS_TO_PLAN,
+    StepOutcome, StepReport, Strategy, TrimReport, DEFAULT_PAGE_UNLIMITED, MAX_STEP_EVENTS, MISSES_TO_DROP,
+    REPEATS_TO_PLAN,
 };
 pub use sim::{SimBackend, SimStreamLog};
 pub use stats::{PoolStats, Stat};

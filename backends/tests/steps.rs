@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use std::collections::HashMap;
 use umm_backends::{
     BlockHandle, HostBackend, MemoryPool, Pool, PoolConfig, SegmentMode, SimBackend, StepOutcome, StreamId,
-    MISSES_TO_DROP, REPEATS_TO_PLAN,
+    MAX_STEP_EVENTS, MISSES_TO_DROP, REPEATS_TO_PLAN,
 };
 
 const KIB: u64 = 1 << 10;
@@ -292,6 +292,29 @@ fn release_cached_takes_the_plans_segment_and_planning_starts_over() {
     assert_eq!(r.end_step(), StepOutcome::PlanMade);
     r.run(&step);
     assert_eq!(r.end_step(), StepOutcome::Planned);
+}
+
+#[test]
+fn a_step_too_long_to_record_is_not_planned_and_its_record_stops_growing() {
+    let pool = pool(Memory::Plain);
+    pool.mark_step();
+    // Alike steps, each one operation past the record's bound.
+    for _ in 0..3 {
+        for _ in 0..MAX_STEP_EVENTS / 2 {
+            let block = pool.allocate(4 * KIB, S0).unwrap();
+            pool.free(&block).unwrap();
+        }
+        let block = pool.allocate(4 * KIB, S0).unwrap();
+        pool.free(&block).unwrap();
+        assert_eq!(pool.mark_step().outcome, StepOutcome::Recorded);
+    }
+    // A short step after them is recorded afresh, and planned once it repeats.
+    let short = || {
+        let block = pool.allocate(4 * KIB, S0).unwrap();
+        pool.free(&block).unwrap();
+        pool.mark_step().outcome
+    };
+    assert_eq!([short(), short(), short()], [StepOutcome::Recorded, StepOutcome::PlanMade, StepOutcome::Planned]);
 }
 
 #[test]

@@ -46,7 +46,7 @@ mod trim;
 
 pub use config::{parse_size, CrossStream, Limit, PoolConfig, SegmentMode, Strategy};
 pub use snapshot::{BlockSnapshot, PoolSnapshot, SegmentSnapshot};
-pub use steps::{StepOutcome, StepReport, MISSES_TO_DROP, REPEATS_TO_PLAN};
+pub use steps::{StepOutcome, StepReport, MAX_STEP_EVENTS, MISSES_TO_DROP, REPEATS_TO_PLAN};
 pub use trim::TrimReport;
 
 use crate::backend::PoolAccess;

@@ -49,6 +49,11 @@ pub const REPEATS_TO_PLAN: u32 = 2;
 /// Steps in a row that deviate from the plan before it is dropped: one odd step keeps it.
 pub const MISSES_TO_DROP: u32 = 2;
 
+/// The most operations of one step that are recorded (24 bytes each; a GPT-2 training step makes about 3,200): a
+/// longer step (or a program that marked one step and never the next) is not planned, and its record stops growing
+/// there.
+pub const MAX_STEP_EVENTS: usize = 1 << 20;
+
 /// What [`Pool::mark_step`] found at the end of the step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -166,6 +171,8 @@ pub(super) struct Steps {
     refused: bool,
     /// The most reserved bytes since the current step began (kept by [`State::update_reserved`]).
     pub(super) step_peak: u64,
+    /// The step ran past [`MAX_STEP_EVENTS`]: its record was dropped.
+    overflowed: bool,
 }
 
 impl Steps {
@@ -174,7 +181,7 @@ impl Steps {
     pub(super) fn note_alloc(&mut self, size: u64, stream: StreamId) -> (u32, Route) {
         let ordinal = self.allocs;
         self.allocs += 1;
-        self.log.push(Event::Alloc { size, stream });
+        self.record(Event::Alloc { size, stream });
         let Some(plan) = &self.plan else { return (ordinal, Route::Pool) };
         let Some(&Some(place)) = plan.places.get(ordinal as usize) else { return (ordinal, Route::Pool) };
         if plan.stream != stream || place.size != size {
@@ -206,7 +213,21 @@ impl Steps {
                 *live = None;
             }
         }
-        self.log.push(Event::Free { ordinal });
+        self.record(Event::Free { ordinal });
+    }
+
+    /// Appends to the step's record, up to [`MAX_STEP_EVENTS`]; past it the record is dropped for good (until the
+    /// step ends), so that it never matches and costs no more memory.
+    fn record(&mut self, event: Event) {
+        if self.overflowed {
+            return;
+        }
+        if self.log.len() >= MAX_STEP_EVENTS {
+            self.overflowed = true;
+            self.log = Vec::new();
+            return;
+        }
+        self.log.push(event);
     }
 
     /// Ends the step, whose reserved bytes peaked at `peak`: compares it with the plan or the step before.
@@ -214,6 +235,20 @@ impl Steps {
         let log = std::mem::take(&mut self.log);
         self.open.clear();
         self.allocs = 0;
+        if std::mem::take(&mut self.overflowed) {
+            // Too long to plan: it matches no plan and no step.
+            if let Some(plan) = self.plan.as_mut() {
+                plan.live.fill(None);
+                plan.on_trial = None;
+                plan.misses += 1;
+                if plan.misses >= MISSES_TO_DROP {
+                    self.drop_plan(true);
+                }
+            }
+            self.previous = None;
+            self.repeats = 0;
+            return StepEnd::Nothing(StepOutcome::Recorded);
+        }
         if let Some(plan) = self.plan.as_mut() {
             plan.live.fill(None);
             if plan.events == log {
