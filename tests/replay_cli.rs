@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const FIELDS: [&str; 18] = [
+const FIELDS: [&str; 24] = [
     "trace",
     "backend",
     "device",
@@ -22,6 +22,12 @@ const FIELDS: [&str; 18] = [
     "oom_retries",
     "ooms",
     "limit_bytes",
+    "peak_reserved_bytes_last",
+    "ns_per_op_last",
+    "steps",
+    "steps_planned",
+    "planned_allocs",
+    "plan_fallbacks",
 ];
 
 /// Writes a small trace (a few sizes, two streams, one block left live) and returns its path.
@@ -258,4 +264,20 @@ fn gpt2_train_on_sim_reserves_at_most_ten_percent_over_live() {
     assert_eq!(report["ooms"], 0);
     let ratio = report["reserved_over_live"].as_f64().unwrap();
     assert!(ratio <= 1.10, "gpt2_train reserved/live {ratio} > 1.10: {report}");
+}
+
+#[test]
+fn steps_per_pass_are_planned_and_a_bad_steps_value_is_refused() {
+    let path = small_trace("steps");
+    let output = umm(&["replay", "--json", "--repeat", "3", "--steps", "pass", path.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let line = &json_lines(&output)[0];
+    assert_eq!((line["steps"].as_u64(), line["steps_planned"].as_u64()), (Some(5), Some(2)), "{line}");
+    assert!(line["planned_allocs"].as_u64().unwrap() > 0, "{line}");
+    assert!(line["peak_reserved_bytes_last"].as_u64() <= line["peak_reserved_bytes"].as_u64(), "{line}");
+
+    let output = umm(&["replay", "--steps", "sometimes", path.to_str().unwrap()]);
+    assert!(!output.status.success());
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("--steps") && stderr.contains("trace, pass, off"), "{stderr}");
 }
