@@ -10,13 +10,13 @@ use crate::registry::{self, Device};
 use crate::stats::{DeviceStats, GlobalMemoryStats, PoolStatsEntry};
 use crate::{Error, Result, UmmConfig};
 use parking_lot::{Mutex, RwLock};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use umm_backends::{OwnedBlock, PoolStats, StreamId};
 use umm_placement::{
-    AccessPattern, Decider, Decision, DeviceSelector, DeviceView, Placement, Recommendations, Request, SizeClass,
-    Subject, UsageTracker,
+    AccessPattern, Decider, Decision, DeviceKind, DeviceSelector, DeviceView, Placement, Recommendations, Request,
+    SizeClass, Subject, UsageTracker,
 };
 
 /// Numbers managers, so that a thread's placements (see [`front`]) name the manager they belong to.
@@ -93,6 +93,31 @@ pub(crate) struct Inner {
     refresh: Mutex<Signature>,
     /// The placements threads reuse (they hold `Weak`s): kept alive by the manager, not by idle threads.
     placed: Mutex<Vec<Arc<Placed>>>,
+    /// The current device's index, where explicit placements without a selector go; [`NO_DEVICE`] for none.
+    current: AtomicUsize,
+}
+
+/// [`Inner::current`] when there is no current device.
+const NO_DEVICE: usize = usize::MAX;
+
+/// The device explicit placements go to unless told otherwise: the GPU (or simulated GPU) with the most memory,
+/// the first one among equals, CUDA's before another API's; `None` where there is none (software devices do not
+/// count: they are host memory behind a slower API).
+fn best_real_device(views: &[DeviceView]) -> Option<usize> {
+    let real =
+        |d: &&DeviceView| matches!(d.kind, DeviceKind::DiscreteGpu | DeviceKind::IntegratedGpu | DeviceKind::Simulated);
+    views
+        .iter()
+        .filter(real)
+        .max_by(|a, b| {
+            let cuda = |d: &DeviceView| d.has_api(umm_placement::Api::Cuda);
+            (a.total_bytes, cuda(a), std::cmp::Reverse(a.index)).cmp(&(
+                b.total_bytes,
+                cuda(b),
+                std::cmp::Reverse(b.index),
+            ))
+        })
+        .map(|d| d.index)
 }
 
 /// What decisions depend on besides the request: which devices are under pressure, their order by free memory,
@@ -274,6 +299,7 @@ impl Builder {
         let profiler = Arc::new(Profiler::new(&self.config.profiler)?);
         let views: Vec<DeviceView> = found.devices.iter().map(|d| d.view()).collect();
         let signature = Signature::of(&views, self.config.decision.pressure_threshold, None);
+        let current = best_real_device(&views).unwrap_or(NO_DEVICE);
         Ok(UniversalMemoryManager {
             inner: Arc::new(Inner {
                 config: self.config,
@@ -291,6 +317,7 @@ impl Builder {
                 born: Instant::now(),
                 refresh: Mutex::new(signature),
                 placed: Mutex::new(Vec::new()),
+                current: AtomicUsize::new(current),
             }),
         })
     }
@@ -335,11 +362,45 @@ impl UniversalMemoryManager {
     /// Where a request would go, and why, without allocating. Decided on the device figures of the last refresh
     /// (at most a few milliseconds old while allocations go on; see [`UniversalMemoryManager::cleanup`]).
     pub fn decide(&self, bytes: u64, options: &AllocOptions) -> Result<Decision> {
-        let request =
-            Request::new(bytes).placement(options.placement).access(options.access).selector(options.selector);
+        let request = Request::new(bytes)
+            .placement(options.placement)
+            .access(options.access)
+            .selector(options.selector)
+            .current(self.current_device());
         let evidence = self.evidence();
         let views = Arc::clone(&self.inner.views.read());
         Ok(self.inner.decider.decide_shared(&request, &views, evidence.as_deref())?)
+    }
+
+    /// The current device: where explicit placements (`DeviceLocal`, `ReadOnly`, `HostPinned`) without a
+    /// selector go when it offers their pool, so that consecutive buffers land on one device and API, as with
+    /// cudarc's or PyTorch's current device. By default the GPU with the most memory (CUDA's view of it first);
+    /// `None` on a machine without one, where those placements go to host memory. `Auto` is not bound to it.
+    pub fn current_device(&self) -> Option<usize> {
+        Some(self.inner.current.load(Ordering::Relaxed)).filter(|&d| d != NO_DEVICE)
+    }
+
+    /// Sets the current device (see [`UniversalMemoryManager::current_device`]) to device `index`, any device
+    /// [`UniversalMemoryManager::devices`] lists, a software one included, or to none. Later decisions use it;
+    /// buffers already placed stay where they are.
+    ///
+    /// # Errors
+    /// [`Error::Placement`] ([`umm_placement::Error::NoDevice`]) when no device has that index.
+    pub fn set_current_device(&self, index: Option<usize>) -> Result<()> {
+        if let Some(index) = index {
+            if !self.inner.devices.iter().any(|d| d.index() == index) {
+                let views = self.inner.views.read();
+                return Err(umm_placement::Error::NoDevice {
+                    asked: format!("device index {index} as the current device"),
+                    available: views.iter().map(|d| format!("{} ({})", d.index, d.name)).collect::<Vec<_>>().join(", "),
+                }
+                .into());
+            }
+        }
+        self.inner.current.store(index.unwrap_or(NO_DEVICE), Ordering::Relaxed);
+        // Placements threads remember were made for the old device.
+        self.inner.epoch.advance();
+        Ok(())
     }
 
     /// Allocates `n` elements of `T` where `placement` (and the decision table) says.

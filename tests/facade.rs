@@ -477,3 +477,61 @@ fn the_manager_is_shared_across_threads() {
     }
     assert_eq!(mm.global_memory_stats().total.allocated_bytes.current, 0);
 }
+
+#[test]
+fn explicit_placements_without_a_selector_land_on_the_current_device_or_host_memory() {
+    // Whatever this machine has (CI: PoCL and lavapipe, software devices; a GPU machine: its GPU), every explicit
+    // placement without a selector lands on the current device, or in host memory where there is none, and twice
+    // in a row on the same device and pool.
+    let mm = UniversalMemoryManager::new().unwrap();
+    let current = mm.current_device();
+    if let Some(index) = current {
+        let device = mm.devices().into_iter().find(|d| d.index() == index).unwrap();
+        assert!(!matches!(device.kind(), umm::DeviceKind::Cpu | umm::DeviceKind::Host), "{}", device.name());
+    }
+    for placement in [Placement::DeviceLocal, Placement::ReadOnly, Placement::HostPinned] {
+        let first = mm.decide(32 * MIB, &AllocOptions::new().placement(placement)).unwrap();
+        let second = mm.decide(MIB, &AllocOptions::new().placement(placement)).unwrap();
+        assert_eq!((first.device, first.pool), (second.device, second.pool), "{placement}");
+        match current {
+            Some(index) => {
+                assert_eq!(first.device, index, "{placement}: {}", first.reason());
+                assert!(first.reason().contains("is the current device"), "{}", first.reason());
+            }
+            None => {
+                let host = mm.devices().into_iter().find(|d| d.kind() == umm::DeviceKind::Host).unwrap();
+                assert_eq!(first.device, host.index(), "{placement}: {}", first.reason());
+                assert!(matches!(first.pool, PoolKind::Host | PoolKind::HostPinned), "{}", first.reason());
+            }
+        }
+    }
+}
+
+#[test]
+fn the_current_device_is_the_largest_gpu_until_set_and_a_missing_one_is_refused() {
+    let mm = UniversalMemoryManager::builder()
+        .backends(false, false, false)
+        .simulated_device(1 << 30)
+        .simulated_device(2 << 30)
+        .build()
+        .unwrap();
+    assert_eq!(mm.current_device(), Some(2), "the larger simulated device");
+    let local = AllocOptions::new().placement(Placement::DeviceLocal);
+    assert_eq!(mm.allocate_universal_with::<u8>(MIB as usize, local.clone()).unwrap().device().index(), 2);
+    mm.set_current_device(Some(1)).unwrap();
+    assert_eq!(mm.current_device(), Some(1));
+    // The switch reaches placements threads remembered for the old device.
+    assert_eq!(mm.allocate_universal_with::<u8>(MIB as usize, local.clone()).unwrap().device().index(), 1);
+    let err = mm.set_current_device(Some(7)).unwrap_err();
+    assert!(err.is_no_device() && err.to_string().contains("device index 7"), "{err}");
+    assert_eq!(mm.current_device(), Some(1), "a refused index changes nothing");
+    // None: the decider chooses (the most free memory), as before there was a current device.
+    mm.set_current_device(None).unwrap();
+    assert_eq!(mm.current_device(), None);
+    let d = mm.decide(MIB, &local).unwrap();
+    assert_eq!(d.device, 2, "{}", d.reason());
+    assert!(!d.reason().contains("current device"), "{}", d.reason());
+    // The host as the current device: explicit placements go to host memory.
+    mm.set_current_device(Some(0)).unwrap();
+    assert_eq!(mm.decide(MIB, &local).unwrap().device, 2, "the host offers no device-local pool: the decider chooses");
+}

@@ -23,12 +23,28 @@ pub struct Request {
     pub access: AccessPattern,
     /// Which devices it may go to.
     pub selector: DeviceSelector,
+    /// The caller's current device (a [`DeviceView::index`]): where an explicit placement without a selector goes
+    /// when that device offers its pool (see [`Decider`]). `None`: the decider chooses among all devices.
+    #[serde(default)]
+    pub current: Option<usize>,
 }
 
 impl Request {
     /// A request for `bytes` bytes: `Auto`, access `Unknown`, any device.
     pub fn new(bytes: u64) -> Self {
-        Request { bytes, placement: Placement::Auto, access: AccessPattern::Unknown, selector: DeviceSelector::Any }
+        Request {
+            bytes,
+            placement: Placement::Auto,
+            access: AccessPattern::Unknown,
+            selector: DeviceSelector::Any,
+            current: None,
+        }
+    }
+
+    /// Sets the current device: explicit placements without a selector go there.
+    pub fn current(mut self, device: Option<usize>) -> Self {
+        self.current = device;
+        self
     }
 
     /// Sets the placement.
@@ -142,8 +158,10 @@ enum Why {
 enum Step {
     /// No accelerator at all: host memory.
     HostOnly { kind: PoolKind, host: usize },
-    /// Accelerators exist, but only software or CPU ones, which Auto does not choose.
+    /// Accelerators exist, but only software or CPU ones, which are chosen only when a selector names them.
     SoftwareShunned { kind: PoolKind, host: usize },
+    /// An explicit placement without a selector, on the caller's current device.
+    Current(usize),
     /// Auto's table row.
     TableRule(&'static str),
     /// Usage evidence overrode the table.
@@ -254,8 +272,8 @@ impl Render<'_> {
         let req = self.request;
         match step {
             Step::SoftwareShunned { kind, host } => format!(
-                "host memory: Auto does not choose software or CPU devices ({}), which are host memory behind a \
-                 slower API (select one by index or API to use it), so it goes to {} on {}",
+                "host memory: software or CPU devices ({}) are host memory behind a slower API and serve only \
+                 requests that select them (by index or API), so it goes to {} on {}",
                 self.devices
                     .iter()
                     .filter(|d| d.kind == DeviceKind::Cpu)
@@ -304,6 +322,11 @@ impl Render<'_> {
                 format!("{} is honoured on {} although {}", req.placement, self.label(*at), self.pressure_fact(*at))
             }
             Step::Chose(at) => format!("chose {}: {}", self.label(*at), self.devices[*at].describe_memory()),
+            Step::Current(at) => format!(
+                "{} is the current device (set it with set_current_device, or select another): {}",
+                self.label(*at),
+                self.devices[*at].describe_memory()
+            ),
             Step::FallsBackToHost => "it falls back to host memory".to_owned(),
             Step::PinnedThrough(at) => {
                 let zero_copy = if self.devices[*at].shares_memory_with_host {
@@ -364,8 +387,11 @@ impl Render<'_> {
 /// - **Largest allocation**: when the decider chooses the device (selector `Any`), a device whose
 ///   [`DeviceView::max_allocation`] is below the request is passed over, with the reason; with none left the
 ///   chain goes on (for `DeviceLocal`, to pinned host memory).
-/// - **Software devices**: `Auto` with selector `Any` never picks a [`DeviceKind::Cpu`] device (llvmpipe,
+/// - **Software devices**: with selector `Any` no placement goes to a [`DeviceKind::Cpu`] device (llvmpipe,
 ///   lavapipe, PoCL) while host memory is among the views: it is host memory behind a slower API.
+/// - **Current device**: an explicit placement with selector `Any` goes to [`Request::current`] when that device
+///   offers its pool (for `ReadOnly`, read-only memory, else device-local) and can hold the request in one
+///   allocation; otherwise the rules below choose.
 /// - **Shared memory**: if the chosen device shares memory with the host and offers a pinned pool, Auto turns
 ///   `DeviceLocal` into `HostPinned` (zero-copy). `ReadOnly` stays.
 /// - **Pinned memory** goes through the selected accelerator with the most free memory that offers a pinned pool
@@ -431,10 +457,10 @@ impl Decider {
         }
         let all: &[DeviceView] = devices;
         let size_class = SizeClass::of(req.bytes, &self.config.thresholds);
-        // Auto on any device never picks a software or CPU runtime (llvmpipe, lavapipe, PoCL) while host memory
-        // is there: it is host memory behind a slower API. Such a device serves when a selector names it.
+        // Without a selector no placement goes to a software or CPU runtime (llvmpipe, lavapipe, PoCL) while host
+        // memory is there: it is host memory behind a slower API. Such a device serves when a selector names it.
         let host_exists = all.iter().any(|d| d.kind == DeviceKind::Host);
-        let shun_software = req.placement == Placement::Auto && req.selector == DeviceSelector::Any && host_exists;
+        let shun_software = req.selector == DeviceSelector::Any && host_exists;
         let usable = |d: &DeviceView| !(shun_software && d.kind == DeviceKind::Cpu);
         let candidates: Vec<usize> =
             (0..all.len()).filter(|&i| req.selector.matches(&all[i]) && usable(&all[i])).collect();
@@ -487,6 +513,24 @@ impl Decider {
             steps.push(Step::NoAcceleratorSelected);
         }
 
+        // An explicit placement without a selector goes to the current device where it offers the pool (the first
+        // of the chain it offers), as a cudarc or PyTorch user expects, so that consecutive buffers share a device
+        // and an API; it is honoured there under pressure, as explicit placements are.
+        let current = req.current.filter(|_| !auto && req.selector == DeviceSelector::Any);
+        if let Some(at) = current.and_then(|index| accels.iter().copied().find(|&i| all[i].index == index)) {
+            let offered = match want {
+                Placement::ReadOnly => {
+                    [PoolKind::ReadOnly, PoolKind::DeviceLocal].into_iter().find(|&k| all[at].offers(k))
+                }
+                Placement::DeviceLocal => Some(PoolKind::DeviceLocal).filter(|&k| all[at].offers(k)),
+                Placement::HostPinned => Some(PoolKind::HostPinned).filter(|&k| all[at].offers(k)),
+                Placement::Auto => None,
+            };
+            if let Some(kind) = offered.filter(|_| all[at].fits(req.bytes)) {
+                steps.push(Step::Current(at));
+                return Ok(decision(at, kind, steps));
+            }
+        }
         let chain: &[PoolKind] = match want {
             Placement::ReadOnly => &[PoolKind::ReadOnly, PoolKind::DeviceLocal],
             Placement::DeviceLocal => &[PoolKind::DeviceLocal],

@@ -370,22 +370,32 @@ fn software(index: usize) -> DeviceView {
 }
 
 #[test]
-fn auto_never_picks_a_software_device_while_host_memory_exists() {
+fn no_placement_without_a_selector_picks_a_software_device_while_host_memory_exists() {
     let devices = [host(0), software(1)];
-    for access in AccessPattern::iter() {
-        for bytes in [SMALL, MEDIUM, LARGE] {
-            let d = decide(auto(bytes, access), &devices);
-            assert_eq!(d.device, 0, "{access} {bytes}: {}", d.reason());
-            assert!(d.reason().contains("does not choose software or CPU devices"), "{}", d.reason());
+    for placement in Placement::iter() {
+        for access in AccessPattern::iter() {
+            for bytes in [SMALL, MEDIUM, LARGE] {
+                let d = decide(Request::new(bytes).placement(placement).access(access), &devices);
+                assert_eq!(d.device, 0, "{placement} {access} {bytes}: {}", d.reason());
+                assert!(matches!(d.pool, PoolKind::Host | PoolKind::HostPinned), "{}", d.reason());
+                assert!(d.reason().contains("software or CPU devices (device 1 (llvmpipe))"), "{}", d.reason());
+                assert!(d.reason().contains("serve only requests that select them"), "{}", d.reason());
+            }
         }
     }
-    // Named by a selector, or asked for explicitly, it serves.
+    // Explicit pinned memory stays pinned; Auto's small buffers too.
+    let d = decide(Request::new(MEDIUM).placement(Placement::HostPinned), &devices);
+    assert_eq!((d.device, d.pool), (0, PoolKind::HostPinned), "{}", d.reason());
+    // Named by a selector, it serves.
     let d = decide(auto(MEDIUM, AccessPattern::Unknown).selector(DeviceSelector::Index(1)), &devices);
     assert_eq!(d.device, 1, "{}", d.reason());
     let d = decide(auto(MEDIUM, AccessPattern::Unknown).selector(DeviceSelector::Api(Api::Wgpu)), &devices);
     assert_eq!(d.device, 1, "{}", d.reason());
-    let d = decide(Request::new(MEDIUM).placement(Placement::DeviceLocal), &devices);
+    let d = decide(Request::new(MEDIUM).placement(Placement::DeviceLocal).selector(DeviceSelector::Index(1)), &devices);
     assert_eq!((d.device, d.pool), (1, PoolKind::DeviceLocal), "{}", d.reason());
+    // A current device that is a software one still serves explicit placements: the caller named it.
+    let d = decide(Request::new(MEDIUM).placement(Placement::DeviceLocal).current(Some(1)), &devices);
+    assert_eq!(d.device, 0, "a software current device is not among the candidates: {}", d.reason());
     // Beside a real GPU, Auto still goes to the GPU.
     let d = decide(auto(MEDIUM, AccessPattern::Unknown), &[host(0), software(1), gpu(2, 80 * GIB, 80 * GIB)]);
     assert_eq!(d.device, 2, "{}", d.reason());
@@ -434,4 +444,47 @@ fn a_decision_serialises_with_its_reason() {
     assert_eq!(json["pool"], "device_local");
     assert_eq!(json["size_class"], "medium");
     assert_eq!(json["reason"], d.reason());
+}
+
+#[test]
+fn explicit_placements_without_a_selector_go_to_the_current_device() {
+    // Two GPUs; the second has more free memory, which is where the decider would otherwise put them.
+    let devices = [host(0), gpu(1, 80 * GIB, 10 * GIB), gpu(2, 80 * GIB, 70 * GIB)];
+    for (placement, pool) in [
+        (Placement::DeviceLocal, PoolKind::DeviceLocal),
+        (Placement::ReadOnly, PoolKind::ReadOnly),
+        (Placement::HostPinned, PoolKind::HostPinned),
+    ] {
+        let d = decide(Request::new(MEDIUM).placement(placement).current(Some(1)), &devices);
+        assert_eq!((d.device, d.pool), (1, pool), "{placement}: {}", d.reason());
+        assert!(d.reason().contains("is the current device"), "{}", d.reason());
+        let d = decide(Request::new(MEDIUM).placement(placement), &devices);
+        assert_ne!(d.device, 1, "{placement} without a current device: the most free memory wins: {}", d.reason());
+    }
+    // Under pressure the current device is honoured, as explicit placements are.
+    let full = [host(0), gpu(1, 80 * GIB, 2 * GIB), gpu(2, 80 * GIB, 70 * GIB)];
+    let d = decide(Request::new(MEDIUM).placement(Placement::DeviceLocal).current(Some(1)), &full);
+    assert_eq!(d.device, 1, "{}", d.reason());
+    // Auto is not bound to it; a selector overrides it; a current device that does not exist changes nothing.
+    let d = decide(Request::new(MEDIUM).current(Some(1)), &devices);
+    assert_eq!(d.device, 2, "{}", d.reason());
+    let d = decide(
+        Request::new(MEDIUM).placement(Placement::DeviceLocal).current(Some(1)).selector(DeviceSelector::Index(2)),
+        &devices,
+    );
+    assert_eq!(d.device, 2, "{}", d.reason());
+    let d = decide(Request::new(MEDIUM).placement(Placement::DeviceLocal).current(Some(9)), &devices);
+    assert_eq!(d.device, 2, "{}", d.reason());
+    // A current device without read-only memory serves ReadOnly from device-local memory; one that cannot hold the
+    // request in one allocation is passed over.
+    let mut plain = gpu(1, 80 * GIB, 10 * GIB);
+    plain.pools.retain(|&k| k != PoolKind::ReadOnly);
+    let d = decide(Request::new(MEDIUM).placement(Placement::ReadOnly).current(Some(1)), &[host(0), plain.clone()]);
+    assert_eq!((d.device, d.pool), (1, PoolKind::DeviceLocal), "{}", d.reason());
+    plain.max_allocation = MEDIUM / 2;
+    let d = decide(
+        Request::new(MEDIUM).placement(Placement::DeviceLocal).current(Some(1)),
+        &[host(0), plain, gpu(2, 80 * GIB, 70 * GIB)],
+    );
+    assert_eq!(d.device, 2, "{}", d.reason());
 }

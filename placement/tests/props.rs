@@ -63,7 +63,7 @@ fn request() -> impl Strategy<Value = Request> {
         pick(Api::iter().collect()).prop_map(DeviceSelector::Api),
     ];
     (bytes(), pick(Placement::iter().collect()), pick(AccessPattern::iter().collect()), selector)
-        .prop_map(|(bytes, placement, access, selector)| Request { bytes, placement, access, selector })
+        .prop_map(|(bytes, placement, access, selector)| Request { bytes, placement, access, selector, current: None })
 }
 
 /// Evidence from a tracker fed a random workload.
