@@ -486,7 +486,7 @@ fn explicit_placements_without_a_selector_land_on_the_current_device_or_host_mem
     let mm = UniversalMemoryManager::new().unwrap();
     let current = mm.current_device();
     if let Some(index) = current {
-        let device = mm.devices().into_iter().find(|d| d.index() == index).unwrap();
+        let device = mm.devices().iter().find(|d| d.index() == index).unwrap();
         assert!(!matches!(device.kind(), umm::DeviceKind::Cpu | umm::DeviceKind::Host), "{}", device.name());
     }
     for placement in [Placement::DeviceLocal, Placement::ReadOnly, Placement::HostPinned] {
@@ -499,7 +499,7 @@ fn explicit_placements_without_a_selector_land_on_the_current_device_or_host_mem
                 assert!(first.reason().contains("is the current device"), "{}", first.reason());
             }
             None => {
-                let host = mm.devices().into_iter().find(|d| d.kind() == umm::DeviceKind::Host).unwrap();
+                let host = mm.devices().iter().find(|d| d.kind() == umm::DeviceKind::Host).unwrap();
                 assert_eq!(first.device, host.index(), "{placement}: {}", first.reason());
                 assert!(matches!(first.pool, PoolKind::Host | PoolKind::HostPinned), "{}", first.reason());
             }
