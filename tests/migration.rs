@@ -393,3 +393,29 @@ fn a_migration_to_a_full_simulated_device_keeps_the_source_and_names_the_shortag
     assert!(src.to_vec().unwrap() == data, "the source's bytes are unchanged");
     drop(taken);
 }
+
+#[test]
+fn a_selector_alone_keeps_the_placement_asked_for_and_read_only_stays_read_only() {
+    let mm = UniversalMemoryManager::new().unwrap();
+    let weights: Vec<f32> = (0..4096).map(|i| i as f32 * 0.5).collect();
+    let on_host = AllocOptions::new().placement(Placement::ReadOnly).device(DeviceSelector::Host);
+    let src = mm.allocate_universal_from_with(&weights, on_host).unwrap();
+    assert!(src.is_read_only());
+    // Every device present, by index: the copy is asked for as ReadOnly there, filled once and sealed.
+    for device in mm.devices() {
+        let moved = src.copy_to(&mm, DeviceSelector::Index(device.index())).unwrap();
+        assert_eq!(moved.requested_placement(), Placement::ReadOnly, "{}", device.name());
+        assert_eq!(moved.device().index(), device.index(), "{}: {}", device.name(), moved.decision().reason());
+        assert!(moved.is_read_only(), "{}: {}", device.name(), moved.decision().reason());
+        assert_eq!(moved.to_vec().unwrap(), weights, "{}", device.name());
+        let mut moved = moved;
+        assert!(moved.write(&weights).unwrap_err().is_read_only(), "{}", device.name());
+    }
+    // A placement named with the selector is what is asked for: a writable copy.
+    let writable = src.copy_to(&mm, MigrateTo::new(Placement::DeviceLocal).device(DeviceSelector::Host)).unwrap();
+    assert!(!writable.is_read_only());
+    assert_eq!(writable.requested_placement(), Placement::DeviceLocal);
+    // And the source moves whole, read-only still.
+    let moved = src.migrate(&mm, DeviceSelector::Host).unwrap();
+    assert!(moved.is_read_only() && moved.to_vec().unwrap() == weights);
+}

@@ -35,10 +35,12 @@ const PINNED_STAGING_MIN: u64 = 1 << 20;
 
 /// Where a migrated buffer goes: a placement and a device selector (and the stream the new block belongs to).
 /// `Placement` and `DeviceSelector` convert into it, so `buf.migrate(&mm, Placement::HostPinned)` and
-/// `buf.migrate(&mm, DeviceSelector::Index(2))` both work.
+/// `buf.migrate(&mm, DeviceSelector::Index(2))` both work. A selector alone keeps what the buffer was asked for
+/// ("this placement on that device"): a `ReadOnly` buffer moved to another device is read-only there.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MigrateTo {
-    placement: Placement,
+    /// `None`: the source buffer's requested placement.
+    placement: Option<Placement>,
     device: DeviceSelector,
     stream: StreamId,
 }
@@ -46,7 +48,12 @@ pub struct MigrateTo {
 impl MigrateTo {
     /// `placement` on any device the decider picks, default stream.
     pub fn new(placement: Placement) -> Self {
-        Self { placement, ..Self::default() }
+        Self { placement: Some(placement), ..Self::default() }
+    }
+
+    /// The placement the buffer was asked for, on the device `selector` names, default stream.
+    pub fn keeping_placement(selector: DeviceSelector) -> Self {
+        Self { placement: None, device: selector, ..Self::default() }
     }
 
     /// Restricts the target to devices matching `selector` (an index, an API, the host).
@@ -61,8 +68,8 @@ impl MigrateTo {
         self
     }
 
-    /// The target placement.
-    pub fn target_placement(&self) -> Placement {
+    /// The target placement; `None` for the source buffer's requested placement.
+    pub fn target_placement(&self) -> Option<Placement> {
         self.placement
     }
 
@@ -79,8 +86,9 @@ impl From<Placement> for MigrateTo {
 }
 
 impl From<DeviceSelector> for MigrateTo {
+    /// The buffer's requested placement on the device `selector` names ([`MigrateTo::keeping_placement`]).
     fn from(selector: DeviceSelector) -> Self {
-        Self::new(Placement::Auto).device(selector)
+        Self::keeping_placement(selector)
     }
 }
 
@@ -133,8 +141,9 @@ impl<T: bytemuck::Pod> From<MigrateError<T>> for Error {
 impl<T: bytemuck::Pod> UniversalBuffer<T> {
     /// Moves the buffer to `to` (a [`Placement`], a [`DeviceSelector`] or a [`MigrateTo`]) with its contents,
     /// returning the new buffer; the old block goes back to its pool. The new buffer has the same length, label
-    /// and access pattern; where it lands is decided as for a new allocation with those options. A read-only
-    /// target is sealed after the move.
+    /// and access pattern, and, where `to` names no placement (a selector alone), the placement this one was
+    /// asked for; where it lands is decided as for a new allocation with those options. A read-only target is
+    /// sealed after the move.
     ///
     /// On failure (no such device, out of memory, a driver error) nothing is lost: the error carries the
     /// source buffer ([`MigrateError::into_buffer`]). Device work writing the buffer must be complete, as for
@@ -156,17 +165,15 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
     #[track_caller]
     pub fn copy_to(&self, mm: &UniversalMemoryManager, to: impl Into<MigrateTo>) -> Result<UniversalBuffer<T>> {
         let to = to.into();
-        let mut options = AllocOptions::new()
-            .placement(to.placement)
-            .access(self.access_pattern())
-            .device(to.device)
-            .stream(to.stream);
+        let placement = to.placement.unwrap_or(self.requested_placement());
+        let mut options =
+            AllocOptions::new().placement(placement).access(self.access_pattern()).device(to.device).stream(to.stream);
         if let Some(label) = self.label() {
             options = options.label(label);
         }
         let bytes = self.size_bytes();
         let read_only_target =
-            to.placement == Placement::ReadOnly || mm.decide(bytes.max(1), &options)?.pool == PoolKind::ReadOnly;
+            placement == Placement::ReadOnly || mm.decide(bytes.max(1), &options)?.pool == PoolKind::ReadOnly;
         if read_only_target {
             let mut staged = Vec::new();
             let data = match &self.block {
@@ -291,9 +298,9 @@ mod tests {
     #[test]
     fn targets_convert_from_placements_and_selectors() {
         let t: MigrateTo = Placement::HostPinned.into();
-        assert_eq!((t.target_placement(), t.target_device()), (Placement::HostPinned, DeviceSelector::Any));
+        assert_eq!((t.target_placement(), t.target_device()), (Some(Placement::HostPinned), DeviceSelector::Any));
         let t: MigrateTo = DeviceSelector::Index(3).into();
-        assert_eq!((t.target_placement(), t.target_device()), (Placement::Auto, DeviceSelector::Index(3)));
+        assert_eq!((t.target_placement(), t.target_device()), (None, DeviceSelector::Index(3)));
         assert_eq!(MigrationPath::CudaPeer.to_string(), "cuda-peer");
     }
 }
