@@ -126,12 +126,16 @@ mod wgpu_view {
         /// `max_storage_buffer_binding_size`).
         pub fn wgpu_binding(&self) -> Result<WgpuView<'_>> {
             let block = self.block_of("wgpu_binding", Api::Wgpu)?;
+            self.record_device_use();
             view(block)
         }
 
         /// The buffer as a wgpu storage binding for shaders that write it: borrows the buffer mutably and
         /// refuses read-only buffers ([`Error::ReadOnly`]); otherwise as [`UniversalBuffer::wgpu_binding`].
         pub fn wgpu_binding_mut(&mut self) -> Result<WgpuView<'_>> {
+            // Checked first, so that a refused view records no use.
+            self.block_of_mut("wgpu_binding_mut", Api::Wgpu)?;
+            self.record_device_use();
             let block = self.block_of_mut("wgpu_binding_mut", Api::Wgpu)?;
             view(block)
         }
@@ -141,6 +145,7 @@ mod wgpu_view {
         /// usages instead (device-local and read-only buffers have `UNIFORM`; host-pinned ones do not).
         pub fn wgpu_uniform_binding(&self) -> Result<WgpuView<'_>> {
             let block = self.block_of("wgpu_uniform_binding", Api::Wgpu)?;
+            self.record_device_use();
             let pool = wgpu_pool(block);
             Ok(WgpuView { block: block_uniform_binding(block)?, pool })
         }
@@ -211,12 +216,16 @@ mod opencl_view {
         /// another API, [`Error::EmptyBuffer`] for an empty one.
         pub fn opencl_buffer(&self) -> Result<OpenClView<'_>> {
             let block = self.block_of("opencl_buffer", Api::OpenCl)?;
+            self.record_device_use();
             view(block)
         }
 
         /// The buffer as an OpenCL sub-buffer for kernels that write it: borrows the buffer mutably and refuses
         /// read-only buffers ([`Error::ReadOnly`]); otherwise as [`UniversalBuffer::opencl_buffer`].
         pub fn opencl_buffer_mut(&mut self) -> Result<OpenClView<'_>> {
+            // Checked first, so that a refused view records no use.
+            self.block_of_mut("opencl_buffer_mut", Api::OpenCl)?;
+            self.record_device_use();
             let block = self.block_of_mut("opencl_buffer_mut", Api::OpenCl)?;
             view(block)
         }

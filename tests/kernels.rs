@@ -410,3 +410,42 @@ extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {
         assert_eq!(moved.to_vec().unwrap(), expected(&xs(), &ys()));
     }
 }
+
+/// Device uses the usage tracker holds for medium buffers of unknown access.
+fn medium_device_uses(mm: &UniversalMemoryManager) -> u64 {
+    mm.usage_tracker().evidence(umm::SizeClass::Medium, umm::AccessPattern::Unknown).device_uses
+}
+
+#[test]
+#[cfg(all(feature = "wgpu", feature = "opencl"))]
+fn every_kernel_view_records_a_device_use_and_a_refused_one_none() {
+    for api in [Api::Wgpu, Api::OpenCl] {
+        let Some(mm) = manager_with(api) else { continue };
+        let mut buf = mm.allocate_universal_with::<f32>(1 << 16, on(api)).unwrap();
+        let before = medium_device_uses(&mm);
+        match api {
+            Api::Wgpu => {
+                drop(buf.wgpu_binding().unwrap());
+                drop(buf.wgpu_binding_mut().unwrap());
+                // A uniform binding holds at most 64 KiB: a small buffer's use is counted among small ones.
+                let uniform = mm.allocate_universal_with::<f32>(256, on(api)).unwrap();
+                let small = |mm: &UniversalMemoryManager| {
+                    mm.usage_tracker().evidence(umm::SizeClass::Small, umm::AccessPattern::Unknown).device_uses
+                };
+                let small_before = small(&mm);
+                drop(uniform.wgpu_uniform_binding().unwrap());
+                assert_eq!(small(&mm), small_before + 1);
+            }
+            _ => {
+                drop(buf.opencl_buffer().unwrap());
+                drop(buf.opencl_buffer_mut().unwrap());
+            }
+        }
+        let views = 2;
+        assert_eq!(medium_device_uses(&mm), before + views, "{api}");
+        // A view of the wrong API records nothing.
+        let refused = if api == Api::Wgpu { buf.opencl_buffer_mut().is_err() } else { buf.wgpu_binding_mut().is_err() };
+        assert!(refused);
+        assert_eq!(medium_device_uses(&mm), before + views, "{api}: a refused view is no use");
+    }
+}
