@@ -55,7 +55,11 @@ pub enum Error {
         count: usize,
     },
     /// A write to a ReadOnly buffer after its initial fill.
-    #[error("buffer{} is ReadOnly: it was filled at allocation and cannot be written", label_suffix(.label))]
+    #[error(
+        "buffer{} is ReadOnly: its first write (or its data at allocation) sealed it, so it cannot be written again; \
+         copy it to a writable placement (copy_to with Placement::DeviceLocal) to change it",
+        label_suffix(.label)
+    )]
     ReadOnly {
         /// The buffer's label, if any.
         label: Option<String>,

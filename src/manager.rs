@@ -646,6 +646,22 @@ impl UniversalMemoryManager {
         CleanupGuard::start(round, interval)
     }
 
+    /// [`GlobalMemoryStats::summary`] of [`UniversalMemoryManager::global_memory_stats`]: a table of every pool's
+    /// memory, like `torch.cuda.memory_summary()`.
+    pub fn memory_summary(&self) -> String {
+        self.inner.memory_stats().summary()
+    }
+
+    /// Sets every pool's peaks to their current values (`torch.cuda.reset_peak_memory_stats()`), so that later
+    /// peaks are those of the work that follows.
+    pub fn reset_peak_stats(&self) {
+        for device in &self.inner.devices {
+            for (_, _, pool) in device.pools() {
+                pool.reset_peaks();
+            }
+        }
+    }
+
     /// Statistics of every pool, per device and in total (serde-serialisable).
     pub fn global_memory_stats(&self) -> GlobalMemoryStats {
         self.inner.memory_stats()

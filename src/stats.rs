@@ -36,3 +36,80 @@ pub struct GlobalMemoryStats {
     /// Over all devices.
     pub total: PoolStats,
 }
+
+impl GlobalMemoryStats {
+    /// A table for people, like `torch.cuda.memory_summary()`: one row per pool, then each device's and the
+    /// whole total, with allocated and reserved memory (current and peak), live blocks, segments, allocations,
+    /// cache hits, out-of-memory errors and the bytes of planned steps. A total's peak is the sum of its pools'
+    /// peaks, which may have come at different moments: the table says so, since it is an upper bound of the
+    /// true peak, not the peak.
+    pub fn summary(&self) -> String {
+        use std::fmt::Write;
+        let human = crate::replay::human_bytes;
+        let header = [
+            "device / pool",
+            "allocated",
+            "peak",
+            "reserved",
+            "peak",
+            "blocks",
+            "segments",
+            "allocs",
+            "hit rate",
+            "ooms",
+            "planned",
+        ];
+        let row = |name: String, s: &PoolStats| -> [String; 11] {
+            [
+                name,
+                human(s.allocated_bytes.current),
+                human(s.allocated_bytes.peak),
+                human(s.reserved_bytes.current),
+                human(s.reserved_bytes.peak),
+                s.active_blocks.current.to_string(),
+                s.segments.current.to_string(),
+                s.num_allocs.to_string(),
+                format!("{:.1}%", 100.0 * s.hit_rate()),
+                s.num_ooms.to_string(),
+                human(s.planned_bytes),
+            ]
+        };
+        let mut rows = Vec::new();
+        for device in &self.devices {
+            for pool in &device.pools {
+                rows.push(row(format!("[{}] {} {} {}", device.index, device.name, pool.api, pool.kind), &pool.stats));
+            }
+            if device.pools.len() > 1 {
+                rows.push(row(format!("[{}] {} (sum)*", device.index, device.name), &device.total));
+            }
+        }
+        rows.push(row("total (sum)*".to_string(), &self.total));
+        let mut widths = header.map(str::len);
+        for r in &rows {
+            for (w, cell) in widths.iter_mut().zip(r) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+        let mut out = String::new();
+        let line = |out: &mut String, cells: &[&str]| {
+            let mut text = String::new();
+            for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+                if i == 0 {
+                    let _ = write!(text, "{cell:<w$}");
+                } else {
+                    let _ = write!(text, "  {cell:>w$}");
+                }
+            }
+            let _ = writeln!(out, "{}", text.trim_end());
+        };
+        line(&mut out, &header);
+        for r in &rows {
+            line(&mut out, &r.each_ref().map(String::as_str));
+        }
+        let _ = writeln!(
+            out,
+            "* peaks of a sum add the pools' own peaks, which may have come at different moments: an upper bound"
+        );
+        out
+    }
+}

@@ -535,3 +535,43 @@ fn the_current_device_is_the_largest_gpu_until_set_and_a_missing_one_is_refused(
     mm.set_current_device(Some(0)).unwrap();
     assert_eq!(mm.decide(MIB, &local).unwrap().device, 2, "the host offers no device-local pool: the decider chooses");
 }
+
+#[test]
+fn a_memory_summary_lists_every_pool_and_peaks_reset_to_current() {
+    let mm = UniversalMemoryManager::builder().backends(false, false, false).simulated_device(1 << 30).build().unwrap();
+    let local = AllocOptions::new().placement(Placement::DeviceLocal).device(DeviceSelector::Index(1));
+    let big = mm.allocate_universal_with::<u8>(24 * MIB as usize, local.clone()).unwrap();
+    let host = mm.allocate_universal::<u8>(4096, Placement::Auto).unwrap();
+    drop(big);
+    let summary = mm.memory_summary();
+    let lines: Vec<&str> = summary.lines().collect();
+    assert!(lines[0].starts_with("device / pool") && lines[0].contains("reserved"), "{summary}");
+    assert!(lines.iter().any(|l| l.contains("[1] sim") && l.contains("device_local")), "{summary}");
+    assert!(lines.iter().any(|l| l.starts_with("[0] host")), "{summary}");
+    let total = lines.iter().find(|l| l.starts_with("total (sum)*")).expect("a total row");
+    assert!(total.contains("24.00 MiB"), "the peak of allocated memory: {summary}");
+    assert!(summary.contains("an upper bound"), "{summary}");
+
+    let before = mm.global_memory_stats().total;
+    assert!(before.allocated_bytes.peak >= 24 * MIB as u64);
+    mm.reset_peak_stats();
+    let after = mm.global_memory_stats().total;
+    assert_eq!(after.allocated_bytes.peak, after.allocated_bytes.current, "{after:?}");
+    assert!(after.allocated_bytes.peak < 24 * MIB as u64, "{after:?}");
+    assert_eq!(after.reserved_bytes.peak, after.reserved_bytes.current, "{after:?}");
+    drop(host);
+}
+
+#[test]
+fn out_of_memory_says_its_sizes_in_units_and_in_bytes() {
+    let mm = UniversalMemoryManager::builder()
+        .backends(false, false, false)
+        .simulated_device(1 << 30)
+        .limit(Limit::Bytes(8 * MIB))
+        .build()
+        .unwrap();
+    let local = AllocOptions::new().placement(Placement::DeviceLocal).device(DeviceSelector::Index(1));
+    let text = mm.allocate_universal_with::<u8>(16 * MIB as usize, local).unwrap_err().to_string();
+    assert!(text.contains("asked for 16.00 MiB (16777216 bytes)"), "{text}");
+    assert!(text.contains("limit 8.00 MiB (8388608 bytes)"), "{text}");
+}

@@ -11,9 +11,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// The pool could not satisfy a request even after releasing its cached segments and retrying.
     #[error(
-        "out of memory on {device}: asked for {requested} bytes; device free {free} bytes, \
-         cached in pool {cached} bytes, reserved {reserved} bytes, limit {}{}",
-        limit.map_or_else(|| "none".to_string(), |l| format!("{l} bytes")),
+        "out of memory on {device}: asked for {} ({requested} bytes); device free {}, cached in pool {}, \
+         reserved {}, limit {}{}",
+        human(*requested),
+        human(*free),
+        human(*cached),
+        human(*reserved),
+        limit.map_or_else(|| "none".to_string(), |l| format!("{} ({l} bytes)", human(l))),
         cause.as_ref().map_or_else(String::new, |c| format!("; the device refused the last attempt: {c}"))
     )]
     OutOfMemory {
@@ -156,4 +160,19 @@ impl Error {
     pub fn is_device_lost(&self) -> bool {
         matches!(self, Error::DeviceLost { .. })
     }
+}
+
+/// `bytes` in binary units with two decimals (`7.19 GiB`), or plain bytes below 1 KiB: what an error says to a
+/// person; the exact count follows where it matters.
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let (mut value, mut unit) = (bytes as f64 / 1024.0, 0);
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.2} {}", UNITS[unit])
 }
