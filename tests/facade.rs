@@ -553,11 +553,11 @@ fn a_memory_summary_lists_every_pool_and_peaks_reset_to_current() {
     assert!(summary.contains("an upper bound"), "{summary}");
 
     let before = mm.global_memory_stats().total;
-    assert!(before.allocated_bytes.peak >= 24 * MIB as u64);
+    assert!(before.allocated_bytes.peak >= 24 * MIB);
     mm.reset_peak_stats();
     let after = mm.global_memory_stats().total;
     assert_eq!(after.allocated_bytes.peak, after.allocated_bytes.current, "{after:?}");
-    assert!(after.allocated_bytes.peak < 24 * MIB as u64, "{after:?}");
+    assert!(after.allocated_bytes.peak < 24 * MIB, "{after:?}");
     assert_eq!(after.reserved_bytes.peak, after.reserved_bytes.current, "{after:?}");
     drop(host);
 }
