@@ -20,6 +20,7 @@ pub mod error;
 pub mod fault;
 pub mod host;
 mod host_ptr;
+mod key_hash;
 mod lock;
 #[cfg(feature = "opencl")]
 pub mod opencl;
@@ -39,6 +40,7 @@ pub use device::{DeviceInfo, Discovery, PoolPlacement};
 pub use device_copy::DevicePath;
 pub use error::{Error, Result};
 pub use host::{host_memory, HostBackend};
+pub use key_hash::{KeyHasher, KeyMap};
 /// The pools' lock (a release with a plain store), also behind the facade's per-thread tables.
 pub use lock::{LeanGuard, LeanMutex};
 pub use pool::{

@@ -13,8 +13,6 @@
 
 use crate::trace;
 use parking_lot::Mutex;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use umm_backends::cuda::{self, ContextScope, CudaPool};
@@ -89,29 +87,7 @@ struct Registry {
 }
 
 /// Live blocks by device address.
-type LiveMap = HashMap<u64, Live, BuildHasherDefault<AddressHasher>>;
-
-/// Hashes a device address with one multiplication (Fibonacci hashing). Addresses are not attacker-chosen and
-/// are multiples of the alignment, so SipHash's protection buys nothing here and costs ~20 ns per call, twice
-/// per allocation and free; the multiply spreads the aligned low bits over the high ones hashbrown uses.
-#[derive(Default)]
-struct AddressHasher(u64);
-
-impl Hasher for AddressHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
+type LiveMap = umm_backends::KeyMap<Live>;
 
 static REGISTRY: OnceLock<Registry> = OnceLock::new();
 

@@ -35,10 +35,9 @@ use super::state::{Arena, ArenaClass, SegmentEntry, State};
 use super::Pool;
 use crate::engine::{BlockId, SegmentId};
 use crate::plan::{solve, PlanItem};
-use crate::{Backend, BlockHandle, Result, Strategy, StreamId};
+use crate::{Backend, BlockHandle, KeyMap, Result, Strategy, StreamId};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::Ordering;
 
 /// Steps in a row that must make the same allocations and frees before they are planned: two, so that a first
@@ -157,7 +156,7 @@ pub(super) enum StepEnd {
 pub(super) struct Steps {
     log: Vec<Event>,
     /// Live blocks allocated in this step: key → allocation number.
-    open: HashMap<u64, u32, BuildHasherDefault<KeyHasher>>,
+    open: KeyMap<u32>,
     allocs: u32,
     previous: Option<Vec<Event>>,
     repeats: u32,
@@ -304,27 +303,6 @@ impl Steps {
     /// The plan's arena and segment, if there is a plan.
     fn plan_segment(&self) -> Option<(usize, SegmentId)> {
         self.plan.as_ref().map(|p| (p.arena, p.segment))
-    }
-}
-
-/// Hashes a block key (arena index and slab index, each dense) with one multiplication: SipHash, the default,
-/// cost more per step operation than the rest of recording it.
-#[derive(Default)]
-pub(super) struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
 }
 
