@@ -179,7 +179,8 @@ impl Steps {
     /// the step too.
     pub(super) fn note_alloc(&mut self, size: u64, stream: StreamId) -> (u32, Route) {
         let ordinal = self.allocs;
-        self.allocs += 1;
+        // Saturates in a step of 2^32 allocations, long past the record's bound: such a step is never planned.
+        self.allocs = self.allocs.saturating_add(1);
         self.record(Event::Alloc { size, stream });
         let Some(plan) = &self.plan else { return (ordinal, Route::Pool) };
         let Some(&Some(place)) = plan.places.get(ordinal as usize) else { return (ordinal, Route::Pool) };
