@@ -223,7 +223,7 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
     }
 
     /// The elements as a host slice, when the memory is host-addressable (host memory, pinned or mapped
-    /// memory); `None` otherwise.
+    /// memory); `None` otherwise ([`UniversalBuffer::host_slice`] says why).
     pub fn as_slice(&self) -> Option<&[T]> {
         if self.len == 0 {
             return Some(&[]);
@@ -233,6 +233,45 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
             self.meta.placed.tracker.record_host_read(track, bytes.len() as u64);
         }
         bytemuck::try_cast_slice(bytes).ok()
+    }
+
+    /// The elements as a host slice, or why not: [`Error::NotHostAddressable`] names the pool and the reason
+    /// (device memory, a wgpu buffer mapped only for copies, a simulated device that holds no bytes).
+    pub fn host_slice(&self) -> Result<&[T]> {
+        self.as_slice().ok_or_else(|| self.not_host_addressable())
+    }
+
+    /// The elements as a mutable host slice, or why not: [`Error::ReadOnly`] for a sealed read-only buffer,
+    /// [`Error::NotHostAddressable`] as in [`UniversalBuffer::host_slice`].
+    pub fn host_slice_mut(&mut self) -> Result<&mut [T]> {
+        if self.meta.read_only && self.meta.filled {
+            return Err(Error::ReadOnly { label: self.meta.owned_label() });
+        }
+        let castable = |bytes: &[u8]| bytemuck::try_cast_slice::<u8, T>(bytes).is_ok();
+        if self.len != 0 && !self.block.as_ref().and_then(OwnedBlock::host_bytes).is_some_and(castable) {
+            return Err(self.not_host_addressable());
+        }
+        Ok(self.as_mut_slice().expect("host-addressable, castable and writable: checked above"))
+    }
+
+    #[cold]
+    fn not_host_addressable(&self) -> Error {
+        let pool = self.block.as_ref().map(|b| b.pool());
+        let why = match pool.map(|p| p.kind()) {
+            Some(umm_placement::Api::Cuda) => {
+                "device memory of a CUDA device, which the host reaches only through copies"
+            }
+            Some(umm_placement::Api::Wgpu) => "a wgpu buffer, which the host reaches only through a mapped copy",
+            Some(umm_placement::Api::OpenCl) => "an OpenCL buffer this device does not keep mapped into the host",
+            Some(umm_placement::Api::Sim) => "on a simulated device, which holds no bytes",
+            _ => "memory the host cannot address",
+        };
+        Error::NotHostAddressable {
+            label: self.meta.owned_label(),
+            pool: pool.map_or_else(|| "no pool".to_string(), |p| p.name().to_string()),
+            kind: self.placement(),
+            why,
+        }
     }
 
     /// The elements as a mutable host slice, when host-addressable and not read-only.

@@ -54,6 +54,22 @@ pub enum Error {
         /// Elements asked for from the offset.
         count: usize,
     },
+    /// A host slice of a buffer whose memory the host cannot address ([`crate::UniversalBuffer::host_slice`]).
+    #[error(
+        "buffer{} is not host-addressable: it is {kind} memory of {pool}, {why}; read it with to_vec() or \
+         read_at(), or copy it to host memory (copy_to with Placement::HostPinned and DeviceSelector::Host)",
+        label_suffix(.label)
+    )]
+    NotHostAddressable {
+        /// The buffer's label, if any.
+        label: Option<String>,
+        /// The pool's name.
+        pool: String,
+        /// The kind of pool.
+        kind: umm_placement::PoolKind,
+        /// Why the host cannot address it.
+        why: &'static str,
+    },
     /// A write to a ReadOnly buffer after its initial fill.
     #[error(
         "buffer{} is ReadOnly: its first write (or its data at allocation) sealed it, so it cannot be written again; \
@@ -210,6 +226,11 @@ impl Error {
             self,
             Error::Placement(umm_placement::Error::NoDevice { .. } | umm_placement::Error::ImpossiblePlacement { .. })
         )
+    }
+
+    /// A host slice of memory the host cannot address ([`Error::NotHostAddressable`]).
+    pub fn is_not_host_addressable(&self) -> bool {
+        matches!(self, Error::NotHostAddressable { .. })
     }
 
     /// A write to a buffer sealed ReadOnly.

@@ -575,3 +575,29 @@ fn out_of_memory_says_its_sizes_in_units_and_in_bytes() {
     assert!(text.contains("asked for 16.00 MiB (16777216 bytes)"), "{text}");
     assert!(text.contains("limit 8.00 MiB (8388608 bytes)"), "{text}");
 }
+
+#[test]
+fn host_slices_say_why_when_the_host_cannot_address_a_buffer() {
+    let mm = UniversalMemoryManager::builder().backends(false, false, false).simulated_device(1 << 30).build().unwrap();
+    let mut host = mm.allocate_universal_with::<u32>(64, AllocOptions::new().device(DeviceSelector::Host)).unwrap();
+    host.host_slice_mut().unwrap()[3] = 7;
+    assert_eq!(host.host_slice().unwrap()[3], 7);
+    let on_sim = AllocOptions::new().placement(Placement::DeviceLocal).device(DeviceSelector::Index(1)).label("acts");
+    let mut sim = mm.allocate_universal_with::<u32>(64, on_sim).unwrap();
+    assert!(sim.as_slice().is_none());
+    let err = sim.host_slice().unwrap_err();
+    assert!(err.is_not_host_addressable(), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("\"acts\"") && text.contains("device_local") && text.contains("holds no bytes"), "{text}");
+    assert!(text.contains("to_vec()"), "{text}");
+    assert!(sim.host_slice_mut().unwrap_err().is_not_host_addressable());
+    // A sealed read-only buffer: the refusal says read-only, wherever it lives.
+    let mut sealed = mm
+        .allocate_universal_from_with(
+            &[1u32, 2],
+            AllocOptions::new().placement(Placement::ReadOnly).device(DeviceSelector::Host),
+        )
+        .unwrap();
+    assert_eq!(sealed.host_slice().unwrap(), &[1, 2]);
+    assert!(sealed.host_slice_mut().unwrap_err().is_read_only());
+}
