@@ -220,7 +220,7 @@ impl Default for PlotOptions {
 
 const LEFT: f64 = 86.0;
 const RIGHT: f64 = 24.0;
-const TITLE_H: f64 = 40.0;
+const TITLE_H: f64 = 58.0;
 const PANEL_TOP: f64 = 44.0;
 const PANEL_BOTTOM: f64 = 40.0;
 const PALETTE: [&str; 10] =
@@ -252,6 +252,7 @@ pub fn render_svg(timeline: &Timeline, options: &PlotOptions) -> String {
         r#"<text x="{LEFT}" y="26" font-size="16" font-weight="bold">{}</text>"#,
         escape(&timeline.title)
     );
+    legend(&mut svg);
     for (i, panel) in timeline.panels.iter().enumerate() {
         let frame = Frame {
             left: LEFT,
@@ -265,6 +266,46 @@ pub fn render_svg(timeline: &Timeline, options: &PlotOptions) -> String {
     }
     svg.push_str("</svg>\n");
     svg
+}
+
+/// The key to the drawing, under the title: what a coloured band, a grey band, the dashed black line and the red
+/// line mean.
+fn legend(svg: &mut String) {
+    const ITEMS: [(&str, &str); 4] = [
+        ("band", "one allocation: its height is its size, its span its lifetime (colour by label)"),
+        ("other", "small allocations, merged"),
+        ("reserved", "reserved by the pools"),
+        ("peak", "peak of live bytes"),
+    ];
+    let (mut x, y) = (LEFT, 46.0);
+    svg.push_str("<g class=\"legend\">");
+    for (kind, text) in ITEMS {
+        let swatch = match kind {
+            "band" => {
+                format!(r#"<rect x="{}" y="{}" width="14" height="10" fill="{}"/>"#, c(x), c(y - 9.0), PALETTE[0])
+            }
+            "other" => format!(r##"<rect x="{}" y="{}" width="14" height="10" fill="#c8c8c8"/>"##, c(x), c(y - 9.0)),
+            "reserved" => format!(
+                r#"<line class="reserved" x1="{}" y1="{}" x2="{}" y2="{}"/>"#,
+                c(x),
+                c(y - 4.0),
+                c(x + 14.0),
+                c(y - 4.0)
+            ),
+            _ => format!(
+                r#"<line class="peakline" x1="{}" y1="{}" x2="{}" y2="{}"/>"#,
+                c(x),
+                c(y - 4.0),
+                c(x + 14.0),
+                c(y - 4.0)
+            ),
+        };
+        let _ =
+            write!(svg, r##"{swatch}<text x="{}" y="{}" fill="#555" font-size="11">{text}</text>"##, c(x + 18.0), c(y));
+        // About 5.6 px a character at 11 px: the next item starts after this one's text.
+        x += 18.0 + text.len() as f64 * 5.6 + 16.0;
+    }
+    svg.push_str("</g>\n");
 }
 
 /// Writes the SVG of `timeline` to `path`.

@@ -296,6 +296,11 @@ fn plot_has_one_shape_per_allocation_and_the_peak_where_the_trace_peaks() {
     let shapes: Vec<_> = doc.descendants().filter(|n| n.attribute("class") == Some("alloc")).collect();
     assert_eq!(shapes.len() as u64, trace.allocs, "one polygon per allocation");
     assert!(doc.descendants().all(|n| n.attribute("class") != Some("other")), "nothing merged");
+    // A legend says what the colours and lines mean.
+    let legend = doc.descendants().find(|n| n.attribute("class") == Some("legend")).expect("a legend");
+    let keys: Vec<&str> = legend.descendants().filter(|n| n.has_tag_name("text")).filter_map(|n| n.text()).collect();
+    assert_eq!(keys.len(), 4, "{keys:?}");
+    assert!(keys[0].starts_with("one allocation") && keys[2] == "reserved by the pools", "{keys:?}");
     // Each shape is the allocation it says: ids in order, sizes and lifetimes as in the trace.
     let mut slot_alloc = vec![0usize; trace.slots as usize];
     let mut expected: Vec<(u64, u64, u64)> = Vec::new();
