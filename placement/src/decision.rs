@@ -190,6 +190,9 @@ enum Step {
     Chose(usize),
     /// The chain found nothing on accelerators.
     FallsBackToHost,
+    /// A selector named accelerators none of which offers pinned memory: Auto stays on the one with the most free
+    /// memory, in device-local (or, for data declared read-only, read-only) memory.
+    StaysOnSelected { device: usize, kind: PoolKind },
     /// Pinned memory through an accelerator.
     PinnedThrough(usize),
     /// Pinned memory on the host device.
@@ -328,6 +331,12 @@ impl Render<'_> {
                 self.devices[*at].describe_memory()
             ),
             Step::FallsBackToHost => "it falls back to host memory".to_owned(),
+            Step::StaysOnSelected { device, kind } => format!(
+                "{} selects {}, which offers no pinned memory, so it stays there in {}",
+                req.selector.describe(),
+                self.label(*device),
+                kind.describe()
+            ),
             Step::PinnedThrough(at) => {
                 let zero_copy = if self.devices[*at].shares_memory_with_host {
                     ", which it reads in place since it shares memory with the host"
@@ -467,6 +476,12 @@ impl Decider {
         if candidates.is_empty() {
             return Err(Error::NoDevice { asked: req.selector.describe(), available: describe_devices(all) });
         }
+        // A selector that names accelerators keeps the request on them: host memory is a fallback only for a
+        // request on any device, or one whose selector matches the host.
+        let hosts: Vec<usize> = (0..all.len())
+            .filter(|&i| all[i].kind == DeviceKind::Host)
+            .filter(|&i| req.selector == DeviceSelector::Any || candidates.contains(&i))
+            .collect();
         let mut steps = Vec::with_capacity(4);
         let impossible = || Error::ImpossiblePlacement { asked: req.describe(), available: describe_devices(all) };
         let decision = |at: usize, pool: PoolKind, steps: Vec<Step>| Decision {
@@ -559,7 +574,7 @@ impl Decider {
                 let Some(device) = most_free(all, cool.iter().copied()) else {
                     steps.push(Step::AllUnderPressure);
                     return self
-                        .pinned(all, &accels, &mut steps)
+                        .fallback(all, &accels, &hosts, auto, req.access == AccessPattern::ReadOnly, &mut steps)
                         .map(|(d, p)| decision(d, p, steps))
                         .ok_or_else(impossible);
                 };
@@ -586,7 +601,39 @@ impl Decider {
         if !chain.is_empty() {
             steps.push(Step::FallsBackToHost);
         }
-        self.pinned(all, &accels, &mut steps).map(|(d, p)| decision(d, p, steps)).ok_or_else(impossible)
+        self.fallback(all, &accels, &hosts, auto, req.access == AccessPattern::ReadOnly, &mut steps)
+            .map(|(d, p)| decision(d, p, steps))
+            .ok_or_else(impossible)
+    }
+
+    /// Where a request goes when its chain found nothing on the selected accelerators: pinned memory
+    /// ([`Decider::pinned`]), on the host only where the selector allows it (`hosts`: every host for a request
+    /// on any device, else the hosts the selector matches). A selector that names accelerators keeps the request
+    /// on them: Auto falls back to device-local memory there; an explicit placement they cannot serve is
+    /// impossible.
+    fn fallback(
+        &self,
+        all: &[DeviceView],
+        accels: &[usize],
+        hosts: &[usize],
+        auto: bool,
+        read_only_data: bool,
+        steps: &mut Vec<Step>,
+    ) -> Option<(usize, PoolKind)> {
+        if let Some(found) = self.pinned(all, accels, hosts, steps) {
+            return Some(found);
+        }
+        if !auto {
+            return None;
+        }
+        // Read-only memory only for data declared read-only.
+        let kinds: &[PoolKind] =
+            if read_only_data { &[PoolKind::DeviceLocal, PoolKind::ReadOnly] } else { &[PoolKind::DeviceLocal] };
+        kinds.iter().find_map(|&kind| {
+            let device = most_free(all, accels.iter().copied().filter(|&i| all[i].offers(kind)))?;
+            steps.push(Step::StaysOnSelected { device, kind });
+            Some((device, kind))
+        })
     }
 
     /// The table's placement for Auto, overridden by evidence where it contradicts the table.
@@ -632,18 +679,23 @@ impl Decider {
     }
 
     /// Pinned host memory: through the selected accelerator with the most free memory that offers it, else the
-    /// host's pinned pool, else pageable host memory. Returns the device's position and the pool.
-    fn pinned(&self, all: &[DeviceView], accels: &[usize], steps: &mut Vec<Step>) -> Option<(usize, PoolKind)> {
+    /// pinned pool of one of `hosts`, else pageable memory there. Returns the device's position and the pool.
+    fn pinned(
+        &self,
+        all: &[DeviceView],
+        accels: &[usize],
+        hosts: &[usize],
+        steps: &mut Vec<Step>,
+    ) -> Option<(usize, PoolKind)> {
         if let Some(device) = most_free(all, accels.iter().copied().filter(|&i| all[i].offers(PoolKind::HostPinned))) {
             steps.push(Step::PinnedThrough(device));
             return Some((device, PoolKind::HostPinned));
         }
-        let mut hosts = (0..all.len()).filter(|&i| all[i].kind == DeviceKind::Host);
-        if let Some(host) = hosts.clone().find(|&i| all[i].offers(PoolKind::HostPinned)) {
+        if let Some(&host) = hosts.iter().find(|&&i| all[i].offers(PoolKind::HostPinned)) {
             steps.push(Step::PinnedHost(host));
             return Some((host, PoolKind::HostPinned));
         }
-        let host = hosts.find(|&i| all[i].offers(PoolKind::Host))?;
+        let &host = hosts.iter().find(|&&i| all[i].offers(PoolKind::Host))?;
         steps.push(Step::Pageable(host));
         Some((host, PoolKind::Host))
     }

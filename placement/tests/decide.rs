@@ -488,3 +488,33 @@ fn explicit_placements_without_a_selector_go_to_the_current_device() {
     );
     assert_eq!(d.device, 2, "{}", d.reason());
 }
+
+#[test]
+fn a_selector_naming_a_device_keeps_the_request_there() {
+    let mut no_pinned = gpu(1, 80 * GIB, 70 * GIB);
+    no_pinned.pools.retain(|&k| k != PoolKind::HostPinned);
+    let devices = [host(0), no_pinned, gpu(2, 80 * GIB, 70 * GIB)];
+    // Auto's small buffers go to pinned memory by the table: through the named device where it offers it, and
+    // in its device-local memory where it does not, never to the host the selector did not name.
+    let small = |selector| decide(auto(SMALL, AccessPattern::Unknown).selector(selector), &devices);
+    let d = small(DeviceSelector::Index(2));
+    assert_eq!((d.device, d.pool), (2, PoolKind::HostPinned), "{}", d.reason());
+    let d = small(DeviceSelector::Index(1));
+    assert_eq!((d.device, d.pool), (1, PoolKind::DeviceLocal), "{}", d.reason());
+    assert!(d.reason().contains("offers no pinned memory, so it stays there"), "{}", d.reason());
+    // With any device, or the host named, the host serves as before.
+    let d = small(DeviceSelector::Any);
+    assert_eq!(d.pool, PoolKind::HostPinned, "{}", d.reason());
+    let d = small(DeviceSelector::Host);
+    assert_eq!((d.device, d.pool), (0, PoolKind::HostPinned), "{}", d.reason());
+    // Pinned memory asked for explicitly on a device without it is impossible, not moved to the host.
+    let err = Decider::default()
+        .decide(
+            &Request::new(SMALL).placement(Placement::HostPinned).selector(DeviceSelector::Index(1)),
+            &devices,
+            None,
+        )
+        .unwrap_err();
+    assert!(matches!(err, umm_placement::Error::ImpossiblePlacement { .. }), "{err}");
+    assert!(err.to_string().contains("device index 1"), "{err}");
+}

@@ -122,12 +122,37 @@ proptest! {
                 prop_assert_eq!(d.size_class, SizeClass::of(req.bytes, &decider.config().thresholds));
                 prop_assert!(d.reason().ends_with('.') && d.reason().len() > 40, "{}", d.reason());
                 prop_assert!(selectable && req.bytes > 0);
+                // A selector that names devices keeps the request on them.
+                if req.selector != DeviceSelector::Any {
+                    prop_assert!(req.selector.matches(device.unwrap()), "{} left the selection: {}", d.device, d.reason());
+                }
             }
             Err(e) => {
                 prop_assert!(!e.to_string().is_empty());
                 // With hosts that offer both host pools, a non-empty request and a selector that matches
-                // something, a decision always exists.
-                prop_assert!(req.bytes == 0 || !selectable || !has_host, "{}", e);
+                // the host or any device, a decision always exists. A selector that names accelerators alone
+                // fails only where none of them offers a pool the request can use.
+                let host_selected = req.selector == DeviceSelector::Any
+                    || devices.iter().any(|d| d.kind == DeviceKind::Host && req.selector.matches(d));
+                if host_selected {
+                    prop_assert!(req.bytes == 0 || !selectable || !has_host, "{}", e);
+                } else if req.bytes > 0 && selectable {
+                    let usable: &[PoolKind] = match req.placement {
+                        // Auto takes read-only memory only for data declared read-only.
+                        Placement::Auto if req.access == AccessPattern::ReadOnly => {
+                            &[PoolKind::DeviceLocal, PoolKind::HostPinned, PoolKind::ReadOnly]
+                        }
+                        Placement::Auto => &[PoolKind::DeviceLocal, PoolKind::HostPinned],
+                        Placement::ReadOnly => &[PoolKind::ReadOnly, PoolKind::DeviceLocal, PoolKind::HostPinned],
+                        Placement::DeviceLocal => &[PoolKind::DeviceLocal, PoolKind::HostPinned],
+                        Placement::HostPinned => &[PoolKind::HostPinned],
+                    };
+                    let servable = devices
+                        .iter()
+                        .filter(|d| req.selector.matches(d) && d.kind != DeviceKind::Host)
+                        .any(|d| usable.iter().any(|&k| d.offers(k)));
+                    prop_assert!(!servable, "a selected device could serve it: {}", e);
+                }
             }
         }
     }
