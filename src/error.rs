@@ -72,7 +72,7 @@ pub enum Error {
     },
     /// A write to a ReadOnly buffer after its initial fill.
     #[error(
-        "buffer{} is ReadOnly: its first write (or its data at allocation) sealed it, so it cannot be written again; \
+        "buffer{} is ReadOnly: it takes its data once, at allocation or in its first write(), and is sealed then; \
          copy it to a writable placement (copy_to with Placement::DeviceLocal) to change it",
         label_suffix(.label)
     )]

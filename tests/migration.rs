@@ -419,3 +419,32 @@ fn a_selector_alone_keeps_the_placement_asked_for_and_read_only_stays_read_only(
     let moved = src.migrate(&mm, DeviceSelector::Host).unwrap();
     assert!(moved.is_read_only() && moved.to_vec().unwrap() == weights);
 }
+
+#[test]
+fn copy_from_fills_an_existing_buffer_on_every_device_from_every_other() {
+    let mm = UniversalMemoryManager::new().unwrap();
+    let data: Vec<u32> = (0..(3 << 18) + 5).map(|i| i ^ 0x5a5a).collect();
+    let places: Vec<AllocOptions> = mm
+        .devices()
+        .iter()
+        .filter(|d| d.kind() != umm::DeviceKind::Simulated)
+        .map(|d| AllocOptions::new().placement(Placement::DeviceLocal).device(DeviceSelector::Index(d.index())))
+        .collect();
+    for from in &places {
+        let src = mm.allocate_universal_from_with(&data, from.clone()).unwrap();
+        for to in &places {
+            let mut dst = mm.allocate_universal_with::<u32>(data.len(), to.clone()).unwrap();
+            let (a, b) = (src.device().index(), dst.device().index());
+            let path = dst.copy_from(&mm, &src).unwrap();
+            assert_eq!(dst.to_vec().unwrap(), data, "{a} -> {b} via {path}");
+            assert_eq!(dst.device().index(), b, "the target keeps its place");
+        }
+    }
+    // Lengths must match; a read-only target takes its data at allocation only.
+    let src = mm.allocate_universal_from(&data, Placement::Auto).unwrap();
+    let mut short = mm.allocate_universal::<u32>(data.len() - 1, Placement::Auto).unwrap();
+    let err = short.copy_from(&mm, &src).unwrap_err();
+    assert!(matches!(err, Error::LengthMismatch { op: "copy_from", .. }), "{err}");
+    let mut sealed = mm.allocate_universal_from(&data, Placement::ReadOnly).unwrap();
+    assert!(sealed.copy_from(&mm, &src).unwrap_err().is_read_only());
+}

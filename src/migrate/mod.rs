@@ -195,6 +195,34 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
     }
 }
 
+impl<T: bytemuck::Pod> UniversalBuffer<T> {
+    /// Copies every element of `src` into this buffer, which keeps its place: a device copy where both are in one
+    /// API (CUDA, OpenCL, wgpu), a memcpy between host-visible memory, else chunks through the host (pinned where a
+    /// CUDA side allows). Returns the path taken. `mm` is the manager both came from (for pinned staging).
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] when the lengths differ; [`Error::ReadOnly`] when this buffer is read-only; a device
+    /// error from the copy. Device work writing `src` and reading this buffer must be complete, as for
+    /// [`UniversalBuffer::migrate`].
+    pub fn copy_from(&mut self, mm: &UniversalMemoryManager, src: &UniversalBuffer<T>) -> Result<MigrationPath> {
+        if src.len() != self.len() {
+            return Err(Error::LengthMismatch { op: "copy_from", buffer_len: self.len(), given_len: src.len() });
+        }
+        // A read-only buffer takes its data at allocation or in its first write(), on the host side.
+        if self.meta.read_only {
+            return Err(Error::ReadOnly { label: self.meta.owned_label() });
+        }
+        let bytes = self.size_bytes();
+        let staging = Staging { mm, src_device: src.device().index(), dst_device: self.device().index() };
+        let path = match (&src.block, self.block.as_mut()) {
+            (Some(from), Some(to)) => copy_bytes(from, to, bytes, &staging)?,
+            _ => MigrationPath::Empty,
+        };
+        self.record_device_use();
+        Ok(path)
+    }
+}
+
 /// The whole block's bytes on the host: borrowed when host-addressable, else read into `staged`.
 fn gather<'a>(block: &'a OwnedBlock, staged: &'a mut Vec<u8>) -> Result<&'a [u8]> {
     block.pool().settle()?;
