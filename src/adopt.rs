@@ -236,6 +236,7 @@ impl UniversalMemoryManager {
             api: Some(api),
             tracker: Arc::clone(&self.inner.tracker),
             profiler: Arc::clone(&self.inner.profiler),
+            balanced: false,
         });
         let track = placed.tracker.register_sampled(bytes, Placement::Auto, options.access, kind);
         let profile_id = placed.profiler.on_alloc(&AllocEvent {

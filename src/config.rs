@@ -8,6 +8,7 @@
 //! | `UMM_SMALL_SEGMENT`, `UMM_LARGE_SEGMENT` | bytes, at least 1 MiB and 2 MiB | segment sizes of the small and large classes |
 //! | `UMM_SMALL_MAX`, `UMM_MEDIUM_MAX` | bytes | size-class thresholds of the decision table |
 //! | `UMM_PRESSURE` | a fraction in [0, 1] | used share of a device above which Auto avoids it |
+//! | `UMM_SPREAD` | `balance` or `current_first` | how Auto chooses among several GPUs: the most memory free to umm (default), or the current device until it is under pressure |
 //! | `UMM_ZERO`, `UMM_POISON` | `0`/`1`, `true`/`false`, `on`/`off` | zero every allocation; poison every freed block |
 //! | `UMM_PLAN_STEPS` | `0`/`1`, `true`/`false`, `on`/`off` (default on) | serve repeating steps marked with `mark_step` from a plan; off, steps are only counted |
 //! | `UMM_BACKENDS` | a comma list of `cuda`, `opencl`, `wgpu` (or `none`; not empty) | which APIs discovery probes |
@@ -135,6 +136,10 @@ impl UmmConfig {
                 .ok()
                 .filter(|f| (0.0..=1.0).contains(f))
                 .ok_or_else(|| invalid("UMM_PRESSURE", v, "a fraction in [0, 1]"))?;
+        }
+        if let Some(v) = lookup("UMM_SPREAD") {
+            self.decision.spread =
+                v.trim().parse().map_err(|_| invalid("UMM_SPREAD", v, "balance or current_first"))?;
         }
         for (var, field) in [
             ("UMM_ZERO", &mut self.pool.zero_on_alloc),
@@ -364,6 +369,7 @@ pub const KNOWN_VARS: &[&str] = &[
     "UMM_SMALL_MAX",
     "UMM_MEDIUM_MAX",
     "UMM_PRESSURE",
+    "UMM_SPREAD",
     "UMM_ZERO",
     "UMM_POISON",
     "UMM_PLAN_STEPS",
@@ -520,6 +526,7 @@ mod tests {
             ("UMM_THREAD_CACHE_LARGE", "64MiB"),
             ("UMM_CROSS_STREAM", " Wait"),
             ("UMM_PLAN_STEPS", "off"),
+            ("UMM_SPREAD", " Current_First"),
         ]
         .into();
         let mut config = UmmConfig::default();
@@ -530,6 +537,7 @@ mod tests {
         assert_eq!(config.pool.strategy, Strategy::Direct);
         assert_eq!(config.pool.cross_stream, umm_backends::CrossStream::Wait);
         assert!(!config.pool.plan_steps);
+        assert_eq!(config.decision.spread, umm_placement::Spread::CurrentFirst);
         assert!(config.pool.zero_on_alloc);
         assert!(!config.cuda && config.opencl && !config.wgpu);
 
@@ -557,6 +565,7 @@ mod tests {
             ("UMM_TRACE", " "),
             ("UMM_CROSS_STREAM", "sometimes"),
             ("UMM_PLAN_STEPS", "sometimes"),
+            ("UMM_SPREAD", "fill"),
         ] {
             let err = UmmConfig::default().apply_vars(|k| (k == var).then(|| value.to_string())).unwrap_err();
             let text = err.to_string();

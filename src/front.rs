@@ -42,6 +42,9 @@ pub(crate) struct Placed {
     pub(crate) api: Option<Api>,
     pub(crate) tracker: Arc<UsageTracker>,
     pub(crate) profiler: Arc<Profiler>,
+    /// Whether the decision chose among several accelerators: then a pool's growth under it moves the figures
+    /// the next choice is made on ([`crate::figures`]).
+    pub(crate) balanced: bool,
 }
 
 /// What a placement is reused for: requests that differ only in size within one size class.
@@ -74,6 +77,9 @@ struct Entry {
     epoch: u64,
     /// The largest request this placement serves.
     max_bytes: u64,
+    /// Bytes this thread may still place with it ([`crate::figures::spread_budget`]; `u64::MAX` where the
+    /// decision had no other device to choose).
+    budget: u64,
     placed: Weak<Placed>,
 }
 
@@ -87,29 +93,39 @@ thread_local! {
     static TABLE: RefCell<ThreadTable> = RefCell::new(ThreadTable::default());
 }
 
-/// The calling thread's placement for `key` made under `epoch`, if it serves `bytes`. O(entries).
+/// The calling thread's placement for `key` made under `epoch`, if it serves `bytes` and its budget holds them
+/// (which it then spends). O(entries).
 #[inline]
 pub(crate) fn lookup(key: &Key, epoch: u64, bytes: u64) -> Option<Arc<Placed>> {
     TABLE
         .try_with(|table| {
-            let table = table.borrow();
-            let entry = table.entries.iter().find(|e| e.key == *key)?;
-            if entry.epoch != epoch || bytes > entry.max_bytes {
+            let mut table = table.borrow_mut();
+            let entry = table.entries.iter_mut().find(|e| e.key == *key)?;
+            if entry.epoch != epoch || bytes > entry.max_bytes || bytes > entry.budget {
                 return None;
             }
-            entry.placed.upgrade()
+            let placed = entry.placed.upgrade()?;
+            entry.budget -= bytes;
+            Some(placed)
         })
         .ok()
         .flatten()
 }
 
 /// Remembers `placed` as the calling thread's placement for `key` under `epoch`, for requests up to
-/// `max_bytes`. Returns the placement it replaced, if any, so that its manager can let go of it.
-pub(crate) fn remember(key: Key, epoch: u64, max_bytes: u64, placed: &Arc<Placed>) -> Option<Weak<Placed>> {
+/// `max_bytes` and `budget` bytes in all. Returns the placement it replaced, if any, so that its manager can let
+/// go of it.
+pub(crate) fn remember(
+    key: Key,
+    epoch: u64,
+    max_bytes: u64,
+    budget: u64,
+    placed: &Arc<Placed>,
+) -> Option<Weak<Placed>> {
     TABLE
         .try_with(|table| {
             let mut table = table.borrow_mut();
-            let entry = Entry { key, epoch, max_bytes, placed: Arc::downgrade(placed) };
+            let entry = Entry { key, epoch, max_bytes, budget, placed: Arc::downgrade(placed) };
             if let Some(old) = table.entries.iter_mut().find(|e| e.key == key) {
                 return Some(std::mem::replace(old, entry).placed);
             }

@@ -26,6 +26,7 @@ pub mod config;
 pub mod device_table;
 mod discovery;
 mod error;
+mod figures;
 mod front;
 mod host_info;
 pub mod interop;
@@ -61,7 +62,7 @@ pub use umm_backends::{
 };
 pub use umm_placement::{
     AccessPattern, Api, Decision, DeviceKind, DeviceSelector, Evidence, Placement, PoolKind, Recommendation,
-    Recommendations, SizeClass, Subject,
+    Recommendations, SizeClass, Spread, Subject,
 };
 
 /// The engine, pools and backends, for users who drive pools directly.

@@ -3,6 +3,7 @@
 
 use crate::buffer::{BufferMeta, UniversalBuffer};
 use crate::cleanup::{CleanupGuard, CleanupReport, DeviceCleanup};
+use crate::figures::{self, RefreshState, Signature};
 use crate::front::{self, Epoch, Key, Placed};
 use crate::host_info::HostInfo;
 use crate::profiler::{AllocEvent, Profiler};
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 use umm_backends::{OwnedBlock, PoolStats, StreamId};
 use umm_placement::{
     AccessPattern, Decider, Decision, DeviceKind, DeviceSelector, DeviceView, Placement, Recommendations, Request,
-    SizeClass, Subject, UsageTracker,
+    SizeClass, Spread, UsageTracker,
 };
 
 /// Numbers managers, so that a thread's placements (see [`front`]) name the manager they belong to.
@@ -89,8 +90,11 @@ pub(crate) struct Inner {
     /// When the views were refreshed (nanoseconds since `born`).
     refreshed_ns: AtomicU64,
     born: Instant,
-    /// Held by the thread refreshing the views; what the last refresh found decisions depend on.
-    refresh: Mutex<Signature>,
+    /// Held by the thread refreshing the views: what decisions depend on, and the last refresh's baselines.
+    refresh: Mutex<RefreshState>,
+    /// Whether Auto may choose among several accelerators: then the figures are estimated again when a pool
+    /// grows ([`crate::figures`]).
+    several_accelerators: bool,
     /// The placements threads reuse (they hold `Weak`s): kept alive by the manager, not by idle threads.
     placed: Mutex<Vec<Arc<Placed>>>,
     /// The current device's index, where explicit placements without a selector go; [`NO_DEVICE`] for none.
@@ -118,31 +122,6 @@ fn best_real_device(views: &[DeviceView]) -> Option<usize> {
             ))
         })
         .map(|d| d.index)
-}
-
-/// What decisions depend on besides the request: which devices are under pressure, their order by free memory,
-/// and what `Auto` follows of the evidence (each subject's recommended placement and whether evidence backs it),
-/// not the evidence's running sums, which move with every buffer.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct Signature {
-    pressure: Vec<bool>,
-    by_free: Vec<usize>,
-    followed: Vec<(Subject, Placement, bool)>,
-}
-
-impl Signature {
-    fn of(views: &[DeviceView], pressure_threshold: f64, evidence: Option<&Recommendations>) -> Self {
-        let mut by_free: Vec<usize> = (0..views.len()).collect();
-        by_free.sort_by(|&a, &b| views[b].free_bytes.cmp(&views[a].free_bytes).then(a.cmp(&b)));
-        let followed = evidence
-            .map(|e| e.items.iter().map(|r| (r.subject, r.placement, r.from_evidence)).collect())
-            .unwrap_or_default();
-        Signature {
-            pressure: views.iter().map(|v| v.used_fraction() > pressure_threshold).collect(),
-            by_free,
-            followed,
-        }
-    }
 }
 
 /// The manager. `Send + Sync`; share it by reference or `Arc`. Buffers keep what they need alive, so they may
@@ -270,6 +249,11 @@ impl Builder {
         self.config.profiler.live_table = on;
         self
     }
+    /// How Auto chooses among several GPUs (`UMM_SPREAD`; see [`Spread`]).
+    pub fn spread(mut self, spread: Spread) -> Self {
+        self.config.decision.spread = spread;
+        self
+    }
     /// How old the device figures placement decisions use may get (see [`UmmConfig::device_refresh`]).
     pub fn device_refresh(mut self, interval: Duration) -> Self {
         self.config.device_refresh = interval;
@@ -297,9 +281,11 @@ impl Builder {
         let decider = Decider::new(self.config.decision)?;
         let tracker = Arc::new(UsageTracker::new(self.config.decision.thresholds)?);
         let profiler = Arc::new(Profiler::new(&self.config.profiler)?);
-        let views: Vec<DeviceView> = found.devices.iter().map(|d| d.view()).collect();
+        let (views, baselines) = figures::measure(&found.devices);
         let signature = Signature::of(&views, self.config.decision.pressure_threshold, None);
         let current = best_real_device(&views).unwrap_or(NO_DEVICE);
+        // Software devices do not count: Auto shuns them while the host is there.
+        let several_accelerators = views.iter().filter(|v| v.is_accelerator() && v.kind != DeviceKind::Cpu).count() > 1;
         Ok(UniversalMemoryManager {
             inner: Arc::new(Inner {
                 config: self.config,
@@ -315,7 +301,8 @@ impl Builder {
                 views: RwLock::new(Arc::from(views)),
                 refreshed_ns: AtomicU64::new(0),
                 born: Instant::now(),
-                refresh: Mutex::new(signature),
+                refresh: Mutex::new(RefreshState { signature, baselines }),
+                several_accelerators,
                 placed: Mutex::new(Vec::new()),
                 current: AtomicUsize::new(current),
             }),
@@ -475,10 +462,16 @@ impl UniversalMemoryManager {
         } else {
             loop {
                 let pool = Arc::clone(placed.pool.as_ref().expect("placements for a non-empty buffer have a pool"));
+                // One atomic load, only where Auto chooses among devices: did this allocation take memory from the
+                // device?
+                let reserved = placed.balanced.then(|| pool.reserved_bytes());
                 let block = match initial {
-                    Some(data) => OwnedBlock::allocate_filled(pool, data, options.stream),
-                    None => OwnedBlock::allocate(pool, bytes, options.stream, options.zeroed),
+                    Some(data) => OwnedBlock::allocate_filled(Arc::clone(&pool), data, options.stream),
+                    None => OwnedBlock::allocate(Arc::clone(&pool), bytes, options.stream, options.zeroed),
                 };
+                if reserved.is_some_and(|before| pool.reserved_bytes() != before) {
+                    self.inner.rebalance();
+                }
                 match block {
                     // The placement was made on figures up to a refresh interval old: decide again on fresh ones.
                     Err(umm_backends::Error::OutOfMemory { .. }) if cached => {
@@ -544,6 +537,13 @@ impl UniversalMemoryManager {
         if let Some(placed) = front::lookup(&key, epoch, bytes).filter(|_| reuse) {
             return Ok((placed, true, false));
         }
+        let balanced =
+            inner.several_accelerators && matches!(options.selector, DeviceSelector::Any | DeviceSelector::Api(_));
+        if balanced {
+            // A choice among devices is made on figures as they stand, not as the last refresh left them.
+            inner.rebalance();
+        }
+        let epoch = inner.epoch.now();
         let decision = self.decide(bytes.max(1), options)?;
         let device = Arc::clone(&inner.devices[decision.device]);
         let api = match options.selector {
@@ -557,16 +557,18 @@ impl UniversalMemoryManager {
             // An empty buffer needs no pool; a device that cannot make one still places it.
             Err(_) => None,
         };
-        let max_bytes = {
+        let (max_bytes, budget) = {
             let views = inner.views.read();
             let view = &views[decision.device];
             let share = if view.total_bytes == 0 { u64::MAX } else { view.free_bytes / front::CACHED_SHARE_OF_FREE };
             // A bigger request may not fit the device's largest single allocation: decided afresh.
-            if view.max_allocation == 0 {
-                share
+            let max_bytes = if view.max_allocation == 0 { share } else { share.min(view.max_allocation) };
+            let budget = if balanced {
+                figures::spread_budget(&views, decision.device, decision.pool, options.selector)
             } else {
-                share.min(view.max_allocation)
-            }
+                u64::MAX
+            };
+            (max_bytes, budget)
         };
         let keep = pool.is_some();
         let placed = Arc::new(Placed {
@@ -576,11 +578,12 @@ impl UniversalMemoryManager {
             api,
             tracker: Arc::clone(&inner.tracker),
             profiler: Arc::clone(&inner.profiler),
+            balanced,
         });
         if keep {
             let mut kept = inner.placed.lock();
             kept.push(Arc::clone(&placed));
-            if let Some(replaced) = front::remember(key, epoch, max_bytes, &placed) {
+            if let Some(replaced) = front::remember(key, epoch, max_bytes, budget, &placed) {
                 kept.retain(|p| !std::ptr::eq(Arc::as_ptr(p), replaced.as_ptr()));
             }
         }
@@ -724,19 +727,34 @@ impl Inner {
     /// decisions depend on changed. One thread at a time; a thread that finds another refreshing goes on with
     /// the figures it has.
     fn refresh(&self) {
-        let Some(mut signature) = self.refresh.try_lock() else { return };
-        let views: Vec<DeviceView> = self.devices.iter().map(|d| d.view()).collect();
+        let Some(mut state) = self.refresh.try_lock() else { return };
+        let (views, baselines) = figures::measure(&self.devices);
         let evidence = self.tracker.recommendations();
         let fresh = Signature::of(&views, self.config.decision.pressure_threshold, Some(&evidence));
         *self.views.write() = Arc::from(views);
         *self.evidence.write() = Some(Arc::new(evidence));
         self.refreshed_ns.store(self.born.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        if *signature != fresh {
-            *signature = fresh;
+        state.baselines = baselines;
+        if state.signature != fresh {
+            state.signature = fresh;
             self.epoch.advance();
         }
         // Placements that no thread remembers and no buffer uses (their threads exited) go.
         self.placed.lock().retain(|p| Arc::strong_count(p) > 1 || Arc::weak_count(p) > 0);
+    }
+
+    /// Estimates the device figures again from the pools' books, without asking the devices, and moves the epoch
+    /// when the devices' pressure or order changed ([`figures::estimate`]): after a pool grew, and before a
+    /// choice among several accelerators.
+    fn rebalance(&self) {
+        let mut state = self.refresh.lock();
+        let views = figures::estimate(&self.devices, &self.views.read(), &state.baselines);
+        let fresh = state.signature.with_views(&views, self.config.decision.pressure_threshold);
+        *self.views.write() = Arc::from(views);
+        if state.signature != fresh {
+            state.signature = fresh;
+            self.epoch.advance();
+        }
     }
 
     pub(crate) fn cleanup(&self, idle_rounds: u64) -> CleanupReport {

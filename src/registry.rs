@@ -128,6 +128,7 @@ impl Device {
             shares_memory_with_host: self.shares_memory_with_host,
             total_bytes: self.total_memory,
             free_bytes: self.free_memory(),
+            cached_bytes: 0,
             pools: self.pool_kinds(),
             max_allocation: self.apis.iter().map(|a| a.info.max_allocation).max().unwrap_or(0),
         }

@@ -137,6 +137,8 @@ pub trait MemoryPool: sealed::Sealed + Send + Sync + 'static {
     fn settle(&self) -> Result<()>;
     /// See [`Pool::stats`].
     fn stats(&self) -> PoolStats;
+    /// See [`Pool::reserved_bytes`]: without the pool's lock.
+    fn reserved_bytes(&self) -> u64;
     /// See [`Pool::snapshot`].
     fn snapshot(&self) -> crate::pool::PoolSnapshot;
     /// See [`Pool::reset_peaks`].
@@ -223,6 +225,9 @@ impl MemoryPool for PoolLease {
     fn stats(&self) -> PoolStats {
         self.0.stats()
     }
+    fn reserved_bytes(&self) -> u64 {
+        self.0.reserved_bytes()
+    }
     fn snapshot(&self) -> crate::pool::PoolSnapshot {
         self.0.snapshot()
     }
@@ -293,6 +298,9 @@ impl<B: Backend> MemoryPool for Pool<B> {
     }
     fn stats(&self) -> PoolStats {
         Pool::stats(self)
+    }
+    fn reserved_bytes(&self) -> u64 {
+        Pool::reserved_bytes(self)
     }
     fn reset_peaks(&self) {
         Pool::reset_peaks(self)

@@ -20,6 +20,7 @@ fn machine() -> Arc<[DeviceView]> {
         shares_memory_with_host: false,
         total_bytes: 80 << 30,
         free_bytes: 70 << 30,
+        cached_bytes: 0,
         pools: vec![PoolKind::DeviceLocal, PoolKind::ReadOnly, PoolKind::HostPinned],
         max_allocation: 0,
     };
@@ -31,6 +32,7 @@ fn machine() -> Arc<[DeviceView]> {
         shares_memory_with_host: true,
         total_bytes: 2 << 30,
         free_bytes: 2 << 30,
+        cached_bytes: 0,
         pools: vec![PoolKind::DeviceLocal, PoolKind::HostPinned],
         max_allocation: 1 << 30,
     };

@@ -77,6 +77,27 @@ impl Request {
     }
 }
 
+/// How Auto chooses among several accelerators that can all take a request.
+///
+/// Prints and parses in snake_case, case-insensitively (`"balance"`, `"current_first"`, also `"current-first"`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, strum::Display, strum::EnumString,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case", ascii_case_insensitive)]
+pub enum Spread {
+    /// The device with the most memory free to the caller ([`DeviceView::available_bytes`]) wins, so a burst of
+    /// buffers spreads over the devices: what data-parallel workers in one process or a cache spread over GPUs
+    /// want.
+    #[default]
+    Balance,
+    /// The current device ([`Request::current`]) while it is not under pressure, then the rest by free memory:
+    /// one device fills before the next is touched, as a PyTorch or cudarc user placing everything on "the"
+    /// device expects.
+    #[strum(to_string = "current_first", serialize = "current-first")]
+    CurrentFirst,
+}
+
 /// Settings of a [`Decider`].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct DecisionConfig {
@@ -90,6 +111,9 @@ pub struct DecisionConfig {
     /// Whether large [`AccessPattern::Sequential`] and [`AccessPattern::WriteOnly`] buffers (streams touched
     /// about once) go to pinned host memory, read over the bus instead of copied (default false).
     pub large_streams_to_pinned: bool,
+    /// How Auto chooses among accelerators (default [`Spread::Balance`]).
+    #[serde(default)]
+    pub spread: Spread,
 }
 
 impl Default for DecisionConfig {
@@ -99,6 +123,7 @@ impl Default for DecisionConfig {
             pressure_threshold: 0.90,
             large_host_frequent_to_pinned: true,
             large_streams_to_pinned: false,
+            spread: Spread::Balance,
         }
     }
 }
@@ -178,8 +203,10 @@ enum Step {
     UnderPressure(usize),
     /// Every candidate is under pressure.
     AllUnderPressure,
-    /// Auto's choice: the most free memory among candidates.
-    MostFree { device: usize, kind: PoolKind },
+    /// Auto's choice under [`Spread::Balance`]: the most memory free to the caller among `among` candidates.
+    MostFree { device: usize, kind: PoolKind, among: usize },
+    /// Auto's choice under [`Spread::CurrentFirst`]: the current device, not under pressure.
+    CurrentFirst { device: usize, kind: PoolKind },
     /// The chosen device shares memory with the host and offers a pinned pool.
     SharedPinned(usize),
     /// The chosen device shares memory with the host but offers no pinned pool.
@@ -305,8 +332,20 @@ impl Render<'_> {
             Step::AllUnderPressure => {
                 "every candidate device is under pressure, so it falls back to pinned host memory".to_owned()
             }
-            Step::MostFree { device, kind } => format!(
-                "chose {} for {}, the most free memory among candidates: {}",
+            Step::MostFree { device, kind, among: 1 } => format!(
+                "chose {} for {}, the only candidate: {}",
+                self.label(*device),
+                kind.describe(),
+                self.devices[*device].describe_memory()
+            ),
+            Step::MostFree { device, kind, among } => format!(
+                "chose {} for {}, the most memory free to umm among {among} candidates (spread balance): {}",
+                self.label(*device),
+                kind.describe(),
+                self.devices[*device].describe_memory()
+            ),
+            Step::CurrentFirst { device, kind } => format!(
+                "chose {} for {}: the current device, filled first (spread current_first): {}",
                 self.label(*device),
                 kind.describe(),
                 self.devices[*device].describe_memory()
@@ -362,7 +401,7 @@ impl Render<'_> {
         } else {
             format!(
                 "only {} free, less than the {} asked",
-                text::bytes(device.free_bytes),
+                text::bytes(device.available_bytes()),
                 text::bytes(self.request.bytes)
             )
         }
@@ -390,9 +429,15 @@ impl Render<'_> {
 /// - **Host memory only** (no accelerator among the views): everything goes to the host, pageable unless pinned
 ///   was asked for explicitly.
 /// - **Pressure**: among the selected accelerators offering the pool, those whose used fraction
-///   `(total - free) / total` is above `pressure_threshold`, or whose free memory is less than the request, are
-///   skipped; the one with the most free memory wins (ties: the lower index). If all are skipped, Auto falls back
-///   to pinned host memory. Explicit placements are honoured even under pressure.
+///   `(total - available) / total` is above `pressure_threshold`, or whose available memory is less than the
+///   request, are skipped ([`DeviceView::available_bytes`]: free memory plus what the caller's pools hold
+///   unused). If all are skipped, Auto falls back to pinned host memory. Explicit placements are honoured even
+///   under pressure.
+/// - **Spread** ([`DecisionConfig::spread`]): of the rest, [`Spread::Balance`] takes the one with the most
+///   available memory (ties: the lower index), so consecutive large buffers spread over the devices as their
+///   figures move; [`Spread::CurrentFirst`] takes the current device ([`Request::current`]) while it is among
+///   them, and the most available otherwise. An explicit placement without a current device goes to the device
+///   with the most available memory.
 /// - **Largest allocation**: when the decider chooses the device (selector `Any`), a device whose
 ///   [`DeviceView::max_allocation`] is below the request is passed over, with the reason; with none left the
 ///   chain goes on (for `DeviceLocal`, to pinned host memory).
@@ -411,11 +456,11 @@ pub struct Decider {
     config: DecisionConfig,
 }
 
-/// The position (in `devices`) of the device with the most free memory (ties: the lower index).
+/// The position (in `devices`) of the device with the most memory free to the caller (ties: the lower index).
 fn most_free(devices: &[DeviceView], positions: impl IntoIterator<Item = usize>) -> Option<usize> {
     positions.into_iter().max_by(|&a, &b| {
         let (a, b) = (&devices[a], &devices[b]);
-        a.free_bytes.cmp(&b.free_bytes).then(b.index.cmp(&a.index))
+        a.available_bytes().cmp(&b.available_bytes()).then(b.index.cmp(&a.index))
     })
 }
 
@@ -571,14 +616,22 @@ impl Decider {
                 offering.iter().partition(|&&i| !self.under_pressure(&all[i], req.bytes));
             if auto {
                 steps.extend(hot.iter().map(|&i| Step::UnderPressure(i)));
-                let Some(device) = most_free(all, cool.iter().copied()) else {
+                let current_first = (self.config.spread == Spread::CurrentFirst)
+                    .then_some(req.current)
+                    .flatten()
+                    .and_then(|index| cool.iter().copied().find(|&i| all[i].index == index));
+                let Some(device) = current_first.or_else(|| most_free(all, cool.iter().copied())) else {
                     steps.push(Step::AllUnderPressure);
                     return self
                         .fallback(all, &accels, &hosts, auto, req.access == AccessPattern::ReadOnly, &mut steps)
                         .map(|(d, p)| decision(d, p, steps))
                         .ok_or_else(impossible);
                 };
-                steps.push(Step::MostFree { device, kind });
+                steps.push(if current_first.is_some() {
+                    Step::CurrentFirst { device, kind }
+                } else {
+                    Step::MostFree { device, kind, among: cool.len() }
+                });
                 if all[device].shares_memory_with_host && kind == PoolKind::DeviceLocal {
                     if all[device].offers(PoolKind::HostPinned) {
                         steps.push(Step::SharedPinned(device));
@@ -703,6 +756,7 @@ impl Decider {
     /// Whether Auto avoids `device` for a request of `bytes`: used fraction above the threshold, or too little
     /// free memory. Devices of unknown size are never under pressure.
     fn under_pressure(&self, device: &DeviceView, bytes: u64) -> bool {
-        device.total_bytes > 0 && (device.used_fraction() > self.config.pressure_threshold || device.free_bytes < bytes)
+        device.total_bytes > 0
+            && (device.used_fraction() > self.config.pressure_threshold || device.available_bytes() < bytes)
     }
 }

@@ -72,8 +72,12 @@ pub struct DeviceView {
     pub shares_memory_with_host: bool,
     /// Total memory in bytes (0 if unknown).
     pub total_bytes: u64,
-    /// Free memory in bytes. Subtracting what pools already reserve is the caller's job.
+    /// Free memory in bytes, as the device counts it (what no program holds).
     pub free_bytes: u64,
+    /// Bytes the caller's own pools hold on the device that no buffer uses: free to the caller's allocations,
+    /// not to other programs. Auto ranks and judges pressure by [`DeviceView::available_bytes`], their sum.
+    #[serde(default)]
+    pub cached_bytes: u64,
     /// The pool kinds this device offers.
     pub pools: Vec<PoolKind>,
     /// The largest single allocation the device's API allows, in bytes (0 if unknown or unlimited): a request
@@ -93,6 +97,7 @@ impl DeviceView {
             shares_memory_with_host: true,
             total_bytes,
             free_bytes,
+            cached_bytes: 0,
             pools: vec![PoolKind::Host, PoolKind::HostPinned],
             max_allocation: 0,
         }
@@ -118,12 +123,24 @@ impl DeviceView {
         self.apis.contains(&api)
     }
 
-    /// `(total - free) / total`, in [0, 1]; 0 when the total is unknown.
+    /// What the caller's allocations can have: free memory plus what its pools hold unused
+    /// ([`DeviceView::cached_bytes`]), at most the total where the total is known.
+    pub fn available_bytes(&self) -> u64 {
+        let sum = self.free_bytes.saturating_add(self.cached_bytes);
+        if self.total_bytes == 0 {
+            sum
+        } else {
+            sum.min(self.total_bytes)
+        }
+    }
+
+    /// `(total - available) / total`, in [0, 1]: the share held by other programs and by live buffers; 0 when
+    /// the total is unknown.
     pub fn used_fraction(&self) -> f64 {
         if self.total_bytes == 0 {
             return 0.0;
         }
-        let used = self.total_bytes.saturating_sub(self.free_bytes);
+        let used = self.total_bytes.saturating_sub(self.available_bytes());
         used as f64 / self.total_bytes as f64
     }
 
@@ -132,15 +149,27 @@ impl DeviceView {
         format!("device {} ({})", self.index, self.name)
     }
 
-    /// Free memory in words: "70 GiB free of 80 GiB, 12.5% used", or "memory size unknown".
+    /// Free memory in words: "70 GiB free of 80 GiB, 12.5% used"; with memory held unused by the caller's pools,
+    /// "71 GiB free to umm of 80 GiB (70 GiB free on the device, 1 GiB unused in umm's pools), 11.2% used"; or
+    /// "memory size unknown".
     pub fn describe_memory(&self) -> String {
         if self.total_bytes == 0 {
             return "memory size unknown".to_owned();
         }
+        if self.cached_bytes == 0 {
+            return format!(
+                "{} free of {}, {} used",
+                text::bytes(self.free_bytes),
+                text::bytes(self.total_bytes),
+                text::percent(self.used_fraction())
+            );
+        }
         format!(
-            "{} free of {}, {} used",
-            text::bytes(self.free_bytes),
+            "{} free to umm of {} ({} free on the device, {} unused in umm's pools), {} used",
+            text::bytes(self.available_bytes()),
             text::bytes(self.total_bytes),
+            text::bytes(self.free_bytes),
+            text::bytes(self.cached_bytes),
             text::percent(self.used_fraction())
         )
     }
@@ -274,6 +303,16 @@ mod tests {
         d.free_bytes = 25;
         assert_eq!(d.used_fraction(), 0.75);
         assert_eq!(d.describe_memory(), "25 B free of 100 B, 75% used");
+        d.cached_bytes = 25;
+        assert_eq!((d.available_bytes(), d.used_fraction()), (50, 0.5), "memory held unused counts as available");
+        assert_eq!(
+            d.describe_memory(),
+            "50 B free to umm of 100 B (25 B free on the device, 25 B unused in umm's pools), 50% used"
+        );
+        d.cached_bytes = 90;
+        assert_eq!((d.available_bytes(), d.used_fraction()), (100, 0.0), "at most the total");
+        d.total_bytes = 0;
+        assert_eq!(d.available_bytes(), 115, "no total to cap at");
     }
 
     #[test]

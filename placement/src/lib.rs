@@ -21,6 +21,7 @@
 //!     shares_memory_with_host: false,
 //!     total_bytes: 80 << 30,
 //!     free_bytes: 70 << 30,
+//!     cached_bytes: 0,
 //!     pools: vec![PoolKind::DeviceLocal, PoolKind::HostPinned],
 //!     max_allocation: 0,
 //! };
@@ -40,7 +41,7 @@ mod recommend;
 mod text;
 mod tracker;
 
-pub use decision::{Decider, Decision, DecisionConfig, Request};
+pub use decision::{Decider, Decision, DecisionConfig, Request, Spread};
 pub use device::{Api, DeviceKind, DeviceSelector, DeviceView};
 pub use error::{Error, Result};
 pub use placement::{AccessPattern, Placement, PoolKind, SizeClass, Thresholds};

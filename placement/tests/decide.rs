@@ -6,7 +6,7 @@ use common::*;
 use strum::IntoEnumIterator;
 use umm_placement::{
     AccessPattern, Api, Decider, DecisionConfig, DeviceSelector, DeviceView, Error, Placement, PoolKind, Request,
-    SizeClass, Thresholds,
+    SizeClass, Spread, Thresholds,
 };
 
 const SMALL: u64 = 4 * KIB;
@@ -194,6 +194,60 @@ fn auto_picks_the_device_with_most_free_memory() {
     let devices = [host(0), gpu(1, 24 * GIB, 20 * GIB), gpu(2, 80 * GIB, 60 * GIB), gpu(3, 80 * GIB, 60 * GIB)];
     let d = decide(auto(MEDIUM, AccessPattern::Unknown), &devices);
     assert_eq!(d.device, 2, "ties go to the lower index: {}", d.reason());
+    assert!(d.reason().contains("the most memory free to umm among 3 candidates (spread balance)"), "{}", d.reason());
+    let d = decide(auto(MEDIUM, AccessPattern::Unknown), &[host(0), gpu(1, 24 * GIB, 20 * GIB)]);
+    assert!(d.reason().contains("the only candidate"), "{}", d.reason());
+}
+
+#[test]
+fn memory_the_pools_hold_unused_counts_as_available() {
+    // gpu1 has less free on the device but more free to umm once what its pools hold unused is counted.
+    let mut held = gpu(1, 80 * GIB, 50 * GIB);
+    held.cached_bytes = 20 * GIB;
+    let devices = [host(0), held.clone(), gpu(2, 80 * GIB, 60 * GIB)];
+    let d = decide(auto(MEDIUM, AccessPattern::Unknown), &devices);
+    assert_eq!(d.device, 1, "{}", d.reason());
+    assert!(
+        d.reason().contains("70 GiB free to umm of 80 GiB (50 GiB free on the device, 20 GiB unused in umm's pools)"),
+        "{}",
+        d.reason()
+    );
+    // Nor is a device under pressure when its pools hold what the device lacks.
+    let mut full = gpu(1, 80 * GIB, GIB);
+    full.cached_bytes = 40 * GIB;
+    let d = decide(auto(4 * GIB, AccessPattern::Unknown), &[host(0), full, gpu(2, 80 * GIB, 30 * GIB)]);
+    assert_eq!(d.device, 1, "41 GiB available: {}", d.reason());
+}
+
+#[test]
+fn current_first_fills_the_current_device_until_it_is_under_pressure() {
+    let decider = Decider::new(DecisionConfig { spread: Spread::CurrentFirst, ..DecisionConfig::default() }).unwrap();
+    let devices = [host(0), gpu(1, 80 * GIB, 10 * GIB), gpu(2, 80 * GIB, 70 * GIB)];
+    let d = decider.decide(&Request::new(LARGE).current(Some(1)), &devices, None).unwrap();
+    assert_eq!(d.device, 1, "{}", d.reason());
+    assert!(d.reason().contains("the current device, filled first (spread current_first)"), "{}", d.reason());
+    // Without a current device, or with it under pressure, the most available memory wins.
+    let d = decider.decide(&Request::new(LARGE), &devices, None).unwrap();
+    assert_eq!(d.device, 2, "{}", d.reason());
+    let busy = [host(0), gpu(1, 80 * GIB, 4 * GIB), gpu(2, 80 * GIB, 70 * GIB)];
+    let d = decider.decide(&Request::new(LARGE).current(Some(1)), &busy, None).unwrap();
+    assert_eq!(d.device, 2, "{}", d.reason());
+    assert!(d.reason().contains("skipped device 1"), "{}", d.reason());
+    // Balance, the default, ignores the current device for Auto.
+    let d = decide(Request::new(LARGE).current(Some(1)), &devices);
+    assert_eq!(d.device, 2, "{}", d.reason());
+}
+
+#[test]
+fn spread_parses_and_prints() {
+    for (text, spread) in
+        [("balance", Spread::Balance), ("Current_First", Spread::CurrentFirst), ("current-first", Spread::CurrentFirst)]
+    {
+        assert_eq!(text.parse::<Spread>(), Ok(spread), "{text}");
+        assert_eq!(spread.to_string().parse::<Spread>(), Ok(spread));
+    }
+    assert!("fill".parse::<Spread>().is_err());
+    assert_eq!(Spread::default(), Spread::Balance);
 }
 
 #[test]
@@ -364,6 +418,7 @@ fn software(index: usize) -> DeviceView {
         shares_memory_with_host: true,
         total_bytes: 16 * GIB,
         free_bytes: 16 * GIB,
+        cached_bytes: 0,
         pools: vec![PoolKind::DeviceLocal, PoolKind::HostPinned, PoolKind::ReadOnly],
         max_allocation: 0,
     }

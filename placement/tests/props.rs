@@ -4,7 +4,7 @@ use proptest::prelude::*;
 use strum::IntoEnumIterator;
 use umm_placement::{
     AccessPattern, Api, Decider, DecisionConfig, DeviceKind, DeviceSelector, DeviceView, Placement, PoolKind,
-    Recommendations, Request, SizeClass, Thresholds, TrackerConfig, UsageTracker,
+    Recommendations, Request, SizeClass, Spread, Thresholds, TrackerConfig, UsageTracker,
 };
 
 fn pick<T: Copy + std::fmt::Debug + 'static>(all: Vec<T>) -> impl Strategy<Value = T> {
@@ -27,9 +27,10 @@ fn device() -> impl Strategy<Value = DeviceView> {
         any::<bool>(),
         bytes(),
         bytes(),
+        bytes(),
         subset(PoolKind::iter().collect()),
     )
-        .prop_map(|(kind, apis, shares, total, free, pools)| DeviceView {
+        .prop_map(|(kind, apis, shares, total, free, cached, pools)| DeviceView {
             index: 0,
             name: format!("{kind}"),
             kind,
@@ -37,6 +38,7 @@ fn device() -> impl Strategy<Value = DeviceView> {
             shares_memory_with_host: shares,
             total_bytes: total,
             free_bytes: free,
+            cached_bytes: cached,
             pools,
             max_allocation: 0,
         });
@@ -62,8 +64,10 @@ fn request() -> impl Strategy<Value = Request> {
         (0..9usize).prop_map(DeviceSelector::Index),
         pick(Api::iter().collect()).prop_map(DeviceSelector::Api),
     ];
-    (bytes(), pick(Placement::iter().collect()), pick(AccessPattern::iter().collect()), selector)
-        .prop_map(|(bytes, placement, access, selector)| Request { bytes, placement, access, selector, current: None })
+    let current = prop::option::of(0..9usize);
+    (bytes(), pick(Placement::iter().collect()), pick(AccessPattern::iter().collect()), selector, current).prop_map(
+        |(bytes, placement, access, selector, current)| Request { bytes, placement, access, selector, current },
+    )
 }
 
 /// Evidence from a tracker fed a random workload.
@@ -88,14 +92,15 @@ fn evidence() -> impl Strategy<Value = Option<Recommendations>> {
 }
 
 fn decider() -> impl Strategy<Value = Decider> {
-    (0u64..1 << 30, 1u64..1 << 32, 0.0..=1.0f64, any::<bool>(), any::<bool>()).prop_filter_map(
+    (0u64..1 << 30, 1u64..1 << 32, 0.0..=1.0f64, any::<bool>(), any::<bool>(), any::<bool>()).prop_filter_map(
         "ordered thresholds",
-        |(small, medium, pressure, big_pins, streams)| {
+        |(small, medium, pressure, big_pins, streams, current_first)| {
             Decider::new(DecisionConfig {
                 thresholds: Thresholds::new(small, medium).ok()?,
                 pressure_threshold: pressure,
                 large_host_frequent_to_pinned: big_pins,
                 large_streams_to_pinned: streams,
+                spread: if current_first { Spread::CurrentFirst } else { Spread::Balance },
             })
             .ok()
         },

@@ -379,6 +379,9 @@ impl MemoryPool for CudaPool {
     fn stats(&self) -> PoolStats {
         self.pool.stats()
     }
+    fn reserved_bytes(&self) -> u64 {
+        self.pool.reserved_bytes()
+    }
     fn snapshot(&self) -> crate::pool::PoolSnapshot {
         self.pool.snapshot()
     }

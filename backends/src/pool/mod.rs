@@ -109,6 +109,8 @@ pub struct Pool<B: Backend> {
     cached_large_max: u64,
     /// Set at the first [`Pool::mark_step`]: from then on allocations and frees are recorded ([`steps`]).
     stepping: AtomicBool,
+    /// The reserved bytes the pool's books hold, kept by the state under the lock and read without it.
+    reserved: Arc<AtomicU64>,
     shared: Arc<Shared<B::Segment>>,
 }
 
@@ -193,7 +195,9 @@ impl<B: Backend> Pool<B> {
         let cached_small_max = if pooled && config.thread_cache_bytes > 0 { config.small_request_max } else { 0 };
         let cached_large_max = if pooled { config.thread_cache_large_bytes / 16 } else { 0 };
         let slots = if cached_small_max > 0 || cached_large_max > 0 { slot_count() } else { 0 };
-        let state = LeanMutex::new(State::new(arena_base, stats));
+        let state = State::new(arena_base, stats);
+        let reserved = Arc::clone(&state.reserved_gauge);
+        let state = LeanMutex::new(state);
         let slots = (0..slots)
             .map(|_| Slot {
                 cache: LeanMutex::new(ThreadCache::default()),
@@ -212,6 +216,7 @@ impl<B: Backend> Pool<B> {
             cached_small_max,
             cached_large_max,
             stepping: AtomicBool::new(false),
+            reserved,
             shared: Arc::new(Shared { state, slots }),
         })
     }
@@ -220,6 +225,13 @@ impl<B: Backend> Pool<B> {
     #[inline(always)]
     fn state(&self) -> &LeanMutex<State<B::Segment>> {
         &self.shared.state
+    }
+
+    /// Bytes held from the device now (`stats().reserved_bytes.current`), read without the pool's lock: one
+    /// atomic load of a word that changes only when the pool takes memory from the device or gives it back.
+    #[inline]
+    pub fn reserved_bytes(&self) -> u64 {
+        self.reserved.load(Ordering::Relaxed)
     }
 
     /// The backend.

@@ -52,7 +52,9 @@ pub struct PoolSnapshot {
 impl<B: Backend> Pool<B> {
     /// Statistics now. O(1).
     pub fn stats(&self) -> PoolStats {
-        self.folded_state().stats_now()
+        let stats = self.folded_state().stats_now();
+        debug_assert_eq!(stats.reserved_bytes.current, self.reserved_bytes(), "the lock-free reserved figure");
+        stats
     }
 
     /// Every segment with its blocks, and the statistics, taken under one lock. O(segments + blocks).

@@ -16,6 +16,8 @@ use super::streams::StreamArenas;
 use super::thread_cache::Returned;
 use crate::engine::{Allocation, BlockId, Engine, Freed, SegmentId};
 use crate::{BlockHandle, PoolStats, StreamId, StreamMark};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum ArenaClass {
@@ -129,6 +131,9 @@ pub(super) struct State<S> {
     pub(super) live_high_water: u64,
     /// Marked steps and their plan ([`super::steps`]).
     pub(super) steps: Steps,
+    /// `reserved()` as of the last [`State::update_reserved`], readable without the lock
+    /// ([`crate::Pool::reserved_bytes`]).
+    pub(super) reserved_gauge: Arc<AtomicU64>,
 }
 
 /// What happened to a plain segment, as far as `empty_plain_bytes` cares.
@@ -156,6 +161,7 @@ impl<S> State<S> {
             mark_epoch: 0,
             live_high_water: 0,
             steps: Steps::default(),
+            reserved_gauge: Arc::default(),
         }
     }
 
@@ -326,6 +332,7 @@ impl<S> State<S> {
     pub(super) fn update_reserved(&mut self) {
         let reserved = self.reserved();
         self.stats.reserved_bytes.set(reserved);
+        self.reserved_gauge.store(reserved, Ordering::Relaxed);
         self.reserved_high_water = self.reserved_high_water.max(reserved);
         self.steps.step_peak = self.steps.step_peak.max(reserved);
         self.update_split();

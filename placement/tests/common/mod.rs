@@ -22,6 +22,7 @@ pub fn gpu(index: usize, total: u64, free: u64) -> DeviceView {
         shares_memory_with_host: false,
         total_bytes: total,
         free_bytes: free,
+        cached_bytes: 0,
         pools: vec![PoolKind::DeviceLocal, PoolKind::ReadOnly, PoolKind::HostPinned],
         max_allocation: 0,
     }
@@ -37,6 +38,7 @@ pub fn igpu(index: usize) -> DeviceView {
         shares_memory_with_host: true,
         total_bytes: 16 * GIB,
         free_bytes: 12 * GIB,
+        cached_bytes: 0,
         pools: vec![PoolKind::DeviceLocal, PoolKind::HostPinned],
         max_allocation: 0,
     }
