@@ -1,8 +1,7 @@
 //! GPU→GPU migration against a raw peer copy, for every ordered pair of CUDA devices: the median time of
 //! `migrate` of a 256 MiB buffer (a block from the target's pool, a peer copy, the source block back to its pool)
-//! from plain (cuMemAlloc) and from virtual (cuMemCreate/cuMemMap) segments, beside cudarc's cross-context
-//! `memcpy_dtod` (cuMemcpyPeerAsync plus its event wait) between two cuMemAlloc buffers with peer access enabled,
-//! then a synchronize. Prints one row per pair with both rates and umm's share of the raw rate; needs two or
+//! from plain (cuMemAlloc) and from virtual (cuMemCreate/cuMemMap) segments, beside a raw `cuMemcpyPeerAsync`
+//! between two cuMemAlloc buffers with peer access enabled, then a synchronize. Prints one row per pair with both rates and umm's share of the raw rate; needs two or
 //! more CUDA devices (says so and exits otherwise).
 //!
 //! `cargo run --release --example multi_gpu_migrate -- [ROUNDS]`
@@ -46,25 +45,42 @@ fn umm_migration(mm: &UniversalMemoryManager, a: usize, b: usize, rounds: usize)
     median(times)
 }
 
-/// Median time of `rounds` raw peer copies of 256 MiB from CUDA ordinal `a` to ordinal `b`, then a synchronize.
+/// Median time of `rounds` raw peer copies of 256 MiB from CUDA ordinal `a` to ordinal `b`: `cuMemcpyPeerAsync`
+/// between two `cuMemAlloc` buffers (not cudarc's stream-ordered allocations, whose pools would need their own
+/// peer grants), with peer access enabled both ways, on the primary contexts umm uses, then a synchronize.
+#[allow(unsafe_code)]
 fn raw_peer_copy(a: usize, b: usize, rounds: usize) -> Duration {
+    use umm::backends::cuda::cudarc::driver::result;
     let (ctx_a, ctx_b) = (CudaContext::new(a).expect("context"), CudaContext::new(b).expect("context"));
     let peer = umm::backends::cuda::enable_peer_access(&ctx_b, &ctx_a).expect("peer query")
         && umm::backends::cuda::enable_peer_access(&ctx_a, &ctx_b).expect("peer query");
     assert!(peer, "no peer access between cuda:{a} and cuda:{b}");
-    let src = ctx_a.default_stream().alloc_zeros::<u8>(BYTES).expect("source");
+    ctx_a.bind_to_thread().expect("bind");
+    // SAFETY: a plain device allocation in the bound context `a`; freed below in the same context.
+    let src = unsafe { result::malloc_sync(BYTES) }.expect("source");
+    // SAFETY: `src` is `BYTES` long and nothing else uses it.
+    unsafe { result::memset_d8_sync(src, 7, BYTES) }.expect("memset");
+    ctx_b.bind_to_thread().expect("bind");
+    // SAFETY: as for `src`, in context `b`.
+    let dst = unsafe { result::malloc_sync(BYTES) }.expect("destination");
     let stream = ctx_b.default_stream();
-    let mut dst = stream.alloc_zeros::<u8>(BYTES).expect("destination");
-    ctx_a.default_stream().synchronize().expect("sync");
     let mut times = Vec::with_capacity(rounds);
     for round in 0..=rounds {
         let start = Instant::now();
-        stream.memcpy_dtod(&src, &mut dst).expect("peer copy");
+        // SAFETY: both buffers are live allocations of `BYTES` in their contexts; the copy is waited for before
+        // either is freed.
+        unsafe { result::memcpy_peer_async(ctx_b.cu_ctx(), dst, ctx_a.cu_ctx(), src, BYTES, stream.cu_stream()) }
+            .expect("peer copy");
         stream.synchronize().expect("sync");
         if round > 0 {
             times.push(start.elapsed());
         }
     }
+    // SAFETY: allocated above in context `b` (bound), no work pending.
+    unsafe { result::free_sync(dst) }.expect("free");
+    ctx_a.bind_to_thread().expect("bind");
+    // SAFETY: allocated above in context `a`, no work pending.
+    unsafe { result::free_sync(src) }.expect("free");
     median(times)
 }
 

@@ -26,18 +26,18 @@ pub(crate) struct Baseline {
     reserved: u64,
 }
 
-/// What umm's pools hold of a device's memory: reserved bytes, and of them the bytes no buffer uses. Pinned pools
-/// of an accelerator hold host memory and do not count. Locks each pool's books briefly; no driver call.
+/// What umm's pools hold of a device's memory: reserved bytes, and of them the bytes no buffer uses
+/// ([`umm_backends::Pool::unused_bytes`]). Pinned pools of an accelerator hold host memory and do not count. Takes
+/// each pool's lock briefly, none of its thread caches'; no driver call.
 fn holdings(device: &Device) -> (u64, u64) {
     let host = device.kind() == DeviceKind::Host;
-    device.pools().iter().filter(|(_, kind, _)| host || *kind != PoolKind::HostPinned).fold(
-        (0, 0),
-        |(reserved, unused), (_, _, pool)| {
-            let stats = pool.stats();
-            let held = stats.reserved_bytes.current;
-            (reserved + held, unused + held.saturating_sub(stats.allocated_bytes.current))
-        },
-    )
+    device
+        .pools()
+        .iter()
+        .filter(|(_, kind, _)| host || *kind != PoolKind::HostPinned)
+        .fold((0, 0), |(reserved, unused), (_, _, pool)| {
+            (reserved + pool.reserved_bytes(), unused + pool.unused_bytes())
+        })
 }
 
 /// Every device's view, asking each device for its free memory, with the baselines later estimates start from.
@@ -79,9 +79,13 @@ pub(crate) fn estimate(
 /// How many bytes a thread may place with a remembered choice among several accelerators before it chooses
 /// again: the chosen device's lead in available memory over the best other device that could have served, at
 /// least 1/256 of the chosen device's memory (so that small buffers do not each decide), unbounded where no other
-/// device could have served. The budget is per thread: threads that place at once may overshoot the lead, and a
+/// device could have served and for host memory. The budget is per thread: threads that place at once may overshoot the lead, and a
 /// pool that grows under them moves the figures anyway.
 pub(crate) fn spread_budget(views: &[DeviceView], chosen: usize, pool: PoolKind, selector: DeviceSelector) -> u64 {
+    // Pinned and pageable memory are host memory: no device's figures move with them.
+    if matches!(pool, PoolKind::HostPinned | PoolKind::Host) {
+        return u64::MAX;
+    }
     let Some(at) = views.iter().position(|v| v.index == chosen) else { return u64::MAX };
     let rivals = views
         .iter()

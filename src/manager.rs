@@ -466,11 +466,13 @@ impl UniversalMemoryManager {
                 // device?
                 let reserved = placed.balanced.then(|| pool.reserved_bytes());
                 let block = match initial {
-                    Some(data) => OwnedBlock::allocate_filled(Arc::clone(&pool), data, options.stream),
-                    None => OwnedBlock::allocate(Arc::clone(&pool), bytes, options.stream, options.zeroed),
+                    Some(data) => OwnedBlock::allocate_filled(pool, data, options.stream),
+                    None => OwnedBlock::allocate(pool, bytes, options.stream, options.zeroed),
                 };
-                if reserved.is_some_and(|before| pool.reserved_bytes() != before) {
-                    self.inner.rebalance();
+                if let (Some(before), Ok(block)) = (reserved, &block) {
+                    if block.pool().reserved_bytes() != before {
+                        self.inner.rebalance();
+                    }
                 }
                 match block {
                     // The placement was made on figures up to a refresh interval old: decide again on fresh ones.
@@ -537,8 +539,13 @@ impl UniversalMemoryManager {
         if let Some(placed) = front::lookup(&key, epoch, bytes).filter(|_| reuse) {
             return Ok((placed, true, false));
         }
-        let balanced =
-            inner.several_accelerators && matches!(options.selector, DeviceSelector::Any | DeviceSelector::Api(_));
+        // An explicit placement without a selector goes to the current device, where there is one: no choice.
+        let to_current = options.placement != Placement::Auto
+            && options.selector == DeviceSelector::Any
+            && self.current_device().is_some();
+        let balanced = inner.several_accelerators
+            && !to_current
+            && matches!(options.selector, DeviceSelector::Any | DeviceSelector::Api(_));
         if balanced {
             // A choice among devices is made on figures as they stand, not as the last refresh left them.
             inner.rebalance();

@@ -9,6 +9,12 @@
 #   DIR/gpu_suites.sh run            # there: runs each binary, 4 test threads, prints one line per suite and
 #                                    # its test results; logs in DIR/logs/
 #
+# On a machine with several GPUs, name multi-gpu too (`UMM_REQUIRE_BACKENDS=cuda,opencl,wgpu,cuda-vmm,multi-gpu
+# DIR/gpu_suites.sh run`): `multi_gpu` then fails where it finds one GPU instead of skipping, and checks Auto's
+# spread of 4 x 1 GiB per GPU and peer migration between every pair. The several-GPU figures come from two
+# examples built and carried the same way: `multi_gpu_migrate` (every ordered pair against a raw peer copy) and
+# `multi_gpu_threads` (one thread per GPU against one thread on one).
+#
 # On a machine with Rust and a GPU, `pack` then `run` in place does both. Vulkan needs its loader (libvulkan1)
 # and the driver's ICD; on the project's GPU machine that is the recipe in DEVELOPERS.md (VK_DRIVER_FILES).
 set -euo pipefail

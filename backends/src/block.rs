@@ -139,6 +139,8 @@ pub trait MemoryPool: sealed::Sealed + Send + Sync + 'static {
     fn stats(&self) -> PoolStats;
     /// See [`Pool::reserved_bytes`]: without the pool's lock.
     fn reserved_bytes(&self) -> u64;
+    /// See [`Pool::unused_bytes`]: under the pool's lock alone.
+    fn unused_bytes(&self) -> u64;
     /// See [`Pool::snapshot`].
     fn snapshot(&self) -> crate::pool::PoolSnapshot;
     /// See [`Pool::reset_peaks`].
@@ -228,6 +230,9 @@ impl MemoryPool for PoolLease {
     fn reserved_bytes(&self) -> u64 {
         self.0.reserved_bytes()
     }
+    fn unused_bytes(&self) -> u64 {
+        self.0.unused_bytes()
+    }
     fn snapshot(&self) -> crate::pool::PoolSnapshot {
         self.0.snapshot()
     }
@@ -301,6 +306,9 @@ impl<B: Backend> MemoryPool for Pool<B> {
     }
     fn reserved_bytes(&self) -> u64 {
         Pool::reserved_bytes(self)
+    }
+    fn unused_bytes(&self) -> u64 {
+        Pool::unused_bytes(self)
     }
     fn reset_peaks(&self) {
         Pool::reset_peaks(self)

@@ -382,6 +382,9 @@ impl MemoryPool for CudaPool {
     fn reserved_bytes(&self) -> u64 {
         self.pool.reserved_bytes()
     }
+    fn unused_bytes(&self) -> u64 {
+        self.pool.unused_bytes()
+    }
     fn snapshot(&self) -> crate::pool::PoolSnapshot {
         self.pool.snapshot()
     }

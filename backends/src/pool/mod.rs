@@ -234,6 +234,15 @@ impl<B: Backend> Pool<B> {
         self.reserved.load(Ordering::Relaxed)
     }
 
+    /// Bytes held from the device that no live block uses, as the pool's books stand: free blocks and free pages
+    /// of its segments, those resting in thread caches included. Blocks that thread caches lent or took back
+    /// since their statistics were last folded in are not seen, so the figure is off by at most what the thread
+    /// caches hold; it takes the pool's lock, not the thread caches'. O(1).
+    pub fn unused_bytes(&self) -> u64 {
+        let state = self.state().lock();
+        state.reserved().saturating_sub(state.stats.allocated_bytes.current)
+    }
+
     /// The backend.
     pub fn backend(&self) -> &B {
         &self.backend

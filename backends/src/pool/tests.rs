@@ -1326,3 +1326,23 @@ fn another_threads_cached_blocks_serve_a_miss_before_new_memory() {
         worker.join().unwrap();
     }
 }
+
+#[test]
+fn reserved_and_unused_bytes_follow_the_books_without_the_thread_caches() {
+    for mode in [SegmentMode::Plain, SegmentMode::Virtual] {
+        let pool = sim_pool(mode, None);
+        assert_eq!((pool.reserved_bytes(), pool.unused_bytes()), (0, 0), "{mode}");
+        // Large blocks bypass the thread caches: the books see them at once.
+        let a = pool.allocate(40 * MIB, S0).unwrap();
+        let b = pool.allocate(24 * MIB, S0).unwrap();
+        let s = pool.stats();
+        assert_eq!(pool.reserved_bytes(), s.reserved_bytes.current, "{mode}: the lock-free figure is the books'");
+        assert_eq!(pool.unused_bytes(), s.reserved_bytes.current - s.allocated_bytes.current, "{mode}");
+        pool.free(&a).unwrap();
+        assert_eq!(pool.unused_bytes(), pool.reserved_bytes() - 24 * MIB, "{mode}: a freed block is unused memory");
+        pool.free(&b).unwrap();
+        assert_eq!(pool.unused_bytes(), pool.reserved_bytes(), "{mode}");
+        pool.release_cached();
+        assert_eq!((pool.reserved_bytes(), pool.unused_bytes()), (0, 0), "{mode}: all given back");
+    }
+}
