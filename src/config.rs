@@ -22,6 +22,8 @@
 //! | `UMM_PROFILE_CAPACITY` | an integer | events the profiler's ring keeps (default 100000) |
 //! | `UMM_LEAK_WARNING` | `0`/`1`, `true`/`false`, `on`/`off` | warn when a manager is dropped while buffers are alive (default on) |
 //! | `UMM_LIVE_TABLE` | `0`/`1`, `true`/`false`, `on`/`off` | keep the table of live buffers that leak reports and the leak warning read (default on; off saves a lock round trip per buffer) |
+//! | `UMM_WGPU_TIMEOUT` | seconds above 0 (default 60) | how long the wgpu backend waits for the device or for a setup call (instance, adapters, device) before it gives up with an error naming the call |
+//! | `UMM_WGPU_WATCHDOG` | seconds, or `off` (default) | report on stderr any call into wgpu in flight longer than this, with every call in flight and where each thread waits |
 //! | `UMM_TRACE` | a file path (`{pid}` is replaced by the process id; `.gz` compresses) | write every allocation and free as an `umm-trace v1` file |
 //!
 //! `UMM_PROFILE`, `UMM_PROFILE_CAPACITY`, `UMM_TRACE`, `UMM_LEAK_WARNING` and `UMM_LIVE_TABLE` are read by every
@@ -136,6 +138,16 @@ impl UmmConfig {
                 .ok()
                 .filter(|f| (0.0..=1.0).contains(f))
                 .ok_or_else(|| invalid("UMM_PRESSURE", v, "a fraction in [0, 1]"))?;
+        }
+        // Read by the wgpu backend itself at discovery (the bound is the process's); refused here when malformed.
+        #[cfg(feature = "wgpu")]
+        for var in ["UMM_WGPU_TIMEOUT", "UMM_WGPU_WATCHDOG"] {
+            if let Some(v) = lookup(var) {
+                let parsed = umm_backends::wgpu_backend::parse_seconds(&v);
+                if parsed.is_err() || (var == "UMM_WGPU_TIMEOUT" && parsed == Ok(None)) {
+                    return Err(invalid(var, v, "a number of seconds above 0 (UMM_WGPU_WATCHDOG also takes off)"));
+                }
+            }
         }
         if let Some(v) = lookup("UMM_SPREAD") {
             self.decision.spread =
@@ -384,6 +396,8 @@ pub const KNOWN_VARS: &[&str] = &[
     "UMM_PROFILE",
     "UMM_PROFILE_CAPACITY",
     "UMM_TRACE",
+    "UMM_WGPU_TIMEOUT",
+    "UMM_WGPU_WATCHDOG",
     "UMM_LEAK_WARNING",
     "UMM_LIVE_TABLE",
     "UMM_REPLAY_DEVICE",
@@ -527,6 +541,8 @@ mod tests {
             ("UMM_CROSS_STREAM", " Wait"),
             ("UMM_PLAN_STEPS", "off"),
             ("UMM_SPREAD", " Current_First"),
+            ("UMM_WGPU_TIMEOUT", "5"),
+            ("UMM_WGPU_WATCHDOG", "off"),
         ]
         .into();
         let mut config = UmmConfig::default();
@@ -566,6 +582,10 @@ mod tests {
             ("UMM_CROSS_STREAM", "sometimes"),
             ("UMM_PLAN_STEPS", "sometimes"),
             ("UMM_SPREAD", "fill"),
+            #[cfg(feature = "wgpu")]
+            ("UMM_WGPU_TIMEOUT", "off"),
+            #[cfg(feature = "wgpu")]
+            ("UMM_WGPU_WATCHDOG", "soon"),
         ] {
             let err = UmmConfig::default().apply_vars(|k| (k == var).then(|| value.to_string())).unwrap_err();
             let text = err.to_string();

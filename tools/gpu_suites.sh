@@ -64,6 +64,8 @@ case $mode in
     cd "$(dirname "$0")"
     dir=.
     export UMM_REQUIRE_BACKENDS=${UMM_REQUIRE_BACKENDS:-cuda,opencl,wgpu,cuda-vmm} RUST_BACKTRACE=1
+    # A call into wgpu in flight for 30 s is reported with where every thread waits (UMM_WGPU_WATCHDOG).
+    export UMM_WGPU_WATCHDOG=${UMM_WGPU_WATCHDOG:-30}
     # The `umm` binary where the observability test looks for it, if that folder can be made here.
     built=$(cat "$dir/bin/target-debug/path")
     if [ ! -x "$built/umm" ] && mkdir -p "$built" 2>/dev/null; then cp "$dir/bin/target-debug/umm" "$built/umm"; fi

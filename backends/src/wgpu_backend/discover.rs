@@ -28,16 +28,8 @@ fn instance() -> &'static std::result::Result<(wgpu::Instance, wgpu::Backends), 
             descriptor.backends = backends;
             (wgpu::Instance::new(descriptor), backends)
         })
-        .map_err(|panic| panic_message(&panic))
+        .map_err(|panic| super::watch::panic_text(&panic))
     })
-}
-
-fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    panic
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "unknown panic".into())
 }
 
 /// One wgpu adapter. Its device is opened on the first [`WgpuDevice::pool`] (with the adapter's own limits, so
@@ -119,15 +111,14 @@ fn identity(info: &wgpu::AdapterInfo) -> Option<String> {
 /// both carry `identity`, so that the facade can merge them.
 pub fn discover() -> Discovery<WgpuDevice> {
     let mut discovery = Discovery { devices: Vec::new(), skipped: Vec::new() };
-    let setup = SETUP.lock();
-    let found = instance().as_ref().map_err(Clone::clone).and_then(|(instance, backends)| {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            pollster::block_on(instance.enumerate_adapters(*backends))
-        }))
-        .map(|adapters| (instance.clone(), adapters))
-        .map_err(|panic| panic_message(&panic))
-    });
-    drop(setup);
+    discovery.skipped.extend(super::watch::apply_env());
+    // On a helper thread, waited for within the bound: a driver that never returns from here becomes a skip.
+    let found = super::watch::bounded("enumerate_adapters", "", || {
+        let _setup = SETUP.lock();
+        let (instance, backends) = instance().as_ref().map_err(Clone::clone)?;
+        Ok((instance.clone(), pollster::block_on(instance.enumerate_adapters(*backends))))
+    })
+    .and_then(|found| found);
     let (instance, adapters) = match found {
         Ok(found) => found,
         Err(why) => {
@@ -357,18 +348,18 @@ impl WgpuDevice {
             required_limits: self.limits.clone(),
             ..Default::default()
         };
-        let adapter = &self.adapter;
-        let setup = SETUP.lock();
-        let requested = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let adapter = self.adapter.clone();
+        // On a helper thread, waited for within the bound (see `discover`).
+        let requested = super::watch::bounded("request_device", &self.info.name, move || {
+            let _setup = SETUP.lock();
             pollster::block_on(adapter.request_device(&desc))
-        }));
-        drop(setup);
+        });
         let driver =
             |message: String| Error::Driver { backend: self.info.name.clone(), call: "request_device".into(), message };
         let (device, queue) = match requested {
             Ok(Ok(pair)) => pair,
             Ok(Err(e)) => return Err(driver(e.to_string())),
-            Err(_) => return Err(driver("wgpu panicked while opening the device".into())),
+            Err(why) => return Err(driver(why)),
         };
         let shared = Arc::new(DeviceShared::new(
             &self.info.name,

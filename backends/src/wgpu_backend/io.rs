@@ -84,7 +84,7 @@ impl DeviceShared {
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
-        let out = f();
+        let out = super::watch::watched(call, backend, f);
         // Scopes pop innermost first.
         let caught = [internal.pop(), validation.pop(), oom.pop()].into_iter().find_map(pollster::block_on);
         if let Some(e) = self.lost_error(backend, call) {
@@ -98,13 +98,22 @@ impl DeviceShared {
         }
     }
 
-    /// Waits until the queue has finished everything submitted so far (and map callbacks have run).
+    /// Waits until the queue has finished everything submitted so far (and map callbacks have run), for at most
+    /// [`super::wait_limit`]: a device that has not finished by then is an error naming `call`.
     pub(crate) fn wait(&self, backend: &str, call: &str) -> Result<()> {
-        let status = self.scoped(backend, call, || self.device.poll(wgpu::PollType::wait_indefinitely()))?;
+        let limit = super::wait_limit();
+        let poll = wgpu::PollType::Wait { submission_index: None, timeout: Some(limit) };
+        let status = self.scoped(backend, call, || self.device.poll(poll))?;
         status.map(drop).map_err(|e| Error::Driver {
             backend: backend.to_string(),
             call: format!("{call} (device.poll)"),
-            message: e.to_string(),
+            message: match e {
+                wgpu::PollError::Timeout => format!(
+                    "the device did not finish the work queued before it in {limit:?} (UMM_WGPU_TIMEOUT sets the \
+                     bound)"
+                ),
+                other => other.to_string(),
+            },
         })
     }
 

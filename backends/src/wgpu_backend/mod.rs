@@ -28,11 +28,17 @@
 //! or destroyed device is reported the same way by every later call. umm installs no uncaptured-error handler:
 //! errors of the caller's own work (its bind groups, passes, submissions) reach the caller as wgpu's default
 //! handler, the caller's own error scopes or a handler the caller installs would deliver them.
+//!
+//! Waits: none is unbounded. A wait for the device gives up after [`wait_limit`] (`UMM_WGPU_TIMEOUT`, default 60 s)
+//! with an error naming the call; creating the instance, enumerating adapters and opening a device run on a helper
+//! thread waited for within the same bound, so a driver that never returns there becomes an error or a skipped
+//! backend instead of a hung program. [`set_watchdog`] (`UMM_WGPU_WATCHDOG`) reports calls in flight too long.
 
 mod discover;
 mod interop;
 mod io;
 mod segment;
+mod watch;
 
 pub use discover::{discover, WgpuDevice};
 pub use interop::{
@@ -40,6 +46,7 @@ pub use interop::{
     write_block_queued, WgpuBlock,
 };
 pub use segment::WgpuSegment;
+pub use watch::{in_flight, parse_seconds, set_wait_limit, set_watchdog, wait_limit, InFlight};
 /// The wgpu this crate was built with, so that callers build pipelines with the same version.
 pub use wgpu;
 
