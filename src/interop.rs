@@ -72,6 +72,8 @@ mod wgpu_view {
     pub struct WgpuView<'a> {
         block: WgpuBlock,
         pool: &'a Pool<WgpuBackend>,
+        /// Bound as a uniform: offsets align to the uniform limit rather than the storage one.
+        uniform: bool,
     }
 
     impl std::fmt::Debug for WgpuView<'_> {
@@ -117,6 +119,21 @@ mod wgpu_view {
         pub fn queue(&self) -> &wgpu::Queue {
             self.pool.backend().queue()
         }
+
+        /// The bytes `range` selects of this view (offsets relative to it), as a view a kernel can bind to work on
+        /// part of a buffer. wgpu needs the start to be a multiple of the device's
+        /// `min_storage_buffer_offset_alignment` (`min_uniform_buffer_offset_alignment` for a uniform view; 256 on
+        /// most devices, 16–64 on some) and the length to be a non-zero multiple of 4: anything else, or a range
+        /// past the view, is an error saying which.
+        pub fn slice(&self, range: std::ops::Range<u64>) -> Result<WgpuView<'_>> {
+            let limits = self.device().limits();
+            let alignment = u64::from(if self.uniform {
+                limits.min_uniform_buffer_offset_alignment
+            } else {
+                limits.min_storage_buffer_offset_alignment
+            });
+            Ok(WgpuView { block: self.block.range(range, alignment)?, pool: self.pool, uniform: self.uniform })
+        }
     }
 
     impl<T: bytemuck::Pod> UniversalBuffer<T> {
@@ -147,7 +164,7 @@ mod wgpu_view {
             let block = self.block_of("wgpu_uniform_binding", Api::Wgpu)?;
             self.record_device_use();
             let pool = wgpu_pool(block);
-            Ok(WgpuView { block: block_uniform_binding(block)?, pool })
+            Ok(WgpuView { block: block_uniform_binding(block)?, pool, uniform: true })
         }
     }
 
@@ -156,7 +173,7 @@ mod wgpu_view {
     }
 
     fn view(block: &OwnedBlock) -> Result<WgpuView<'_>> {
-        Ok(WgpuView { block: block_binding(block)?, pool: wgpu_pool(block) })
+        Ok(WgpuView { block: block_binding(block)?, pool: wgpu_pool(block), uniform: false })
     }
 }
 

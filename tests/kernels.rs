@@ -133,7 +133,20 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
 
     /// y = A*x + y with `x` and `y` bound at their blocks' offsets.
     pub(crate) fn saxpy(x: &umm::UniversalBuffer<f32>, y: &mut umm::UniversalBuffer<f32>) {
-        let xv = x.wgpu_binding().unwrap();
+        saxpy_over(x, y, None)
+    }
+
+    /// y = A*x + y over the bytes `range` of both buffers (all of them for `None`), bound as range views.
+    fn saxpy_over(
+        x: &umm::UniversalBuffer<f32>,
+        y: &mut umm::UniversalBuffer<f32>,
+        range: Option<std::ops::Range<u64>>,
+    ) {
+        let whole = x.wgpu_binding().unwrap();
+        let xv = match &range {
+            Some(r) => whole.slice(r.clone()).unwrap(),
+            None => x.wgpu_binding().unwrap(),
+        };
         let (device, queue) = (xv.device().clone(), xv.queue().clone());
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some("saxpy"),
@@ -154,8 +167,12 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
             mapped_at_creation: false,
         });
         queue.write_buffer(&a, 0, &[A.to_le_bytes(), [0; 4], [0; 4], [0; 4]].concat());
-        let n = y.len() as u32;
-        let yv = y.wgpu_binding_mut().unwrap();
+        let n = (xv.size() / 4) as u32;
+        let whole_y = y.wgpu_binding_mut().unwrap();
+        let yv = match &range {
+            Some(r) => whole_y.slice(r.clone()).unwrap(),
+            None => whole_y.slice(0..whole_y.size()).unwrap(),
+        };
         let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
             layout: &pipeline.get_bind_group_layout(0),
@@ -195,6 +212,35 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
         saxpy(&x, &mut y);
         assert_eq!(y.to_vec().unwrap(), expected(&xs(), &ys()));
         drop(pads);
+    }
+
+    #[test]
+    fn a_range_view_binds_part_of_a_buffer_and_misaligned_ranges_are_refused() {
+        let Some(mm) = manager_with(Api::Wgpu) else { return };
+        let mut x = mm.allocate_universal_with::<f32>(N, on(Api::Wgpu)).unwrap();
+        let mut y = mm.allocate_universal_with::<f32>(N, on(Api::Wgpu)).unwrap();
+        x.write(&xs()).unwrap();
+        y.write(&ys()).unwrap();
+        let align = u64::from(x.wgpu_binding().unwrap().device().limits().min_storage_buffer_offset_alignment);
+        let (first, count) = (align as usize / 4, 40usize);
+        assert!(first + count <= N, "N = {N} holds the range at offset {align}");
+        let range = align..align + 4 * count as u64;
+        saxpy_over(&x, &mut y, Some(range.clone()));
+        let (got, mut want) = (y.to_vec().unwrap(), ys());
+        let full = expected(&xs(), &ys());
+        want[first..first + count].copy_from_slice(&full[first..first + count]);
+        assert_eq!(got, want, "only elements {first}..{} change", first + count);
+        let view = x.wgpu_binding().unwrap();
+        let sub = view.slice(range).unwrap();
+        assert_eq!((sub.offset(), sub.size()), (align, 4 * count as u64));
+        let misaligned = (align > 4).then_some((align + 4..align + 8, "multiple of"));
+        for (bad, why) in [(0..6, "multiple of 4"), (0..view.size() + 4, "inside it"), (8..8, "inside it")]
+            .into_iter()
+            .chain(misaligned)
+        {
+            let err = view.slice(bad.clone()).unwrap_err().to_string();
+            assert!(err.contains(why), "{bad:?}: {err}");
+        }
     }
 
     #[test]

@@ -16,7 +16,9 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
-use umm_backends::cuda::cudarc::driver::{CudaContext, CudaFunction, DevicePtr, LaunchConfig, PushKernelArg};
+use umm_backends::cuda::cudarc::driver::{
+    CudaContext, CudaFunction, DevicePtr, DeviceSlice, LaunchConfig, PushKernelArg,
+};
 use umm_backends::cuda::{self, CudaBuffer, CudaDevice, CudaPool, CudaPoolExt};
 use umm_backends::{
     skip_or_fail, Api, Backend, DeviceKind, Error, Limit, PoolConfig, PoolPlacement, SegmentMode, Strategy, StreamId,
@@ -378,6 +380,32 @@ fn pinned_memory_is_a_host_slice_and_usable_by_kernels() {
     stream.memcpy_htod(&ones, &mut out.view_mut::<f32>(&stream).unwrap()).unwrap();
     stream.synchronize().unwrap();
     assert!(from_bytes(out.host_bytes().unwrap()).iter().all(|&v| v == 1.0));
+    // Range views: copies through part of a view land in that part alone; the halves of a split are disjoint.
+    {
+        let mut view = out.view_mut::<f32>(&stream).unwrap();
+        let twos = vec![2.0f32; 4];
+        stream.memcpy_htod(&twos, &mut view.slice_mut(8..12).unwrap()).unwrap();
+        let (mut low, mut high) = view.split_at_mut(n / 2).unwrap();
+        assert_eq!((low.len(), high.len()), (n / 2, n - n / 2));
+        assert_eq!(high.device_address(), low.device_address() + (n / 2 * 4) as u64);
+        stream.memcpy_htod(&[5.0f32], &mut low.slice_mut(..1).unwrap()).unwrap();
+        stream.memcpy_htod(&[7.0f32], &mut high.slice_mut(n - n / 2 - 1..).unwrap()).unwrap();
+        assert!(matches!(view.slice(..n + 1), Err(Error::OutOfBounds(_))));
+        assert!(matches!(view.split_at_mut(n + 1), Err(Error::OutOfBounds(_))));
+        let back = stream.clone_dtoh(&view.slice(8..12).unwrap()).unwrap();
+        assert_eq!(back, twos);
+    }
+    stream.synchronize().unwrap();
+    let got = from_bytes(out.host_bytes().unwrap());
+    for (i, &v) in got.iter().enumerate() {
+        let want = match i {
+            0 => 5.0,
+            8..=11 => 2.0,
+            _ if i == n - 1 => 7.0,
+            _ => 1.0,
+        };
+        assert_eq!(v, want, "element {i}");
+    }
     // A plain handle's view is bound to neither handle nor pool, so on pinned memory it is refused: it could
     // outlive the block and write bytes that a CudaBuffer lends as a host slice.
     let plain = pinned.allocate(4096, s).unwrap();

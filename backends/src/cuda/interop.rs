@@ -11,6 +11,7 @@ use super::raw;
 use crate::{Backend, BlockHandle, Error, OwnedBlock, Pool, PoolPlacement, Result, StreamId};
 use cudarc::driver::{sys, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use std::marker::PhantomData;
+use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 
 /// A typed, read-only view of a pooled block for cudarc.
@@ -31,17 +32,76 @@ pub struct BlockViewMut<'a, T> {
     _elements: PhantomData<&'a mut [T]>,
 }
 
-impl<T> BlockView<'_, T> {
+/// The elements `range` selects of a view of `len` elements, as `(first, count)`; [`Error::OutOfBounds`] for a
+/// range that is reversed or ends past the view.
+fn sub_range(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {
+    let start = match range.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s.checked_add(1).ok_or_else(|| Error::OutOfBounds("range start overflows".into()))?,
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.checked_add(1).ok_or_else(|| Error::OutOfBounds("range end overflows".into()))?,
+        Bound::Excluded(&e) => e,
+        Bound::Unbounded => len,
+    };
+    if start > end || end > len {
+        return Err(Error::OutOfBounds(format!("elements {start}..{end} of a view of {len}")));
+    }
+    Ok((start, end - start))
+}
+
+/// The device address of element `first` of a view starting at `ptr`.
+fn element_address<T>(ptr: u64, first: usize) -> u64 {
+    ptr + (first * std::mem::size_of::<T>()) as u64
+}
+
+impl<'a, T> BlockView<'a, T> {
     /// Device address of the first element.
     pub fn device_address(&self) -> u64 {
         self.ptr
     }
+
+    /// The elements `range` selects, as a view on the same stream (cudarc's `CudaSlice::slice`): a kernel that
+    /// takes part of a buffer. [`Error::OutOfBounds`] for a range past the view's end or reversed.
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<BlockView<'_, T>> {
+        let (first, len) = sub_range(range, self.len)?;
+        Ok(BlockView { ptr: element_address::<T>(self.ptr, first), len, stream: self.stream, _elements: PhantomData })
+    }
 }
 
-impl<T> BlockViewMut<'_, T> {
+impl<'a, T> BlockViewMut<'a, T> {
     /// Device address of the first element.
     pub fn device_address(&self) -> u64 {
         self.ptr
+    }
+
+    /// The elements `range` selects, read-only, as [`BlockView::slice`].
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<BlockView<'_, T>> {
+        let (first, len) = sub_range(range, self.len)?;
+        Ok(BlockView { ptr: element_address::<T>(self.ptr, first), len, stream: self.stream, _elements: PhantomData })
+    }
+
+    /// The elements `range` selects, writable (cudarc's `CudaSlice::slice_mut`); borrows this view mutably.
+    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<BlockViewMut<'_, T>> {
+        let (first, len) = sub_range(range, self.len)?;
+        Ok(BlockViewMut {
+            ptr: element_address::<T>(self.ptr, first),
+            len,
+            stream: self.stream,
+            _elements: PhantomData,
+        })
+    }
+
+    /// Two writable views, of the elements before `mid` and from `mid` on, for a kernel that writes both halves
+    /// (cudarc's `split_at_mut`). [`Error::OutOfBounds`] when `mid` is past the end.
+    pub fn split_at_mut(&mut self, mid: usize) -> Result<(BlockViewMut<'_, T>, BlockViewMut<'_, T>)> {
+        sub_range(..mid, self.len)?;
+        let (ptr, stream) = (self.ptr, self.stream);
+        Ok((
+            BlockViewMut { ptr, len: mid, stream, _elements: PhantomData },
+            BlockViewMut { ptr: element_address::<T>(ptr, mid), len: self.len - mid, stream, _elements: PhantomData },
+        ))
     }
 }
 
@@ -264,4 +324,30 @@ pub(super) fn upload(
     // `src` can go away.
     unsafe { raw::copy_htod_async(ptr, src, stream) }.map_err(|f| backend.error(f))?;
     raw::stream_synchronize(stream).map_err(|f| backend.error(f))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sub_ranges_select_elements_and_refuse_what_is_outside() {
+        assert_eq!(sub_range(.., 10).unwrap(), (0, 10));
+        assert_eq!(sub_range(2..5, 10).unwrap(), (2, 3));
+        assert_eq!(sub_range(2..=5, 10).unwrap(), (2, 4));
+        assert_eq!(sub_range(7.., 10).unwrap(), (7, 3));
+        assert_eq!(sub_range(..0, 10).unwrap(), (0, 0));
+        assert_eq!(sub_range(10..10, 10).unwrap(), (10, 0), "an empty range at the end");
+        for (bad, what) in
+            [(sub_range(5..11, 10), "5..11"), (sub_range(11.., 10), "11..10"), (sub_range(..=10, 10), "0..11")]
+        {
+            let err = bad.unwrap_err().to_string();
+            assert!(err.contains(what) && err.contains("of a view of 10"), "{err}");
+        }
+        #[allow(clippy::reversed_empty_ranges)]
+        let reversed = sub_range(6..3, 10);
+        assert!(reversed.is_err());
+        assert!(sub_range(..=usize::MAX, 10).is_err(), "an end that overflows");
+        assert_eq!(element_address::<f32>(0x1000, 3), 0x100c);
+    }
 }

@@ -29,6 +29,28 @@ impl WgpuBlock {
     pub fn as_binding_resource(&self) -> wgpu::BindingResource<'_> {
         wgpu::BindingResource::Buffer(self.as_buffer_binding())
     }
+
+    /// The bytes `range` selects of this binding (offsets relative to it), for a binding of part of the buffer.
+    /// wgpu needs a binding's offset to be a multiple of `offset_alignment` (the device's
+    /// `min_storage_buffer_offset_alignment`, or `min_uniform_buffer_offset_alignment` for uniforms) and its size
+    /// a non-zero multiple of 4. [`Error::OutOfBounds`] for a range past the binding, reversed, empty, or
+    /// misaligned, saying which.
+    pub fn range(&self, range: std::ops::Range<u64>, offset_alignment: u64) -> Result<WgpuBlock> {
+        let (start, end) = (range.start, range.end);
+        let wrong =
+            |why: String| Err(Error::OutOfBounds(format!("bytes {start}..{end} of a binding of {}: {why}", self.size)));
+        if start >= end || end > self.size {
+            return wrong("not a non-empty range inside it".into());
+        }
+        let offset = self.offset + start;
+        if offset_alignment > 0 && !offset.is_multiple_of(offset_alignment) {
+            return wrong(format!("wgpu needs the offset to be a multiple of {offset_alignment}"));
+        }
+        if !(end - start).is_multiple_of(4) {
+            return wrong("wgpu needs the size to be a multiple of 4".into());
+        }
+        Ok(WgpuBlock { buffer: self.buffer.clone(), offset, size: end - start })
+    }
 }
 
 /// The buffer holding `block` and the block's offset in it, for copies. Errors if the block is not live.
