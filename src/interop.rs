@@ -183,7 +183,7 @@ pub use self::opencl_view::OpenClView;
 #[cfg(feature = "opencl")]
 mod opencl_view {
     use super::*;
-    use umm_backends::opencl::{block_sub_buffer, opencl3, OpenClBackend, SubBuffer};
+    use umm_backends::opencl::{block_sub_buffer, block_sub_buffer_range, opencl3, OpenClBackend, SubBuffer};
     use umm_backends::Backend;
     use umm_backends::Pool;
 
@@ -193,6 +193,9 @@ mod opencl_view {
     pub struct OpenClView<'a> {
         sub: SubBuffer,
         pool: &'a Pool<OpenClBackend>,
+        block: &'a OwnedBlock,
+        /// Where this view starts in the buffer (0 unless it is a [`OpenClView::slice`]).
+        start: u64,
     }
 
     impl std::fmt::Debug for OpenClView<'_> {
@@ -226,6 +229,25 @@ mod opencl_view {
         pub fn queue(&self) -> &opencl3::command_queue::CommandQueue {
             self.pool.backend().queue()
         }
+
+        /// The bytes `range` selects of this view (offsets relative to it), as a sub-buffer of its own for a kernel
+        /// that works on part of a buffer (released when the new view is dropped). OpenCL needs the origin to be
+        /// a multiple of the device's `CL_DEVICE_MEM_BASE_ADDR_ALIGN` (commonly 128 bytes or more); anything else,
+        /// or a range past the view, is an error saying which.
+        pub fn slice(&self, range: std::ops::Range<u64>) -> Result<OpenClView<'_>> {
+            if range.end > self.size() {
+                return Err(umm_backends::Error::OutOfBounds(format!(
+                    "bytes {}..{} of an OpenCL view of {}",
+                    range.start,
+                    range.end,
+                    self.size()
+                ))
+                .into());
+            }
+            let start = self.start + range.start;
+            let sub = block_sub_buffer_range(self.block, start..self.start + range.end)?;
+            Ok(OpenClView { sub, pool: self.pool, block: self.block, start })
+        }
     }
 
     impl<T: bytemuck::Pod> UniversalBuffer<T> {
@@ -251,7 +273,7 @@ mod opencl_view {
     fn view(block: &OwnedBlock) -> Result<OpenClView<'_>> {
         let pool =
             block.pool().as_any().downcast_ref::<Pool<OpenClBackend>>().expect("OpenCL memory lives in an OpenCL pool");
-        Ok(OpenClView { sub: block_sub_buffer(block)?, pool })
+        Ok(OpenClView { sub: block_sub_buffer(block)?, pool, block, start: 0 })
     }
 }
 

@@ -332,11 +332,28 @@ mod opencl_kernels {
     }";
 
     pub(crate) fn saxpy(x: &umm::UniversalBuffer<f32>, y: &mut umm::UniversalBuffer<f32>) {
-        let n = y.len() as i32;
-        let xv: OpenClView<'_> = x.opencl_buffer().unwrap();
+        saxpy_over(x, y, None)
+    }
+
+    /// y = A*x + y over the bytes `range` of both buffers (all of them for `None`), as range views.
+    fn saxpy_over(
+        x: &umm::UniversalBuffer<f32>,
+        y: &mut umm::UniversalBuffer<f32>,
+        range: Option<std::ops::Range<u64>>,
+    ) {
+        let whole_x: OpenClView<'_> = x.opencl_buffer().unwrap();
+        let xv = match &range {
+            Some(r) => whole_x.slice(r.clone()).unwrap(),
+            None => x.opencl_buffer().unwrap(),
+        };
+        let n = (xv.size() / 4) as i32;
         let program = Program::create_and_build_from_source(xv.context(), SAXPY, "").expect("saxpy builds");
         let kernel = Kernel::create(&program, "saxpy").unwrap();
-        let yv = y.opencl_buffer_mut().unwrap();
+        let whole_y = y.opencl_buffer_mut().unwrap();
+        let yv = match &range {
+            Some(r) => whole_y.slice(r.clone()).unwrap(),
+            None => whole_y.slice(0..whole_y.size()).unwrap(),
+        };
         let (xm, ym) = (xv.as_raw(), yv.as_raw());
         // SAFETY: the arguments match the kernel's signature; both sub-buffers hold n floats and live (borrowed
         // from their buffers) until the event below has completed.
@@ -370,6 +387,34 @@ mod opencl_kernels {
         assert_eq!(y.to_vec().unwrap(), expected(&xs(), &ys()));
         assert!(matches!(x.wgpu_binding(), Err(Error::WrongApi { wanted: Api::Wgpu, found: Api::OpenCl, .. })));
         drop(pad);
+    }
+
+    #[test]
+    fn a_range_view_is_a_sub_buffer_of_part_of_a_buffer_and_misaligned_origins_are_refused() {
+        let Some(mm) = manager_with(Api::OpenCl) else { return };
+        let mut x = mm.allocate_universal_with::<f32>(N, on(Api::OpenCl)).unwrap();
+        let mut y = mm.allocate_universal_with::<f32>(N, on(Api::OpenCl)).unwrap();
+        x.write(&xs()).unwrap();
+        y.write(&ys()).unwrap();
+        let align = device_of(&mm, Api::OpenCl).opencl().unwrap().info().alignment;
+        let (first, count) = (align as usize / 4, 40usize);
+        assert!(first + count <= N, "N = {N} holds the range at offset {align}");
+        let range = align..align + 4 * count as u64;
+        saxpy_over(&x, &mut y, Some(range.clone()));
+        let (got, mut want) = (y.to_vec().unwrap(), ys());
+        let full = expected(&xs(), &ys());
+        want[first..first + count].copy_from_slice(&full[first..first + count]);
+        assert_eq!(got, want, "only elements {first}..{} change", first + count);
+        let view = x.opencl_buffer().unwrap();
+        let sub = view.slice(range).unwrap();
+        assert_eq!((sub.offset(), sub.size()), (view.offset() + align, 4 * count as u64));
+        let misaligned = (align > 4).then_some((4..8, "CL_DEVICE_MEM_BASE_ADDR_ALIGN"));
+        for (bad, why) in
+            [(0..view.size() + 4, "of an OpenCL view"), (8..8, "not a non-empty range")].into_iter().chain(misaligned)
+        {
+            let err = view.slice(bad.clone()).unwrap_err().to_string();
+            assert!(err.contains(why), "{bad:?}: {err}");
+        }
     }
 
     fn user_buffer(mm: &UniversalMemoryManager, n: usize) -> Buffer<f32> {

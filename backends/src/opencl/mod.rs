@@ -502,6 +502,29 @@ pub fn block_sub_buffer(block: &OwnedBlock) -> Result<SubBuffer> {
     cl_sub_buffer(cl, block.handle())
 }
 
+/// The sub-buffer of the bytes `range` selects of an owned block of an OpenCL pool (offsets relative to the
+/// block's first byte), for a kernel that works on part of a buffer. The start plus the block's offset must be a
+/// multiple of the device's `CL_DEVICE_MEM_BASE_ADDR_ALIGN` ([`Error::Unsupported`] saying so otherwise); a range
+/// past the bytes asked for, reversed or empty is [`Error::OutOfBounds`]. As [`block_sub_buffer`] otherwise.
+pub fn block_sub_buffer_range(block: &OwnedBlock, range: std::ops::Range<u64>) -> Result<SubBuffer> {
+    let pool = block.pool();
+    let Some(cl) = pool.as_any().downcast_ref::<Pool<OpenClBackend>>() else {
+        return Err(Error::Unsupported {
+            backend: pool.name().to_string(),
+            what: "an OpenCL sub-buffer of a block that is not OpenCL memory".into(),
+        });
+    };
+    let requested = block.handle().requested();
+    if range.start >= range.end || range.end > requested {
+        return Err(Error::OutOfBounds(format!(
+            "bytes {}..{} of an OpenCL buffer of {requested}: not a non-empty range inside it",
+            range.start, range.end
+        )));
+    }
+    let (segment, offset) = live(cl, block.handle())?;
+    cl.backend().sub_buffer(&segment, offset + range.start, range.end - range.start)
+}
+
 /// Non-blocking [`Pool::write`]: enqueues copying `data` into the block at `offset`. Refused for host-mapped
 /// memory (see [`device_memory`]).
 pub fn write_block_async(
