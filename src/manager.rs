@@ -526,7 +526,12 @@ impl UniversalMemoryManager {
     /// not moved, else a fresh decision, which is remembered for the next request. Also returns whether it was
     /// reused, and whether the request is too big for a remembered placement to serve (a sizeable share of the
     /// device's free memory).
-    fn placement(&self, bytes: u64, options: &AllocOptions, reuse: bool) -> Result<(Arc<Placed>, bool, bool)> {
+    pub(crate) fn placement(
+        &self,
+        bytes: u64,
+        options: &AllocOptions,
+        reuse: bool,
+    ) -> Result<(Arc<Placed>, bool, bool)> {
         let inner = &self.inner;
         let key = Key {
             manager: inner.id,

@@ -561,3 +561,41 @@ fn umm_plan_prints_a_table_and_names_the_files_it_cannot_plan() {
     assert!(stderr.contains(&missing), "{stderr}");
     assert_eq!(stderr.lines().filter(|l| l.starts_with("error: ")).count(), 3, "{stderr}");
 }
+
+#[test]
+fn the_manager_makes_an_arena_where_its_buffers_would_go_with_typed_access() {
+    let mm =
+        umm::UniversalMemoryManager::builder().backends(false, false, false).simulated_device(1 << 30).build().unwrap();
+    let mut analyzer = LifetimeAnalyzer::new();
+    analyzer.record_usage(0, &[(0, 4096), (1, 1024)]).unwrap();
+    analyzer.record_usage(1, &[(2, 4096)]).unwrap();
+    let plan = analyzer.compute_reuse_plan();
+    // On the host: the arena's block is host memory, and its blocks take and give back typed values.
+    let on_host = umm::AllocOptions::new().device(umm::DeviceSelector::Host);
+    let mut arena = mm.planned_arena(&plan, &on_host).unwrap();
+    assert_eq!(arena.segment_info().map(|i| i.size >= plan.peak_bytes), Some(true));
+    arena.begin_step();
+    let mut a = arena.allocate(4096).unwrap();
+    assert!(a.planned_offset().is_some(), "served from the plan");
+    let values: Vec<f32> = (0..1024).map(|i| i as f32 * 0.5).collect();
+    arena.write_elements(&mut a, 0, &values).unwrap();
+    assert_eq!(arena.read_elements::<f32>(&a, 0).unwrap(), values);
+    arena.write_elements(&mut a, 1020, &[7u32; 4]).unwrap();
+    assert_eq!(arena.read_elements::<u32>(&a, 1022).unwrap(), vec![7, 7]);
+    assert!(matches!(arena.write_elements(&mut a, 1021, &[1u32; 4]), Err(ArenaError::OutOfBounds { .. })));
+    assert!(matches!(arena.read_elements::<u64>(&a, 513), Err(ArenaError::OutOfBounds { .. })));
+    assert_eq!(arena.read_elements::<u64>(&a, 512).unwrap(), Vec::<u64>::new(), "the end: nothing left");
+    arena.free(a).unwrap();
+    // DeviceLocal without a selector: the current device, the simulated GPU.
+    let local = umm::AllocOptions::new().placement(umm::Placement::DeviceLocal);
+    let arena = mm.planned_arena(&plan, &local).unwrap();
+    assert!(arena.segment_info().is_some());
+    // A plan aligned below the pool's block alignment is refused, naming both.
+    let mut fine = LifetimeAnalyzer::with_alignment(4).unwrap();
+    fine.record_usage(0, &[(0, 8)]).unwrap();
+    let err = mm.planned_arena(&fine.compute_reuse_plan(), &local).unwrap_err();
+    assert!(matches!(err, umm::Error::Arena(ArenaError::Alignment { plan: 4, .. })), "{err}");
+    // A selector naming no device is the decision's error.
+    let nowhere = umm::AllocOptions::new().device(umm::DeviceSelector::Index(9));
+    assert!(mm.planned_arena(&plan, &nowhere).unwrap_err().to_string().contains("9"));
+}

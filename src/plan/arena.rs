@@ -118,6 +118,16 @@ impl ArenaBlock {
     }
 }
 
+/// The byte offset of element `first` of `T` in `block`; [`ArenaError::OutOfBounds`] past its end (or for a
+/// zero-sized `T`, which has no elements to address).
+fn element_offset<T>(first: usize, block: &ArenaBlock) -> Result<u64, ArenaError> {
+    let size = std::mem::size_of::<T>() as u64;
+    match (first as u64).checked_mul(size) {
+        Some(offset) if size > 0 && offset <= block.len => Ok(offset),
+        _ => Err(ArenaError::OutOfBounds { offset: (first as u64).saturating_mul(size), len: size, block: block.len }),
+    }
+}
+
 /// Serves a repeating step (a training or inference loop) from one block of a [`ReusePlan`]'s peak size.
 ///
 /// The plan's allocations form a schedule in their recorded order. Each step starts with
@@ -252,6 +262,26 @@ impl PlannedArena {
         Ok(())
     }
 
+    /// Writes `values` into `block` from element `first` on, as the `T`s a typed buffer holds (a `T` is
+    /// `size_of::<T>()` bytes from the block's start; no alignment beyond the block's own is needed).
+    pub fn write_elements<T: bytemuck::Pod>(
+        &mut self,
+        block: &mut ArenaBlock,
+        first: usize,
+        values: &[T],
+    ) -> Result<(), ArenaError> {
+        let offset = element_offset::<T>(first, block)?;
+        self.write(block, offset, bytemuck::cast_slice(values))
+    }
+
+    /// The `T`s of `block` from element `first` on, as many as fit whole.
+    pub fn read_elements<T: bytemuck::Pod>(&self, block: &ArenaBlock, first: usize) -> Result<Vec<T>, ArenaError> {
+        let offset = element_offset::<T>(first, block)?;
+        let mut values = vec![T::zeroed(); ((block.len - offset) / std::mem::size_of::<T>().max(1) as u64) as usize];
+        self.read(block, offset, bytemuck::cast_slice_mut(&mut values))?;
+        Ok(values)
+    }
+
     /// Sets `len` bytes of `block` at `offset` to `value`.
     pub fn fill(&mut self, block: &mut ArenaBlock, offset: u64, len: u64, value: u8) -> Result<(), ArenaError> {
         self.own(block)?;
@@ -291,5 +321,26 @@ impl std::fmt::Debug for PlannedArena {
             .field("cursor", &self.cursor)
             .field("stats", &self.stats)
             .finish()
+    }
+}
+
+impl crate::UniversalMemoryManager {
+    /// A [`PlannedArena`] for `plan`, on the pool a buffer of the plan's peak size with `options` would get
+    /// (placement, access pattern, selector and stream as for [`allocate_universal_with`]), so that a step's
+    /// buffers are planned where the manager would put them, without reaching for a pool by hand. The plan must be
+    /// aligned to a multiple of that pool's block alignment ([`ArenaError::Alignment`] says which otherwise).
+    ///
+    /// # Errors
+    /// The decision's errors (no such device, an impossible placement), and [`crate::Error::Arena`] for an invalid
+    /// plan, a misaligned one, or a pool that cannot hold its peak.
+    ///
+    /// [`allocate_universal_with`]: crate::UniversalMemoryManager::allocate_universal_with
+    pub fn planned_arena(&self, plan: &ReusePlan, options: &crate::AllocOptions) -> crate::Result<PlannedArena> {
+        let (placed, _, _) = self.placement(plan.peak_bytes, options, false)?;
+        let pool = placed
+            .pool
+            .clone()
+            .ok_or_else(|| crate::Error::InvalidConfig(format!("no pool for a plan of {} bytes", plan.peak_bytes)))?;
+        Ok(PlannedArena::new(plan, pool, options.stream)?)
     }
 }
