@@ -25,6 +25,23 @@ fn expected(x: &[f32], y: &[f32]) -> Vec<f32> {
     x.iter().zip(y).map(|(x, y)| A * x + y).collect()
 }
 
+/// Bytes of the part of a buffer the range-view tests run a kernel on.
+const RANGE_BYTES: u64 = 160;
+
+/// `RANGE_BYTES` from byte `align` on (a device's binding alignment): where a kernel on part of a buffer runs.
+fn range_at(align: u64) -> std::ops::Range<u64> {
+    assert!(align + RANGE_BYTES <= (N * 4) as u64, "N = {N} holds the range at offset {align}");
+    align..align + RANGE_BYTES
+}
+
+/// Checks that saxpy over the bytes `range` of `x` and `y` changed those elements of `y` and no other.
+fn assert_only_range_changed(y: &umm::UniversalBuffer<f32>, range: &std::ops::Range<u64>) {
+    let (first, end) = (range.start as usize / 4, range.end as usize / 4);
+    let (mut want, full) = (ys(), expected(&xs(), &ys()));
+    want[first..end].copy_from_slice(&full[first..end]);
+    assert_eq!(y.to_vec().unwrap(), want, "only elements {first}..{end} change");
+}
+
 fn host_only() -> UniversalMemoryManager {
     UniversalMemoryManager::builder().backends(false, false, false).build().unwrap()
 }
@@ -222,17 +239,12 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
         x.write(&xs()).unwrap();
         y.write(&ys()).unwrap();
         let align = u64::from(x.wgpu_binding().unwrap().device().limits().min_storage_buffer_offset_alignment);
-        let (first, count) = (align as usize / 4, 40usize);
-        assert!(first + count <= N, "N = {N} holds the range at offset {align}");
-        let range = align..align + 4 * count as u64;
+        let range = range_at(align);
         saxpy_over(&x, &mut y, Some(range.clone()));
-        let (got, mut want) = (y.to_vec().unwrap(), ys());
-        let full = expected(&xs(), &ys());
-        want[first..first + count].copy_from_slice(&full[first..first + count]);
-        assert_eq!(got, want, "only elements {first}..{} change", first + count);
+        assert_only_range_changed(&y, &range);
         let view = x.wgpu_binding().unwrap();
         let sub = view.slice(range).unwrap();
-        assert_eq!((sub.offset(), sub.size()), (align, 4 * count as u64));
+        assert_eq!((sub.offset(), sub.size()), (align, RANGE_BYTES));
         let misaligned = (align > 4).then_some((align + 4..align + 8, "multiple of"));
         for (bad, why) in [(0..6, "multiple of 4"), (0..view.size() + 4, "inside it"), (8..8, "inside it")]
             .into_iter()
@@ -397,17 +409,12 @@ mod opencl_kernels {
         x.write(&xs()).unwrap();
         y.write(&ys()).unwrap();
         let align = device_of(&mm, Api::OpenCl).opencl().unwrap().info().alignment;
-        let (first, count) = (align as usize / 4, 40usize);
-        assert!(first + count <= N, "N = {N} holds the range at offset {align}");
-        let range = align..align + 4 * count as u64;
+        let range = range_at(align);
         saxpy_over(&x, &mut y, Some(range.clone()));
-        let (got, mut want) = (y.to_vec().unwrap(), ys());
-        let full = expected(&xs(), &ys());
-        want[first..first + count].copy_from_slice(&full[first..first + count]);
-        assert_eq!(got, want, "only elements {first}..{} change", first + count);
+        assert_only_range_changed(&y, &range);
         let view = x.opencl_buffer().unwrap();
         let sub = view.slice(range).unwrap();
-        assert_eq!((sub.offset(), sub.size()), (view.offset() + align, 4 * count as u64));
+        assert_eq!((sub.offset(), sub.size()), (view.offset() + align, RANGE_BYTES));
         let misaligned = (align > 4).then_some((4..8, "CL_DEVICE_MEM_BASE_ADDR_ALIGN"));
         for (bad, why) in
             [(0..view.size() + 4, "of an OpenCL view"), (8..8, "not a non-empty range")].into_iter().chain(misaligned)
