@@ -39,6 +39,9 @@ pub struct RawLeanLock {
     /// path stands aside and only starving waiters take the lock, so a thread that frees and takes again at once
     /// cannot keep a sleeper out indefinitely.
     starving: AtomicBool,
+    /// Naps taken on this lock, for tests that must know a waiter slept.
+    #[cfg(test)]
+    naps: AtomicU32,
 }
 
 // SAFETY: `lock` returns only after this thread's compare-exchange turned `locked` from false to true with Acquire
@@ -48,8 +51,13 @@ pub struct RawLeanLock {
 // again; it never grants the lock.
 unsafe impl RawMutex for RawLeanLock {
     #[allow(clippy::declare_interior_mutable_const)]
-    const INIT: Self =
-        Self { locked: AtomicBool::new(false), sleepers: AtomicU32::new(0), starving: AtomicBool::new(false) };
+    const INIT: Self = Self {
+        locked: AtomicBool::new(false),
+        sleepers: AtomicU32::new(0),
+        starving: AtomicBool::new(false),
+        #[cfg(test)]
+        naps: AtomicU32::new(0),
+    };
     type GuardMarker = GuardSend;
 
     #[inline]
@@ -111,6 +119,8 @@ impl RawLeanLock {
                 );
             }
             self.sleepers.fetch_sub(1, Ordering::SeqCst);
+            #[cfg(test)]
+            self.naps.fetch_add(1, Ordering::Relaxed);
             naps += 1;
             spin.reset();
         }
@@ -171,8 +181,13 @@ mod tests {
                 std::thread::spawn(move || lock.lock().push(i))
             })
             .collect();
-        // Long enough for every waiter to stop spinning and sleep.
-        std::thread::sleep(Duration::from_millis(20));
+        // Hold until the waiters have stopped spinning and slept (each nap is at most `MAX_SLEEP`, so naps keep
+        // coming while they wait): the release then has sleepers to wake.
+        // SAFETY: the raw lock is only read, not locked or unlocked, through this reference.
+        let raw = unsafe { lock.raw() };
+        while raw.naps.load(std::sync::atomic::Ordering::Relaxed) < 6 {
+            std::thread::yield_now();
+        }
         drop(guard);
         for w in waiters {
             w.join().unwrap();
