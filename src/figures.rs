@@ -79,8 +79,8 @@ pub(crate) fn estimate(
 /// How many bytes a thread may place with a remembered choice among several accelerators before it chooses
 /// again: the chosen device's lead in available memory over the best other device that could have served, at
 /// least 1/256 of the chosen device's memory (so that small buffers do not each decide), unbounded where no other
-/// device could have served and for host memory. The budget is per thread: threads that place at once may overshoot the lead, and a
-/// pool that grows under them moves the figures anyway.
+/// device could have served and for host memory. The budget is per thread: threads that place at once may
+/// overshoot the lead, and a pool that grows under them moves the figures anyway.
 pub(crate) fn spread_budget(views: &[DeviceView], chosen: usize, pool: PoolKind, selector: DeviceSelector) -> u64 {
     // Pinned and pageable memory are host memory: no device's figures move with them.
     if matches!(pool, PoolKind::HostPinned | PoolKind::Host) {

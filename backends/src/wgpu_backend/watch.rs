@@ -208,15 +208,14 @@ fn watchdog() {
         }
         let report = {
             let mut calls = IN_FLIGHT.lock();
-            let late = calls
-                .iter_mut()
-                .filter(|c| !c.reported && c.since.elapsed() >= Duration::from_millis(threshold))
-                .map(|c| {
-                    c.reported = true;
-                    c.id
-                })
-                .count();
-            (late > 0).then(|| {
+            let mut late = false;
+            for call in
+                calls.iter_mut().filter(|c| !c.reported && c.since.elapsed() >= Duration::from_millis(threshold))
+            {
+                call.reported = true;
+                late = true;
+            }
+            late.then(|| {
                 calls
                     .iter()
                     .map(|c| {
