@@ -11,6 +11,7 @@
 //! | `UMM_SPREAD` | `balance` or `current_first` | how Auto chooses among several GPUs: the most memory free to umm (default), or the current device until it is under pressure |
 //! | `UMM_ZERO`, `UMM_POISON` | `0`/`1`, `true`/`false`, `on`/`off` | zero every allocation; poison every freed block |
 //! | `UMM_PLAN_STEPS` | `0`/`1`, `true`/`false`, `on`/`off` (default on) | serve repeating steps marked with `mark_step` from a plan; off, steps are only counted |
+//! | `UMM_STITCH` | `0`/`1`, `true`/`false`, `on`/`off` (default on) | serve a large request that no free range holds from free pages mapped side by side a second time (stitched blocks) rather than new pages; off, new pages are mapped |
 //! | `UMM_BACKENDS` | a comma list of `cuda`, `opencl`, `wgpu` (or `none`; not empty) | which APIs discovery probes |
 //! | `UMM_MAPPED_SLACK` | a fraction >= 0 or `off` | opt-in trimming on the allocation path: how far reserved may exceed live memory in virtual reservations before free pages are unmapped to map others (default `off`: only the limit, out of memory and cleanup rounds trim, so a repeating workload makes no driver call once warm) |
 //! | `UMM_CROSS_STREAM` | `off`, `completed`, `wait` | when memory one stream freed may serve another stream's miss: once a mark after the free has passed (default), at once with the taker made to wait for it on the device, or never |
@@ -157,6 +158,7 @@ impl UmmConfig {
             ("UMM_ZERO", &mut self.pool.zero_on_alloc),
             ("UMM_POISON", &mut self.pool.poison_on_free),
             ("UMM_PLAN_STEPS", &mut self.pool.plan_steps),
+            ("UMM_STITCH", &mut self.pool.stitch),
         ] {
             if let Some(v) = lookup(var) {
                 *field = parse_bool(&v).ok_or_else(|| invalid(var, v, "0/1, true/false, on/off or yes/no"))?;
@@ -385,6 +387,7 @@ pub const KNOWN_VARS: &[&str] = &[
     "UMM_ZERO",
     "UMM_POISON",
     "UMM_PLAN_STEPS",
+    "UMM_STITCH",
     "UMM_BACKENDS",
     "UMM_MAPPED_SLACK",
     "UMM_SEGMENT_SLACK",
@@ -540,6 +543,7 @@ mod tests {
             ("UMM_THREAD_CACHE_LARGE", "64MiB"),
             ("UMM_CROSS_STREAM", " Wait"),
             ("UMM_PLAN_STEPS", "off"),
+            ("UMM_STITCH", "off"),
             ("UMM_SPREAD", " Current_First"),
             ("UMM_WGPU_TIMEOUT", "5"),
             ("UMM_WGPU_WATCHDOG", "off"),
@@ -553,6 +557,7 @@ mod tests {
         assert_eq!(config.pool.strategy, Strategy::Direct);
         assert_eq!(config.pool.cross_stream, umm_backends::CrossStream::Wait);
         assert!(!config.pool.plan_steps);
+        assert!(!config.pool.stitch);
         assert_eq!(config.decision.spread, umm_placement::Spread::CurrentFirst);
         assert!(config.pool.zero_on_alloc);
         assert!(!config.cuda && config.opencl && !config.wgpu);
@@ -581,6 +586,7 @@ mod tests {
             ("UMM_TRACE", " "),
             ("UMM_CROSS_STREAM", "sometimes"),
             ("UMM_PLAN_STEPS", "sometimes"),
+            ("UMM_STITCH", "sometimes"),
             ("UMM_SPREAD", "fill"),
             #[cfg(feature = "wgpu")]
             ("UMM_WGPU_TIMEOUT", "off"),

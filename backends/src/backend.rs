@@ -127,6 +127,32 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
         let _ = (segment, offset, len, stream, wait);
     }
 
+    /// Whether [`Backend::alias_pages`] works: a pool then serves a request that no mapped free range holds
+    /// from free pages scattered over its reservations, mapped side by side a second time.
+    fn can_alias_pages(&self) -> bool {
+        false
+    }
+
+    /// Maps the physical pages behind `[src_offset, src_offset + len)` of reservation `src` a second time, at
+    /// `[dst_offset, dst_offset + len)` of reservation `dst` (a reservation of its own from
+    /// [`Backend::reserve_virtual`], which never gets pages of its own through [`Backend::map_pages`]). Ranges are
+    /// whole pages; every source page is mapped, no destination page is. The second mapping takes no physical
+    /// memory and keeps the pages alive on its own: they go back to the device once both mappings are gone
+    /// (`dst`'s with [`Backend::destroy_segment`]). The caller keeps the source range out of every other use while
+    /// the destination is used, and does not unmap the source while the second mapping exists. On failure
+    /// nothing of the destination stays mapped.
+    fn alias_pages(
+        &self,
+        dst: &Self::Segment,
+        dst_offset: u64,
+        src: &Self::Segment,
+        src_offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        let _ = (dst, dst_offset, src, src_offset, len);
+        Err(crate::Error::Unsupported { backend: self.name().to_string(), what: "mapping pages twice".into() })
+    }
+
     /// Frees the physical memory of pages unmapped but kept for reuse. A pool calls it at the end of every
     /// operation that unmapped pages, so that kept pages never outlive the operation.
     fn release_spare_pages(&self) {}

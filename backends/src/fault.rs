@@ -67,17 +67,20 @@ pub enum FaultKind {
     Settle,
     /// [`Backend::free_memory`], the device query: a faulted call reports 0 bytes free.
     FreeMemory,
+    /// [`Backend::alias_pages`].
+    AliasPages,
 }
 
 impl FaultKind {
     /// Every kind, in declaration order.
-    pub const ALL: [FaultKind; 6] = [
+    pub const ALL: [FaultKind; 7] = [
         FaultKind::CreateSegment,
         FaultKind::ReserveVirtual,
         FaultKind::MapPages,
         FaultKind::Copy,
         FaultKind::Settle,
         FaultKind::FreeMemory,
+        FaultKind::AliasPages,
     ];
 
     /// The backend call's name (`"copy"` for the three copies together).
@@ -89,6 +92,7 @@ impl FaultKind {
             FaultKind::Copy => "copy",
             FaultKind::Settle => "settle",
             FaultKind::FreeMemory => "free_memory",
+            FaultKind::AliasPages => "alias_pages",
         }
     }
 
@@ -133,6 +137,15 @@ struct Record {
     unmapped_for: Option<StreamId>,
 }
 
+/// A second mapping: `len` bytes at `dst_offset` of the reservation it lies in map `src`'s pages at `src_offset`.
+#[derive(Debug, Clone, Copy)]
+struct Alias {
+    dst_offset: u64,
+    src: u64,
+    src_offset: u64,
+    len: u64,
+}
+
 #[derive(Debug, Default)]
 struct Ledger {
     live: HashMap<u64, Record>,
@@ -143,6 +156,9 @@ struct Ledger {
     destroyed: u64,
     /// Every stream an unmap named.
     unmap_streams: BTreeSet<u64>,
+    /// Second mappings ([`Backend::alias_pages`]): by the reservation they lie in, the source reservation and
+    /// range of each.
+    aliases: HashMap<u64, Vec<Alias>>,
     violations: Vec<String>,
 }
 
@@ -155,11 +171,11 @@ impl Ledger {
 
 #[derive(Debug, Default)]
 struct Shared {
-    calls: [AtomicU64; 6],
-    injected: [AtomicU64; 6],
+    calls: [AtomicU64; 7],
+    injected: [AtomicU64; 7],
     unmap_calls: AtomicU64,
     next_id: AtomicU64,
-    triggers: Mutex<[Option<Trigger>; 6]>,
+    triggers: Mutex<[Option<Trigger>; 7]>,
     ledger: Mutex<Ledger>,
 }
 
@@ -205,7 +221,7 @@ impl FaultHandle {
 
     /// Stops failing calls of every kind.
     pub fn clear_all(&self) {
-        *self.0.triggers.lock() = [None; 6];
+        *self.0.triggers.lock() = [None; 7];
     }
 
     /// Calls of `kind` made so far, failed or not.
@@ -253,12 +269,27 @@ impl FaultHandle {
         self.0.ledger.lock().resident
     }
 
-    /// Whether `[offset, offset + len)` of `segment` is mapped, as the ledger sees it.
+    /// Whether `[offset, offset + len)` of `segment` is mapped, as the ledger sees it: by pages of its own, or,
+    /// in a range of second mappings, by pages mapped where they came from.
     pub fn is_mapped<S>(&self, segment: &FaultySegment<S>, offset: u64, len: u64) -> bool {
         let ledger = self.0.ledger.lock();
-        let record = ledger.live.get(&segment.id);
-        // Adjacent mappings are merged, so a mapped range lies inside one entry.
-        record.and_then(|r| r.mapped.range(..=offset).next_back()).is_some_and(|(_, &end)| end >= offset + len)
+        let own = |ledger: &Ledger, id: u64, offset: u64, len: u64| {
+            let record = ledger.live.get(&id);
+            // Adjacent mappings are merged, so a mapped range lies inside one entry.
+            record.and_then(|r| r.mapped.range(..=offset).next_back()).is_some_and(|(_, &end)| end >= offset + len)
+        };
+        let Some(aliases) = ledger.aliases.get(&segment.id) else { return own(&ledger, segment.id, offset, len) };
+        let mut covered = 0;
+        for a in aliases {
+            let (lo, hi) = (offset.max(a.dst_offset), (offset + len).min(a.dst_offset + a.len));
+            if lo < hi {
+                if !own(&ledger, a.src, a.src_offset + (lo - a.dst_offset), hi - lo) {
+                    return false;
+                }
+                covered += hi - lo;
+            }
+        }
+        covered == len
     }
 
     /// The streams that unmaps have named, each once, in the order of their numbers.
@@ -267,7 +298,9 @@ impl FaultHandle {
     }
 
     /// Misuse the ledger saw: segments destroyed twice or with pages mapped, pages mapped twice, ranges unmapped
-    /// that were not mapped, ranges off the page grid, one reservation's pages unmapped for two streams.
+    /// that were not mapped, ranges off the page grid, one reservation's pages unmapped for two streams, pages
+    /// mapped a second time that were not mapped, and pages unmapped (or their reservation destroyed) while
+    /// mapped a second time.
     pub fn violations(&self) -> Vec<String> {
         self.0.ledger.lock().violations.clone()
     }
@@ -437,6 +470,13 @@ impl<B: Backend> Backend for FaultyBackend<B> {
     }
     fn destroy_segment(&self, segment: Self::Segment, access: PoolAccess) {
         let mut ledger = self.shared.ledger.lock();
+        ledger.aliases.remove(&segment.id);
+        if let Some(dst) = ledger.aliases.iter().find(|(_, v)| v.iter().any(|a| a.src == segment.id)).map(|(d, _)| *d) {
+            ledger.violation(format!(
+                "segment {} destroyed while segment {dst} maps its pages a second time",
+                segment.id
+            ));
+        }
         match ledger.live.remove(&segment.id) {
             Some(record) => {
                 ledger.destroyed += 1;
@@ -471,20 +511,36 @@ impl<B: Backend> Backend for FaultyBackend<B> {
     }
     fn map_pages(&self, segment: &Self::Segment, offset: u64, len: u64) -> Result<()> {
         self.check(FaultKind::MapPages, "map_pages")?;
-        self.inner.map_pages(&segment.inner, offset, len)?;
         let end = offset + len;
-        let on_grid = self.on_page_grid(offset, len);
-        let mut ledger = self.shared.ledger.lock();
-        if !on_grid {
-            ledger.violation(format!("map_pages of {offset}..{end} in segment {}: not whole pages", segment.id));
-        }
-        let Some(record) = ledger.live.get_mut(&segment.id) else {
-            ledger.violation(format!("map_pages on segment {}, which is not live", segment.id));
-            return Ok(());
+        // Misuse is recorded before the inner backend is asked, which may refuse it (the simulated device does).
+        let sound = {
+            let mut ledger = self.shared.ledger.lock();
+            if !self.on_page_grid(offset, len) {
+                ledger.violation(format!("map_pages of {offset}..{end} in segment {}: not whole pages", segment.id));
+            }
+            match ledger.live.get(&segment.id) {
+                None => {
+                    ledger.violation(format!("map_pages on segment {}, which is not live", segment.id));
+                    false
+                }
+                Some(record) => {
+                    let overlaps = record.mapped.range(..end).next_back().is_some_and(|(_, &e)| e > offset);
+                    let beyond = end > record.size;
+                    if overlaps || beyond {
+                        ledger.violation(format!(
+                            "map_pages of {offset}..{end} in segment {}: {}",
+                            segment.id,
+                            if beyond { "past its end" } else { "overlaps mapped pages" }
+                        ));
+                    }
+                    !overlaps && !beyond
+                }
+            }
         };
-        let overlaps = record.mapped.range(..end).next_back().is_some_and(|(_, &e)| e > offset);
-        let beyond = end > record.size;
-        if !overlaps && !beyond {
+        self.inner.map_pages(&segment.inner, offset, len)?;
+        if sound {
+            let mut ledger = self.shared.ledger.lock();
+            let record = ledger.live.get_mut(&segment.id).expect("checked above");
             // Merge with the neighbours it touches.
             let mut start = offset;
             let mut stop = end;
@@ -500,12 +556,6 @@ impl<B: Backend> Backend for FaultyBackend<B> {
             record.mapped.insert(start, stop);
             ledger.mapped += len;
             ledger.resident += len;
-        } else {
-            ledger.violation(format!(
-                "map_pages of {offset}..{end} in segment {}: {}",
-                segment.id,
-                if beyond { "past its end" } else { "overlaps mapped pages" }
-            ));
         }
         Ok(())
     }
@@ -518,6 +568,14 @@ impl<B: Backend> Backend for FaultyBackend<B> {
             ledger.violation(format!("unmap_pages of {offset}..{end} in segment {}: not whole pages", segment.id));
         }
         ledger.unmap_streams.insert(stream.0);
+        let overlaps = |a: &Alias| a.src == segment.id && a.src_offset < end && offset < a.src_offset + a.len;
+        let aliased = ledger.aliases.iter().find(|(_, v)| v.iter().any(overlaps));
+        if let Some(dst) = aliased.map(|(d, _)| *d) {
+            ledger.violation(format!(
+                "pages {offset}..{end} of segment {} unmapped while segment {dst} maps them a second time",
+                segment.id
+            ));
+        }
         let named = ledger.live.get_mut(&segment.id).map(|r| *r.unmapped_for.get_or_insert(stream));
         if let Some(named) = named.filter(|&named| named != stream) {
             ledger.violation(format!(
@@ -562,6 +620,35 @@ impl<B: Backend> Backend for FaultyBackend<B> {
     }
     fn release_spare_pages(&self) {
         self.inner.release_spare_pages();
+    }
+    fn can_alias_pages(&self) -> bool {
+        self.inner.can_alias_pages()
+    }
+    fn alias_pages(
+        &self,
+        dst: &Self::Segment,
+        dst_offset: u64,
+        src: &Self::Segment,
+        src_offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        self.check(FaultKind::AliasPages, "alias_pages")?;
+        self.inner.alias_pages(&dst.inner, dst_offset, &src.inner, src_offset, len)?;
+        let (end, on_grid) =
+            (src_offset + len, self.on_page_grid(src_offset, len) && self.on_page_grid(dst_offset, len));
+        let mut ledger = self.shared.ledger.lock();
+        if !on_grid {
+            ledger.violation(format!("alias_pages of {src_offset}..{end} in segment {}: not whole pages", src.id));
+        }
+        let mapped = ledger.live.get(&src.id).and_then(|r| r.mapped.range(..=src_offset).next_back());
+        if mapped.is_none_or(|(_, &e)| e < end) {
+            ledger.violation(format!("alias_pages of {src_offset}..{end} in segment {}, which is not mapped", src.id));
+        }
+        if !ledger.live.get(&dst.id).is_some_and(|r| r.reservation && r.mapped.is_empty()) {
+            ledger.violation(format!("alias_pages into segment {}, not a reservation of its own", dst.id));
+        }
+        ledger.aliases.entry(dst.id).or_default().push(Alias { dst_offset, src: src.id, src_offset, len });
+        Ok(())
     }
     fn settle(&self) -> Result<()> {
         self.check(FaultKind::Settle, "settle")?;
@@ -645,8 +732,11 @@ mod tests {
         let (backend, pages) = wrapped();
         let reservation = backend.reserve_virtual(64 * MIB).unwrap();
         backend.map_pages(&reservation, 0, 2 * MIB).unwrap();
-        backend.map_pages(&reservation, 0, 2 * MIB).unwrap(); // over mapped pages
-        backend.map_pages(&reservation, 4096, 2 * MIB).unwrap(); // off the page grid
+        // The simulated device refuses both, as CUDA would; the ledger has seen the misuse all the same.
+        let over = backend.map_pages(&reservation, 0, 2 * MIB); // over mapped pages
+        assert!(matches!(over, Err(Error::InvalidConfig(_))), "{over:?}");
+        let off = backend.map_pages(&reservation, 4096, 2 * MIB); // off the page grid
+        assert!(matches!(off, Err(Error::OutOfBounds(_))), "{off:?}");
         backend.unmap_pages(&reservation, 8 * MIB, 2 * MIB, crate::StreamId(0), true); // not mapped
         let mut violations = handle.violations();
         violations.extend(pages.violations());

@@ -72,6 +72,15 @@ pub struct PoolStats {
     pub num_segments_shared: u64,
     /// Pages unmapped in one stream's reservation so that another stream's could map their memory.
     pub num_pages_shared: u64,
+    /// Stitched blocks made: free pages of a stream's reservations mapped side by side a second time, in an
+    /// address range of their own, to serve a request no free range held (see [`crate::PoolConfig::stitch`]).
+    pub num_stitches: u64,
+    /// Stitched address ranges held now (in use or kept for reuse): reservations of address space alone, not
+    /// counted in `segments`.
+    pub stitched_ranges: u64,
+    /// Allocations served by a stitched block (made for them, or kept from before and reused without a device
+    /// call).
+    pub num_stitched_allocs: u64,
     /// Step ends marked ([`crate::MemoryPool::mark_step`]).
     pub num_steps: u64,
     /// Plans made from repeating steps.
@@ -135,6 +144,9 @@ impl PoolStats {
         self.num_device_calls += other.num_device_calls;
         self.num_segments_shared += other.num_segments_shared;
         self.num_pages_shared += other.num_pages_shared;
+        self.num_stitches += other.num_stitches;
+        self.num_stitched_allocs += other.num_stitched_allocs;
+        self.stitched_ranges += other.stitched_ranges;
         self.num_steps += other.num_steps;
         self.num_step_plans += other.num_step_plans;
         self.num_steps_planned += other.num_steps_planned;

@@ -147,7 +147,7 @@ struct Fault {
 #[derive(Debug, Default, Clone)]
 struct Outcome {
     /// Calls of each kind ([`FaultKind::ALL`] order).
-    calls: [u64; 6],
+    calls: [u64; 7],
     /// Calls failed by injection.
     injected: u64,
     /// Requests that returned an injected error (then succeeded once the fault was gone).
@@ -200,12 +200,13 @@ fn check_books<B: umm_backends::Backend>(pool: &Pool<B>, books: &Books, faults: 
     assert_eq!(s.num_frees, books.frees, "{at}: frees");
     assert_eq!(s.num_ooms, books.errors, "{at}: failed allocations");
     assert_eq!(s.reserved_bytes.current, faults.resident_bytes(), "{at}: reserved bytes against the device's");
-    assert_eq!(s.segments.current, faults.live_segments(), "{at}: segments against the device's");
+    assert_eq!(s.segments.current + s.stitched_ranges, faults.live_segments(), "{at}: segments against the device's");
     assert!(s.reserved_bytes.current >= s.allocated_bytes.current, "{at}: reserved below allocated");
     // Every call into the device's memory API is counted, failed or not; only those that succeeded allocated.
     let [create, reserve, map] =
         [FaultKind::CreateSegment, FaultKind::ReserveVirtual, FaultKind::MapPages].map(|k| faults.calls(k));
-    let calls = create + reserve + map + faults.unmap_calls() + faults.segments_destroyed();
+    let alias = faults.calls(FaultKind::AliasPages);
+    let calls = create + reserve + map + alias + faults.unmap_calls() + faults.segments_destroyed();
     assert_eq!(s.num_device_calls, calls, "{at}: device calls");
     let failed = faults.injected(FaultKind::CreateSegment) + faults.injected(FaultKind::MapPages);
     assert_eq!(s.num_device_alloc, create + map - failed, "{at}: device allocations");
@@ -229,6 +230,7 @@ fn call_names(kind: FaultKind) -> &'static [&'static str] {
         FaultKind::MapPages => &["map_pages"],
         FaultKind::Settle => &["settle"],
         FaultKind::FreeMemory => &["free_memory"],
+        FaultKind::AliasPages => &["alias_pages"],
     }
 }
 

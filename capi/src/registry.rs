@@ -137,6 +137,13 @@ fn pool_config(var: impl Fn(&str) -> Option<String>) -> Result<PoolConfig, Strin
             _ => return Err(format!("UMM_PLAN_STEPS={v:?} is not one of on, off (1/0, true/false, yes/no)")),
         };
     }
+    if let Some(v) = var("UMM_STITCH") {
+        config.stitch = match v.trim().to_ascii_lowercase().as_str() {
+            "on" | "1" | "true" | "yes" => true,
+            "off" | "0" | "false" | "no" => false,
+            _ => return Err(format!("UMM_STITCH={v:?} is not one of on, off (1/0, true/false, yes/no)")),
+        };
+    }
     if let Some(v) = var("UMM_STRATEGY") {
         config.strategy =
             v.parse::<Strategy>().map_err(|_| format!("UMM_STRATEGY={v:?} is not one of pooled, direct"))?;

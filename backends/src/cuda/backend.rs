@@ -252,8 +252,9 @@ impl CudaBackend {
             if handle == 0 {
                 continue;
             }
-            // SAFETY: a non-zero page table entry is exactly one mapping of one page made by `map_pages`, taken out
-            // of the table here so it is unmapped once; by this function's contract nothing uses it any more.
+            // SAFETY: a non-zero page table entry is exactly one mapping of one page made by `map_pages` or
+            // `alias_pages`, taken out of the table here so it is unmapped once; by this function's contract nothing
+            // uses it any more.
             if let Err(f) = unsafe { raw::mem_unmap(segment.device_ptr + i as u64 * page, page) } {
                 log::error!("{}: {}", self.name, self.error(f));
             }
@@ -261,8 +262,8 @@ impl CudaBackend {
                 spare.push(handle);
                 continue;
             }
-            // SAFETY: `handle` came from `raw::mem_create` (through the table), which no longer holds it, and is
-            // released once, here.
+            // SAFETY: `handle` is the table's reference (from `raw::mem_create`, or from `raw::retain_handle` for a
+            // second mapping), which the table no longer holds, released once, here.
             if let Err(f) = unsafe { raw::mem_release(handle) } {
                 log::error!("{}: {}", self.name, self.error(f));
             }
@@ -454,6 +455,82 @@ impl Backend for CudaBackend {
             // below) and no block uses it yet, so no queued work touches it.
             let _ = unsafe { raw::mem_unmap(segment.device_ptr + i as u64 * page, page) };
             // SAFETY: `table[i]` came from `raw::mem_create` or the spares, and is released once (reset below).
+            let _ = unsafe { raw::mem_release(table[i]) };
+            table[i] = 0;
+        }
+        Err(self.error(failure.expect("a failure ended the loop")))
+    }
+
+    fn can_alias_pages(&self) -> bool {
+        self.vmm.is_some() && self.adoption.is_none()
+    }
+
+    /// Maps each source page's physical allocation at the destination under a reference of its own
+    /// (`cuMemRetainAllocationHandle`), so that the destination's table releases it like any page when the range
+    /// is destroyed, and the memory lives until both mappings are gone. Then grants access to the range as
+    /// [`Backend::map_pages`] does. On failure nothing of this call stays mapped.
+    #[allow(unsafe_code)] // Discharges `raw::mem_map`'s, `raw::mem_unmap`'s and `raw::mem_release`'s contracts.
+    fn alias_pages(
+        &self,
+        dst: &CudaSegment,
+        dst_offset: u64,
+        src: &CudaSegment,
+        src_offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        let (Some(vm), Some(pages), true) = (self.vmm, dst.pages.as_ref(), src.is_virtual()) else {
+            return Err(Error::Unsupported { backend: self.name.clone(), what: "mapping pages twice".into() });
+        };
+        let page = vm.page_size;
+        if ![dst_offset, src_offset, len].iter().all(|v| v.is_multiple_of(page)) {
+            return Err(Error::OutOfBounds(format!(
+                "second mapping of {len} bytes at {src_offset} to {dst_offset}: not {page}-aligned"
+            )));
+        }
+        self.check(dst, dst_offset, len)?;
+        self.check(src, src_offset, len)?;
+        self.bind()?;
+        let mut table = pages.lock();
+        let first = (dst_offset / page) as usize;
+        let count = (len / page) as usize;
+        if let Some(i) = (first..first + count).find(|&i| table[i] != 0) {
+            return Err(Error::InvalidConfig(format!("page {i} of a reservation of {} is mapped twice", self.name)));
+        }
+        let mut done = 0;
+        let mut failure = None;
+        for j in 0..count {
+            let handle = match raw::retain_handle(src.device_ptr + src_offset + j as u64 * page) {
+                Ok(h) => h,
+                Err(f) => {
+                    failure = Some(f);
+                    break;
+                }
+            };
+            let at = dst.device_ptr + (first + j) as u64 * page;
+            // SAFETY: the page at `at` lies inside `dst`'s live reservation (checked above) and is not mapped (its
+            // table entry is 0, under the table's lock, which is held); `handle` is a live physical allocation of
+            // exactly `page` bytes (every page of a reservation is one `raw::mem_create` of the page size), under
+            // the reference just retained.
+            if let Err(f) = unsafe { raw::mem_map(at, page, handle) } {
+                // SAFETY: the reference retained just above, in neither table: its one release.
+                let _ = unsafe { raw::mem_release(handle) };
+                failure = Some(f);
+                break;
+            }
+            table[first + j] = handle;
+            done += 1;
+        }
+        if failure.is_none() {
+            match raw::set_access(dst.device_ptr + dst_offset, len, &self.access) {
+                Ok(()) => return Ok(()),
+                Err(f) => failure = Some(f),
+            }
+        }
+        for i in first..first + done {
+            // SAFETY: page `i` was mapped by this call (one whole mapping, unmapped once since the entry is reset
+            // below) and nothing uses it yet.
+            let _ = unsafe { raw::mem_unmap(dst.device_ptr + i as u64 * page, page) };
+            // SAFETY: `table[i]` holds the reference this call retained, released once (reset below).
             let _ = unsafe { raw::mem_release(table[i]) };
             table[i] = 0;
         }

@@ -20,9 +20,11 @@
 #![deny(unsafe_code)]
 
 pub(crate) mod bins;
+mod ranges;
 mod slab;
 mod withheld;
 
+pub use ranges::GranuleRun;
 pub use withheld::Restore;
 
 use bins::{bin_of, BinMaps, BIN_COUNT};

@@ -387,7 +387,7 @@ impl Engine {
 
     /// Gives node `index` (in no index) the state `state` and merges it with its address neighbours in that
     /// state, taking them out of their index. Returns the node that spans the result, still in no index.
-    fn join_neighbours(&mut self, index: u32, state: NodeState) -> u32 {
+    pub(super) fn join_neighbours(&mut self, index: u32, state: NodeState) -> u32 {
         self.nodes[index].state = state;
         let next = self.nodes[index].next_phys;
         if next != NIL && self.nodes[next].state == state {

@@ -169,6 +169,10 @@ impl<B: Backend> Pool<B> {
                 other => other?,
             },
         };
+        // A stitched block (from another arena than the cache's) is not lent: it goes back through the pool.
+        if handle.arena != state.arena_base + arena as u64 {
+            return Ok(handle);
+        }
         // Lent from the slot: parked in the engine, so that only the slot's ticket frees it.
         let parked = state.arenas[arena].park(handle.block).expect("allocated just now");
         let block = QuickBlock {
@@ -305,6 +309,9 @@ impl<B: Backend> Pool<B> {
         debug_assert!(state.arenas[arena].quick.is_empty(), "virtual arenas cache no quick blocks");
         if let Some(alloc) = self.reclaim_thread_caches(state, arena, size) {
             return Ok(self.hand_out(state, arena, &alloc, bytes, true));
+        }
+        if let Some((stitch_arena, alloc, made)) = self.stitched(state, arena, size) {
+            return Ok(self.hand_out(state, stitch_arena, &alloc, bytes, !made));
         }
         let result = match self.map_withheld(state, arena, size) {
             Ok(Some(alloc)) => return Ok(self.hand_out(state, arena, &alloc, bytes, false)),
@@ -507,7 +514,7 @@ impl<B: Backend> Pool<B> {
             _ if self.config.strategy == Strategy::Direct || self.whole_blocks => round(size),
             ArenaClass::Small => round(self.config.small_segment_size.max(size)),
             ArenaClass::Large if size < self.config.large_segment_size / 2 => round(self.config.large_segment_size),
-            ArenaClass::Large | ArenaClass::Planned => round(size),
+            ArenaClass::Large | ArenaClass::Planned | ArenaClass::Stitched => round(size),
         }
         // The largest segment the backend makes, rounded down to the granularity: a segment size must be one
         // the engine keeps as it is, or the pool would count other bytes than the engine hands out.

@@ -201,6 +201,15 @@ pub struct PoolConfig {
     /// planned for them in one segment (see [`crate::pool`]'s steps). Off, `mark_step` only counts steps.
     #[serde(default = "default_plan_steps")]
     pub plan_steps: bool,
+    /// Serve a request of several pages that no free range of its stream's reservations holds, and that would
+    /// otherwise raise reserved memory above its highest figure so far, from free pages scattered over those
+    /// reservations: they are mapped a second time, side by side, in an address range of their own (a
+    /// *stitched block*, as GMLake, ASPLOS'24, calls it) and held where they lie while the block lives. The
+    /// stitched range is kept when the block is freed and serves later requests it holds without a device call
+    /// while its pages are free, so a workload that repeats settles. Only backends that can map a page twice
+    /// ([`crate::Backend::can_alias_pages`]: CUDA, the simulated device). Off, such a request maps new pages.
+    #[serde(default = "default_stitch")]
+    pub stitch: bool,
     /// Page size of virtual reservations: each page is one physical allocation, mapped and unmapped whole.
     /// A power of two of at least the backend's own page (2 MiB on CUDA); `None` for
     /// [`crate::pool::DEFAULT_PAGE_UNLIMITED`] (32 MiB) in a pool without a limit and the backend's own page in
@@ -234,6 +243,10 @@ fn default_plan_steps() -> bool {
     PoolConfig::default().plan_steps
 }
 
+fn default_stitch() -> bool {
+    PoolConfig::default().stitch
+}
+
 fn default_thread_cache_bytes() -> u64 {
     PoolConfig::default().thread_cache_bytes
 }
@@ -255,6 +268,7 @@ impl Default for PoolConfig {
             segment_slack: Some(0.1),
             cross_stream: CrossStream::default(),
             plan_steps: true,
+            stitch: true,
             page_size: None,
             zero_on_alloc: false,
             poison_on_free: false,

@@ -40,6 +40,7 @@ mod slots;
 mod snapshot;
 mod state;
 mod steps;
+mod stitch;
 mod streams;
 mod thread_cache;
 mod trim;
@@ -107,6 +108,8 @@ pub struct Pool<B: Backend> {
     /// The largest small and large blocks thread caches keep (0: none of that class).
     cached_small_max: u64,
     cached_large_max: u64,
+    /// Large requests that no free range holds may be served by stitched blocks ([`stitch`]).
+    stitching: bool,
     /// Set at the first [`Pool::mark_step`]: from then on allocations and frees are recorded ([`steps`]).
     stepping: AtomicBool,
     /// The reserved bytes the pool's books hold, kept by the state under the lock and read without it.
@@ -183,6 +186,7 @@ impl<B: Backend> Pool<B> {
             Some(vm) if use_virtual => (Some(vm.page_size), vm.max_reservation),
             _ => (None, 0),
         };
+        let stitching = config.stitch && page_size.is_some() && backend.can_alias_pages();
         let max_block = if page_size.is_some() { backend.capacity() } else { backend.max_segment_size() };
         let limit = config.limit.map(|l| l.resolve(backend.capacity())).transpose()?;
         let stats = PoolStats { name: backend.name().to_string(), limit_bytes: limit, ..PoolStats::default() };
@@ -215,6 +219,7 @@ impl<B: Backend> Pool<B> {
             whole_blocks: backend_whole,
             cached_small_max,
             cached_large_max,
+            stitching,
             stepping: AtomicBool::new(false),
             reserved,
             shared: Arc::new(Shared { state, slots }),

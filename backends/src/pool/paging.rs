@@ -83,6 +83,12 @@ impl<B: Backend> Pool<B> {
         wait: bool,
     ) -> (u64, u64) {
         let page = self.page_size.expect("virtual arenas exist only with virtual memory");
+        let stats = state.arenas[arena].engine().stats();
+        if stats.reserved_bytes - stats.withheld_bytes - stats.allocated_bytes < page {
+            return (0, 0);
+        }
+        // Stitched ranges kept over free pages go before any page is unmapped (see `stitch`).
+        self.drop_kept_stitches(state, arena);
         let idle: Vec<bool> = if idle_rounds == 0 {
             Vec::new()
         } else {

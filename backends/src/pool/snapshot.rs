@@ -65,9 +65,19 @@ impl<B: Backend> Pool<B> {
             state.drain_quick(arena);
         }
         let mut segments = Vec::new();
+        // A stitched block shows as the pieces of memory it holds, each with its key; its own address range
+        // holds no memory and is not shown.
+        let holders = Self::stitch_holders(&state);
         // Arenas come in the order their streams were first used, a stream's small one first.
         for (arena_index, arena) in state.arenas.iter().enumerate() {
+            if arena.class == ArenaClass::Stitched {
+                continue;
+            }
             let (stream, arena_index) = (arena.stream, arena_index as u32);
+            let key_of = |block: crate::engine::BlockId| {
+                let stitched = holders.iter().find(|&&(a, h, _)| a == arena_index as usize && h == block);
+                stitched.map_or((u64::from(arena_index) << 32) | u64::from(block.index()), |&(_, _, key)| key)
+            };
             for id in arena.engine().segment_ids() {
                 let entry = arena.entry(id).expect("segment exists");
                 let size = arena.engine().segment_size(id).expect("segment exists");
@@ -81,7 +91,7 @@ impl<B: Backend> Pool<B> {
                             offset: b.offset,
                             size: b.size,
                             free,
-                            key: b.block.map(|blk| (u64::from(arena_index) << 32) | u64::from(blk.index())),
+                            key: b.block.map(key_of),
                         }),
                     }
                 }
@@ -91,6 +101,7 @@ impl<B: Backend> Pool<B> {
                         ArenaClass::Small => "small",
                         ArenaClass::Large => "large",
                         ArenaClass::Planned => "planned",
+                        ArenaClass::Stitched => unreachable!("stitched ranges are not shown"),
                     },
                     index: id.0,
                     size,

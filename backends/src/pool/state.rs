@@ -12,6 +12,7 @@
 
 use super::quick::QuickCache;
 use super::steps::Steps;
+use super::stitch::Stitcher;
 use super::streams::StreamArenas;
 use super::thread_cache::Returned;
 use crate::engine::{Allocation, BlockId, Engine, Freed, SegmentId};
@@ -25,6 +26,9 @@ pub(super) enum ArenaClass {
     Large,
     /// The segment of a planned step ([`super::steps`]): blocks are placed at planned offsets only.
     Planned,
+    /// Stitched blocks of one virtual arena ([`super::stitch`]): each segment is an address range of its own in
+    /// which pages of that arena's reservations are mapped a second time; it holds no memory of its own.
+    Stitched,
 }
 
 pub(super) struct SegmentEntry<S> {
@@ -83,7 +87,7 @@ impl<S> Arena<S> {
             segments: Vec::new(),
             quick: match class {
                 ArenaClass::Small => QuickCache::new(small_request_max),
-                ArenaClass::Large | ArenaClass::Planned => QuickCache::disabled(),
+                ArenaClass::Large | ArenaClass::Planned | ArenaClass::Stitched => QuickCache::disabled(),
             },
             freed_epoch: 0,
             mark: None,
@@ -134,6 +138,11 @@ pub(super) struct State<S> {
     /// `reserved()` as of the last [`State::update_reserved`], readable without the lock
     /// ([`crate::Pool::reserved_bytes`]).
     pub(super) reserved_gauge: Arc<AtomicU64>,
+    /// The stitched blocks of each virtual arena that has some ([`super::stitch`]).
+    pub(super) stitchers: Vec<Stitcher>,
+    /// Kept stitched ranges forgotten to make room for new ones since the last full release (see
+    /// [`super::stitch::MAX_STITCH_EVICTIONS`]).
+    pub(super) stitch_evictions: u64,
 }
 
 /// What happened to a plain segment, as far as `empty_plain_bytes` cares.
@@ -162,6 +171,8 @@ impl<S> State<S> {
             live_high_water: 0,
             steps: Steps::default(),
             reserved_gauge: Arc::default(),
+            stitchers: Vec::new(),
+            stitch_evictions: 0,
         }
     }
 
@@ -170,7 +181,7 @@ impl<S> State<S> {
     #[inline(always)]
     fn note_emptiness(&mut self, arena: usize, segment: SegmentId, change: Emptiness) {
         let a = &self.arenas[arena];
-        if a.virtual_segments {
+        if a.virtual_segments || a.class == ArenaClass::Stitched {
             return;
         }
         let size = a.engine.segment_size(segment).expect("segment exists");
@@ -407,6 +418,28 @@ impl<S> State<S> {
             host: 0,
             lent: None,
         }
+    }
+
+    /// Registers an address range for stitched blocks in stitch arena `arena`: it holds no memory of its own, so
+    /// it counts neither as reserved nor as empty.
+    pub(super) fn add_stitch_segment(&mut self, arena: usize, size: u64, entry: SegmentEntry<S>) -> SegmentId {
+        let a = &mut self.arenas[arena];
+        debug_assert_eq!(a.class, ArenaClass::Stitched);
+        let id = a.engine.add_segment(size).expect("a stitched range is whole pages");
+        let slot = id.0 as usize;
+        if a.segments.len() <= slot {
+            a.segments.resize_with(slot + 1, || None);
+        }
+        a.segments[slot] = Some(entry);
+        id
+    }
+
+    /// Removes an address range for stitched blocks with no live block, and returns its entry.
+    pub(super) fn remove_stitch_segment(&mut self, arena: usize, id: SegmentId) -> SegmentEntry<S> {
+        let a = &mut self.arenas[arena];
+        debug_assert_eq!(a.class, ArenaClass::Stitched);
+        a.engine.remove_segment(id).expect("a stitched range is removed when no block is live in it");
+        a.segments[id.0 as usize].take().expect("segment exists")
     }
 
     /// Frees the arena's quick blocks into its engine, coalescing them. O(quick blocks).

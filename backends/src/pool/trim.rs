@@ -38,6 +38,7 @@ impl<B: Backend> Pool<B> {
         let report = self.release_cached_locked(&mut state, 0, u64::MAX);
         // The user asked for everything back: what the workload held before no longer says what it needs.
         state.reserved_high_water = state.reserved();
+        state.stitch_evictions = 0;
         report
     }
 
@@ -74,6 +75,10 @@ impl<B: Backend> Pool<B> {
             state.drain_quick(arena);
         }
         for arena in 0..state.arenas.len() {
+            // Stitched ranges hold no memory of their own: they go with the pages they map.
+            if state.arenas[arena].class == ArenaClass::Stitched {
+                continue;
+            }
             let idle: Vec<SegmentId> = state.arenas[arena]
                 .engine()
                 .empty_segments()
@@ -125,7 +130,9 @@ impl<B: Backend> Pool<B> {
         }
         let mut empty: Vec<(u64, usize, SegmentId)> = Vec::new();
         // A planned step's segment goes only when asked (cleanup, a release, a shortfall), not to make room.
-        let plain = |arena: &&Arena<B::Segment>| !arena.virtual_segments && arena.class != ArenaClass::Planned;
+        let plain = |arena: &&Arena<B::Segment>| {
+            !arena.virtual_segments && !matches!(arena.class, ArenaClass::Planned | ArenaClass::Stitched)
+        };
         for (a, arena) in state.arenas.iter().enumerate().filter(|(_, arena)| plain(arena)) {
             for id in arena.engine().empty_segments() {
                 let order = match self.whole_blocks {
@@ -147,6 +154,10 @@ impl<B: Backend> Pool<B> {
 
     /// Destroys an empty segment; returns the physical bytes it held.
     pub(super) fn destroy_segment(&self, state: &mut State<B::Segment>, arena: usize, id: SegmentId) -> u64 {
+        if state.arenas[arena].virtual_segments {
+            // Stitched ranges kept over its pages go first (see `stitch`).
+            self.drop_kept_stitches(state, arena);
+        }
         let entry = state.arenas[arena].segments[id.0 as usize].take().expect("segment exists");
         let (unmapped, calls) =
             Self::unmap_all(&self.backend, state.arenas[arena].engine(), state.arenas[arena].stream, id, &entry);

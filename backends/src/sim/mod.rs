@@ -9,6 +9,7 @@ pub use streams::SimStreamLog;
 
 use crate::{Api, Backend, Error, Result, StreamId, StreamMark, VirtualMemory};
 use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use streams::SimStreams;
 
@@ -40,6 +41,21 @@ pub struct SimBackend {
     physical: AtomicU64,
     /// Queued work, marks and waits (see [`streams`]).
     streams: Mutex<SimStreams>,
+    /// Which physical page backs each mapped page of the reservations (see [`SimPages`]).
+    pages: Mutex<SimPages>,
+}
+
+/// The page tables of the reservations: every mapped page's physical page, and how many mappings each physical
+/// page has. A page mapped twice ([`Backend::alias_pages`]) is one physical page: it counts in
+/// [`SimBackend::physical_in_use`] once, until its last mapping goes. Tests read it through
+/// [`SimBackend::physical_page`] to check that no two live blocks share a byte of physical memory.
+#[derive(Debug, Default)]
+struct SimPages {
+    /// Virtual page address -> physical page number.
+    mapped: BTreeMap<u64, u64>,
+    /// Physical page number -> mappings.
+    mappings: HashMap<u64, u32>,
+    next: u64,
 }
 
 /// Free-memory queries answered by simulated devices in this process: what a driver's `cuMemGetInfo` would
@@ -68,6 +84,7 @@ impl SimBackend {
             next_address: Mutex::new(0),
             physical: AtomicU64::new(0),
             streams: Mutex::new(SimStreams::default()),
+            pages: Mutex::new(SimPages::default()),
         }
     }
 
@@ -105,6 +122,48 @@ impl SimBackend {
     /// Physical bytes in use (segments plus mapped pages).
     pub fn physical_in_use(&self) -> u64 {
         self.physical.load(Ordering::Relaxed)
+    }
+
+    /// The physical page behind the page holding `address` of a reservation, numbered in the order pages were
+    /// created; `None` where nothing is mapped. Two addresses with the same physical page (and the same offset in
+    /// it, `address % page`) are the same byte of device memory.
+    pub fn physical_page(&self, address: u64) -> Option<u64> {
+        self.pages.lock().mapped.get(&(address & !(self.page - 1))).copied()
+    }
+
+    /// The page size of reservations now.
+    pub fn page_size(&self) -> u64 {
+        self.page
+    }
+
+    /// Drops the mappings of `[start, end)` (page addresses) from the tables; a physical page whose last mapping
+    /// goes is counted back.
+    fn drop_mappings(&self, start: u64, end: u64) {
+        let mut pages = self.pages.lock();
+        let addresses: Vec<u64> = pages.mapped.range(start..end).map(|(&a, _)| a).collect();
+        for address in addresses {
+            let physical = pages.mapped.remove(&address).expect("listed just now");
+            let left = pages.mappings.get_mut(&physical).expect("a mapped page is counted");
+            *left -= 1;
+            if *left == 0 {
+                pages.mappings.remove(&physical);
+                self.physical.fetch_sub(self.page, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Checks that `[offset, offset + len)` is whole pages inside `segment`, a reservation.
+    fn page_range(&self, segment: &SimSegment, offset: u64, len: u64, call: &str) -> Result<(u64, u64)> {
+        let whole = offset.is_multiple_of(self.page) && len.is_multiple_of(self.page);
+        match offset.checked_add(len) {
+            Some(end) if whole && segment.reservation && end <= segment.size => {
+                Ok((segment.base + offset, segment.base + end))
+            }
+            _ => Err(Error::OutOfBounds(format!(
+                "{call}: {len} bytes at offset {offset} are not whole pages of a reservation of {} bytes",
+                segment.size
+            ))),
+        }
     }
 
     fn take(&self, bytes: u64, call: &str) -> Result<()> {
@@ -189,8 +248,10 @@ impl Backend for SimBackend {
         self.addresses(size, false, "create_segment")
     }
     fn destroy_segment(&self, segment: SimSegment, _: crate::backend::PoolAccess) {
-        // A reservation's pages were unmapped (and counted back) before it is destroyed.
-        if !segment.reservation {
+        if segment.reservation {
+            // A pool unmaps a reservation's own pages first; what is left are second mappings.
+            self.drop_mappings(segment.base, segment.base + segment.size);
+        } else {
             self.physical.fetch_sub(segment.size, Ordering::Relaxed);
         }
     }
@@ -211,12 +272,55 @@ impl Backend for SimBackend {
     fn reserve_virtual(&self, size: u64) -> Result<SimSegment> {
         self.addresses(size, true, "reserve")
     }
-    fn map_pages(&self, _segment: &SimSegment, _offset: u64, len: u64) -> Result<()> {
-        self.take(len, "map_pages")
+    fn map_pages(&self, segment: &SimSegment, offset: u64, len: u64) -> Result<()> {
+        let (start, end) = self.page_range(segment, offset, len, "map_pages")?;
+        let mut pages = self.pages.lock();
+        if pages.mapped.range(start..end).next().is_some() {
+            return Err(Error::InvalidConfig(format!("{}: map_pages over a mapped page", self.name)));
+        }
+        self.take(len, "map_pages")?;
+        for address in (start..end).step_by(self.page as usize) {
+            let physical = pages.next;
+            pages.next += 1;
+            pages.mapped.insert(address, physical);
+            pages.mappings.insert(physical, 1);
+        }
+        Ok(())
     }
-    fn unmap_pages(&self, _segment: &SimSegment, _offset: u64, len: u64, stream: StreamId, wait: bool) {
+    fn unmap_pages(&self, segment: &SimSegment, offset: u64, len: u64, stream: StreamId, wait: bool) {
         self.streams.lock().unmapped(stream, wait);
-        self.physical.fetch_sub(len, Ordering::Relaxed);
+        match self.page_range(segment, offset, len, "unmap_pages") {
+            Ok((start, end)) => self.drop_mappings(start, end),
+            Err(e) => log::error!("{}: {e}", self.name),
+        }
+    }
+    fn can_alias_pages(&self) -> bool {
+        self.virtual_memory
+    }
+    fn alias_pages(
+        &self,
+        dst: &SimSegment,
+        dst_offset: u64,
+        src: &SimSegment,
+        src_offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        let (to, to_end) = self.page_range(dst, dst_offset, len, "alias_pages")?;
+        let (from, from_end) = self.page_range(src, src_offset, len, "alias_pages")?;
+        let mut pages = self.pages.lock();
+        if pages.mapped.range(to..to_end).next().is_some() {
+            return Err(Error::InvalidConfig(format!("{}: alias_pages over a mapped page", self.name)));
+        }
+        let physical: Option<Vec<u64>> =
+            (from..from_end).step_by(self.page as usize).map(|a| pages.mapped.get(&a).copied()).collect();
+        let Some(physical) = physical else {
+            return Err(Error::InvalidConfig(format!("{}: alias_pages of a page not mapped", self.name)));
+        };
+        for (i, page) in physical.into_iter().enumerate() {
+            pages.mapped.insert(to + i as u64 * self.page, page);
+            *pages.mappings.get_mut(&page).expect("a mapped page is counted") += 1;
+        }
+        Ok(())
     }
     fn mark_stream(&self, stream: StreamId) -> Result<Option<StreamMark>> {
         Ok(Some(self.streams.lock().mark(stream)))

@@ -323,11 +323,25 @@ pub(super) fn mem_create(size: u64, ordinal: i32) -> Raw<u64> {
     Ok(handle)
 }
 
-/// `cuMemRelease` of a handle from [`mem_create`].
+/// `cuMemRetainAllocationHandle`: the handle of the physical allocation mapped at `ptr`, with one more
+/// reference to it, which the caller gives back with one [`mem_release`]. Safe: the driver checks `ptr` (an
+/// address with nothing mapped is an error), and an extra reference never given back leaks memory, it does not
+/// free any.
+pub(super) fn retain_handle(ptr: u64) -> Raw<u64> {
+    let mut handle = 0;
+    // SAFETY: `handle` is a valid out-parameter; the address is only looked up.
+    let code = unsafe { sys::cuMemRetainAllocationHandle(&mut handle, ptr as *mut c_void) };
+    check(code, "cuMemRetainAllocationHandle")?;
+    Ok(handle)
+}
+
+/// `cuMemRelease` of a reference to a physical allocation: the one [`mem_create`] made, or one more from
+/// [`retain_handle`].
 ///
 /// # Safety
-/// `handle` was returned by [`mem_create`] and is released once (a second release could drop another
-/// allocation that got the same handle value meanwhile); it is not mapped again afterwards.
+/// `handle` holds a reference from [`mem_create`] or [`retain_handle`] that is released once (a release too
+/// many could drop another allocation that got the same handle value meanwhile); it is not mapped again through
+/// that reference afterwards.
 pub(super) unsafe fn mem_release(handle: u64) -> Raw<()> {
     // SAFETY: this function's contract; the memory is freed when its last mapping goes.
     check(unsafe { sys::cuMemRelease(handle) }, "cuMemRelease")
