@@ -41,6 +41,8 @@ mod snapshot;
 mod state;
 mod steps;
 mod stitch;
+#[cfg(test)]
+mod stitch_tests;
 mod streams;
 mod thread_cache;
 mod trim;
@@ -295,7 +297,10 @@ impl<B: Backend> Drop for Pool<B> {
                 );
             }
         }
-        for arena in &mut state.arenas {
+        // Stitched ranges first: the pages they map a second time are unmapped with their reservations below.
+        let mut arenas: Vec<&mut state::Arena<B::Segment>> = state.arenas.iter_mut().collect();
+        arenas.sort_by_key(|arena| arena.class != state::ArenaClass::Stitched);
+        for arena in arenas {
             if let Some(mark) = arena.mark.take() {
                 self.backend.release_mark(mark.mark);
             }
