@@ -186,6 +186,11 @@ pub struct ReplayReport {
     pub planned_allocs: u64,
     /// Allocations a plan foresaw that the pool served instead.
     pub plan_fallbacks: u64,
+    /// Stitched blocks made over all passes ([`umm_backends::PoolStats::num_stitches`]): free pages mapped side by
+    /// side a second time to serve a request no free range held.
+    pub stitches: u64,
+    /// Allocations served by stitched blocks over all passes, made for them or kept from before.
+    pub stitched_allocs: u64,
 }
 
 /// Replays `trace` on a fresh pool of the backend named `backend` (one of [`BACKENDS`]).
@@ -400,6 +405,8 @@ pub fn replay<B: Backend>(
         steps_planned: after.num_steps_planned,
         planned_allocs: after.num_planned_allocs,
         plan_fallbacks: after.num_plan_fallbacks,
+        stitches: after.num_stitches,
+        stitched_allocs: after.num_stitched_allocs,
     })
 }
 

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const FIELDS: [&str; 24] = [
+const FIELDS: [&str; 26] = [
     "trace",
     "backend",
     "device",
@@ -28,6 +28,8 @@ const FIELDS: [&str; 24] = [
     "steps_planned",
     "planned_allocs",
     "plan_fallbacks",
+    "stitches",
+    "stitched_allocs",
 ];
 
 /// Writes a small trace (a few sizes, two streams, one block left live) and returns its path.

@@ -1392,3 +1392,133 @@ fn a_long_sequence_of_placements_matches_the_shadow() {
     eprintln!("placed {placed}, refused {wrong_neighbour} for the neighbour, {overlapping} overlapping");
     assert!(placed > 2000 && wrong_neighbour > 200 && overlapping > 1000, "every outcome is exercised");
 }
+
+// ----- ranges: free granules, a named range, withheld space restored as free -----
+
+/// `[offset, end)` of every live block of `segment`, by offset.
+fn live_ranges(e: &Engine, segment: SegmentId) -> Vec<(u64, u64)> {
+    e.blocks_in(segment).filter(|b| !b.free && !b.withheld).map(|b| (b.offset, b.offset + b.size)).collect()
+}
+
+#[test]
+fn free_granules_finds_whole_granules_inside_free_blocks_smallest_blocks_first() {
+    let mut e = Engine::new(256).unwrap();
+    let s = e.add_segment(64 * GRANULE).unwrap();
+    // Live at [0, 1.5g), free [1.5g, 4g) (whole granules 2..4), live [4g, 5g), free [5g, 64g).
+    let a = e.allocate_at(s, None, 0, GRANULE + GRANULE / 2).unwrap();
+    let b = e.allocate_at(s, None, 4 * GRANULE, GRANULE);
+    assert!(b.is_none(), "allocate_at needs the live block below it");
+    let b = e.allocate_at(s, Some(a.block), 4 * GRANULE, GRANULE).unwrap();
+    let runs = e.free_granules(GRANULE, 3 * GRANULE);
+    // The small free block first (its granules 2 and 3), then the large one from its bottom.
+    assert_eq!(
+        runs,
+        vec![
+            GranuleRun { segment: s, offset: 2 * GRANULE, len: 2 * GRANULE },
+            GranuleRun { segment: s, offset: 5 * GRANULE, len: GRANULE },
+        ]
+    );
+    // Nothing was taken, and a want past what is free returns what there is.
+    assert_eq!(live_ranges(&e, s), vec![(0, GRANULE + GRANULE / 2), (4 * GRANULE, 5 * GRANULE)]);
+    assert_eq!(e.free_granules(GRANULE, u64::MAX).iter().map(|r| r.len).sum::<u64>(), 61 * GRANULE);
+    assert!(e.free_granules(3000, GRANULE).is_empty(), "a granule must be a power of two");
+    assert!(e.free_granules(128, GRANULE).is_empty(), "a granule below the alignment");
+    e.free(b.block).unwrap();
+    e.check_index();
+}
+
+#[test]
+fn allocate_range_takes_the_range_from_the_free_block_covering_it_or_refuses() {
+    let mut e = Engine::new(256).unwrap();
+    let s = e.add_segment(16 * GRANULE).unwrap();
+    let first = e.allocate_range(s, None, 4 * GRANULE, 2 * GRANULE).unwrap();
+    assert_eq!((first.offset, first.size), (4 * GRANULE, 2 * GRANULE));
+    // Inside the free space after it, found by walking; then again with a hint that names a stale node.
+    let second = e.allocate_range(s, Some(9999), 10 * GRANULE, 1000).unwrap();
+    assert_eq!((second.offset, second.size), (10 * GRANULE, 1024), "the size is rounded to the alignment");
+    assert_eq!(live_ranges(&e, s), vec![(4 * GRANULE, 6 * GRANULE), (10 * GRANULE, 10 * GRANULE + 1024)]);
+    let before = e.stats();
+    // Refusals change nothing: over a live block, across one, off the alignment, zero, past the end, no segment.
+    for (segment, offset, size) in [
+        (s, 5 * GRANULE, GRANULE),
+        (s, 3 * GRANULE, 2 * GRANULE),
+        (s, 100, GRANULE),
+        (s, 0, 0),
+        (s, 15 * GRANULE, 2 * GRANULE),
+        (s, u64::MAX - 255, 512),
+        (SegmentId(7), 0, GRANULE),
+    ] {
+        assert_eq!(e.allocate_range(segment, None, offset, size), None, "{offset} + {size}");
+    }
+    assert_eq!(e.stats(), before);
+    // Freed, the range coalesces; its old node index is a hint that still covers it.
+    e.free(first.block).unwrap();
+    let again = e.allocate_range(s, Some(first.block.index()), 4 * GRANULE, 2 * GRANULE).unwrap();
+    assert_eq!(again.offset, 4 * GRANULE);
+    let mut whole = Engine::whole_blocks(256).unwrap();
+    let w = whole.add_segment(GRANULE).unwrap();
+    assert_eq!(whole.allocate_range(w, None, 0, 256), None, "an engine of whole blocks never splits");
+    e.check_index();
+}
+
+#[test]
+fn restore_free_gives_back_withheld_space_as_free_from_the_smallest_range_that_holds_it() {
+    let mut e = Engine::new(256).unwrap();
+    let big = e.add_withheld_segment(64 * GRANULE).unwrap();
+    let small = e.add_withheld_segment(4 * GRANULE).unwrap();
+    assert_eq!(e.restore_free(3 * GRANULE, GRANULE), Some((small, 0)), "the smallest range that holds it");
+    assert_eq!(e.stats().withheld_bytes, 65 * GRANULE);
+    let a = e.allocate(3 * GRANULE).unwrap();
+    assert_eq!((a.segment, a.offset), (small, 0), "the restored bytes are free");
+    assert_eq!(e.restore_free(8 * GRANULE, GRANULE), Some((big, 0)));
+    for (len, granule) in [(0, GRANULE), (GRANULE + 1, GRANULE), (GRANULE, 3000), (128 * GRANULE, GRANULE)] {
+        assert_eq!(e.restore_free(len, granule), None, "{len} in granules of {granule}");
+    }
+    // Restored next to free space, it joins it: one free block of both.
+    assert_eq!(e.restore_free(8 * GRANULE, GRANULE), Some((big, 8 * GRANULE)));
+    // The small segment's last granule is still withheld: not free, not reported.
+    assert_eq!(e.free_granules(GRANULE, u64::MAX), vec![GranuleRun { segment: big, offset: 0, len: 16 * GRANULE }]);
+    e.check_index();
+}
+
+/// Random named ranges against a model of the segment's bytes: a range is taken exactly when every byte of it is
+/// free (and only then), and the free granules reported are exactly the whole free granules of the model.
+#[test]
+fn named_ranges_match_a_byte_model() {
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move |below: u64| {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (state >> 33) % below
+    };
+    const UNITS: u64 = 64; // the segment, in 1 KiB units
+    let unit = 1024;
+    let mut e = Engine::new(256).unwrap();
+    let s = e.add_segment(UNITS * unit).unwrap();
+    let mut used = [false; UNITS as usize];
+    let mut live: Vec<(BlockId, u64, u64)> = Vec::new();
+    for step in 0..4000 {
+        if next(10) < 6 || live.is_empty() {
+            let start = next(UNITS);
+            let len = 1 + next((UNITS - start).min(12));
+            let free = used[start as usize..(start + len) as usize].iter().all(|u| !u);
+            let got = e.allocate_range(s, None, start * unit, len * unit);
+            assert_eq!(got.is_some(), free, "step {step}: range {start}+{len}");
+            if let Some(a) = got {
+                assert_eq!((a.offset, a.size), (start * unit, len * unit));
+                used[start as usize..(start + len) as usize].fill(true);
+                live.push((a.block, start, len));
+            }
+        } else {
+            let (block, start, len) = live.swap_remove(next(live.len() as u64) as usize);
+            e.free(block).unwrap();
+            used[start as usize..(start + len) as usize].fill(false);
+        }
+        let granule = 4 * unit;
+        let model: u64 =
+            (0..UNITS / 4).filter(|g| used[(g * 4) as usize..(g * 4 + 4) as usize].iter().all(|u| !u)).count() as u64
+                * granule;
+        let found: u64 = e.free_granules(granule, u64::MAX).iter().map(|r| r.len).sum();
+        assert_eq!(found, model, "step {step}");
+    }
+    e.check_index();
+}

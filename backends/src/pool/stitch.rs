@@ -26,7 +26,7 @@ use crate::backend::PoolAccess;
 use crate::engine::{Allocation, BlockId, SegmentId};
 use crate::{Backend, BlockHandle, Result};
 
-/// Stitched ranges an arena keeps while no block uses them; past it the least recently used goes. A repeating
+/// Stitched ranges an arena holds, in use or kept; past it the least recently used kept one goes. A repeating
 /// workload needs one per distinct large request that its free pieces serve.
 pub(super) const MAX_KEPT_STITCHES: usize = 64;
 
@@ -289,17 +289,17 @@ impl<B: Backend> Pool<B> {
         Some(state.stitchers.len() - 1)
     }
 
-    /// Destroys the least recently used kept ranges of stitcher `k` past [`MAX_KEPT_STITCHES`].
+    /// Destroys the least recently used kept ranges of stitcher `k` while it holds more than
+    /// [`MAX_KEPT_STITCHES`] ranges.
     fn forget_least_used(&self, state: &mut State<B::Segment>, k: usize) {
         loop {
-            let kept = state.stitchers[k]
-                .stitches
+            let stitches = &state.stitchers[k].stitches;
+            let count = stitches.iter().flatten().count();
+            let oldest = stitches
                 .iter()
                 .enumerate()
-                .filter_map(|(i, s)| s.as_ref().filter(|s| s.holders.is_empty()).map(|s| (s.last_used, i)));
-            let (count, oldest) = kept.fold((0, None), |(n, old): (usize, Option<(u64, usize)>), s| {
-                (n + 1, Some(old.map_or(s, |o| o.min(s))))
-            });
+                .filter_map(|(i, s)| s.as_ref().filter(|s| s.holders.is_empty()).map(|s| (s.last_used, i)))
+                .min();
             match oldest {
                 Some((_, index)) if count > MAX_KEPT_STITCHES => {
                     state.stitch_evictions += 1;

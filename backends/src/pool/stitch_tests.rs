@@ -270,3 +270,48 @@ fn random_workloads_never_put_two_live_blocks_on_one_byte() {
         faults.check_released().unwrap();
     }
 }
+
+#[test]
+fn a_pool_that_keeps_replacing_kept_ranges_stops_making_new_ones_until_a_full_release() {
+    use super::stitch::{MAX_KEPT_STITCHES, MAX_STITCH_EVICTIONS};
+    let (pool, faults) = pool(true, None);
+    // 200 free pages, each between two live ones.
+    let blocks: Vec<_> = (0..400).map(|_| pool.allocate(PAGE, S0).unwrap()).collect();
+    for b in blocks.iter().step_by(2) {
+        pool.free(b).unwrap();
+    }
+    // Requests of ever new page counts: each needs a range of its own, which is kept when freed.
+    let made_at_most = MAX_KEPT_STITCHES as u64 + MAX_STITCH_EVICTIONS;
+    for pages in 2..=(made_at_most + 20) {
+        let b = pool.allocate(pages * PAGE, S0).unwrap();
+        pool.free(&b).unwrap();
+    }
+    let s = pool.stats();
+    assert_eq!(s.num_stitches, made_at_most, "{s:?}");
+    assert_eq!(s.stitched_ranges, MAX_KEPT_STITCHES as u64, "{s:?}");
+    // Past the bound the requests mapped new pages instead.
+    assert!(s.reserved_bytes.peak > 400 * PAGE, "{s:?}");
+    // Kept ranges still serve their own requests.
+    let calls = s.num_device_calls;
+    let again = pool.allocate(made_at_most * PAGE, S0).unwrap();
+    assert_eq!(pool.stats().num_device_calls, calls, "the latest kept range serves without a device call");
+    pool.free(&again).unwrap();
+    for b in blocks.iter().skip(1).step_by(2) {
+        pool.free(b).unwrap();
+    }
+    // A full release starts over: with new holes, a new range is made again.
+    pool.release_cached();
+    let (live, freed) = holes(&pool);
+    for b in &freed {
+        pool.free(b).unwrap();
+    }
+    let made = pool.stats().num_stitches;
+    let big = pool.allocate(40 * MIB, S0).unwrap();
+    assert_eq!(pool.stats().num_stitches, made + 1);
+    for b in live.iter().chain([&big]) {
+        pool.free(b).unwrap();
+    }
+    assert_eq!(faults.violations(), Vec::<String>::new());
+    drop(pool);
+    faults.check_released().unwrap();
+}
