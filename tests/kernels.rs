@@ -390,7 +390,7 @@ mod opencl_kernels {
         let mut y = mm.allocate_universal_with::<f32>(N, on(Api::OpenCl)).unwrap();
         x.write(&xs()).unwrap();
         y.write(&ys()).unwrap();
-        let align = device_of(&mm, Api::OpenCl).opencl().unwrap().info().alignment;
+        let align = y.device().opencl().unwrap().info().alignment;
         let view = y.opencl_buffer().unwrap();
         assert!(view.offset() % align == 0 && view.offset() > 0, "origin {} on {align}", view.offset());
         assert_eq!(view.size(), (N * 4) as u64);
@@ -408,7 +408,10 @@ mod opencl_kernels {
         let mut y = mm.allocate_universal_with::<f32>(N, on(Api::OpenCl)).unwrap();
         x.write(&xs()).unwrap();
         y.write(&ys()).unwrap();
-        let align = device_of(&mm, Api::OpenCl).opencl().unwrap().info().alignment;
+        // The alignment of the device the buffers are on: a machine may have several OpenCL devices (the GPU
+        // machine has NVIDIA's, 512 bytes, and a CPU's, 128).
+        let align = x.device().opencl().unwrap().info().alignment;
+        assert_eq!(y.device().opencl().unwrap().info().alignment, align);
         let range = range_at(align);
         saxpy_over(&x, &mut y, Some(range.clone()));
         assert_only_range_changed(&y, &range);
