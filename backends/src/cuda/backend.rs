@@ -271,6 +271,24 @@ impl CudaBackend {
     }
 }
 
+/// Unmaps the pages of a reservation at `base` whose table entries are `entries` (page `first` onward), releases
+/// the reference each entry holds and clears it: undoing the mappings of a `map_pages` or `alias_pages` call that
+/// failed part-way.
+///
+/// # Safety
+/// Each entry is one whole mapping of one page made by the failing call, under the one reference the entry holds,
+/// and nothing uses those pages yet.
+#[allow(unsafe_code)] // Discharges `raw::mem_unmap`'s and `raw::mem_release`'s contracts.
+unsafe fn undo_mappings(base: u64, entries: &mut [u64], first: usize, page: u64) {
+    for (i, entry) in entries.iter_mut().enumerate() {
+        // SAFETY: by this function's contract the page is one mapping nothing uses; unmapped once (cleared below).
+        let _ = unsafe { raw::mem_unmap(base + (first + i) as u64 * page, page) };
+        // SAFETY: by this function's contract the entry holds one reference, released once (cleared below).
+        let _ = unsafe { raw::mem_release(*entry) };
+        *entry = 0;
+    }
+}
+
 impl Drop for CudaBackend {
     fn drop(&mut self) {
         // A pool releases spare pages at the end of each operation; this only covers one that panicked midway.
@@ -449,15 +467,9 @@ impl Backend for CudaBackend {
                 Err(f) => failure = Some(f),
             }
         }
-        // Undo this call's mappings: nothing of them is in use yet.
-        for i in first..first + done {
-            // SAFETY: page `i` was mapped by this call (one whole mapping, unmapped once since the entry is reset
-            // below) and no block uses it yet, so no queued work touches it.
-            let _ = unsafe { raw::mem_unmap(segment.device_ptr + i as u64 * page, page) };
-            // SAFETY: `table[i]` came from `raw::mem_create` or the spares, and is released once (reset below).
-            let _ = unsafe { raw::mem_release(table[i]) };
-            table[i] = 0;
-        }
+        // SAFETY: pages `first..first + done` were mapped by this call, each under the reference its entry holds
+        // (from `raw::mem_create` or the spares), and no block uses them yet.
+        unsafe { undo_mappings(segment.device_ptr, &mut table[first..first + done], first, page) };
         Err(self.error(failure.expect("a failure ended the loop")))
     }
 
@@ -526,14 +538,9 @@ impl Backend for CudaBackend {
                 Err(f) => failure = Some(f),
             }
         }
-        for i in first..first + done {
-            // SAFETY: page `i` was mapped by this call (one whole mapping, unmapped once since the entry is reset
-            // below) and nothing uses it yet.
-            let _ = unsafe { raw::mem_unmap(dst.device_ptr + i as u64 * page, page) };
-            // SAFETY: `table[i]` holds the reference this call retained, released once (reset below).
-            let _ = unsafe { raw::mem_release(table[i]) };
-            table[i] = 0;
-        }
+        // SAFETY: pages `first..first + done` were mapped by this call, each under the reference it retained, and
+        // nothing uses them yet.
+        unsafe { undo_mappings(dst.device_ptr, &mut table[first..first + done], first, page) };
         Err(self.error(failure.expect("a failure ended the loop")))
     }
 

@@ -459,15 +459,7 @@ impl Engine {
         if node.state != NodeState::Free || start > offset || start + node.size < end {
             return None;
         }
-        self.unlink_free(candidate);
-        let index = if start < offset {
-            let placed = self.split(candidate, offset);
-            self.push_free(candidate);
-            placed
-        } else {
-            candidate
-        };
-        Some(self.carve(index, size))
+        Some(self.take_at(candidate, offset, size))
     }
 
     /// Parks a live block: it keeps its range but stops being live, so a later free or park of its old id is
@@ -654,6 +646,21 @@ impl Engine {
     fn take(&mut self, index: u32, size: u64) -> Allocation {
         self.unlink_free(index);
         self.carve(index, size)
+    }
+
+    /// Takes `[offset, offset + size)` out of free block `index`, which covers it: the part before stays free, the
+    /// range becomes a live block, the part after stays free.
+    #[inline]
+    fn take_at(&mut self, index: u32, offset: u64, size: u64) -> Allocation {
+        self.unlink_free(index);
+        let placed = if self.nodes[index].offset < offset {
+            let placed = self.split(index, offset);
+            self.push_free(index);
+            placed
+        } else {
+            index
+        };
+        self.carve(placed, size)
     }
 
     /// Makes block `index` (already out of the free index) live for `size` bytes, splitting off the remainder.

@@ -90,15 +90,7 @@ impl Engine {
                 cursor
             }
         };
-        self.unlink_free(index);
-        let placed = if self.nodes[index].offset < offset {
-            let placed = self.split(index, offset);
-            self.push_free(index);
-            placed
-        } else {
-            index
-        };
-        Some(self.carve(placed, size))
+        Some(self.take_at(index, offset, size))
     }
 
     /// Restores `len` bytes (a whole number of `granule`s) of withheld space as free space, from the start of the
