@@ -69,7 +69,27 @@ fn assert_disjoint(pool: &SimPool, live: &[BlockHandle], at: &str) {
     }
 }
 
-/// Nine 10 MiB blocks with every other one freed: five holes of 10 MiB between live blocks.
+/// Nine 10 MiB blocks with every other one freed: five holes of 10 MiB between live blocks. Returns the live
+/// blocks.
+fn five_holes(pool: &SimPool) -> Vec<BlockHandle> {
+    let (live, freed) = holes(pool);
+    for b in &freed {
+        pool.free(b).unwrap();
+    }
+    live
+}
+
+/// Frees `blocks`, checks that the ledger saw no misuse, drops the pool and checks that it gave everything back.
+fn finish(pool: SimPool, faults: FaultHandle, blocks: &[BlockHandle]) {
+    for b in blocks {
+        pool.free(b).unwrap();
+    }
+    assert_eq!(faults.violations(), Vec::<String>::new());
+    drop(pool);
+    faults.check_released().unwrap();
+}
+
+/// Nine 10 MiB blocks, every other one to be freed by the caller: (the rest, those).
 fn holes(pool: &SimPool) -> (Vec<BlockHandle>, Vec<BlockHandle>) {
     let blocks: Vec<_> = (0..9).map(|_| pool.allocate(10 * MIB, S0).unwrap()).collect();
     let (mut live, mut freed) = (Vec::new(), Vec::new());
@@ -137,29 +157,19 @@ fn a_request_no_free_range_holds_is_served_by_the_free_pages_mapped_again() {
 #[test]
 fn without_stitching_the_request_maps_new_pages() {
     let (pool, faults) = pool(false, None);
-    let (live, freed) = holes(&pool);
-    for b in &freed {
-        pool.free(b).unwrap();
-    }
+    let live = five_holes(&pool);
     let big = pool.allocate(40 * MIB, S0).unwrap();
     let s = pool.stats();
     // The last hole borders the reservation's unmapped rest: 30 MiB are mapped past it.
     assert_eq!(s.reserved_bytes.current, 120 * MIB, "{s:?}");
     assert_eq!((s.num_stitches, s.num_stitched_allocs), (0, 0));
-    for b in live.iter().chain([&big]) {
-        pool.free(b).unwrap();
-    }
-    drop(pool);
-    faults.check_released().unwrap();
+    finish(pool, faults, &[live, vec![big]].concat());
 }
 
 #[test]
 fn free_pages_short_of_the_request_are_topped_up_with_fewer_new_pages_than_a_mapping_takes() {
     let (pool, faults) = pool(true, None);
-    let (live, freed) = holes(&pool);
-    for b in &freed {
-        pool.free(b).unwrap();
-    }
+    let live = five_holes(&pool);
     // 60 MiB: the holes hold 50. A mapping would take 50 new MiB past the last hole; stitching takes 10.
     let big = pool.allocate(60 * MIB, S0).unwrap();
     let s = pool.stats();
@@ -168,42 +178,26 @@ fn free_pages_short_of_the_request_are_topped_up_with_fewer_new_pages_than_a_map
     let mut all = live.clone();
     all.push(big);
     assert_disjoint(&pool, &all, "topped up");
-    for b in &all {
-        pool.free(b).unwrap();
-    }
-    assert_eq!(faults.violations(), Vec::<String>::new());
-    drop(pool);
-    faults.check_released().unwrap();
+    finish(pool, faults, &all);
 }
 
 #[test]
 fn a_range_the_device_refuses_to_map_falls_back_to_new_pages() {
     let (pool, faults) = pool(true, None);
-    let (live, freed) = holes(&pool);
-    for b in &freed {
-        pool.free(b).unwrap();
-    }
+    let live = five_holes(&pool);
     faults.fail_next(FaultKind::AliasPages);
     let big = pool.allocate(40 * MIB, S0).unwrap();
     let s = pool.stats();
     assert_eq!(faults.injected(FaultKind::AliasPages), 1);
     assert_eq!((s.num_stitches, s.stitched_ranges), (0, 0), "{s:?}");
     assert_eq!(s.reserved_bytes.current, 120 * MIB, "mapped instead: {s:?}");
-    for b in live.iter().chain([&big]) {
-        pool.free(b).unwrap();
-    }
-    assert_eq!(faults.violations(), Vec::<String>::new());
-    drop(pool);
-    faults.check_released().unwrap();
+    finish(pool, faults, &[live, vec![big]].concat());
 }
 
 #[test]
 fn trims_drop_kept_ranges_before_unmapping_their_pages() {
     let (pool, faults) = pool(true, None);
-    let (live, freed) = holes(&pool);
-    for b in &freed {
-        pool.free(b).unwrap();
-    }
+    let live = five_holes(&pool);
     let big = pool.allocate(40 * MIB, S0).unwrap();
     pool.free(&big).unwrap();
     assert_eq!(pool.stats().stitched_ranges, 1);
@@ -214,12 +208,7 @@ fn trims_drop_kept_ranges_before_unmapping_their_pages() {
     assert_eq!(s.stitched_ranges, 0, "{s:?}");
     assert_eq!(s.reserved_bytes.current, 40 * MIB);
     assert_eq!(s.reserved_bytes.current, pool.backend().inner().physical_in_use());
-    assert_eq!(faults.violations(), Vec::<String>::new());
-    for b in &live {
-        pool.free(b).unwrap();
-    }
-    drop(pool);
-    faults.check_released().unwrap();
+    finish(pool, faults, &live);
 }
 
 /// Random large and small requests and frees, with cleanups and a limit: after every operation no two live blocks
@@ -301,19 +290,11 @@ fn a_pool_that_keeps_replacing_kept_ranges_stops_making_new_ones_until_a_full_re
     }
     // A full release starts over: with new holes, a new range is made again.
     pool.release_cached();
-    let (live, freed) = holes(&pool);
-    for b in &freed {
-        pool.free(b).unwrap();
-    }
+    let live = five_holes(&pool);
     let made = pool.stats().num_stitches;
     let big = pool.allocate(40 * MIB, S0).unwrap();
     assert_eq!(pool.stats().num_stitches, made + 1);
-    for b in live.iter().chain([&big]) {
-        pool.free(b).unwrap();
-    }
-    assert_eq!(faults.violations(), Vec::<String>::new());
-    drop(pool);
-    faults.check_released().unwrap();
+    finish(pool, faults, &[live, vec![big]].concat());
 }
 
 /// Eight threads allocating and freeing large blocks of varying sizes at once, so that thread caches keep large
