@@ -439,11 +439,7 @@ impl Engine {
         offset: u64,
         size: u64,
     ) -> Option<Allocation> {
-        let size = self.block_size(size)?;
-        let end = offset.checked_add(size)?;
-        if self.whole || !offset.is_multiple_of(self.alignment) {
-            return None;
-        }
+        let (size, end) = self.named_range(offset, size)?;
         let candidate = match after {
             Some(id) => {
                 let node = self.nodes.get(id.index())?;
@@ -646,6 +642,16 @@ impl Engine {
     fn take(&mut self, index: u32, size: u64) -> Allocation {
         self.unlink_free(index);
         self.carve(index, size)
+    }
+
+    /// The block size and end of a range named by offset and size (for [`Engine::allocate_at`] and
+    /// [`Engine::allocate_range`]): `None` for a zero or overflowing size, an offset off the alignment, and in an
+    /// engine of whole blocks, which never splits.
+    #[inline]
+    fn named_range(&self, offset: u64, size: u64) -> Option<(u64, u64)> {
+        let size = self.block_size(size)?;
+        let end = offset.checked_add(size)?;
+        (!self.whole && offset.is_multiple_of(self.alignment)).then_some((size, end))
     }
 
     /// Takes `[offset, offset + size)` out of free block `index`, which covers it: the part before stays free, the

@@ -67,11 +67,7 @@ impl Engine {
         offset: u64,
         size: u64,
     ) -> Option<Allocation> {
-        let size = self.block_size(size)?;
-        let end = offset.checked_add(size)?;
-        if self.whole || !offset.is_multiple_of(self.alignment) {
-            return None;
-        }
+        let (size, end) = self.named_range(offset, size)?;
         let covers = |engine: &Engine, index: u32| {
             engine.nodes.get(index).is_some_and(|n| {
                 n.state == NodeState::Free && n.segment == segment.0 && n.offset <= offset && n.offset + n.size >= end

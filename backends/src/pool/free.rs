@@ -86,9 +86,6 @@ impl<B: Backend> Pool<B> {
         // Another pool's arena numbers wrap to far beyond this pool's arenas.
         let arena = block.arena.wrapping_sub(state.arena_base) as usize;
         let a = state.arenas.get_mut(arena).ok_or_else(unknown)?;
-        if a.class == ArenaClass::Stitched {
-            return self.free_stitched(state, arena, block);
-        }
         // Only small blocks go through the quick cache: they churn most, and live in 2 MiB segments where an
         // uncoalesced block cannot push a large request into new memory.
         let room = if self.config.strategy == Strategy::Pooled && a.class == ArenaClass::Small {
@@ -104,6 +101,10 @@ impl<B: Backend> Pool<B> {
             );
             state.record_free(block);
             return Ok(());
+        }
+        // Checked after the quick cache: small blocks, the most frequent frees, never are stitched.
+        if a.class == ArenaClass::Stitched {
+            return self.free_stitched(state, arena, block);
         }
         let freed = state.free_block(arena, block.block).ok_or_else(unknown)?;
         state.record_free(block);

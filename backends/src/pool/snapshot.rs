@@ -75,8 +75,8 @@ impl<B: Backend> Pool<B> {
             }
             let (stream, arena_index) = (arena.stream, arena_index as u32);
             let key_of = |block: crate::engine::BlockId| {
-                let stitched = holders.iter().find(|&&(a, h, _)| a == arena_index as usize && h == block);
-                stitched.map_or((u64::from(arena_index) << 32) | u64::from(block.index()), |&(_, _, key)| key)
+                let own = (u64::from(arena_index) << 32) | u64::from(block.index());
+                holders.get(&(arena_index as usize, block)).copied().unwrap_or(own)
             };
             for id in arena.engine().segment_ids() {
                 let entry = arena.entry(id).expect("segment exists");

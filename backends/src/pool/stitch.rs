@@ -352,8 +352,8 @@ impl<B: Backend> Pool<B> {
 
     /// The holder blocks of live stitched blocks, each with the key of the stitched block it belongs to, for
     /// snapshots (which show a stitched block as the pieces of memory it holds).
-    pub(super) fn stitch_holders(state: &State<B::Segment>) -> Vec<(usize, BlockId, u64)> {
-        let mut holders = Vec::new();
+    pub(super) fn stitch_holders(state: &State<B::Segment>) -> std::collections::HashMap<(usize, BlockId), u64> {
+        let mut holders = std::collections::HashMap::new();
         for stitcher in &state.stitchers {
             let a = &state.arenas[stitcher.arena];
             for (index, stitch) in stitcher.stitches.iter().enumerate() {
@@ -361,7 +361,7 @@ impl<B: Backend> Pool<B> {
                 let live = a.engine().blocks_in(SegmentId(index as u32)).find_map(|b| b.block.filter(|_| !b.free));
                 let Some(live) = live else { continue };
                 let key = ((stitcher.arena as u64) << 32) | u64::from(live.index());
-                holders.extend(stitch.holders.iter().map(|&h| (stitcher.source, h, key)));
+                holders.extend(stitch.holders.iter().map(|&h| ((stitcher.source, h), key)));
             }
         }
         holders
