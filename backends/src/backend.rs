@@ -234,6 +234,28 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
         let _ = mark;
     }
 
+    /// Blocks the host until the work before `mark` has run (CUDA: `cuEventSynchronize`).
+    fn wait_mark(&self, mark: &StreamMark) -> Result<()> {
+        let _ = mark;
+        Ok(())
+    }
+
+    /// Refuses a stream that this backend cannot queue work or record marks on (CUDA: a stream that is not a
+    /// live stream of the device's context), so that a caller learns it when it names the stream rather than
+    /// when a mark is first recorded on it. Every stream is fine by default.
+    fn check_stream(&self, stream: StreamId) -> Result<()> {
+        let _ = stream;
+        Ok(())
+    }
+
+    /// The device address of `segment`'s first byte, for backends whose memory has one that a program passes
+    /// around as an integer (CUDA device pointers; the simulated device's addresses). `None` by default: an
+    /// OpenCL `cl_mem` or a `wgpu::Buffer` is a handle, not an address.
+    fn device_address(&self, segment: &Self::Segment) -> Option<u64> {
+        let _ = segment;
+        None
+    }
+
     /// Whether every block needs a segment of its own. wgpu tracks usage per buffer: within one dispatch a buffer
     /// is bound either read-only or read-write, and a buffer cannot be copied into itself, so two blocks of one
     /// shared buffer could not be bound as an input and an output of one kernel. A pool over such a backend never

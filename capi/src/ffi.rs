@@ -114,10 +114,35 @@ pub extern "C" fn umm_stats_json(device: c_int) -> *mut c_char {
     })
 }
 
-/// Frees a string returned by umm ([`umm_stats_json`]). NULL is ignored.
+/// The memory of `device` (or every device for -1) as a JSON object in the shape of PyTorch's
+/// `torch.cuda.memory._snapshot()`: `segments` (each with `address`, `total_size`, `allocated_size`,
+/// `requested_size`, `stream`, `segment_type`, `is_expandable` and its `blocks`, each with `address`, `size`,
+/// `requested_size` and `state`) and `device_traces` (one list per device of the events recorded since
+/// [`umm_record_history`]). The caller frees it with [`umm_string_free`]. NULL with a message if umm has no pool
+/// for `device`.
+#[no_mangle]
+pub extern "C" fn umm_snapshot_json(device: c_int) -> *mut c_char {
+    guarded("umm_snapshot_json", std::ptr::null_mut(), || {
+        let json = registry::snapshot_json(i64::from(device))?;
+        let c = CString::new(json).map_err(|e| format!("umm_snapshot_json: {e}"))?;
+        Ok(c.into_raw())
+    })
+}
+
+/// Starts recording the last `max_entries` allocation events of every device (alloc, free_requested,
+/// free_completed, segment_alloc/segment_free or segment_map/segment_unmap as reserved memory changes, oom), as
+/// PyTorch's `torch.cuda.memory._record_memory_history(max_entries=...)` does; what was recorded before is
+/// dropped. 0 stops recording and keeps the events for the next [`umm_snapshot_json`]. Returns 0, or -1 with a
+/// message (a negative count, or one above 2^26).
+#[no_mangle]
+pub extern "C" fn umm_record_history(max_entries: i64) -> c_int {
+    guarded("umm_record_history", -1, || registry::record_history(max_entries).map(|()| 0))
+}
+
+/// Frees a string returned by umm ([`umm_stats_json`], [`umm_snapshot_json`]). NULL is ignored.
 ///
 /// # Safety
-/// `s` is NULL or a pointer returned by [`umm_stats_json`] that was not freed yet.
+/// `s` is NULL or a pointer returned by [`umm_stats_json`] or [`umm_snapshot_json`] that was not freed yet.
 #[no_mangle]
 pub unsafe extern "C" fn umm_string_free(s: *mut c_char) {
     if s.is_null() {

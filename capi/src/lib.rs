@@ -26,8 +26,10 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod device_pool;
 mod error;
 pub mod ffi;
+mod history;
 mod registry;
 mod trace;
 

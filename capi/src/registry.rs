@@ -1,23 +1,26 @@
-//! The process-wide registry behind the C ABI: the CUDA devices (discovered on first use), stream-aware caching
-//! pools of device memory per device, and the live pointers, so that a free by address finds its block.
+//! The process-wide registry behind the C ABI: the devices (CUDA devices discovered on first use, or simulated
+//! devices under `UMM_CAPI_SIM`), stream-aware caching pools of device memory per device, and the live pointers,
+//! so that a free by address finds its block.
 //!
 //! Each device has a main pool: PyTorch's segment policy, with large blocks in one virtual reservation mapped
 //! page by page where the device has virtual memory management. Optionally (`UMM_HUGE_MIN=bytes`, off by
 //! default) requests of at least that size go to a second pool of plain segments next to a virtual main pool, so
-//! a huge block gets a segment of its own that the next request of its size reuses whole. On the recorded GPT-2
-//! trace (simulated device) that lowered peak reserved memory by 11%; on the GPU it did not show, and with two
-//! pools the reported peaks are the pools' peaks added up (an upper bound), so it stays opt-in.
+//! a huge block gets a segment of its own that the next request of its size reuses whole; with two pools the
+//! reported peaks are the pools' peaks added up (an upper bound), so it stays opt-in.
 //!
 //! Everything here is safe Rust over plain integers (addresses and stream handles as `u64`); [`crate::ffi`]
 //! converts the C types.
 
+use crate::device_pool::DevicePool;
+use crate::history::{self, Action};
 use crate::trace;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use umm_backends::cuda::{self, ContextScope, CudaPool};
+use umm_backends::cuda::{self, ContextScope};
+use umm_backends::pool::StreamPool;
 use umm_backends::{
-    BlockHandle, Limit, MemoryPool, PoolConfig, PoolPlacement, PoolStats, SegmentMode, Strategy, StreamId,
+    BlockHandle, Error, Limit, Pool, PoolConfig, PoolPlacement, PoolStats, SegmentMode, SimBackend, Strategy, StreamId,
 };
 
 /// Default of `UMM_HUGE_MIN`: 0, no huge pool.
@@ -26,6 +29,8 @@ const DEFAULT_HUGE_MIN: u64 = 0;
 /// A block handed out through the ABI.
 struct Live {
     device: usize,
+    /// The bytes asked for.
+    requested: u64,
     /// The stream it was allocated on (its pool arena).
     stream: StreamId,
     /// Whether it came from the device's huge pool.
@@ -39,9 +44,9 @@ struct Live {
 struct Slot {
     name: String,
     total_memory: u64,
-    pool: Result<Arc<CudaPool>, String>,
+    pool: Result<Arc<dyn DevicePool>, String>,
     /// Plain segments for requests of at least `huge_min` bytes (only next to a virtual main pool).
-    huge: Option<Arc<CudaPool>>,
+    huge: Option<Arc<dyn DevicePool>>,
     /// Set while a limit is in force: every request then goes to the main pool, which holds the limit.
     limited: AtomicBool,
 }
@@ -52,7 +57,12 @@ impl Slot {
     }
 
     /// The pool for a request of `size` bytes and whether it is the huge one.
-    fn pool_for<'a>(&'a self, main: &'a Arc<CudaPool>, size: u64, huge_min: u64) -> (&'a Arc<CudaPool>, bool) {
+    fn pool_for<'a>(
+        &'a self,
+        main: &'a Arc<dyn DevicePool>,
+        size: u64,
+        huge_min: u64,
+    ) -> (&'a Arc<dyn DevicePool>, bool) {
         match &self.huge {
             Some(h) if size >= huge_min && !self.limited.load(Ordering::Relaxed) => (h, true),
             _ => (main, false),
@@ -61,7 +71,7 @@ impl Slot {
 
     /// Statistics of the main pool plus the huge pool. Peaks add, so the peaks are upper bounds of the true
     /// peaks of the sum.
-    fn stats(&self, main: &CudaPool) -> PoolStats {
+    fn stats(&self, main: &dyn DevicePool) -> PoolStats {
         let mut stats = main.stats();
         if let Some(h) = &self.huge {
             stats.accumulate(&h.stats());
@@ -70,14 +80,16 @@ impl Slot {
         stats
     }
 
-    fn pools(&self) -> impl Iterator<Item = &Arc<CudaPool>> {
+    fn pools(&self) -> impl Iterator<Item = &Arc<dyn DevicePool>> {
         self.pool.as_ref().ok().into_iter().chain(self.huge.as_ref())
     }
 }
 
 struct Registry {
-    /// Indexed by CUDA ordinal.
+    /// Indexed by CUDA ordinal (or simulated device number).
     devices: Vec<Slot>,
+    /// Whether the devices are simulated (`UMM_CAPI_SIM`).
+    simulated: bool,
     /// Requests of at least this many bytes go to a device's huge pool (`UMM_HUGE_MIN`; 0: no huge pools).
     huge_min: u64,
     /// Why discovery found nothing, or skipped devices (empty when all went well).
@@ -168,30 +180,69 @@ fn env_var(name: &str) -> Option<String> {
     std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
 }
 
+/// `UMM_CAPI_SIM` read through `var`: `None` (unset: CUDA devices), or the simulated devices' count and bytes
+/// each, from `16GiB` (one device) or `2x16GiB`.
+fn simulated_devices(var: impl Fn(&str) -> Option<String>) -> Option<Result<(usize, u64), String>> {
+    let value = var("UMM_CAPI_SIM")?;
+    let refuse =
+        |why: String| format!("UMM_CAPI_SIM={value:?} is not a size (16GiB) or a count and a size (2x16GiB): {why}");
+    let text = value.trim();
+    let (count, size) = match text.split_once(['x', 'X']) {
+        Some((count, size)) if !count.is_empty() && count.bytes().all(|b| b.is_ascii_digit()) => (count, size),
+        _ => ("1", text),
+    };
+    let parsed = count
+        .parse::<usize>()
+        .map_err(|e| refuse(format!("count: {e}")))
+        .and_then(|n| if (1..=64).contains(&n) { Ok(n) } else { Err(refuse(format!("{n} devices is not 1 to 64"))) })
+        .and_then(|n| match umm_backends::parse_size(size) {
+            Ok(bytes) if bytes >= SimBackend::PAGE => Ok((n, bytes)),
+            Ok(bytes) => Err(refuse(format!("{bytes} bytes is below one 2 MiB page"))),
+            Err(e) => Err(refuse(e)),
+        });
+    Some(parsed)
+}
+
+/// Where simulated device `index`'s addresses begin: 1 TiB apart, none at 0.
+fn simulated_base(index: usize) -> u64 {
+    (index as u64 + 1) << 40
+}
+
 impl Registry {
     fn discover() -> Self {
-        let found = cuda::discover();
         let config = pool_config(env_var)
             .and_then(|c| Ok((c, huge_min(env_var)?)))
             .and_then(|c| trace::start(env_var).map(|()| c));
+        match simulated_devices(env_var) {
+            Some(Ok((count, bytes))) => Self::simulated(count, bytes, config),
+            Some(Err(e)) => Self::without_devices(format!("umm: {e}")),
+            None => Self::cuda(config),
+        }
+    }
+
+    fn without_devices(reason: String) -> Self {
+        Registry {
+            devices: Vec::new(),
+            simulated: false,
+            huge_min: 0,
+            skipped: vec![reason],
+            live: Mutex::new(LiveMap::default()),
+        }
+    }
+
+    /// Pools on every CUDA device.
+    fn cuda(config: Result<(PoolConfig, u64), String>) -> Self {
+        let found = cuda::discover();
         let huge_min = config.as_ref().map_or(0, |(_, h)| *h);
         let mut devices: Vec<Slot> = Vec::new();
         for device in &found.devices {
             let info = device.info();
             let fail = |e| format!("umm: cannot create a pool on CUDA device {}: {e}", info.ordinal);
+            let pool = |config: PoolConfig| {
+                device.caching_pool(PoolPlacement::DeviceLocal, config).map(|p| p as Arc<dyn DevicePool>).map_err(fail)
+            };
             let (pool, huge) = match &config {
-                Ok((config, huge_min)) => match device.caching_pool(PoolPlacement::DeviceLocal, config.clone()) {
-                    Ok(pool) if *huge_min > 0 && pool.pool().uses_virtual_memory() => {
-                        let plain = PoolConfig { segment_mode: SegmentMode::Plain, ..config.clone() };
-                        let huge = device.caching_pool(PoolPlacement::DeviceLocal, plain).map_err(fail);
-                        match huge {
-                            Ok(huge) => (Ok(pool), Some(huge)),
-                            Err(e) => (Err(e), None),
-                        }
-                    }
-                    Ok(pool) => (Ok(pool), None),
-                    Err(e) => (Err(fail(e)), None),
-                },
+                Ok((config, huge_min)) => Self::pools(*huge_min, config, pool),
                 Err(e) => (Err(format!("umm: {e}")), None),
             };
             while devices.len() < info.ordinal {
@@ -206,11 +257,59 @@ impl Registry {
                 limited: AtomicBool::new(false),
             });
         }
-        Registry { devices, huge_min, skipped: found.skipped, live: Mutex::new(LiveMap::default()) }
+        Registry { devices, simulated: false, huge_min, skipped: found.skipped, live: Mutex::new(LiveMap::default()) }
+    }
+
+    /// `count` simulated devices of `bytes` each, with virtual memory as CUDA devices have it; the huge pool's
+    /// plain segments come from a second simulated device of the same size at addresses of their own.
+    fn simulated(count: usize, bytes: u64, config: Result<(PoolConfig, u64), String>) -> Self {
+        let huge_min = config.as_ref().map_or(0, |(_, h)| *h);
+        let devices = (0..count)
+            .map(|index| {
+                let name = format!("umm simulated device {index}");
+                let pool = |config: PoolConfig| {
+                    let plain = config.segment_mode == SegmentMode::Plain;
+                    let backend = if plain {
+                        SimBackend::plain(name.clone(), bytes)
+                    } else {
+                        SimBackend::new(name.clone(), bytes)
+                    };
+                    // A plain pool next to a virtual one (the huge pool) takes the upper half of the device's range.
+                    let base = simulated_base(index) + if plain { 1 << 39 } else { 0 };
+                    Pool::new(backend.at_address(base), config)
+                        .map(|p| Arc::new(StreamPool::new(p)) as Arc<dyn DevicePool>)
+                        .map_err(|e| format!("umm: cannot create a pool on simulated device {index}: {e}"))
+                };
+                let (pool, huge) = match &config {
+                    Ok((config, huge_min)) => Self::pools(*huge_min, config, pool),
+                    Err(e) => (Err(format!("umm: {e}")), None),
+                };
+                Slot { name, total_memory: bytes, pool, huge, limited: AtomicBool::new(false) }
+            })
+            .collect();
+        Registry { devices, simulated: true, huge_min, skipped: Vec::new(), live: Mutex::new(LiveMap::default()) }
+    }
+
+    /// A device's main pool and, with `huge_min` set and a virtual main pool, its huge pool of plain segments.
+    #[allow(clippy::type_complexity)]
+    fn pools(
+        huge_min: u64,
+        config: &PoolConfig,
+        make: impl Fn(PoolConfig) -> Result<Arc<dyn DevicePool>, String>,
+    ) -> (Result<Arc<dyn DevicePool>, String>, Option<Arc<dyn DevicePool>>) {
+        match make(config.clone()) {
+            Ok(pool) if huge_min > 0 && pool.uses_virtual_memory() => {
+                match make(PoolConfig { segment_mode: SegmentMode::Plain, ..config.clone() }) {
+                    Ok(huge) => (Ok(pool), Some(huge)),
+                    Err(e) => (Err(e), None),
+                }
+            }
+            other => (other, None),
+        }
     }
 
     /// The device's slot and main pool.
-    fn pool(&self, device: i64) -> Result<(&Slot, &Arc<CudaPool>), String> {
+    fn pool(&self, device: i64) -> Result<(&Slot, &Arc<dyn DevicePool>), String> {
         let slot = usize::try_from(device).ok().and_then(|d| self.devices.get(d));
         match slot {
             Some(slot @ Slot { pool: Ok(pool), .. }) => Ok((slot, pool)),
@@ -228,7 +327,7 @@ impl Registry {
     }
 
     /// The devices to act on, with their main pools: one (`device >= 0`) or all (`device == -1`).
-    fn targets(&self, device: i64) -> Result<Vec<(&Slot, &Arc<CudaPool>)>, String> {
+    fn targets(&self, device: i64) -> Result<Vec<(&Slot, &Arc<dyn DevicePool>)>, String> {
         if device == -1 {
             return Ok(self.devices.iter().filter_map(|s| s.pool.as_ref().ok().map(|p| (s, p))).collect());
         }
@@ -242,7 +341,8 @@ pub(crate) fn device_count() -> usize {
 }
 
 /// Allocates `size` bytes on `device` for use on `stream` (0: the legacy default stream). Returns the device
-/// address. O(1) from cache: [`CudaPool::allocate`] plus one map insert.
+/// address. O(1) from cache: the pool's allocation plus one map insert (and, while history is recorded, one ring
+/// push).
 pub(crate) fn alloc(size: i64, device: i64, stream: StreamId) -> Result<u64, String> {
     if size <= 0 {
         return Err(format!("umm_alloc: size {size} on device {device}: a size must be above zero"));
@@ -251,18 +351,88 @@ pub(crate) fn alloc(size: i64, device: i64, stream: StreamId) -> Result<u64, Str
     let (slot, main) = reg.pool(device)?;
     let (pool, huge) = slot.pool_for(main, size as u64, reg.huge_min);
     let _scope = ContextScope::enter();
-    let block = pool.allocate(size as u64, stream).map_err(|e| format!("umm_alloc: {e}"))?;
-    let ptr = match pool.device_ptr(&block) {
+    let reserved_before = history::on().then(|| pool.reserved_bytes());
+    let block = match pool.allocate(size as u64, stream) {
+        Ok(block) => block,
+        Err(e) => return Err(alloc_failure(slot, main, device as usize, size as u64, stream, e)),
+    };
+    let ptr = match pool.address(&block) {
         Ok(p) => p,
         Err(e) => {
             let _ = pool.free(&block);
             return Err(format!("umm_alloc: {e}"));
         }
     };
+    if let Some(before) = reserved_before {
+        let device = device as usize;
+        history::push_reserved_change(device, pool.uses_virtual_memory(), ptr, stream.0, before, pool.reserved_bytes());
+        history::push(device, Action::Alloc, ptr, block.size(), stream.0, None);
+    }
     // Recorded before the pointer is published, so that no free of it is recorded first.
     let trace_id = trace::record_alloc(size as u64, stream.0);
-    reg.live.lock().insert(ptr, Live { device: device as usize, stream, huge, block, trace_id });
+    let live = Live { device: device as usize, requested: size as u64, stream, huge, block, trace_id };
+    reg.live.lock().insert(ptr, live);
     Ok(ptr)
+}
+
+/// The message of a failed allocation. An out-of-memory names what a user needs to see where the memory is:
+/// reserved, allocated, the largest free block, the limit and the device's free memory (PyTorch's OOM message
+/// has the first two).
+fn alloc_failure(
+    slot: &Slot,
+    main: &Arc<dyn DevicePool>,
+    device: usize,
+    size: u64,
+    stream: StreamId,
+    error: Error,
+) -> String {
+    if !error.is_out_of_memory() {
+        return format!("umm_alloc: {error}");
+    }
+    let stats = slot.stats(main.as_ref());
+    let largest_free = slot
+        .pools()
+        .flat_map(|p| p.snapshot().segments)
+        .flat_map(|s| s.blocks)
+        .filter(|b| b.free)
+        .map(|b| b.size)
+        .max()
+        .unwrap_or(0);
+    let device_free = main.device_free();
+    history::push(device, Action::Oom, 0, size, stream.0, Some(device_free));
+    let limit = match stats.limit_bytes {
+        Some(limit) => format!("{} ({limit} bytes)", human(limit)),
+        None => "none".to_string(),
+    };
+    format!(
+        "umm_alloc: out of memory on device {device} ({}): tried to allocate {} ({size} bytes); umm has reserved {} \
+         ({} bytes), allocated {} ({} bytes), largest free block {} ({largest_free} bytes), limit {limit}; the \
+         device has {} ({device_free} bytes) free. Cause: {error}",
+        slot.name,
+        human(size),
+        human(stats.reserved_bytes.current),
+        stats.reserved_bytes.current,
+        human(stats.allocated_bytes.current),
+        stats.allocated_bytes.current,
+        human(largest_free),
+        human(device_free),
+    )
+}
+
+/// Bytes in binary units with two decimals ("1.50 GiB").
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.2} {}", UNITS[unit])
+    }
 }
 
 /// Frees the block at `ptr`. `stream` is the stream of the free: when it is not the stream the block was
@@ -287,10 +457,19 @@ pub(crate) fn free(ptr: u64, device: i64, stream: StreamId) -> Result<(), String
     if stream != live.stream {
         pool.record_stream(&live.block, stream).map_err(|e| format!("umm_free: {e}"))?;
     }
-    pool.free(&live.block).map_err(|e| format!("umm_free: {e}"))
+    let reserved_before = history::on().then(|| pool.reserved_bytes());
+    pool.free(&live.block).map_err(|e| format!("umm_free: {e}"))?;
+    if let Some(before) = reserved_before {
+        let size = live.block.size();
+        history::push(live.device, Action::FreeRequested, ptr, size, live.stream.0, None);
+        history::push(live.device, Action::FreeCompleted, ptr, size, live.stream.0, None);
+        let after = pool.reserved_bytes();
+        history::push_reserved_change(live.device, pool.uses_virtual_memory(), ptr, live.stream.0, before, after);
+    }
+    Ok(())
 }
 
-fn live_pool<'a>(reg: &'a Registry, live: &Live) -> Result<&'a Arc<CudaPool>, String> {
+fn live_pool<'a>(reg: &'a Registry, live: &Live) -> Result<&'a Arc<dyn DevicePool>, String> {
     let (slot, main) = reg.pool(live.device as i64)?;
     Ok(if live.huge { slot.huge.as_ref().unwrap_or(main) } else { main })
 }
@@ -312,14 +491,15 @@ pub(crate) fn record_stream(ptr: u64, stream: StreamId) -> Result<(), String> {
 pub(crate) fn stats_json(device: i64) -> Result<String, String> {
     let reg = registry();
     let (slot, pool) = reg.pool(device)?;
-    let stats = slot.stats(pool);
+    let stats = slot.stats(pool.as_ref());
     let live_pointers = reg.live.lock().values().filter(|l| l.device == device as usize).count();
     let mut value = serde_json::to_value(&stats).map_err(|e| format!("umm_stats_json: {e}"))?;
     if let Some(map) = value.as_object_mut() {
         map.insert("device".into(), device.into());
         map.insert("device_name".into(), slot.name.clone().into());
         map.insert("device_total_bytes".into(), slot.total_memory.into());
-        map.insert("virtual_memory".into(), pool.pool().uses_virtual_memory().into());
+        map.insert("virtual_memory".into(), pool.uses_virtual_memory().into());
+        map.insert("simulated".into(), reg.simulated.into());
         map.insert("live_pointers".into(), live_pointers.into());
         map.insert("pending_frees".into(), slot.pools().map(|p| p.pending_frees()).sum::<usize>().into());
         map.insert("huge_pool_min_bytes".into(), slot.huge.as_ref().map(|_| reg.huge_min).into());
@@ -334,17 +514,121 @@ pub(crate) fn stats_json(device: i64) -> Result<String, String> {
     Ok(value.to_string())
 }
 
+/// Starts recording the last `max_entries` allocation events of every device for [`snapshot_json`]'s
+/// `device_traces` (dropping what was recorded before); 0 stops and keeps them.
+pub(crate) fn record_history(max_entries: i64) -> Result<(), String> {
+    let entries = u64::try_from(max_entries)
+        .map_err(|_| format!("umm_record_history: {max_entries} entries: a count is 0 (stop) or above"))?;
+    history::record(entries)
+}
+
+/// The memory of `device` (or every device for -1) in the shape of PyTorch's `torch.cuda.memory._snapshot()`:
+/// `segments`, each with its `blocks`, and `device_traces` (one list per device, see [`record_history`]), so
+/// that PyTorch's memory visualizer draws it. A virtual reservation shows as one expandable segment of its
+/// mapped bytes: its live blocks, then its mapped free bytes as one inactive block, so that every segment's
+/// size adds up to the reserved bytes of the statistics and its active blocks to the allocated bytes.
+pub(crate) fn snapshot_json(device: i64) -> Result<String, String> {
+    let reg = registry();
+    let targets = reg.targets(device).map_err(|e| format!("umm_snapshot_json: {e}"))?;
+    // Requested bytes of live blocks by (device, huge pool, block key).
+    let requested: std::collections::HashMap<(usize, bool, u64), u64> =
+        reg.live.lock().values().map(|l| ((l.device, l.huge, l.block.key()), l.requested)).collect();
+    let mut segments = Vec::new();
+    for (slot, _) in &targets {
+        let index = reg.devices.iter().position(|s| std::ptr::eq(s, *slot)).expect("a slot of the registry");
+        let huge_pool = slot.huge.as_ref().map(|h| Arc::as_ptr(h) as *const ());
+        for pool in slot.pools() {
+            let huge = Some(Arc::as_ptr(pool) as *const ()) == huge_pool;
+            for segment in pool.snapshot().segments {
+                segments.push(segment_json(index, huge, &segment, &requested));
+            }
+        }
+    }
+    let devices = reg.devices.len();
+    let value = serde_json::json!({
+        "segments": segments,
+        "device_traces": history::events(devices),
+        "allocator_settings": {"allocator": "umm", "simulated": reg.simulated, "huge_pool_min_bytes": reg.huge_min},
+    });
+    Ok(value.to_string())
+}
+
+/// One segment of [`snapshot_json`].
+fn segment_json(
+    device: usize,
+    huge: bool,
+    segment: &umm_backends::SegmentSnapshot,
+    requested: &std::collections::HashMap<(usize, bool, u64), u64>,
+) -> serde_json::Value {
+    let base = segment.address.unwrap_or(0);
+    let mut blocks = Vec::new();
+    let (mut allocated, mut requested_total, mut free_mapped, mut first_free) = (0, 0, 0, None);
+    for block in &segment.blocks {
+        let address = base + block.offset;
+        if block.free {
+            first_free.get_or_insert(address);
+            free_mapped += block.size;
+            if !segment.virtual_reservation {
+                blocks.push(serde_json::json!({
+                    "address": address, "size": block.size, "requested_size": 0, "state": "inactive", "frames": [],
+                }));
+            }
+            continue;
+        }
+        // A block of the pool's own (a stitched range's piece, a plan) has no live pointer: its size stands.
+        let asked = block.key.and_then(|k| requested.get(&(device, huge, k)).copied()).unwrap_or(block.size);
+        allocated += block.size;
+        requested_total += asked;
+        blocks.push(serde_json::json!({
+            "address": address, "size": block.size, "requested_size": asked, "state": "active_allocated",
+            "frames": [],
+        }));
+    }
+    let total = if segment.virtual_reservation { segment.physical_bytes } else { segment.size };
+    if segment.virtual_reservation {
+        // Mapped free bytes; the rest of a free run is unmapped address space, which holds no memory.
+        let mapped_free = total.saturating_sub(allocated).min(free_mapped);
+        if mapped_free > 0 {
+            blocks.push(serde_json::json!({
+                "address": first_free.unwrap_or(base), "size": mapped_free, "requested_size": 0,
+                "state": "inactive", "frames": [],
+            }));
+        }
+    }
+    serde_json::json!({
+        "device": device,
+        "address": base,
+        "total_size": total,
+        "allocated_size": allocated,
+        "active_size": allocated,
+        "requested_size": requested_total,
+        "stream": segment.stream.0,
+        "segment_type": if segment.class == "small" { "small" } else { "large" },
+        "segment_pool_id": [0, 0],
+        "is_expandable": segment.virtual_reservation,
+        "frames": [],
+        "blocks": blocks,
+    })
+}
+
 /// Gives cached memory of `device` (or every device for -1) back to the driver. Returns the bytes released.
 pub(crate) fn empty_cache(device: i64) -> Result<u64, String> {
     let reg = registry();
     let _ = trace::flush(); // a moment the program chose; a failed write was reported when it happened
+    reg.targets(device)?; // an unknown device is an error, as for every call naming one
     let _scope = ContextScope::enter_saving();
-    Ok(reg
-        .targets(device)?
-        .into_iter()
-        .flat_map(|(slot, _)| slot.pools())
-        .map(|p| p.release_cached().bytes_released)
-        .sum())
+    let mut released = 0;
+    for (index, slot) in reg.devices.iter().enumerate() {
+        if device != -1 && device != index as i64 {
+            continue;
+        }
+        for pool in slot.pools() {
+            let before = pool.reserved_bytes();
+            released += pool.release_cached().bytes_released;
+            history::push_reserved_change(index, pool.uses_virtual_memory(), 0, 0, before, pool.reserved_bytes());
+        }
+    }
+    Ok(released)
 }
 
 /// Caps the bytes `device` (or every device for -1) reserves; 0 removes the cap. Cached memory above the new

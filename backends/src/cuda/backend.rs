@@ -577,6 +577,18 @@ impl Backend for CudaBackend {
         self.drop_mark(mark);
     }
 
+    fn wait_mark(&self, mark: &crate::StreamMark) -> Result<()> {
+        self.wait_for_mark_on_host(mark)
+    }
+
+    fn check_stream(&self, stream: StreamId) -> Result<()> {
+        self.live_stream(stream).map(|_| ())
+    }
+
+    fn device_address(&self, segment: &CudaSegment) -> Option<u64> {
+        Some(segment.device_ptr)
+    }
+
     #[allow(unsafe_code)] // Discharges `raw::mem_release`'s contract.
     fn release_spare_pages(&self) {
         for handle in self.spare_pages.lock().drain(..) {

@@ -76,6 +76,18 @@ impl CudaBackend {
         raw::stream_wait_event(&live, event).map_err(|f| self.error(f))
     }
 
+    /// Blocks the host until the work before `mark` has run. A mark that is not live has nothing to wait for.
+    pub(super) fn wait_for_mark_on_host(&self, mark: &StreamMark) -> Result<()> {
+        self.bind()?;
+        let marks = self.marks.lock();
+        let Some(Some(event)) = marks.recorded.get(mark.id as usize) else { return Ok(()) };
+        event.synchronize().map_err(|e| Error::Driver {
+            backend: self.name().to_string(),
+            call: "cuEventSynchronize".into(),
+            message: e.to_string(),
+        })
+    }
+
     /// Keeps a given-back mark's event for the next mark.
     pub(super) fn drop_mark(&self, mark: StreamMark) {
         let mut marks = self.marks.lock();

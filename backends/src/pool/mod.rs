@@ -35,6 +35,7 @@ mod free;
 mod io;
 mod paging;
 mod quick;
+mod recorded;
 mod share;
 mod slots;
 mod snapshot;
@@ -48,6 +49,7 @@ mod thread_cache;
 mod trim;
 
 pub use config::{parse_size, CrossStream, Limit, PoolConfig, SegmentMode, Strategy};
+pub use recorded::StreamPool;
 pub use snapshot::{BlockSnapshot, PoolSnapshot, SegmentSnapshot};
 pub use steps::{StepOutcome, StepReport, MAX_STEP_EVENTS, MISSES_TO_DROP, REPEATS_TO_PLAN};
 pub use trim::TrimReport;

@@ -30,6 +30,9 @@ pub struct SegmentSnapshot {
     pub index: u32,
     /// Size in bytes (address space for a virtual reservation).
     pub size: u64,
+    /// Device address of its first byte, where the backend's memory has addresses
+    /// ([`Backend::device_address`]: CUDA, the simulated device).
+    pub address: Option<u64>,
     /// Whether it is a virtual reservation.
     pub virtual_reservation: bool,
     /// Physical bytes behind it (the size for a plain segment; mapped pages for a reservation).
@@ -105,6 +108,7 @@ impl<B: Backend> Pool<B> {
                     },
                     index: id.0,
                     size,
+                    address: self.backend.device_address(&entry.handle),
                     virtual_reservation: entry.mapped.is_some(),
                     physical_bytes: entry.mapped.unwrap_or(size),
                     blocks,

@@ -103,6 +103,13 @@ impl SimBackend {
         Self { virtual_memory: false, whole_blocks: true, ..Self::new(name, capacity) }
     }
 
+    /// The same device with its first segment or reservation at `base` (rounded up to a page) instead of 0, so
+    /// that no block's address is 0 (a null pointer to C callers) and two devices' addresses never meet.
+    pub fn at_address(self, base: u64) -> Self {
+        *self.next_address.lock() = base;
+        self
+    }
+
     /// Holds back the work queued on `stream` from now on, as a long kernel would: marks recorded on it do not
     /// pass until [`SimBackend::finish_stream`].
     pub fn hold_stream(&self, stream: StreamId) {
@@ -334,6 +341,13 @@ impl Backend for SimBackend {
     }
     fn release_mark(&self, mark: StreamMark) {
         self.streams.lock().release(mark);
+    }
+    fn wait_mark(&self, mark: &StreamMark) -> Result<()> {
+        self.streams.lock().wait_on_host(mark);
+        Ok(())
+    }
+    fn device_address(&self, segment: &SimSegment) -> Option<u64> {
+        Some(segment.base)
     }
     fn write(&self, _segment: &SimSegment, _offset: u64, _src: &[u8]) -> Result<()> {
         Err(self.no_bytes("write"))

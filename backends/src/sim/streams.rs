@@ -17,8 +17,9 @@ pub struct SimStreamLog {
     pub waits: Vec<(StreamId, StreamId)>,
     /// Unmaps that waited for their stream (held or not): each a `cuStreamSynchronize` on a GPU.
     pub waited_unmaps: u64,
-    /// Unmaps that waited for a held stream: the host would have blocked until its work ran (the model lets it
-    /// finish).
+    /// Host waits on held work: unmaps that waited for a held stream, and marks waited for on the host
+    /// ([`Backend::wait_mark`](crate::Backend::wait_mark)); the host would have blocked until the work ran (the
+    /// model lets it finish).
     pub host_waits: u64,
     /// Unmaps, without waiting, of pages of a stream whose work was held: on a GPU a kernel still queued there
     /// could fault. Always 0 in a correct pool.
@@ -87,6 +88,16 @@ impl SimStreams {
     pub(super) fn wait(&mut self, stream: StreamId, mark: &StreamMark) {
         let giver = self.get(mark).stream;
         self.log.waits.push((stream, giver));
+    }
+
+    /// The host waits for `mark`: held work on its stream runs (the model lets it finish), counted as a host
+    /// wait.
+    pub(super) fn wait_on_host(&mut self, mark: &StreamMark) {
+        let stream = self.get(mark).stream;
+        if self.is_held(stream) {
+            self.log.host_waits += 1;
+            self.finish(stream);
+        }
     }
 
     pub(super) fn release(&mut self, mark: StreamMark) {

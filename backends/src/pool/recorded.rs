@@ -1,0 +1,365 @@
+//! `StreamPool`: a [`Pool`] with PyTorch's `record_stream` semantics on top of the pool's per-stream arenas, over
+//! any backend that marks its streams ([`Backend::mark_stream`]).
+//!
+//! The pool alone already guarantees that a block freed on stream S is reused at once on S only. A block that
+//! was also used on other streams (marked with [`StreamPool::record_stream`]) must not even go back to S's free
+//! list until the work queued on those streams has passed: its free records one mark on each extra stream and
+//! parks the block in a pending list; the next allocation (or [`StreamPool::process_pending`]) returns the blocks
+//! whose marks have all passed. Out of memory waits for every pending mark, returns those blocks, and retries
+//! once before the pool's own release-and-retry gives up.
+//!
+//! CUDA's pools are `StreamPool<CudaBackend>` (`crate::cuda::CudaPool`); the C ABI runs the same code over a
+//! simulated device, whose streams a test can hold back ([`crate::SimBackend::hold_stream`]).
+
+use super::Pool;
+use crate::{Backend, BlockHandle, Error, Limit, PoolStats, Result, StreamId, StreamMark, TrimReport};
+use parking_lot::{Mutex, MutexGuard};
+use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A block whose free waits for marks on the streams it was used on.
+struct PendingFree {
+    block: BlockHandle,
+    marks: Vec<StreamMark>,
+}
+
+#[derive(Default)]
+struct StreamUses {
+    /// Block key → extra streams the block was used on (besides the one it was allocated on).
+    extra: HashMap<u64, Vec<StreamId>>,
+    /// Freed blocks waiting for their marks, oldest first.
+    pending: Vec<PendingFree>,
+}
+
+/// A stream-safe caching pool of one device and placement. `Send + Sync`; share it with `Arc`.
+///
+/// Lock order: this wrapper's lock, then the pool's; the pool never calls back into the wrapper.
+pub struct StreamPool<B: Backend> {
+    pool: Pool<B>,
+    uses: Mutex<StreamUses>,
+    /// Blocks with recorded streams plus pending frees, published when the lock is let go: while it is 0 (most
+    /// programs never record a stream), allocations and frees skip the lock, which would otherwise serialise
+    /// every thread of the pool.
+    tracked: AtomicUsize,
+}
+
+/// [`StreamPool`]'s lock held; publishes the count of tracked blocks when let go.
+struct UsesGuard<'a> {
+    uses: MutexGuard<'a, StreamUses>,
+    tracked: &'a AtomicUsize,
+}
+
+impl Deref for UsesGuard<'_> {
+    type Target = StreamUses;
+    fn deref(&self) -> &StreamUses {
+        &self.uses
+    }
+}
+
+impl DerefMut for UsesGuard<'_> {
+    fn deref_mut(&mut self) -> &mut StreamUses {
+        &mut self.uses
+    }
+}
+
+impl Drop for UsesGuard<'_> {
+    fn drop(&mut self) {
+        // Release: a thread that sees 0 also sees every return to the pool made under the lock before.
+        self.tracked.store(self.uses.extra.len() + self.uses.pending.len(), Ordering::Release);
+    }
+}
+
+impl<B: Backend> StreamPool<B> {
+    /// Wraps `pool`.
+    pub fn new(pool: Pool<B>) -> Self {
+        Self { pool, uses: Mutex::new(StreamUses::default()), tracked: AtomicUsize::new(0) }
+    }
+
+    /// The wrapped pool, for statistics and byte moves. Freeing through it directly skips the pending-free
+    /// protection of blocks marked with [`StreamPool::record_stream`]: free through [`StreamPool::free`].
+    pub fn pool(&self) -> &Pool<B> {
+        &self.pool
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        self.pool.backend()
+    }
+
+    /// Allocates `bytes` on `stream`, first returning pending frees whose streams have passed them.
+    /// O(pending) + [`Pool::allocate`].
+    pub fn allocate(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
+        self.allocate_with(|p| p.allocate(bytes, stream))
+    }
+
+    /// Like [`StreamPool::allocate`], with the block's bytes set to zero.
+    pub fn allocate_zeroed(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
+        self.allocate_with(|p| p.allocate_zeroed(bytes, stream))
+    }
+
+    /// The lock over recorded streams and pending frees.
+    fn uses(&self) -> UsesGuard<'_> {
+        UsesGuard { uses: self.uses.lock(), tracked: &self.tracked }
+    }
+
+    /// Whether any block has recorded streams or a pending free. A block's `record_stream` happens-before its
+    /// free in any correct program (the same thread, or a hand-over that synchronises), so a free that reads 0
+    /// here cannot miss its own block's recorded streams.
+    #[inline(always)]
+    fn tracks_nothing(&self) -> bool {
+        self.tracked.load(Ordering::Acquire) == 0
+    }
+
+    /// Runs `allocate` on the pool: pending frees whose marks passed go back first; out of memory waits for every
+    /// pending free and tries once more.
+    pub(crate) fn allocate_with<T>(&self, allocate: impl Fn(&Pool<B>) -> Result<T>) -> Result<T> {
+        if self.tracks_nothing() {
+            return match allocate(&self.pool) {
+                Err(e @ Error::OutOfMemory { .. }) => {
+                    // A free may have gone pending since: wait for those, as the locked path does.
+                    let mut uses = self.uses();
+                    if uses.pending.is_empty() {
+                        return Err(e);
+                    }
+                    self.return_completed(&mut uses, true)?;
+                    allocate(&self.pool)
+                }
+                other => other,
+            };
+        }
+        let mut uses = self.uses();
+        self.return_completed(&mut uses, false)?;
+        match allocate(&self.pool) {
+            Err(Error::OutOfMemory { .. }) if !uses.pending.is_empty() => {
+                self.return_completed(&mut uses, true)?;
+                allocate(&self.pool)
+            }
+            other => other,
+        }
+    }
+
+    /// Marks `block` as used on `stream` (PyTorch's `record_stream`): when it is freed, it goes back to the pool
+    /// only after the work queued on `stream` up to the free has completed. Marking the stream the block was
+    /// allocated on is harmless. O(streams of the block).
+    pub fn record_stream(&self, block: &BlockHandle, stream: StreamId) -> Result<()> {
+        if self.pool.segment_of(block).is_none() {
+            return Err(Error::UnknownBlock(format!("{block:?} in pool {}", self.pool.backend().name())));
+        }
+        // Refused now rather than at the free, where the mark would be recorded on it.
+        self.pool.backend().check_stream(stream)?;
+        let mut uses = self.uses();
+        let streams = uses.extra.entry(block.key()).or_default();
+        if !streams.contains(&stream) {
+            streams.push(stream);
+        }
+        Ok(())
+    }
+
+    /// Frees `block`. A block marked with [`StreamPool::record_stream`] is parked until marks recorded now on its
+    /// extra streams pass; any other block goes back to its stream's free list at once.
+    pub fn free(&self, block: &BlockHandle) -> Result<()> {
+        if self.tracks_nothing() {
+            return self.pool.free(block);
+        }
+        let mut uses = self.uses();
+        // Most blocks are used on one stream only: skip the hash lookup when nothing was recorded.
+        if uses.extra.is_empty() {
+            return self.pool.free(block);
+        }
+        // Checked before the recorded streams are taken: a stale handle's key is that of whatever block holds
+        // the slot now, whose recorded streams must stay.
+        if self.pool.segment_of(block).is_none() {
+            return Err(Error::UnknownBlock(format!("{block:?} in pool {}", self.pool.backend().name())));
+        }
+        let Some(streams) = uses.extra.remove(&block.key()) else {
+            return self.pool.free(block);
+        };
+        let backend = self.pool.backend();
+        let mut marks = Vec::with_capacity(streams.len());
+        let mut failure = None;
+        for &stream in &streams {
+            match backend.mark_stream(stream) {
+                Ok(Some(mark)) => marks.push(mark),
+                // A stream with no work behind the host's back: nothing to wait for.
+                Ok(None) => {}
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        if let Some(e) = failure {
+            // Without marks, wait for everything instead: always safe.
+            log::warn!("{}: recording a stream mark failed ({e}); synchronizing instead", backend.name());
+            marks.into_iter().for_each(|m| backend.release_mark(m));
+            backend.settle()?;
+            return self.pool.free(block);
+        }
+        if marks.is_empty() {
+            return self.pool.free(block);
+        }
+        uses.pending.push(PendingFree { block: block.clone(), marks });
+        Ok(())
+    }
+
+    /// Returns the pending frees whose marks have passed to the pool. O(pending). Returns how many went back.
+    pub fn process_pending(&self) -> Result<usize> {
+        let mut uses = self.uses();
+        self.return_completed(&mut uses, false)
+    }
+
+    /// Waits for the marks of every pending free and returns those blocks to the pool.
+    pub fn synchronize_pending(&self) -> Result<usize> {
+        let mut uses = self.uses();
+        self.return_completed(&mut uses, true)
+    }
+
+    /// Blocks freed but still waiting for their streams.
+    pub fn pending_frees(&self) -> usize {
+        self.uses().pending.len()
+    }
+
+    fn return_completed(&self, uses: &mut UsesGuard<'_>, wait: bool) -> Result<usize> {
+        if uses.pending.is_empty() {
+            return Ok(0);
+        }
+        let backend = self.pool.backend();
+        let mut returned = 0;
+        let mut i = 0;
+        while i < uses.pending.len() {
+            let mut done = true;
+            for mark in &uses.pending[i].marks {
+                if wait {
+                    backend.wait_mark(mark)?;
+                } else if !backend.mark_passed(mark) {
+                    done = false;
+                    break;
+                }
+            }
+            if done {
+                let PendingFree { block, marks } = uses.pending.remove(i);
+                marks.into_iter().for_each(|m| backend.release_mark(m));
+                self.pool.free(&block)?;
+                returned += 1;
+            } else {
+                i += 1;
+            }
+        }
+        Ok(returned)
+    }
+
+    /// Returns completed pending frees, then gives every cached byte back to the device.
+    pub fn release_cached(&self) -> TrimReport {
+        if let Err(e) = self.process_pending() {
+            log::warn!("{}: {e}", self.pool.backend().name());
+        }
+        self.pool.release_cached()
+    }
+
+    /// Returns completed pending frees, then frees segments idle for `idle_rounds` cleanup rounds.
+    pub fn cleanup(&self, idle_rounds: u64) -> TrimReport {
+        if let Err(e) = self.process_pending() {
+            log::warn!("{}: {e}", self.pool.backend().name());
+        }
+        self.pool.cleanup(idle_rounds)
+    }
+
+    /// Device address of a live block's first byte, where the backend's memory has one
+    /// ([`Backend::device_address`]); `None` for a backend without device addresses.
+    pub fn device_address(&self, block: &BlockHandle) -> Result<Option<u64>> {
+        let (segment, base) = self
+            .pool
+            .segment_of(block)
+            .ok_or_else(|| Error::UnknownBlock(format!("{block:?} in pool {}", self.pool.backend().name())))?;
+        Ok(self.pool.backend().device_address(&segment).map(|a| a + base))
+    }
+
+    /// Statistics now. O(1).
+    pub fn stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// Caps the pool's reserved bytes (`None` removes the cap).
+    pub fn set_limit(&self, limit: Option<Limit>) -> Result<()> {
+        self.pool.set_limit(limit)
+    }
+}
+
+impl<B: Backend> Drop for StreamPool<B> {
+    fn drop(&mut self) {
+        // Pending blocks' streams may still use them: wait, then let the pool release everything.
+        if let Err(e) = self.synchronize_pending() {
+            log::error!("{}: {e}", self.pool.backend().name());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{PoolConfig, SimBackend};
+
+    const MIB: u64 = 1 << 20;
+
+    fn sim_pool() -> StreamPool<SimBackend> {
+        StreamPool::new(Pool::new(SimBackend::new("sim", 64 * MIB), PoolConfig::default()).unwrap())
+    }
+
+    /// A block used on a second stream that is still busy is not reused until that stream passes the free.
+    #[test]
+    fn a_recorded_stream_holds_the_block_until_its_work_passes() {
+        let pool = sim_pool();
+        let (s1, s2) = (StreamId(1), StreamId(2));
+        let a = pool.allocate(MIB, s1).unwrap();
+        let address = pool.device_address(&a).unwrap().unwrap();
+        pool.record_stream(&a, s2).unwrap();
+        pool.backend().hold_stream(s2);
+        pool.free(&a).unwrap();
+        assert_eq!(pool.pending_frees(), 1);
+        let b = pool.allocate(MIB, s1).unwrap();
+        assert_ne!(pool.device_address(&b).unwrap().unwrap(), address, "reused while s2 may still use it");
+        assert_eq!(pool.pending_frees(), 1);
+        pool.backend().finish_stream(s2);
+        assert_eq!(pool.process_pending().unwrap(), 1);
+        let c = pool.allocate(MIB, s1).unwrap();
+        assert_eq!(pool.device_address(&c).unwrap().unwrap(), address, "reused once s2 passed");
+        assert_eq!(pool.backend().stream_log().marks_live, 0, "every mark given back");
+        for block in [b, c] {
+            pool.free(&block).unwrap();
+        }
+        assert_eq!(pool.stats().allocated_bytes.current, 0);
+    }
+
+    /// Out of memory waits for the pending frees (a host wait on the held stream) and retries.
+    #[test]
+    fn out_of_memory_waits_for_pending_frees() {
+        let pool = StreamPool::new(Pool::new(SimBackend::plain("sim", 8 * MIB), PoolConfig::default()).unwrap());
+        let (s1, s2) = (StreamId(1), StreamId(2));
+        let a = pool.allocate(6 * MIB, s1).unwrap();
+        pool.record_stream(&a, s2).unwrap();
+        pool.backend().hold_stream(s2);
+        pool.free(&a).unwrap();
+        let b = pool.allocate(6 * MIB, s1).expect("served after waiting for s2");
+        assert_eq!(pool.pending_frees(), 0);
+        assert_eq!(pool.backend().stream_log().host_waits, 1);
+        pool.free(&b).unwrap();
+    }
+
+    /// Refusals of a stale handle; a block recorded on its own stream goes back once that stream passes.
+    #[test]
+    fn stale_handles_are_refused_and_the_own_stream_is_free() {
+        let pool = sim_pool();
+        let a = pool.allocate(MIB, StreamId(1)).unwrap();
+        pool.record_stream(&a, StreamId(1)).unwrap();
+        pool.free(&a).unwrap();
+        assert_eq!(pool.process_pending().unwrap(), 1, "its own stream passed");
+        assert_eq!(pool.pending_frees(), 0);
+        let err = pool.record_stream(&a, StreamId(2)).unwrap_err();
+        assert!(matches!(err, Error::UnknownBlock(_)), "{err}");
+        let err = pool.free(&a).unwrap_err();
+        assert!(matches!(err, Error::UnknownBlock(_)), "{err}");
+        let err = pool.device_address(&a).unwrap_err();
+        assert!(matches!(err, Error::UnknownBlock(_)), "{err}");
+    }
+}

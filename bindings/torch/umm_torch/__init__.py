@@ -1,0 +1,424 @@
+"""umm as PyTorch's CUDA allocator, in one call.
+
+    import umm_torch
+    umm_torch.enable()                  # before anything allocates CUDA memory
+    ...train...
+    print(umm_torch.memory_summary())   # umm's statistics as torch.cuda.memory_summary() shows them
+
+    with umm_torch.pool():              # or: only a block of code, in a program that already uses CUDA
+        ...
+
+enable() loads libumm_capi.so (shipped in this package's wheel; in a checkout, built with `cargo build --release
+-p umm-capi`) through torch.cuda.memory.CUDAPluggableAllocator and makes it the current allocator. PyTorch's own
+statistics functions (torch.cuda.memory_stats, max_memory_reserved, ...) raise under a pluggable allocator, and
+torch.cuda.empty_cache() does nothing there: use the functions of this module instead. They fall back to
+torch.cuda's when umm is not enabled, so code can call them either way.
+
+Without a GPU, UMM_CAPI_SIM=16GiB (or 2x16GiB) gives the library simulated devices: addresses and statistics as on
+a GPU, no bytes behind them. Tests of programs that drive the library use it.
+"""
+
+import contextlib
+import ctypes
+import json
+import os
+import threading
+import warnings
+
+_LIB_NAME = "libumm_capi.so"
+_lib = None
+_lib_path = None
+
+
+def _candidates():
+    env = os.environ.get("UMM_CAPI_LIB")
+    if env:
+        yield env
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(here)))  # umm_torch/ -> torch/ -> bindings/ -> root
+    yield os.path.join(here, _LIB_NAME)  # the wheel's copy
+    for target in (os.environ.get("CARGO_TARGET_DIR"), os.path.join(root, "target")):
+        if target:
+            yield os.path.join(target, "release", _LIB_NAME)
+    yield os.path.join(root, ".device", "capi", _LIB_NAME)
+
+
+def find_library():
+    """Path of libumm_capi.so: $UMM_CAPI_LIB, the one in this package (a wheel), or the workspace's
+    target/release (a checkout)."""
+    for path in _candidates():
+        if os.path.isfile(path):
+            return os.path.abspath(path)
+    raise FileNotFoundError(
+        f"{_LIB_NAME} not found; build it with `cargo build --release -p umm-capi` or set UMM_CAPI_LIB"
+    )
+
+
+def load(path=None):
+    """Loads the library with ctypes (no PyTorch needed) and declares its functions. Returns the CDLL."""
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    path = path or find_library()
+    lib = ctypes.CDLL(path)
+    lib.umm_alloc.restype = ctypes.c_void_p
+    lib.umm_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    lib.umm_free.restype = None
+    lib.umm_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    lib.umm_last_error.restype = ctypes.c_char_p
+    lib.umm_last_error.argtypes = []
+    lib.umm_clear_error.restype = None
+    lib.umm_device_count.restype = ctypes.c_int
+    lib.umm_stats_json.restype = ctypes.c_void_p  # freed with umm_string_free, so not c_char_p
+    lib.umm_stats_json.argtypes = [ctypes.c_int]
+    lib.umm_string_free.restype = None
+    lib.umm_string_free.argtypes = [ctypes.c_void_p]
+    lib.umm_empty_cache.restype = ctypes.c_int64
+    lib.umm_empty_cache.argtypes = [ctypes.c_int]
+    lib.umm_set_limit.restype = ctypes.c_int
+    lib.umm_set_limit.argtypes = [ctypes.c_int, ctypes.c_uint64]
+    lib.umm_reset_peaks.restype = ctypes.c_int
+    lib.umm_reset_peaks.argtypes = [ctypes.c_int]
+    lib.umm_mark_step.restype = ctypes.c_int
+    lib.umm_mark_step.argtypes = [ctypes.c_int]
+    lib.umm_snapshot_json.restype = ctypes.c_void_p
+    lib.umm_snapshot_json.argtypes = [ctypes.c_int]
+    lib.umm_record_history.restype = ctypes.c_int
+    lib.umm_record_history.argtypes = [ctypes.c_int64]
+    lib.umm_trace_flush.restype = ctypes.c_int
+    lib.umm_trace_flush.argtypes = []
+    _lib, _lib_path = lib, path
+    return lib
+
+
+def enable(path=None):
+    """Makes umm PyTorch's CUDA allocator. Call before the first CUDA allocation of the process (PyTorch
+    refuses to swap an allocator that has been used). Returns the library path.
+
+    An allocation umm cannot serve raises torch.OutOfMemoryError with umm's figures (reserved, allocated, largest
+    free block, limit) through a small C++ adapter compiled against the installed PyTorch on first use and cached
+    (~/.cache/umm_torch; UMM_TORCH_ADAPTER=off skips it). Without a C++ compiler PyTorch's pluggable allocator
+    receives a null pointer it does not check, so enable() then warns; umm_torch.pool() needs no adapter."""
+    import torch
+
+    allocator = _pluggable_allocator(path)
+    torch.cuda.memory.change_current_allocator(allocator)
+    global _enabled
+    _enabled = True
+    return _lib_path
+
+
+_enabled = False
+_allocator = None
+_allocator_lock = threading.Lock()
+
+
+def _pluggable_allocator(path=None):
+    """One CUDAPluggableAllocator over umm for the process (enable() and pool() share it)."""
+    global _allocator
+    import torch
+
+    with _allocator_lock:
+        if _allocator is None:
+            load(path)
+            from . import _adapter
+
+            adapter = _adapter.build(_lib_path)
+            if adapter is None:
+                _allocator = torch.cuda.memory.CUDAPluggableAllocator(_lib_path, "umm_alloc", "umm_free")
+            else:
+                _allocator = torch.cuda.memory.CUDAPluggableAllocator(adapter, "umm_torch_alloc", "umm_free")
+        return _allocator
+
+
+_pools = {}
+
+
+@contextlib.contextmanager
+def pool(device=None):
+    """Serves the CUDA allocations of a block of code from umm, in a program that already uses PyTorch's
+    allocator: `with umm_torch.pool(): ...`. Works through torch.cuda.MemPool and torch.cuda.use_mem_pool (PyTorch
+    2.5 and later): PyTorch keeps its caching on top, and asks umm for its segments; one MemPool per device is
+    reused by every block. As use_mem_pool does, it routes the allocations made by this thread (not those of
+    autograd's backward threads). An out-of-memory inside raises torch.OutOfMemoryError with umm's figures
+    appended. Yields the MemPool."""
+    import torch
+
+    index = _device_index(device)
+    with _allocator_lock:
+        mem_pool = _pools.get(index)
+    if mem_pool is None:
+        allocator = _pluggable_allocator()
+        mem_pool = torch.cuda.MemPool(allocator.allocator())
+        with _allocator_lock:
+            mem_pool = _pools.setdefault(index, mem_pool)
+    try:
+        with torch.cuda.use_mem_pool(mem_pool, device=index):
+            yield mem_pool
+    except torch.OutOfMemoryError as oom:
+        detail = last_error()
+        if detail and "out of memory" in detail:
+            raise torch.OutOfMemoryError(f"{oom}\n{detail}") from oom
+        raise
+
+
+def pools():
+    """The MemPools pool() made, by device index."""
+    return dict(_pools)
+
+
+def last_error():
+    """The calling thread's last umm error message, or None."""
+    msg = load().umm_last_error()
+    return msg.decode() if msg else None
+
+
+def _device_index(device):
+    if device is None:
+        try:
+            import torch
+
+            return torch.cuda.current_device() if torch.cuda.is_available() else 0
+        except ImportError:  # the library alone (simulated devices, C ABI tests)
+            return 0
+    if isinstance(device, int):
+        return device
+    index = getattr(device, "index", None)  # torch.device
+    return 0 if index is None else index
+
+
+def umm_stats(device=None):
+    """umm's own statistics of one device, as umm_stats_json returns them (a dict)."""
+    lib = load()
+    p = lib.umm_stats_json(_device_index(device))
+    if not p:
+        raise RuntimeError(last_error() or "umm_stats_json failed")
+    try:
+        return json.loads(ctypes.string_at(p).decode())
+    finally:
+        lib.umm_string_free(p)
+
+
+# torch.cuda.memory_stats() keys umm fills, from its own statistics: (torch key, umm key, part).
+_FILLED = [
+    (f"{key}.all.{part}", key, part)
+    for key in ("allocated_bytes", "requested_bytes", "reserved_bytes", "active_bytes", "inactive_split_bytes")
+    for part in ("current", "peak")
+] + [
+    ("allocation.all.current", "active_blocks", "current"),
+    ("allocation.all.peak", "active_blocks", "peak"),
+    ("allocation.all.allocated", "num_allocs", None),
+    ("allocation.all.freed", "num_frees", None),
+    ("active.all.current", "active_blocks", "current"),
+    ("active.all.peak", "active_blocks", "peak"),
+    ("active.all.allocated", "num_allocs", None),
+    ("active.all.freed", "num_frees", None),
+    ("segment.all.current", "segments", "current"),
+    ("segment.all.peak", "segments", "peak"),
+    ("segment.all.allocated", "num_device_alloc", None),
+    ("segment.all.freed", "num_device_free", None),
+    ("num_alloc_retries", "num_alloc_retries", None),
+    ("num_ooms", "num_ooms", None),
+    ("num_device_alloc", "num_device_alloc", None),
+    ("num_device_free", "num_device_free", None),
+]
+
+
+def _absent_keys():
+    keys = []
+    for stat in ("allocation", "segment", "active", "inactive_split", "allocated_bytes", "reserved_bytes",
+                 "active_bytes", "inactive_split_bytes", "requested_bytes", "oversize_allocations",
+                 "oversize_segments"):
+        pools = ("all", "large_pool", "small_pool") if not stat.startswith("oversize") else (None,)
+        for pool_name in pools:
+            for part in ("current", "peak", "allocated", "freed"):
+                key = f"{stat}.{pool_name}.{part}" if pool_name else f"{stat}.{part}"
+                keys.append(key)
+    keys += ["num_sync_all_streams", "max_split_size"]
+    filled = {k for k, _, _ in _FILLED}
+    return sorted(k for k in keys if k not in filled)
+
+
+ABSENT_KEYS = tuple(_absent_keys())
+"""Keys of torch.cuda.memory_stats() that umm does not fill: the large/small pool split (umm's pools split by
+size class differently), cumulative byte totals, inactive-split counts, oversize counts, num_sync_all_streams
+and max_split_size (umm has no such setting)."""
+
+
+def memory_stats(device=None):
+    """umm's statistics under the key names of torch.cuda.memory_stats() ("reserved_bytes.all.peak", ...),
+    sorted as PyTorch sorts them, or torch.cuda.memory_stats() itself when umm is not the allocator. Keys umm
+    cannot fill are left out (listed in ABSENT_KEYS); umm's own figures follow under "umm." keys."""
+    if not enabled() and not _simulated():
+        import torch
+
+        return torch.cuda.memory_stats(device)
+    return _memory_stats_from(umm_stats(device))
+
+
+def _memory_stats_from(s):
+    out = {}
+    for key, umm_key, part in _FILLED:
+        out[key] = s[umm_key][part] if part else s[umm_key]
+    for key in ("cache_hits", "cache_misses", "hit_rate", "limit_bytes", "virtual_memory", "num_steps_planned",
+                "num_stitches", "fragmentation_ratio", "pending_frees", "live_pointers"):
+        if key in s:
+            out[f"umm.{key}"] = s[key]
+    return dict(sorted(out.items()))
+
+
+def _simulated():
+    """Whether the library runs on simulated devices (UMM_CAPI_SIM): its figures stand without PyTorch."""
+    return bool(os.environ.get("UMM_CAPI_SIM"))
+
+
+def memory_summary(device=None, abbreviated=False):
+    """A table of umm's memory in the layout of torch.cuda.memory_summary(): current and peak usage, totals
+    allocated and freed where umm counts them ("n/a" where it does not)."""
+    if not enabled() and not _simulated():
+        import torch
+
+        return torch.cuda.memory_summary(device, abbreviated)
+    s = umm_stats(device)
+    return _summary_from(s, _device_index(device))
+
+
+def _fmt_bytes(n):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024.0
+
+
+def _summary_from(s, device):
+    width = 75
+    rule = "|" + "=" * (width - 2) + "|"
+    line = "|" + "-" * (width - 2) + "|"
+
+    def row(name, cur, peak, alloc="n/a", freed="n/a"):
+        return f"| {name:<24}| {cur:>10} | {peak:>10} | {alloc:>10} | {freed:>10} |"
+
+    out = [rule, f"| {'umm memory summary, device ID ' + str(device):<{width - 4}} |", line,
+           f"| {s.get('device_name', ''):<{width - 4}} |", rule,
+           row("Metric", "Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed"), line]
+    for name, key in (("Allocated memory", "allocated_bytes"), ("Active memory", "active_bytes"),
+                      ("Requested memory", "requested_bytes"), ("GPU reserved memory", "reserved_bytes"),
+                      ("Non-releasable memory", "inactive_split_bytes")):
+        out.append(row(name, _fmt_bytes(s[key]["current"]), _fmt_bytes(s[key]["peak"])))
+    out.append(line)
+    out.append(row("Allocations", s["active_blocks"]["current"], s["active_blocks"]["peak"], s["num_allocs"],
+                   s["num_frees"]))
+    out.append(row("GPU reserved segments", s["segments"]["current"], s["segments"]["peak"], s["num_device_alloc"],
+                   s["num_device_free"]))
+    out.append(line)
+    limit = s.get("limit_bytes")
+    out.append(f"| {'Cache hits / misses':<24}| {s['cache_hits']:>10} | {s['cache_misses']:>10} |{'':>25}|")
+    out.append(f"| {'OOMs / alloc retries':<24}| {s['num_ooms']:>10} | {s['num_alloc_retries']:>10} |{'':>25}|")
+    out.append(f"| {'Limit':<24}| {(_fmt_bytes(limit) if limit else 'none'):>10} |{'':>38}|")
+    out.append(rule)
+    return "\n".join(out) + "\n"
+
+
+def record_memory_history(enabled="all", max_entries=100000):
+    """Starts (or, with enabled=None, stops) recording umm's allocation events for snapshot()'s device_traces,
+    as torch.cuda.memory._record_memory_history does. A new start drops the events recorded before; a stop
+    keeps them."""
+    entries = 0 if enabled is None else int(max_entries)
+    if load().umm_record_history(entries) != 0:
+        raise RuntimeError(last_error())
+
+
+def snapshot(device=None):
+    """umm's memory in the shape of torch.cuda.memory._snapshot(): a dict with "segments" (each with its
+    "blocks") and "device_traces" (see record_memory_history), which torch.cuda._memory_viz and
+    pytorch.org/memory_viz draw. device=None: every device, as PyTorch's snapshot has them."""
+    lib = load()
+    p = lib.umm_snapshot_json(-1 if device is None else _device_index(device))
+    if not p:
+        raise RuntimeError(last_error() or "umm_snapshot_json failed")
+    try:
+        return json.loads(ctypes.string_at(p).decode())
+    finally:
+        lib.umm_string_free(p)
+
+
+def dump_snapshot(filename="dump_snapshot.pickle", device=None):
+    """Writes snapshot() as a pickle, as torch.cuda.memory._dump_snapshot does, for pytorch.org/memory_viz."""
+    import pickle
+
+    with open(filename, "wb") as f:
+        pickle.dump(snapshot(device), f)
+
+
+def _stat(key, part, torch_fn, device):
+    if not enabled() and not _simulated():
+        import torch
+
+        return getattr(torch.cuda, torch_fn)(device)
+    return umm_stats(device)[key][part]
+
+
+def memory_allocated(device=None):
+    return _stat("allocated_bytes", "current", "memory_allocated", device)
+
+
+def max_memory_allocated(device=None):
+    return _stat("allocated_bytes", "peak", "max_memory_allocated", device)
+
+
+def memory_reserved(device=None):
+    return _stat("reserved_bytes", "current", "memory_reserved", device)
+
+
+def max_memory_reserved(device=None):
+    return _stat("reserved_bytes", "peak", "max_memory_reserved", device)
+
+
+def reset_peak_memory_stats(device=None):
+    if not enabled() and not _simulated():
+        import torch
+
+        return torch.cuda.reset_peak_memory_stats(device)
+    if load().umm_reset_peaks(-1 if device is None else _device_index(device)) != 0:
+        raise RuntimeError(last_error())
+
+
+def step(device=None):
+    """Marks the end of a training or inference step (call it at the same point of every step, e.g. after
+    optimizer.step()). Once two steps in a row allocate alike, umm serves the tensors that live within a step from
+    one planned segment of the step's peak size. Does nothing under PyTorch's own allocator."""
+    if not enabled():
+        return
+    if load().umm_mark_step(-1 if device is None else _device_index(device)) != 0:
+        raise RuntimeError(last_error())
+
+
+def empty_cache(device=None):
+    """Gives umm's cached memory back to the driver (torch.cuda.empty_cache() does nothing under a pluggable
+    allocator). Returns the bytes released (None under PyTorch's allocator)."""
+    in_pool = bool(_pools)
+    if in_pool or (not enabled() and not _simulated()):
+        import torch
+
+        torch.cuda.empty_cache()  # PyTorch's cache, and the segments of pool()'s MemPools that it releases
+        if not in_pool:
+            return None
+    released = load().umm_empty_cache(-1 if device is None else _device_index(device))
+    if released < 0:
+        raise RuntimeError(last_error())
+    return released
+
+
+def set_limit(nbytes, device=None):
+    """Caps the bytes umm reserves (0 removes the cap); past it, allocations fail like an out-of-memory."""
+    if load().umm_set_limit(-1 if device is None else _device_index(device), int(nbytes)) != 0:
+        raise RuntimeError(last_error())
+
+
+def trace_flush():
+    """Writes the allocations umm recorded for UMM_TRACE so far to the trace file, which then holds a complete
+    trace up to now. umm also writes them out every 16,384 ops, in empty_cache() and when Python exits normally;
+    call this before os._exit() or to read the trace while the program runs. Does nothing without UMM_TRACE."""
+    lib = load()
+    if lib.umm_trace_flush() != 0:
+        raise RuntimeError(last_error() or "umm_trace_flush failed")

@@ -1,0 +1,78 @@
+//! What the C ABI needs of one device's pool, over CUDA or over a simulated device: both are the backends'
+//! stream-safe pool ([`StreamPool`]), so the rules for blocks used on several streams are the same code.
+//!
+//! The simulated devices (`UMM_CAPI_SIM`) let programs and tests that drive the C ABI, such as the Python
+//! package's, run on a machine without a GPU: addresses are handed out and books kept exactly as on a GPU, but no
+//! byte exists behind them.
+
+use umm_backends::pool::StreamPool;
+use umm_backends::{Backend, BlockHandle, Limit, PoolSnapshot, PoolStats, Result, StreamId, TrimReport};
+
+/// One device's pool as the registry uses it.
+pub(crate) trait DevicePool: Send + Sync {
+    fn allocate(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle>;
+    fn free(&self, block: &BlockHandle) -> Result<()>;
+    fn record_stream(&self, block: &BlockHandle, stream: StreamId) -> Result<()>;
+    /// The block's device address (never 0 for a live block).
+    fn address(&self, block: &BlockHandle) -> Result<u64>;
+    fn stats(&self) -> PoolStats;
+    /// Reserved bytes: one atomic load, no lock.
+    fn reserved_bytes(&self) -> u64;
+    fn snapshot(&self) -> PoolSnapshot;
+    fn pending_frees(&self) -> usize;
+    fn release_cached(&self) -> TrimReport;
+    fn set_limit(&self, limit: Option<Limit>) -> Result<()>;
+    fn reset_peaks(&self);
+    fn mark_step(&self);
+    fn uses_virtual_memory(&self) -> bool;
+    /// Free memory the device reports.
+    fn device_free(&self) -> u64;
+}
+
+impl<B: Backend> DevicePool for StreamPool<B> {
+    fn allocate(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
+        StreamPool::allocate(self, bytes, stream)
+    }
+    fn free(&self, block: &BlockHandle) -> Result<()> {
+        StreamPool::free(self, block)
+    }
+    fn record_stream(&self, block: &BlockHandle, stream: StreamId) -> Result<()> {
+        StreamPool::record_stream(self, block, stream)
+    }
+    fn address(&self, block: &BlockHandle) -> Result<u64> {
+        self.device_address(block)?.ok_or_else(|| umm_backends::Error::Unsupported {
+            backend: self.backend().name().to_string(),
+            what: "device addresses (this memory is reached through handles)".into(),
+        })
+    }
+    fn stats(&self) -> PoolStats {
+        StreamPool::stats(self)
+    }
+    fn reserved_bytes(&self) -> u64 {
+        self.pool().reserved_bytes()
+    }
+    fn snapshot(&self) -> PoolSnapshot {
+        self.pool().snapshot()
+    }
+    fn pending_frees(&self) -> usize {
+        StreamPool::pending_frees(self)
+    }
+    fn release_cached(&self) -> TrimReport {
+        StreamPool::release_cached(self)
+    }
+    fn set_limit(&self, limit: Option<Limit>) -> Result<()> {
+        StreamPool::set_limit(self, limit)
+    }
+    fn reset_peaks(&self) {
+        self.pool().reset_peaks()
+    }
+    fn mark_step(&self) {
+        self.pool().mark_step();
+    }
+    fn uses_virtual_memory(&self) -> bool {
+        self.pool().uses_virtual_memory()
+    }
+    fn device_free(&self) -> u64 {
+        self.backend().free_memory()
+    }
+}
