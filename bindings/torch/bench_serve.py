@@ -18,6 +18,9 @@ pytorch, ...):
               --umm-variants adds umm runs with other settings (';'-separated runs of ','-separated KEY=VAL,
               over --umm-env). UMM_TRACE replaces {pid} with the process id, so that runs do not overwrite each
               other's trace.
+  umm-pool    umm through `with umm_torch.pool():` in a process that used CUDA before, entered by the main thread
+              (model load, generation) and by every server thread (use_mem_pool routes one thread's allocations);
+              PyTorch's caching allocator on top asks umm for its segments, and its statistics are the ones read
 PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF are removed from every worker's environment otherwise.
 
 Workloads:
@@ -51,6 +54,7 @@ bench_serve_results.json) gets every run's raw result.
 """
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -67,7 +71,9 @@ sys.path.insert(0, HERE)
 from bench_train import ALLOC_CONF_VARS, EXPANDABLE_ENV, expandable_segments_on  # noqa: E402 - the file beside
 
 WORKS = ("serve", "generate")
-ALLOCS = ("pytorch", "expandable", "umm")
+ALLOCS = ("pytorch", "expandable", "umm", "umm-pool")
+# What every thread that allocates enters: nothing, or umm_torch.pool() for umm-pool.
+REGION = contextlib.nullcontext
 
 # Request shapes, inclusive ranges.
 SERVE_BATCH, SERVE_SEQ = (1, 32), (16, 512)
@@ -183,7 +189,7 @@ def serve_thread(t, requests, models, torch, dev, gate, out):
         torch.cuda.set_device(dev)  # the current device is per thread
         stream = torch.cuda.Stream(device=dev)  # created here, on this thread's device
         sums, latencies = {}, []
-        with torch.cuda.stream(stream):  # the current stream is per thread too
+        with REGION(), torch.cuda.stream(stream):  # the current stream is per thread too
             sums[f"{t}/w"] = serve_request(requests[0], models, torch, dev)
             gate.wait()  # every thread's warm-up is done
             gate.wait()  # the peaks are reset: go
@@ -318,13 +324,21 @@ def worker(args):
 
     import torch
 
+    global REGION
     umm = None
+    umm_torch = None
+    if args.alloc in ("umm", "umm-pool"):
+        try:
+            import umm_torch  # the installed package (a wheel)
+        except ImportError:
+            sys.path.insert(0, HERE)
+            import umm_torch
     if args.alloc == "umm":
-        sys.path.insert(0, HERE)
-        import umm_torch
-
         umm_torch.enable()  # before any CUDA allocation: PyTorch refuses to swap an allocator that has been used
         umm = umm_torch
+    elif args.alloc == "umm-pool":
+        torch.zeros(1, device="cuda")  # CUDA in use before umm: pool() serves part of a running program
+        REGION = lambda: umm_torch.pool(0)  # noqa: E731
     seen_warnings = []
     warnings.simplefilter("always")
     warnings.showwarning = lambda msg, *a, **k: seen_warnings.append(str(msg)[:200])
@@ -337,7 +351,13 @@ def worker(args):
     mem = Memory(torch, umm)
 
     result = {"work": args.work, "alloc": args.alloc}
-    result.update(run_serve(args, torch, dev, mem) if args.work == "serve" else run_generate(args, torch, dev, mem))
+    with REGION():
+        result.update(run_serve(args, torch, dev, mem) if args.work == "serve" else run_generate(args, torch, dev, mem))
+    if umm_torch is not None:
+        result.update(umm_torch_file=umm_torch.__file__, umm_library=umm_torch.find_library())
+    if args.alloc == "umm-pool":
+        s = umm_torch.umm_stats(0)
+        result.update(umm_peak_reserved=s["reserved_bytes"]["peak"], umm_allocs=s["num_allocs"])
 
     phases = result["phases"]
     # Whole run after model load = the larger of the warm-up phase and the steady phase (peaks reset in between).

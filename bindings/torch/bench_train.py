@@ -10,6 +10,9 @@ Allocators (--allocs, default all three):
   expandable  the same with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, set in that worker's environment
               only, so it is there before torch initialises CUDA (the worker checks that it took)
   umm         umm through umm_torch.enable()
+  umm-pool    umm through `with umm_torch.pool():` around model, data and steps, in a process that used CUDA
+              before (PyTorch's caching allocator on top asks umm for its segments; backward runs on autograd's
+              threads, which use_mem_pool does not route, so their allocations stay with PyTorch's allocator)
 PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF are removed from every worker's environment otherwise, so that
 "pytorch" means PyTorch's defaults whatever the calling shell sets.
 
@@ -45,7 +48,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKS = ("gpt2", "resnet", "bert", "alloc")
-ALLOCS = ("pytorch", "expandable", "umm")
+ALLOCS = ("pytorch", "expandable", "umm", "umm-pool")
 # PyTorch's allocator settings (PYTORCH_ALLOC_CONF is the newer name): dropped from every worker's environment, then
 # set for the expandable worker alone. PYTORCH_CUDA_ALLOC_CONF is the name that torch 2.9 still honours for
 # expandable_segments where the newer one was ignored (pytorch/pytorch#183387); newer versions warn that it is
@@ -70,16 +73,36 @@ def expandable_segments_on(torch):
     return None
 
 
+def import_umm_torch():
+    """The installed umm_torch (a wheel), else the checkout's package next to this script."""
+    try:
+        import umm_torch
+    except ImportError:
+        sys.path.insert(0, HERE)
+        import umm_torch
+    return umm_torch
+
+
 def worker(args):
+    import contextlib
     import warnings
 
     import torch
 
+    region = contextlib.ExitStack()
+    umm_torch = None
     if args.alloc == "umm":
-        sys.path.insert(0, HERE)
-        import umm_torch
-
+        umm_torch = import_umm_torch()
         umm_torch.enable()
+    elif args.alloc == "umm-pool":
+        umm_torch = import_umm_torch()
+        torch.zeros(1, device="cuda")  # CUDA in use before umm: pool() serves part of a running program
+        region.enter_context(umm_torch.pool(0))
+    if args.record_snapshot:
+        if args.alloc == "umm":
+            umm_torch.record_memory_history(max_entries=2_000_000)
+        else:
+            torch.cuda.memory._record_memory_history(max_entries=2_000_000)
     seen_warnings = []
     warnings.simplefilter("always")
     warnings.showwarning = lambda msg, *a, **k: seen_warnings.append(str(msg)[:200])
@@ -168,7 +191,7 @@ def worker(args):
         extra["ops_per_step"] = 2 * iters
 
     def peaks():
-        if args.alloc == "umm":
+        if args.alloc == "umm":  # under pool() PyTorch's figures hold umm's segments too
             st = umm_torch.umm_stats(0)
             return st["reserved_bytes"]["peak"], st["allocated_bytes"]["peak"]
         return torch.cuda.max_memory_reserved(0), torch.cuda.max_memory_allocated(0)
@@ -221,6 +244,14 @@ def worker(args):
         peak_reserved=max(whole[0], steady[0]),
         peak_allocated=max(whole[1], steady[1]),
     )
+    region.close()
+    if umm_torch is not None:
+        result.update(umm_torch_file=umm_torch.__file__, umm_library=umm_torch.find_library())
+    if args.alloc == "umm-pool":
+        s = umm_torch.umm_stats(0)
+        result.update(umm_peak_reserved=s["reserved_bytes"]["peak"], umm_device_allocs=s["num_device_alloc"])
+    if args.record_snapshot:
+        record_snapshot(args, torch, umm_torch, result)
     if args.alloc == "umm":
         s = umm_torch.umm_stats(0)
         result.update(
@@ -252,6 +283,40 @@ def worker(args):
         json.dump(result, f)
 
 
+def record_snapshot(args, torch, umm_torch, result):
+    """Writes the run's memory snapshot (PyTorch's, or umm's in PyTorch's shape) as a pickle, and for umm renders
+    it with torch.cuda._memory_viz, recording what was drawn and the snapshot's totals."""
+    import pickle
+
+    path = os.path.join(args.record_snapshot, f"snapshot_{args.work}_{args.alloc}.pickle")
+    if args.alloc == "umm":
+        snap = umm_torch.snapshot(0)
+        with open(path, "wb") as f:
+            pickle.dump(snap, f)
+        from torch.cuda import _memory_viz
+
+        drawn = {}
+        for name, draw in (("segments", _memory_viz.segment_plot), ("trace", _memory_viz.trace_plot),
+                           ("segsum", _memory_viz.segsum)):
+            out = draw(snap)
+            with open(path.replace(".pickle", f"_{name}.html" if name != "segsum" else "_segsum.txt"), "w") as f:
+                f.write(out)
+            drawn[name] = len(out)
+        st = umm_torch.memory_stats(0)
+        result.update(
+            snapshot_drawn=drawn,
+            snapshot_reserved=sum(s["total_size"] for s in snap["segments"]),
+            snapshot_allocated=sum(s["allocated_size"] for s in snap["segments"]),
+            stats_reserved=st["reserved_bytes.all.current"],
+            stats_allocated=st["allocated_bytes.all.current"],
+            snapshot_events=sum(len(t) for t in snap["device_traces"]),
+        )
+    else:
+        torch.cuda.memory._dump_snapshot(path)
+        torch.cuda.memory._record_memory_history(enabled=None)
+    result["snapshot"] = path
+
+
 def gib(b):
     return f"{b / 2**30:.3f}"
 
@@ -275,6 +340,8 @@ def driver(args):
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--work", work, "--alloc", alloc,
                    "--steps", str(args.steps), "--bert-batches", str(args.bert_batches), "--warmup",
                    str(args.warmup), "--attn", args.attn, "--mark-steps", str(args.mark_steps), "--out", out]
+            if args.record_snapshot:
+                cmd += ["--record-snapshot", args.record_snapshot]
             t0 = time.time()
             p = subprocess.run(cmd, env=run_env, capture_output=True, text=True)
             if p.returncode != 0:
@@ -363,6 +430,9 @@ def main():
                          "served from a plan; compare with --umm-variants UMM_PLAN_STEPS=off")
     ap.add_argument("--umm-variants", default="", help="';'-separated settings, e.g. 'UMM_HUGE_MIN=0;UMM_SEGMENT_MODE=plain'")
     ap.add_argument("--repeats", type=int, default=1, help="runs per allocator, order alternating")
+    ap.add_argument("--record-snapshot", metavar="DIR",
+                    help="write each run's memory snapshot to DIR (PyTorch's _dump_snapshot; umm's snapshot(), "
+                         "also drawn with torch.cuda._memory_viz)")
     ap.add_argument("--out")
     ap.add_argument("--outdir")
     args = ap.parse_args()

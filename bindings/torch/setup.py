@@ -6,6 +6,7 @@ import os
 
 from setuptools import setup
 from setuptools_rust import Binding, RustExtension
+from setuptools_rust.build import build_rust
 
 try:
     from setuptools.command.bdist_wheel import bdist_wheel
@@ -23,6 +24,15 @@ class PlatformWheel(bdist_wheel):
         return "py3", "none", platform
 
 
+class PlainLibraryName(build_rust):
+    """Names the library libumm_capi.so, as umm_torch looks for it, rather than with CPython's extension suffix
+    (it is a C library loaded with ctypes, the same for every Python)."""
+
+    def get_dylib_ext_path(self, ext, target_fname):
+        path = super().get_dylib_ext_path(ext, target_fname)
+        return os.path.join(os.path.dirname(path), "libumm_capi.so")
+
+
 setup(
     rust_extensions=[
         RustExtension(
@@ -32,6 +42,6 @@ setup(
             debug=False,
         )
     ],
-    cmdclass={"bdist_wheel": PlatformWheel},
+    cmdclass={"bdist_wheel": PlatformWheel, "build_rust": PlainLibraryName},
     zip_safe=False,
 )

@@ -167,6 +167,20 @@ def pools():
     return dict(_pools)
 
 
+def enabled():
+    """Whether enable() made umm the allocator of this process."""
+    return _enabled and _allocator_is_pluggable()
+
+
+def _allocator_is_pluggable():
+    try:
+        import torch
+
+        return torch.cuda.memory.get_allocator_backend() not in ("native", "cudaMallocAsync")
+    except Exception:
+        return True
+
+
 def last_error():
     """The calling thread's last umm error message, or None."""
     msg = load().umm_last_error()
@@ -291,7 +305,7 @@ def _fmt_bytes(n):
 
 
 def _summary_from(s, device):
-    width = 75
+    width = 79
     rule = "|" + "=" * (width - 2) + "|"
     line = "|" + "-" * (width - 2) + "|"
 
