@@ -19,8 +19,10 @@
  * requests of at least this size go to a second pool of plain segments, one segment each, which the next request
  * of the same size reuses whole; UMM_TRACE = path: every allocation and free written as an umm-trace v1 file for
  * `umm replay` ({pid} becomes the process id, .gz compresses), written out every 16,384 lines, at exit and by
- * umm_trace_flush(). An invalid value, or a UMM_TRACE file that cannot be created, makes every allocation fail
- * with a message naming it.
+ * umm_trace_flush(); UMM_CAPI_SIM = 16GiB or 2x16GiB: simulated devices of that size instead of CUDA's (addresses
+ * and statistics as on a GPU, no bytes behind them), for tests of programs that use this library without a GPU.
+ * An invalid value, or a UMM_TRACE file that cannot be created, makes every allocation fail with a message naming
+ * it.
  */
 #ifndef UMM_H
 #define UMM_H
@@ -70,6 +72,18 @@ void umm_clear_error(void);
  * `device`. */
 char *umm_stats_json(int device);
 void umm_string_free(char *s);
+
+/* The memory of `device` (-1: every device) as a JSON object in the shape of PyTorch's
+ * torch.cuda.memory._snapshot(): "segments" (device, address, total_size, allocated_size, active_size,
+ * requested_size, stream, segment_type, is_expandable, blocks: address, size, requested_size, state) and
+ * "device_traces" (one list per device of the events recorded since umm_record_history). Free it with
+ * umm_string_free. NULL with a message if umm has no pool for `device`. */
+char *umm_snapshot_json(int device);
+
+/* Records the last `max_entries` allocation events of every device (alloc, free_requested, free_completed,
+ * segment_map/segment_unmap or segment_alloc/segment_free as reserved memory changes, oom) for umm_snapshot_json,
+ * dropping those recorded before; 0 stops and keeps them. 0, or -1 with a message. */
+int umm_record_history(int64_t max_entries);
 
 /* Gives cached memory of `device` (-1: every device) back to the driver. Bytes released, or -1. */
 int64_t umm_empty_cache(int device);

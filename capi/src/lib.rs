@@ -8,8 +8,8 @@
 //! ```
 //!
 //! The header is `capi/include/umm.h`. Devices are discovered on the first call; each gets one stream-aware
-//! caching pool of device memory (`CudaDevice::caching_pool(PoolPlacement::DeviceLocal, ..)`), so the CUDA
-//! backend's reuse rules hold: a block freed on the stream it was allocated on is reused at once on that
+//! caching pool of device memory (`CudaDevice::caching_pool(PoolPlacement::DeviceLocal, ..)`, a
+//! [`umm_backends::pool::StreamPool`]), so the CUDA backend's reuse rules hold: a block freed on the stream it was allocated on is reused at once on that
 //! stream and never handed to another stream while cached.
 //!
 //! Errors never cross the ABI as panics: a failing call returns NULL (or -1) and leaves a message that
@@ -22,6 +22,8 @@
 //! - `UMM_HUGE_MIN` (bytes; 0, the default, is off): a pool of plain segments for huge requests.
 //! - `UMM_TRACE=path` (`{pid}`: the process id; `.gz`: gzip): every allocation and free as an `umm-trace v1`
 //!   file for `umm replay`, written out every 16,384 lines, at exit and by `umm_trace_flush()` (`trace` module).
+//! - `UMM_CAPI_SIM` (`16GiB`, `2x16GiB`): simulated devices instead of CUDA's, the same pools over the backends'
+//!   simulated device, so that programs using the library (the Python package's tests) run without a GPU.
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
