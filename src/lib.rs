@@ -41,6 +41,7 @@ pub mod profiler;
 mod registry;
 pub mod replay;
 mod stats;
+pub mod torch_snapshot;
 pub mod trace;
 
 pub use adopt::{AdoptOptions, Adoptable};

@@ -152,6 +152,47 @@ impl Trace {
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
     }
+
+    /// Writes the trace's ops and step marks to `out` (after its header), so that reading them back gives the
+    /// same ops, slots and marks. Blocks are named by the order of their allocations (0, 1, ...), since slots
+    /// are reused and cannot name them.
+    pub fn write<W: Write>(&self, out: &mut TraceWriter<W>) -> io::Result<()> {
+        let mut ids = vec![0u64; self.slots as usize];
+        let mut next_id = 0u64;
+        let mut marks = self.steps.iter().copied().peekable();
+        for (at, op) in self.ops.iter().enumerate() {
+            while marks.next_if(|&mark| mark <= at).is_some() {
+                out.step()?;
+            }
+            match *op {
+                Op::Alloc { slot, bytes, stream } => {
+                    let id = ids.get_mut(slot as usize).ok_or_else(|| bad_slot(slot, self.slots))?;
+                    *id = next_id;
+                    next_id += 1;
+                    out.alloc(*id, bytes, u64::from(stream))?;
+                }
+                Op::Free { slot } => out.free(*ids.get(slot as usize).ok_or_else(|| bad_slot(slot, self.slots))?)?,
+            }
+        }
+        for _ in marks {
+            out.step()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the trace to a file at `path` (gzip-compressed when the name ends in `.gz`), with `comment` as
+    /// `#` lines after the header.
+    pub fn save(&self, path: impl AsRef<Path>, comment: &str) -> io::Result<()> {
+        let mut out = TraceWriter::create(path)?;
+        out.comment(comment)?;
+        self.write(&mut out)?;
+        out.close()
+    }
+}
+
+/// The error for an op whose slot is not below the trace's slot count (a `Trace` built by hand, not read).
+fn bad_slot(slot: u32, slots: u32) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("op with slot {slot}, but the trace has {slots} slots"))
 }
 
 /// A trace's name from its path: the file name without `.gz` and then `.trace`.
@@ -161,15 +202,79 @@ pub fn name_of(path: &Path) -> String {
     file.strip_suffix(".trace").unwrap_or(file).to_string()
 }
 
-/// Builds the compact trace while reading lines: IDs to slots, live bytes, counts.
-struct Builder<'a> {
-    label: &'a str,
+/// Builds a trace op by op: block IDs to dense slots, live bytes, counts. The line reader feeds it, and so do
+/// converters from other formats ([`crate::torch_snapshot`]); its errors say what is wrong, without a place.
+pub(crate) struct TraceBuilder {
     trace: Trace,
     /// Live block ID → (slot, bytes).
     live: HashMap<u64, (u32, u64)>,
     /// Slots whose blocks were freed, reused before new ones are made.
     vacant: Vec<u32>,
     live_bytes: u64,
+}
+
+impl TraceBuilder {
+    /// An empty trace called `name`.
+    pub(crate) fn new(name: String) -> Self {
+        Self { trace: Trace { name, ..Trace::default() }, live: HashMap::new(), vacant: Vec::new(), live_bytes: 0 }
+    }
+
+    /// Allocates `bytes` (not zero) on `stream` as block `id`, which must not be live.
+    pub(crate) fn alloc(&mut self, id: u64, bytes: u64, stream: u32) -> Result<(), String> {
+        if bytes == 0 {
+            return Err(format!("allocation of block {id} has zero bytes"));
+        }
+        if self.live.contains_key(&id) {
+            return Err(format!("block {id} is allocated again while still live"));
+        }
+        let slot = match self.vacant.pop() {
+            Some(slot) => slot,
+            None => {
+                let slot = self.trace.slots;
+                self.trace.slots = slot.checked_add(1).ok_or("more than 2^32 blocks live at once")?;
+                slot
+            }
+        };
+        self.live.insert(id, (slot, bytes));
+        self.live_bytes = self.live_bytes.saturating_add(bytes);
+        let t = &mut self.trace;
+        t.peak_live_bytes = t.peak_live_bytes.max(self.live_bytes);
+        t.max_block_bytes = t.max_block_bytes.max(bytes);
+        t.streams = t.streams.max(stream.saturating_add(1));
+        t.allocs += 1;
+        t.ops.push(Op::Alloc { slot, bytes, stream });
+        Ok(())
+    }
+
+    /// Frees block `id`, which must be live.
+    pub(crate) fn free(&mut self, id: u64) -> Result<(), String> {
+        let Some((slot, bytes)) = self.live.remove(&id) else {
+            return Err(format!("free of block {id}, which is not live (never allocated or already freed)"));
+        };
+        self.vacant.push(slot);
+        // The sum saturates at 2^64 - 1 (the peak is then that), so the difference may not be exact.
+        self.live_bytes = self.live_bytes.saturating_sub(bytes);
+        self.trace.frees += 1;
+        self.trace.ops.push(Op::Free { slot });
+        Ok(())
+    }
+
+    /// Marks the end of a step after the ops so far.
+    pub(crate) fn step(&mut self) {
+        self.trace.steps.push(self.trace.ops.len());
+    }
+
+    /// The trace built.
+    pub(crate) fn finish(mut self) -> Trace {
+        self.trace.ops.shrink_to_fit();
+        self.trace
+    }
+}
+
+/// Reads a trace's lines into a [`TraceBuilder`], naming the file and line in errors.
+struct Builder<'a> {
+    label: &'a str,
+    ops: TraceBuilder,
 }
 
 impl Builder<'_> {
@@ -208,11 +313,11 @@ impl Builder<'_> {
             "f" => {
                 let id = field("ID")?;
                 self.no_extra(number, fields.next(), text)?;
-                self.free(number, id)
+                self.ops.free(id).map_err(|what| self.error(number, what))
             }
             "s" => {
                 self.no_extra(number, fields.next(), text)?;
-                self.trace.steps.push(self.trace.ops.len());
+                self.ops.step();
                 Ok(())
             }
             other => Err(self.error(
@@ -237,40 +342,7 @@ impl Builder<'_> {
         }
         let stream = u32::try_from(stream)
             .map_err(|_| self.error(number, format!("stream {stream} is too large (at most {})", u32::MAX)))?;
-        if self.live.contains_key(&id) {
-            return Err(self.error(number, format!("block {id} is allocated again while still live")));
-        }
-        let slot = match self.vacant.pop() {
-            Some(slot) => slot,
-            None => {
-                let slot = self.trace.slots;
-                self.trace.slots =
-                    slot.checked_add(1).ok_or_else(|| self.error(number, "more than 2^32 blocks live at once"))?;
-                slot
-            }
-        };
-        self.live.insert(id, (slot, bytes));
-        self.live_bytes = self.live_bytes.saturating_add(bytes);
-        let t = &mut self.trace;
-        t.peak_live_bytes = t.peak_live_bytes.max(self.live_bytes);
-        t.max_block_bytes = t.max_block_bytes.max(bytes);
-        t.streams = t.streams.max(stream.saturating_add(1));
-        t.allocs += 1;
-        t.ops.push(Op::Alloc { slot, bytes, stream });
-        Ok(())
-    }
-
-    fn free(&mut self, number: u64, id: u64) -> Result<(), TraceError> {
-        let Some((slot, bytes)) = self.live.remove(&id) else {
-            return Err(
-                self.error(number, format!("free of block {id}, which is not live (never allocated or already freed)"))
-            );
-        };
-        self.vacant.push(slot);
-        self.live_bytes -= bytes;
-        self.trace.frees += 1;
-        self.trace.ops.push(Op::Free { slot });
-        Ok(())
+        self.ops.alloc(id, bytes, stream).map_err(|what| self.error(number, what))
     }
 }
 
@@ -326,13 +398,7 @@ fn parse(name: String, label: &str, mut reader: impl BufRead, gzip: bool) -> Res
         };
         return Err(TraceError::Header { path: label.to_string(), found });
     }
-    let mut builder = Builder {
-        label,
-        trace: Trace { name, ..Trace::default() },
-        live: HashMap::new(),
-        vacant: Vec::new(),
-        live_bytes: 0,
-    };
+    let mut builder = Builder { label, ops: TraceBuilder::new(name) };
     let mut number = 1;
     loop {
         line.clear();
@@ -345,8 +411,7 @@ fn parse(name: String, label: &str, mut reader: impl BufRead, gzip: bool) -> Res
         })?;
         builder.line(number, text)?;
     }
-    builder.trace.ops.shrink_to_fit();
-    Ok(builder.trace)
+    Ok(builder.ops.finish())
 }
 
 /// Writes a trace in `umm-trace v1` text. Writes nothing beyond what it is told: it does not check that frees
@@ -434,5 +499,28 @@ impl TraceWriter<TraceFile> {
             TraceFile::Plain(mut w) => w.flush(),
             TraceFile::Gzip(w) => w.finish()?.flush(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_written_trace_reads_back_the_same_with_its_marks() {
+        let text = "# umm-trace v1\ns\na 7 100 0\na 9 200 3\nf 7\ns\ns\na 1 50 1\nf 9\ns\n";
+        let trace = Trace::parse_str("t", "t", text).unwrap();
+        let mut out = TraceWriter::new(Vec::new()).unwrap();
+        trace.write(&mut out).unwrap();
+        let written = String::from_utf8(out.finish().unwrap()).unwrap();
+        assert_eq!(written, "# umm-trace v1\ns\na 0 100 0\na 1 200 3\nf 0\ns\ns\na 2 50 1\nf 1\ns\n");
+        assert_eq!(Trace::parse_str("t", "t", &written).unwrap(), trace);
+    }
+
+    #[test]
+    fn live_bytes_saturate_without_overflowing_on_free() {
+        let text = format!("# umm-trace v1\na 1 {} 0\na 2 5 0\nf 1\nf 2\n", u64::MAX);
+        let trace = Trace::parse_str("t", "t", &text).unwrap();
+        assert_eq!(trace.peak_live_bytes, u64::MAX);
     }
 }

@@ -101,6 +101,9 @@ struct Registry {
 /// Live blocks by device address.
 type LiveMap = umm_backends::KeyMap<Live>;
 
+/// A device's pool, shared.
+type SharedPool = Arc<dyn DevicePool>;
+
 static REGISTRY: OnceLock<Registry> = OnceLock::new();
 
 fn registry() -> &'static Registry {
@@ -291,12 +294,11 @@ impl Registry {
     }
 
     /// A device's main pool and, with `huge_min` set and a virtual main pool, its huge pool of plain segments.
-    #[allow(clippy::type_complexity)]
     fn pools(
         huge_min: u64,
         config: &PoolConfig,
-        make: impl Fn(PoolConfig) -> Result<Arc<dyn DevicePool>, String>,
-    ) -> (Result<Arc<dyn DevicePool>, String>, Option<Arc<dyn DevicePool>>) {
+        make: impl Fn(PoolConfig) -> Result<SharedPool, String>,
+    ) -> (Result<SharedPool, String>, Option<SharedPool>) {
         match make(config.clone()) {
             Ok(pool) if huge_min > 0 && pool.uses_virtual_memory() => {
                 match make(PoolConfig { segment_mode: SegmentMode::Plain, ..config.clone() }) {
@@ -309,7 +311,7 @@ impl Registry {
     }
 
     /// The device's slot and main pool.
-    fn pool(&self, device: i64) -> Result<(&Slot, &Arc<dyn DevicePool>), String> {
+    fn pool(&self, device: i64) -> Result<(&Slot, &SharedPool), String> {
         let slot = usize::try_from(device).ok().and_then(|d| self.devices.get(d));
         match slot {
             Some(slot @ Slot { pool: Ok(pool), .. }) => Ok((slot, pool)),
@@ -327,7 +329,7 @@ impl Registry {
     }
 
     /// The devices to act on, with their main pools: one (`device >= 0`) or all (`device == -1`).
-    fn targets(&self, device: i64) -> Result<Vec<(&Slot, &Arc<dyn DevicePool>)>, String> {
+    fn targets(&self, device: i64) -> Result<Vec<(&Slot, &SharedPool)>, String> {
         if device == -1 {
             return Ok(self.devices.iter().filter_map(|s| s.pool.as_ref().ok().map(|p| (s, p))).collect());
         }
@@ -469,7 +471,7 @@ pub(crate) fn free(ptr: u64, device: i64, stream: StreamId) -> Result<(), String
     Ok(())
 }
 
-fn live_pool<'a>(reg: &'a Registry, live: &Live) -> Result<&'a Arc<dyn DevicePool>, String> {
+fn live_pool<'a>(reg: &'a Registry, live: &Live) -> Result<&'a SharedPool, String> {
     let (slot, main) = reg.pool(live.device as i64)?;
     Ok(if live.huge { slot.huge.as_ref().unwrap_or(main) } else { main })
 }

@@ -1,7 +1,7 @@
 //! The C ABI's answers to bad input, called as C would call it. On a machine without CUDA (CI) every device is
-//! missing; on a GPU machine the same checks use a device ordinal that does not exist. The C ABI serves CUDA
-//! devices only (there is no simulated device behind it), so the eight-thread workload with `umm_record_stream`
-//! runs on a GPU machine and skips elsewhere; its error paths from eight threads run everywhere.
+//! missing; on a GPU machine the same checks use a device ordinal that does not exist. The eight-thread workload
+//! with `umm_record_stream` on real streams runs on a GPU machine and skips elsewhere; its error paths from eight
+//! threads run everywhere, and `tests/sim.rs` runs the library's live-pointer paths over simulated devices.
 //!
 //! On a GPU machine: `UMM_REQUIRE_BACKENDS=cuda cargo test -p umm-capi --test abi`.
 

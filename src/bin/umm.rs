@@ -1,7 +1,8 @@
 //! The `umm` command line: `umm replay` replays allocation traces through umm's pools and reports memory and
 //! time per op; `umm devices` lists every device; `umm snapshot` replays a trace with the profiler on and writes
 //! a snapshot; `umm plot` draws a snapshot or a trace as a timeline SVG; `umm plan` computes an offline reuse
-//! plan for a trace and compares it with the lower bound and with what the pool reserved.
+//! plan for a trace and compares it with the lower bound and with what the pool reserved. `umm replay` and
+//! `umm plan` also take PyTorch memory snapshots, converted to traces, and set PyTorch's own figures beside umm's.
 
 #[path = "umm/args.rs"]
 mod args;
@@ -9,12 +10,15 @@ mod args;
 use args::{Cli, Command, DevicesArgs, PlanArgs, PlotArgs, ReplayArgs, SnapshotArgs};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
 use std::io::{IsTerminal, Write};
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use umm::observe;
 use umm::plot::{PlotOptions, Timeline};
 use umm::replay::{self, human_bytes, ReplayOptions, ReplayReport};
+use umm::torch_snapshot::{self, SnapshotFigures, TorchSnapshot};
 use umm::trace::Trace;
 
 fn main() -> ExitCode {
@@ -94,39 +98,118 @@ fn plot_command(args: &PlotArgs) -> Result<(), umm::Error> {
     Ok(())
 }
 
+/// An input of `umm replay` or `umm plan`: an umm trace, or one device of a PyTorch memory snapshot converted
+/// to a trace.
+struct Input {
+    trace: Trace,
+    torch: Option<TorchInput>,
+}
+
+/// Where a converted trace came from, and PyTorch's figures for it.
+struct TorchInput {
+    file: String,
+    figures: SnapshotFigures,
+    /// Whether the device was chosen as the one with the most events (no `--device`).
+    busiest: bool,
+}
+
+/// Loads `path`: a PyTorch snapshot (by its first bytes or name) is converted, taking `device`'s trace or else
+/// the busiest device's.
+fn load_input(path: &Path, device: Option<usize>) -> Result<Input, String> {
+    if !torch_snapshot::is_snapshot_file(path) {
+        return Trace::load(path).map(|trace| Input { trace, torch: None }).map_err(|e| e.to_string());
+    }
+    let snapshot = TorchSnapshot::read(path).map_err(|e| e.to_string())?;
+    let chosen = device.or_else(|| snapshot.busiest_device()).unwrap_or(0);
+    let converted = snapshot.convert(chosen).map_err(|e| e.to_string())?;
+    let torch = TorchInput { file: path.display().to_string(), figures: converted.figures, busiest: device.is_none() };
+    Ok(Input { trace: converted.trace, torch: Some(torch) })
+}
+
+/// A report of a converted snapshot in JSON: the report's fields, then `source` and PyTorch's figures, each
+/// named `torch_...`.
+#[derive(Serialize)]
+struct WithTorch<'a, R: Serialize> {
+    #[serde(flatten)]
+    report: &'a R,
+    source: &'static str,
+    torch_snapshot: &'a str,
+    /// Whether the device was chosen as the one with the most events.
+    torch_device_busiest: bool,
+    #[serde(flatten)]
+    figures: serde_json::Map<String, serde_json::Value>,
+    torch_reserved_over_allocated: f64,
+}
+
+/// One JSON line: `report`'s fields, with PyTorch's for a converted snapshot.
+fn json_line(report: &impl Serialize, torch: Option<&TorchInput>) -> String {
+    let json = match torch {
+        None => serde_json::to_string(report),
+        Some(torch) => serde_json::to_value(&torch.figures).and_then(|figures| {
+            let figures = match figures {
+                serde_json::Value::Object(fields) => fields
+                    .into_iter()
+                    .map(|(key, value)| (if key.starts_with("torch_") { key } else { format!("torch_{key}") }, value))
+                    .collect(),
+                _ => serde_json::Map::new(),
+            };
+            serde_json::to_string(&WithTorch {
+                report,
+                source: "pytorch-snapshot",
+                torch_snapshot: &torch.file,
+                torch_device_busiest: torch.busiest,
+                figures,
+                torch_reserved_over_allocated: torch.figures.torch_reserved_over_allocated(),
+            })
+        }),
+    };
+    json.unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+}
+
+/// Writes `line` to stdout; false when stdout is gone.
+fn print_line(line: &str) -> bool {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}").and_then(|()| out.flush()).is_ok()
+}
+
 /// Plans each trace, replays it on the simulated device for the pool's reserved peak, and prints a table or one
 /// JSON object per trace. A trace that fails is reported (naming the file) and the others still run.
 fn plan_command(args: &PlanArgs) -> ExitCode {
     let mut rows = Vec::new();
     let mut failed = false;
+    let mut any_snapshot = false;
     for path in &args.traces {
-        let result = Trace::load(path).map_err(|e| e.to_string()).and_then(|trace| {
+        let result = load_input(path, args.device).and_then(|input| {
+            let trace = &input.trace;
             let (plan, mut report) =
-                umm::plan::plan_trace(&trace, args.alignment).map_err(|e| format!("{}: {e}", path.display()))?;
-            let replayed = replay::replay_on("sim", &trace, ReplayOptions::default()).map_err(|e| e.to_string())?;
+                umm::plan::plan_trace(trace, args.alignment).map_err(|e| format!("{}: {e}", path.display()))?;
+            let replayed = replay::replay_on("sim", trace, ReplayOptions::default()).map_err(|e| e.to_string())?;
             report.pool_reserved_bytes = Some(replayed.peak_reserved_bytes);
-            Ok((plan.heuristic, report))
+            Ok((plan.heuristic, report, input.torch))
         });
         match result {
-            Ok((_, report)) if args.json => {
-                let line = serde_json::to_string(&report).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
-                let mut out = std::io::stdout().lock();
-                if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+            Ok((_, report, torch)) if args.json => {
+                if !print_line(&json_line(&report, torch.as_ref())) {
                     return ExitCode::FAILURE;
                 }
             }
-            Ok((heuristic, report)) => rows.push([
-                report.trace.clone(),
-                human_bytes(report.lower_bound_bytes),
-                human_bytes(report.plan_peak_bytes),
-                format!("{:.4}", report.plan_over_lower_bound),
-                report.pool_reserved_bytes.map_or_else(String::new, human_bytes),
-                report
-                    .pool_reserved_bytes
-                    .map_or_else(String::new, |r| format!("{:.4}", r as f64 / report.lower_bound_bytes.max(1) as f64)),
-                format!("{:.1}", report.planning_ms),
-                heuristic.to_string(),
-            ]),
+            Ok((heuristic, report, torch)) => {
+                let bound = report.lower_bound_bytes.max(1) as f64;
+                any_snapshot |= torch.is_some();
+                let torch_reserved = torch.as_ref().map(|t| t.figures.torch_peak_reserved_bytes);
+                rows.push(vec![
+                    report.trace.clone(),
+                    human_bytes(report.lower_bound_bytes),
+                    human_bytes(report.plan_peak_bytes),
+                    format!("{:.4}", report.plan_over_lower_bound),
+                    report.pool_reserved_bytes.map_or_else(String::new, human_bytes),
+                    report.pool_reserved_bytes.map_or_else(String::new, |r| format!("{:.4}", r as f64 / bound)),
+                    format!("{:.1}", report.planning_ms),
+                    heuristic.to_string(),
+                    torch_reserved.map_or_else(String::new, human_bytes),
+                    torch_reserved.map_or_else(String::new, |r| format!("{:.4}", r as f64 / bound)),
+                ]);
+            }
             Err(message) => {
                 eprintln!("error: {message}");
                 failed = true;
@@ -135,10 +218,11 @@ fn plan_command(args: &PlanArgs) -> ExitCode {
     }
     if !rows.is_empty() {
         println!(
-            "alignment {} B; pool reserved: umm's pool replaying the trace on the simulated device",
-            args.alignment
+            "alignment {} B; pool reserved: umm's pool replaying the trace on the simulated device{}",
+            args.alignment,
+            if any_snapshot { "; PyTorch reserved: the most PyTorch reserved over the snapshot's trace" } else { "" }
         );
-        let header = [
+        let mut header = vec![
             "trace",
             "lower bound",
             "plan peak",
@@ -148,6 +232,12 @@ fn plan_command(args: &PlanArgs) -> ExitCode {
             "plan ms",
             "heuristic",
         ];
+        if any_snapshot {
+            header.extend(["PyTorch reserved", "PyTorch/lower"]);
+        }
+        for row in &mut rows {
+            row.truncate(header.len());
+        }
         print_rows(&header, &rows);
     }
     if failed {
@@ -172,10 +262,25 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
         },
         (_, capacity) => capacity,
     };
+    if args.save_trace.is_some() && args.traces.len() > 1 {
+        eprintln!("error: --save-trace writes one trace, but {} inputs were given", args.traces.len());
+        return ExitCode::FAILURE;
+    }
     let mut reports = Vec::new();
     let mut failed = false;
     for path in &args.traces {
-        let result = Trace::load(path).map_err(|e| e.to_string()).and_then(|trace| {
+        let result = load_input(path, args.device).and_then(|input| {
+            let Input { trace, torch } = input;
+            if let Some(out) = &args.save_trace {
+                let comment = match &torch {
+                    Some(t) => {
+                        format!("converted from the PyTorch memory snapshot {}, device {}", t.file, t.figures.device)
+                    }
+                    None => format!("saved from {}", path.display()),
+                };
+                trace.save(out, &comment).map_err(|e| format!("{}: {e}", out.display()))?;
+                eprintln!("{}: {} ops written to {}", trace.name, trace.len(), out.display());
+            }
             let mut bar = Progress::new(&trace.name);
             let mut progress = |done, total| bar.update(done, total);
             let opts = ReplayOptions {
@@ -189,13 +294,11 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
             };
             let report = replay::replay_on(&args.backend, &trace, opts).map_err(|e| e.to_string());
             bar.finish();
-            report
+            report.map(|report| (report, torch))
         });
         match result {
-            Ok(report) if args.json => {
-                let line = serde_json::to_string(&report).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
-                let mut out = std::io::stdout().lock();
-                if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+            Ok((report, torch)) if args.json => {
+                if !print_line(&json_line(&report, torch.as_ref())) {
                     return ExitCode::FAILURE;
                 }
             }
@@ -208,6 +311,11 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
     }
     if !args.json && !reports.is_empty() {
         print_table(&reports, args);
+        for (report, torch) in &reports {
+            if let Some(torch) = torch {
+                print_torch(report, torch);
+            }
+        }
     }
     if failed {
         ExitCode::FAILURE
@@ -221,8 +329,8 @@ fn available_host_memory() -> Option<u64> {
     umm::backends::host_memory().map(|(_, available)| available).filter(|&bytes| bytes > 0)
 }
 
-fn print_table(reports: &[ReplayReport], args: &ReplayArgs) {
-    let first = &reports[0];
+fn print_table(reports: &[(ReplayReport, Option<TorchInput>)], args: &ReplayArgs) {
+    let first = &reports[0].0;
     let limit = first.limit_bytes.map_or_else(|| "none".to_string(), human_bytes);
     println!("backend {} ({}), limit {limit}, {} warm replays", first.backend, first.device, args.repeat);
     let header = [
@@ -240,10 +348,10 @@ fn print_table(reports: &[ReplayReport], args: &ReplayArgs) {
         "retries",
         "ooms",
     ];
-    let rows: Vec<[String; 13]> = reports
+    let rows: Vec<Vec<String>> = reports
         .iter()
-        .map(|r| {
-            [
+        .map(|(r, _)| {
+            vec![
                 r.trace.clone(),
                 r.ops.to_string(),
                 human_bytes(r.peak_live_bytes),
@@ -263,17 +371,84 @@ fn print_table(reports: &[ReplayReport], args: &ReplayArgs) {
     print_rows(&header, &rows);
 }
 
+/// Prints what a converted PyTorch snapshot held and PyTorch's peaks beside umm's: reserved over allocated for
+/// both, where umm's allocated is the converted trace's peak of live bytes.
+fn print_torch(report: &ReplayReport, torch: &TorchInput) {
+    let f = &torch.figures;
+    let chosen = match (torch.busiest, f.devices) {
+        (true, 2..) => " (the one with the most events; --device picks another)",
+        _ => "",
+    };
+    println!();
+    println!("{}: PyTorch memory snapshot {}, device {} of {}{chosen}", report.trace, torch.file, f.device, f.devices);
+    println!(
+        "{}: {} and {} replayed ({} as the free); {} from before the trace allocated at its start ({} freed in it, \
+         {} in use in the segments; {}); {} live at its end",
+        count(f.events, "event"),
+        count(f.allocs, "alloc"),
+        count(f.frees, "free"),
+        f.free_action,
+        count(f.live_before_from_frees + f.live_before_from_segments, "block"),
+        f.live_before_from_frees,
+        f.live_before_from_segments,
+        human_bytes(f.live_before_bytes),
+        f.live_at_end
+    );
+    if f.ooms > 0 {
+        println!(
+            "{} (largest request {}): counted, not replayed",
+            count(f.ooms, "out-of-memory event"),
+            human_bytes(f.largest_oom_request_bytes)
+        );
+    }
+    if !f.not_replayed.is_empty() {
+        let skipped: Vec<String> = f.not_replayed.iter().map(|(why, n)| format!("{n} {why}")).collect();
+        println!("not replayed: {}", skipped.join(", "));
+    }
+    for note in &f.notes {
+        println!("note: {note}");
+    }
+    let ratio = |reserved: u64, allocated: u64| {
+        if allocated == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.3}", reserved as f64 / allocated as f64)
+        }
+    };
+    let header = ["allocator", "peak reserved", "peak allocated", "reserved/allocated"];
+    let rows = [
+        vec![
+            format!("umm ({})", report.backend),
+            human_bytes(report.peak_reserved_bytes),
+            human_bytes(report.peak_live_bytes),
+            ratio(report.peak_reserved_bytes, report.peak_live_bytes),
+        ],
+        vec![
+            "PyTorch (snapshot)".to_string(),
+            human_bytes(f.torch_peak_reserved_bytes),
+            human_bytes(f.torch_peak_allocated_bytes),
+            ratio(f.torch_peak_reserved_bytes, f.torch_peak_allocated_bytes),
+        ],
+    ];
+    print_rows(&header, &rows);
+}
+
+/// `n` and a noun, plural unless `n` is 1.
+fn count(n: u64, noun: &str) -> String {
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
+}
+
 /// Prints a table: the first column left-aligned, the others right-aligned, each as wide as its widest cell.
-fn print_rows<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
-    let mut widths = header.map(str::len);
+fn print_rows(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.len());
         }
     }
-    let line = |cells: &[&str]| {
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
         let mut text = String::new();
-        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+        for (i, (cell, &w)) in cells.zip(&widths).enumerate() {
             if i == 0 {
                 text.push_str(&format!("{cell:<w$}"));
             } else {
@@ -282,9 +457,9 @@ fn print_rows<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
         }
         println!("{}", text.trim_end());
     };
-    line(header);
+    line(&mut header.iter().copied());
     for row in rows {
-        line(&row.each_ref().map(String::as_str));
+        line(&mut row.iter().map(String::as_str));
     }
 }
 

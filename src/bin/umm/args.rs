@@ -17,7 +17,8 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
-    /// Replay allocation traces (umm-trace v1, plain or gzip) through a pool and report memory and time per op.
+    /// Replay allocation traces (umm-trace v1, plain or gzip, or PyTorch memory snapshots) through a pool and
+    /// report memory and time per op.
     Replay(ReplayArgs),
     /// List every device with its APIs, memory, limits and pool usage (nvidia-smi and clinfo in one table).
     Devices(DevicesArgs),
@@ -38,7 +39,11 @@ pub(crate) struct PlanArgs {
     /// Alignment of planned sizes and offsets in bytes (a power of two).
     #[arg(long, default_value_t = umm::plan::DEFAULT_ALIGNMENT, value_parser = power_of_two)]
     pub(crate) alignment: u64,
-    /// Trace files.
+    /// For a PyTorch memory snapshot: the device whose trace to plan (default: the one with the most events).
+    #[arg(long, value_parser = whole::<usize>)]
+    pub(crate) device: Option<usize>,
+    /// Trace files: umm-trace v1 (plain or gzip) or PyTorch memory snapshots (torch.cuda.memory._dump_snapshot's
+    /// pickle, told by its first bytes or a .pickle or .pkl name).
     #[arg(required = true)]
     pub(crate) traces: Vec<PathBuf>,
 }
@@ -116,7 +121,15 @@ pub(crate) struct ReplayArgs {
     /// Print one JSON object per trace (one per line) instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
-    /// Trace files.
+    /// For a PyTorch memory snapshot: the device whose trace to replay (default: the one with the most events).
+    #[arg(long, value_parser = whole::<usize>)]
+    pub(crate) device: Option<usize>,
+    /// Also write the trace replayed as umm-trace v1 (gzip-compressed when the name ends in .gz): a PyTorch
+    /// snapshot's converted trace, kept for later replays and plans. Takes one input.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) save_trace: Option<PathBuf>,
+    /// Trace files: umm-trace v1 (plain or gzip) or PyTorch memory snapshots (torch.cuda.memory._dump_snapshot's
+    /// pickle, told by its first bytes or a .pickle or .pkl name).
     #[arg(required = true)]
     pub(crate) traces: Vec<PathBuf>,
 }
