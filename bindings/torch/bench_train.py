@@ -102,7 +102,7 @@ def worker(args):
         if args.alloc == "umm":
             umm_torch.record_memory_history(max_entries=2_000_000)
         else:
-            torch.cuda.memory._record_memory_history(max_entries=2_000_000)
+            torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
     seen_warnings = []
     warnings.simplefilter("always")
     warnings.showwarning = lambda msg, *a, **k: seen_warnings.append(str(msg)[:200])
