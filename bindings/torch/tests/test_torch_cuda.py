@@ -94,6 +94,21 @@ class TorchOnCuda(unittest.TestCase):
                 raise SystemExit("FAILED: no error past the limit")
             except torch.OutOfMemoryError as e:
                 check("largest free block" in str(e), f"umm's figures appended: {e}")
+            import threading
+            errors = []
+            def serve():
+                try:
+                    with umm_torch.pool(), umm_torch.pool():  # each thread its own MemPool; nesting is a no-op
+                        t = torch.ones(1 << 20, device="cuda")
+                        check(t.sum().item() == float(1 << 20), "a thread's sum on umm's memory")
+                except BaseException as e:  # noqa: BLE001 - reported by the main thread
+                    errors.append(repr(e))
+            threads = [threading.Thread(target=serve) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            check(not errors, f"threads: {errors}")
             print("OK")
         """)
         self.assertIn("OK", out)

@@ -132,26 +132,36 @@ def _pluggable_allocator(path=None):
 
 
 _pools = {}
+_inside = threading.local()
 
 
 @contextlib.contextmanager
 def pool(device=None):
     """Serves the CUDA allocations of a block of code from umm, in a program that already uses PyTorch's
     allocator: `with umm_torch.pool(): ...`. Works through torch.cuda.MemPool and torch.cuda.use_mem_pool (PyTorch
-    2.5 and later): PyTorch keeps its caching on top, and asks umm for its segments; one MemPool per device is
-    reused by every block. As use_mem_pool does, it routes the allocations made by this thread (not those of
-    autograd's backward threads). An out-of-memory inside raises torch.OutOfMemoryError with umm's figures
-    appended. Yields the MemPool."""
+    2.5 and later): PyTorch keeps its caching on top, and asks umm for its segments. use_mem_pool routes the
+    allocations of the thread that entered it (not those of autograd's backward threads), and PyTorch lets one
+    thread at a time route to a MemPool, so each thread gets a MemPool of its own per device, reused by its later
+    blocks; a pool() inside a pool() of the same thread and device changes nothing. An out-of-memory inside raises
+    torch.OutOfMemoryError with umm's figures appended. Yields the MemPool."""
     import torch
 
     index = _device_index(device)
+    active = getattr(_inside, "devices", None)
+    if active is None:
+        active = _inside.devices = {}
+    if index in active:  # nested: the outer block already routes this thread
+        yield active[index]
+        return
+    key = (index, threading.get_ident())
     with _allocator_lock:
-        mem_pool = _pools.get(index)
+        mem_pool = _pools.get(key)
     if mem_pool is None:
         allocator = _pluggable_allocator()
         mem_pool = torch.cuda.MemPool(allocator.allocator())
         with _allocator_lock:
-            mem_pool = _pools.setdefault(index, mem_pool)
+            mem_pool = _pools.setdefault(key, mem_pool)
+    active[index] = mem_pool
     try:
         with torch.cuda.use_mem_pool(mem_pool, device=index):
             yield mem_pool
@@ -160,10 +170,12 @@ def pool(device=None):
         if detail and "out of memory" in detail:
             raise torch.OutOfMemoryError(f"{oom}\n{detail}") from oom
         raise
+    finally:
+        del active[index]
 
 
 def pools():
-    """The MemPools pool() made, by device index."""
+    """The MemPools pool() made, by (device index, thread identifier)."""
     return dict(_pools)
 
 
