@@ -94,6 +94,7 @@ class TorchOnCuda(unittest.TestCase):
                 raise SystemExit("FAILED: no error past the limit")
             except torch.OutOfMemoryError as e:
                 check("largest free block" in str(e), f"umm's figures appended: {e}")
+            umm_torch.set_limit(0)
             import threading
             errors = []
             def serve():
