@@ -107,11 +107,7 @@ pub extern "C" fn umm_clear_error() {
 /// NULL with a message if umm has no pool for `device`.
 #[no_mangle]
 pub extern "C" fn umm_stats_json(device: c_int) -> *mut c_char {
-    guarded("umm_stats_json", std::ptr::null_mut(), || {
-        let json = registry::stats_json(i64::from(device))?;
-        let c = CString::new(json).map_err(|e| format!("umm_stats_json: {e}"))?;
-        Ok(c.into_raw())
-    })
+    json_string("umm_stats_json", || registry::stats_json(i64::from(device)))
 }
 
 /// The memory of `device` (or every device for -1) as a JSON object in the shape of PyTorch's
@@ -122,9 +118,13 @@ pub extern "C" fn umm_stats_json(device: c_int) -> *mut c_char {
 /// for `device`.
 #[no_mangle]
 pub extern "C" fn umm_snapshot_json(device: c_int) -> *mut c_char {
-    guarded("umm_snapshot_json", std::ptr::null_mut(), || {
-        let json = registry::snapshot_json(i64::from(device))?;
-        let c = CString::new(json).map_err(|e| format!("umm_snapshot_json: {e}"))?;
+    json_string("umm_snapshot_json", || registry::snapshot_json(i64::from(device)))
+}
+
+/// A JSON text from `make` as a C string the caller frees with [`umm_string_free`]; NULL with a message on failure.
+fn json_string(what: &str, make: impl FnOnce() -> Result<String, String>) -> *mut c_char {
+    guarded(what, std::ptr::null_mut(), || {
+        let c = CString::new(make()?).map_err(|e| format!("{what}: {e}"))?;
         Ok(c.into_raw())
     })
 }

@@ -272,3 +272,71 @@ fn a_random_workload_never_hands_out_overlapping_memory() {
     assert_eq!(current(&s, "allocated_bytes"), 0);
     assert_eq!(s["pending_frees"], 0);
 }
+
+/// Eight threads allocate, free on their own or another stream, record streams and read statistics at once, as
+/// PyTorch's main and autograd threads do: every pointer is distinct while live, every free is accepted once, and
+/// the statistics come back to zero.
+#[test]
+fn eight_threads_share_the_registry() {
+    let _g = setup();
+    let barrier = std::sync::Barrier::new(8);
+    let handed: Mutex<BTreeMap<u64, u64>> = Mutex::new(BTreeMap::new());
+    std::thread::scope(|scope| {
+        for thread in 0..8usize {
+            let (barrier, handed) = (&barrier, &handed);
+            scope.spawn(move || {
+                let mut state = 0x51_7CC1_B727_220A_u64 ^ (thread as u64 + 1).wrapping_mul(0x9E37_79B9);
+                let mut next = move || {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    state
+                };
+                barrier.wait();
+                let mut mine: Vec<(u64, usize)> = Vec::new();
+                for _ in 0..400 {
+                    if mine.len() < 16 && next() % 3 != 0 {
+                        let size = 1 + next() % (3 << 20);
+                        let on = thread + 1;
+                        let p = alloc(size as isize, (thread % 2) as c_int, on) as u64;
+                        assert_ne!(p, 0, "{}", last_error());
+                        let clash = {
+                            let mut live = handed.lock().unwrap();
+                            let below = live.range(..=p).next_back().map(|(&q, &s)| q + s > p).unwrap_or(false);
+                            let above = live.range(p..).next().map(|(&q, _)| p + size > q).unwrap_or(false);
+                            live.insert(p, size);
+                            below || above
+                        };
+                        assert!(!clash, "thread {thread}: {p:#x}+{size} overlaps a live allocation");
+                        if next() % 5 == 0 {
+                            // SAFETY: as in `alloc`.
+                            assert_eq!(unsafe { umm_record_stream(p as *mut c_void, stream(20 + thread)) }, 0);
+                        }
+                        mine.push((p, on));
+                    } else if !mine.is_empty() {
+                        let (p, on) = mine.swap_remove((next() % mine.len() as u64) as usize);
+                        handed.lock().unwrap().remove(&p);
+                        let by = if next() % 4 == 0 { on + 8 } else { on };
+                        free(p as *mut c_void, (thread % 2) as c_int, by);
+                    }
+                    if next() % 16 == 0 {
+                        let s = stats((thread % 2) as c_int);
+                        assert!(current(&s, "reserved_bytes") >= current(&s, "allocated_bytes"));
+                    }
+                }
+                for (p, on) in mine {
+                    handed.lock().unwrap().remove(&p);
+                    free(p as *mut c_void, (thread % 2) as c_int, on);
+                }
+            });
+        }
+    });
+    assert!(umm_empty_cache(-1) >= 0, "returns the pending frees");
+    for device in 0..2 {
+        let s = stats(device);
+        assert_eq!(current(&s, "allocated_bytes"), 0, "device {device}: {s}");
+        assert_eq!(s["live_pointers"], 0);
+        assert_eq!(s["pending_frees"], 0);
+        assert_eq!(s["num_allocs"], s["num_frees"], "device {device}: every allocation freed once");
+    }
+}
