@@ -421,7 +421,10 @@ def step(device=None):
 
 def empty_cache(device=None):
     """Gives umm's cached memory back to the driver (torch.cuda.empty_cache() does nothing under a pluggable
-    allocator). Returns the bytes released (None under PyTorch's allocator)."""
+    allocator). Where pool() was used, PyTorch's cache is emptied first, so that the segments it gives back
+    (those of its default pool, and of MemPools no block is using) reach umm's cache before umm's goes back; a
+    MemPool in use keeps its cached segments. Returns the bytes umm released (None under PyTorch's allocator
+    alone)."""
     in_pool = bool(_pools)
     if in_pool or (not enabled() and not _simulated()):
         import torch
