@@ -276,6 +276,8 @@ impl Builder {
             self.config.apply_profiler_vars(crate::config::env_var)?;
         }
         self.config.validate()?;
+        // Every pool of the manager counts its reserved bytes in one group: the true peak of their sum.
+        self.config.pool.reserved_group.get_or_insert_with(umm_backends::ReservedGroup::new);
         let host = HostInfo::discover();
         let found = registry::discover(&self.config, &host, &self.test_devices);
         let decider = Decider::new(self.config.decision)?;
@@ -675,6 +677,9 @@ impl UniversalMemoryManager {
                 pool.reset_peaks();
             }
         }
+        if let Some(group) = &self.inner.config.pool.reserved_group {
+            group.reset_peak();
+        }
     }
 
     /// Statistics of every pool, per device and in total (serde-serialisable).
@@ -722,7 +727,8 @@ impl Inner {
         if devices.iter().all(|d| d.pools.is_empty()) {
             total.limit_bytes = None;
         }
-        GlobalMemoryStats { devices, total }
+        let peak_reserved_at_once = self.config.pool.reserved_group.as_ref().map_or(0, |g| g.peak());
+        GlobalMemoryStats { devices, total, peak_reserved_at_once }
     }
 
     /// Refreshes the device figures and the evidence if the last refresh is older than

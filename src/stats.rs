@@ -35,6 +35,10 @@ pub struct GlobalMemoryStats {
     pub devices: Vec<DeviceStats>,
     /// Over all devices.
     pub total: PoolStats,
+    /// The most the manager's pools reserved at one moment, all devices together, since the manager began or
+    /// [`crate::UniversalMemoryManager::reset_peak_stats`]: the true peak of the sum, where `total`'s peak adds the
+    /// pools' own peaks. Buffers adopted from outside (`mm.adopt`) are not counted: umm reserved nothing for them.
+    pub peak_reserved_at_once: u64,
 }
 
 impl GlobalMemoryStats {
@@ -42,7 +46,8 @@ impl GlobalMemoryStats {
     /// whole total, with allocated and reserved memory (current and peak), live blocks, segments, allocations,
     /// cache hits, out-of-memory errors and the bytes of planned steps. A total's peak is the sum of its pools'
     /// peaks, which may have come at different moments: the table says so, since it is an upper bound of the
-    /// true peak, not the peak.
+    /// true peak, not the peak; the line after it gives the true peak of reserved memory
+    /// ([`GlobalMemoryStats::peak_reserved_at_once`]).
     pub fn summary(&self) -> String {
         use std::fmt::Write;
         let human = crate::replay::human_bytes;
@@ -110,6 +115,7 @@ impl GlobalMemoryStats {
             out,
             "* peaks of a sum add the pools' own peaks, which may have come at different moments: an upper bound"
         );
+        let _ = writeln!(out, "peak reserved by all pools at one moment: {}", human(self.peak_reserved_at_once));
         out
     }
 }

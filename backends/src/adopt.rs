@@ -73,6 +73,7 @@ impl<S> Adoption<S> {
 /// The configuration of an adopting pool: one segment per block, nothing zeroed, poisoned, cached or limited.
 pub(crate) fn pool_config() -> PoolConfig {
     PoolConfig {
+        reserved_group: None,
         limit: None,
         strategy: Strategy::Direct,
         segment_mode: SegmentMode::Plain,

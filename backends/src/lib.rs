@@ -49,7 +49,7 @@ pub use pool::{
     REPEATS_TO_PLAN,
 };
 pub use sim::{SimBackend, SimStreamLog};
-pub use stats::{PoolStats, Stat};
+pub use stats::{PoolStats, ReservedGroup, Stat};
 /// The vocabulary shared with the placement crate: which API a pool or device is reached through, and what sort
 /// of device it is.
 pub use umm_placement::{Api, DeviceKind};

@@ -161,3 +161,53 @@ impl PoolStats {
         };
     }
 }
+
+/// Reserved bytes of a group of pools (a manager's, or one device's in the C ABI), kept as the pools reserve and
+/// release memory, so that the group's peak is the true peak of the sum rather than the sum of the pools' peaks.
+/// Pools join through [`crate::PoolConfig::reserved_group`]; reserved memory changes only when a pool takes memory
+/// from its device or gives it back, so the shared counter costs the allocation path nothing.
+#[derive(Debug, Default)]
+pub struct ReservedGroup {
+    current: std::sync::atomic::AtomicU64,
+    peak: std::sync::atomic::AtomicU64,
+}
+
+impl ReservedGroup {
+    /// A new group with nothing reserved, to share among pools.
+    pub fn new() -> std::sync::Arc<Self> {
+        std::sync::Arc::default()
+    }
+
+    /// Bytes the group's pools reserve now.
+    pub fn current(&self) -> u64 {
+        self.current.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The most the group's pools reserved at one moment since the group began or its peak was reset.
+    pub fn peak(&self) -> u64 {
+        self.peak.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Starts the peak afresh from what is reserved now.
+    pub fn reset_peak(&self) {
+        self.peak.store(self.current(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A pool of the group went from `before` to `after` reserved bytes.
+    pub(crate) fn change(&self, before: u64, after: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if after > before {
+            let now = self.current.fetch_add(after - before, Relaxed) + (after - before);
+            self.peak.fetch_max(now, Relaxed);
+        } else if before > after {
+            self.current.fetch_sub(before - after, Relaxed);
+        }
+    }
+}
+
+/// Groups compare by identity: two configurations are alike when their pools join the same group.
+impl PartialEq for ReservedGroup {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}

@@ -20,7 +20,8 @@ use std::sync::{Arc, OnceLock};
 use umm_backends::cuda::{self, ContextScope};
 use umm_backends::pool::StreamPool;
 use umm_backends::{
-    BlockHandle, Error, Limit, Pool, PoolConfig, PoolPlacement, PoolStats, SegmentMode, SimBackend, Strategy, StreamId,
+    BlockHandle, Error, Limit, Pool, PoolConfig, PoolPlacement, PoolStats, ReservedGroup, SegmentMode, SimBackend,
+    Strategy, StreamId,
 };
 
 /// Default of `UMM_HUGE_MIN`: 0, no huge pool.
@@ -49,11 +50,20 @@ struct Slot {
     huge: Option<Arc<dyn DevicePool>>,
     /// Set while a limit is in force: every request then goes to the main pool, which holds the limit.
     limited: AtomicBool,
+    /// The device's pools' reserved bytes together: the true peak where there are two.
+    reserved: Arc<ReservedGroup>,
 }
 
 impl Slot {
     fn missing(name: String, reason: String) -> Self {
-        Slot { name, total_memory: 0, pool: Err(reason), huge: None, limited: AtomicBool::new(false) }
+        Slot {
+            name,
+            total_memory: 0,
+            pool: Err(reason),
+            huge: None,
+            limited: AtomicBool::new(false),
+            reserved: ReservedGroup::new(),
+        }
     }
 
     /// The pool for a request of `size` bytes and whether it is the huge one.
@@ -70,12 +80,13 @@ impl Slot {
     }
 
     /// Statistics of the main pool plus the huge pool. Peaks add, so the peaks are upper bounds of the true
-    /// peaks of the sum.
+    /// peaks of the sum, but for reserved bytes, whose true peak the device's group keeps.
     fn stats(&self, main: &dyn DevicePool) -> PoolStats {
         let mut stats = main.stats();
         if let Some(h) = &self.huge {
             stats.accumulate(&h.stats());
             stats.limit_bytes = main.stats().limit_bytes;
+            stats.reserved_bytes.peak = self.reserved.peak();
         }
         stats
     }
@@ -241,7 +252,9 @@ impl Registry {
         for device in &found.devices {
             let info = device.info();
             let fail = |e| format!("umm: cannot create a pool on CUDA device {}: {e}", info.ordinal);
+            let reserved = ReservedGroup::new();
             let pool = |config: PoolConfig| {
+                let config = PoolConfig { reserved_group: Some(Arc::clone(&reserved)), ..config };
                 device.caching_pool(PoolPlacement::DeviceLocal, config).map(|p| p as Arc<dyn DevicePool>).map_err(fail)
             };
             let (pool, huge) = match &config {
@@ -258,6 +271,7 @@ impl Registry {
                 pool,
                 huge,
                 limited: AtomicBool::new(false),
+                reserved,
             });
         }
         Registry { devices, simulated: false, huge_min, skipped: found.skipped, live: Mutex::new(LiveMap::default()) }
@@ -270,7 +284,9 @@ impl Registry {
         let devices = (0..count)
             .map(|index| {
                 let name = format!("umm simulated device {index}");
+                let reserved = ReservedGroup::new();
                 let pool = |config: PoolConfig| {
+                    let config = PoolConfig { reserved_group: Some(Arc::clone(&reserved)), ..config };
                     let plain = config.segment_mode == SegmentMode::Plain;
                     let backend = if plain {
                         SimBackend::plain(name.clone(), bytes)
@@ -287,7 +303,7 @@ impl Registry {
                     Ok((config, huge_min)) => Self::pools(*huge_min, config, pool),
                     Err(e) => (Err(format!("umm: {e}")), None),
                 };
-                Slot { name, total_memory: bytes, pool, huge, limited: AtomicBool::new(false) }
+                Slot { name, total_memory: bytes, pool, huge, limited: AtomicBool::new(false), reserved }
             })
             .collect();
         Registry { devices, simulated: true, huge_min, skipped: Vec::new(), live: Mutex::new(LiveMap::default()) }
@@ -679,6 +695,7 @@ pub(crate) fn mark_step(device: i64) -> Result<(), String> {
 pub(crate) fn reset_peaks(device: i64) -> Result<(), String> {
     for (slot, _) in registry().targets(device)? {
         slot.pools().for_each(|p| p.reset_peaks());
+        slot.reserved.reset_peak();
     }
     Ok(())
 }

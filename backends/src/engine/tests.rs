@@ -7,8 +7,8 @@
 //! its withheld granules leave, computed from the shadow's own records, never from the engine's. So it checks
 //! that the engine's free blocks are exactly those runs (nothing lost, everything coalesced), that a miss is a
 //! true miss (no free run holds the request), that every block is carved from the start of a free run, and that
-//! the fit is as good as the engine promises: the best fit, or one within a size class (1/32) of it, whenever the
-//! engine's bounded scan ([`FIT_SCAN_LIMIT`] blocks) sees every free block.
+//! the block chosen is one the engine's documented policy allows ([`allowed_fits`]): the tightest fitting block of
+//! the request's own size class whenever its bounded scan ([`FIT_SCAN_LIMIT`] blocks) sees the whole class.
 
 use super::*;
 use proptest::prelude::*;
@@ -220,14 +220,45 @@ fn check(engine: &Engine, shadow: &Shadow) {
     assert_eq!(stats.withheld_bytes, withheld as u64 * GRANULE);
 }
 
-/// Checks an allocation from the free index against the shadow's free runs as they were before it: carved
-/// from the start of a run that holds it, and the best fit or within a size class of it when the engine's
-/// bounded scan sees every free block. `None` is checked to be a true miss.
+/// The free runs that the engine's documented policy (the module documentation and [`Engine::allocate`]) allows
+/// to serve a request of `rounded` bytes, given every free run before the allocation (the engine's free blocks,
+/// which [`check`] holds equal to the runs). With `own` the runs of the request's size class ([`bins::bin_of`]):
+///
+/// - where `own` holds at most [`FIT_SCAN_LIMIT`] runs, the bounded scan sees all of them, so where one of them
+///   fits, exactly the tightest fitting ones (every run of that length: the engine breaks ties by list order);
+/// - where no run of `own` fits, every run of the smallest class above it that holds a run (the engine takes that
+///   class's head, and the order of a class list is not part of the policy: all of them fit, within 1/32 of each
+///   other);
+/// - where `own` holds more than [`FIT_SCAN_LIMIT`] runs, the scan may miss the tightest, and then may move on to
+///   the class above: every fitting run of `own`, and the runs of that class;
+/// - none when no run holds `rounded`: only then may the engine miss.
+fn allowed_fits(runs: &[Run], rounded: u64) -> Vec<Run> {
+    let bin = bins::bin_of(rounded);
+    let own: Vec<Run> = runs.iter().copied().filter(|r| bins::bin_of(r.len) == bin).collect();
+    let fitting: Vec<Run> = own.iter().copied().filter(|r| r.len >= rounded).collect();
+    let above = runs.iter().map(|r| bins::bin_of(r.len)).filter(|&b| b > bin).min();
+    let next_class = runs.iter().copied().filter(|r| Some(bins::bin_of(r.len)) == above);
+    if own.len() <= FIT_SCAN_LIMIT {
+        match fitting.iter().map(|r| r.len).min() {
+            Some(tightest) => fitting.into_iter().filter(|r| r.len == tightest).collect(),
+            None => next_class.collect(),
+        }
+    } else {
+        fitting.into_iter().chain(next_class).collect()
+    }
+}
+
+/// Checks an allocation from the free index against the shadow's free runs as they were before it: carved from
+/// the start of a run that holds it, and that run one of [`allowed_fits`]. `None` is checked to be a true miss.
 fn check_fit(shadow: &Shadow, runs: &[Run], size: u64, got: Option<&Allocation>) {
     let rounded = shadow.rounded(size);
-    let best = runs.iter().filter(|r| r.len >= rounded).map(|r| r.len).min();
+    let allowed = allowed_fits(runs, rounded);
     let Some(a) = got else {
-        assert_eq!(best, None, "false miss: a free run of {best:?} bytes holds {rounded}");
+        assert!(
+            allowed.is_empty(),
+            "false miss: free runs {:?} hold {rounded} bytes",
+            &allowed[..allowed.len().min(4)]
+        );
         return;
     };
     let run = runs
@@ -235,22 +266,14 @@ fn check_fit(shadow: &Shadow, runs: &[Run], size: u64, got: Option<&Allocation>)
         .find(|r| r.segment == a.segment && r.offset == a.offset)
         .unwrap_or_else(|| panic!("{a:?} does not start a free run"));
     assert!(run.len >= a.size, "{a:?} runs past its free run {run:?}");
-    let best = best.expect("a run held it");
-    if runs.len() <= FIT_SCAN_LIMIT {
-        // Every block of the request's class was examined: where one of them fits, the choice is the tightest of
-        // them, exactly; where none does, it is a block of the first class above holding a free block (the
-        // engine takes that class's head: its blocks differ by less than 1/32, and every one fits).
-        if bins::bin_of(best) == bins::bin_of(rounded) {
-            assert_eq!(run.len, best, "{rounded} bytes from a run of {} while one of {best} was free", run.len);
-        } else {
-            assert_eq!(
-                bins::bin_of(run.len),
-                bins::bin_of(best),
-                "{rounded} bytes from a run of {} in another class than the tightest fit, {best}",
-                run.len
-            );
-        }
-    }
+    assert!(
+        allowed.contains(run),
+        "{rounded} bytes (class {}) from {run:?} (class {}); the policy allows only {} runs, such as {:?}",
+        bins::bin_of(rounded),
+        bins::bin_of(run.len),
+        allowed.len(),
+        &allowed[..allowed.len().min(4)]
+    );
 }
 
 /// Allocates with `allocate`; when nothing fits, grows like a pool does (a segment of at least 1 MiB), and then
@@ -547,6 +570,138 @@ fn best_fit_within_one_class_takes_the_tightest_hole() {
     assert_eq!((c.segment, c.offset), (seg, tight.offset), "4,104 B goes into the 4,152 B hole");
 }
 
+/// An engine of alignment 8 with one segment of 1 MiB in which free holes of `sizes` (in address order) lie between
+/// live 8-byte separators, freed in the order `freed` (indexes into `sizes`): a class list is last freed first.
+/// Returns the engine, the segment and each hole's offset.
+fn engine_with_holes(sizes: &[u64], freed: &[usize]) -> (Engine, SegmentId, Vec<u64>) {
+    let mut e = Engine::new(8).unwrap();
+    let seg = e.add_segment(1 << 20).unwrap();
+    let holes: Vec<Allocation> = sizes
+        .iter()
+        .map(|&size| {
+            let hole = e.allocate(size).unwrap();
+            e.allocate(8).unwrap();
+            hole
+        })
+        .collect();
+    for &i in freed {
+        e.free(holes[i].block).unwrap();
+    }
+    e.check_index();
+    (e, seg, holes.iter().map(|h| h.offset).collect())
+}
+
+/// First- and second-level index of a size's class.
+fn levels(size: u64) -> (usize, usize) {
+    let bin = bins::bin_of(size);
+    (bin / bins::SL_COUNT, bin % bins::SL_COUNT)
+}
+
+/// Five holes of one size class (same first- and second-level index as the request), freed so that the widest
+/// heads the class list and the tightest lies in its middle: each request of 4,104 bytes takes the tightest hole
+/// left, so they go in order of size, where a first fit (by list or by address) takes the widest first. A request
+/// of exactly one hole's size takes that hole, though wider ones come before it in the list.
+#[test]
+fn best_fit_takes_the_tightest_of_several_holes_of_one_class() {
+    let sizes = [4216, 4176, 4112, 4200, 4144];
+    for size in sizes {
+        assert_eq!(levels(size), levels(4104), "{size}: one class with the request");
+    }
+    // The list, head first: 4,216, 4,200, 4,176, 4,112, 4,144.
+    let (mut e, seg, offsets) = engine_with_holes(&sizes, &[4, 2, 1, 3, 0]);
+    for (i, expected) in [2, 4, 1, 3, 0].into_iter().enumerate() {
+        let a = e.allocate(4104).unwrap();
+        assert_eq!(
+            (a.segment, a.offset),
+            (seg, offsets[expected]),
+            "request {i}: the {}-byte hole is the tightest left",
+            sizes[expected]
+        );
+        e.check_index();
+    }
+    let (mut e, seg, offsets) = engine_with_holes(&sizes, &[4, 2, 1, 3, 0]);
+    let a = e.allocate(4170).unwrap();
+    assert_eq!((a.segment, a.offset, a.size), (seg, offsets[1], 4176), "4,170 B rounds to 4,176: the exact hole");
+}
+
+/// Holes in two neighbouring classes: the request's own class holds holes too small and one that fits, the class
+/// above holds two (freed last). The own-class fit serves first, though every hole of the class above fits too;
+/// then, with no fit left in the own class, the holes of the class above (any of them: they differ by under 1/32),
+/// before the segment's large free tail.
+#[test]
+fn best_fit_across_two_classes_takes_the_own_class_fit_then_the_next_class() {
+    // Address order: 4,112 (too small), 4,232 (the class above), 4,216 (fits), 4,160 (too small), 4,344 (above).
+    let sizes = [4112, 4232, 4216, 4160, 4344];
+    let own = levels(4200);
+    assert!([4112, 4216, 4160].iter().all(|&s| levels(s) == own), "own class");
+    assert!([4232, 4344].iter().all(|&s| levels(s) == (own.0, own.1 + 1)), "the class just above");
+    let (mut e, seg, offsets) = engine_with_holes(&sizes, &[0, 2, 3, 1, 4]);
+    let a = e.allocate(4200).unwrap();
+    assert_eq!((a.segment, a.offset), (seg, offsets[2]), "the 4,216-byte hole of the request's own class");
+    let b = e.allocate(4200).unwrap();
+    let c = e.allocate(4200).unwrap();
+    let mut taken = [b.offset, c.offset];
+    taken.sort_unstable();
+    assert_eq!(taken, [offsets[1], offsets[4]], "then both holes of the class above, not the tail");
+    let d = e.allocate(4200).unwrap();
+    assert!(d.offset > offsets[4], "{d:?}: only the segment's tail is left");
+    e.check_index();
+}
+
+/// The shadow's fit check itself, fed choices the policy forbids: it must refuse a first fit inside a class, a
+/// block of the class above where the own class fits, and a miss where a run fits, and accept the tightest.
+#[test]
+fn the_fit_check_refuses_what_the_policy_does_not_allow() {
+    let shadow = Shadow::new(4);
+    let seg = SegmentId(0);
+    let run = |offset, len| Run { segment: seg, offset, len };
+    // 4,216 and 4,144 in the class of 4,104; 4,232 in the class above; a large tail.
+    let runs = [run(0, 4216), run(8192, 4144), run(16384, 4232), run(32768, 1 << 19)];
+    assert_eq!(allowed_fits(&runs, 4104), vec![run(8192, 4144)], "the tightest of the own class");
+    assert_eq!(allowed_fits(&runs, 4220), vec![run(16384, 4232)], "the own class holds no fit: the class above");
+    assert_eq!(allowed_fits(&runs, 1 << 20), Vec::<Run>::new(), "nothing holds it");
+    let taken =
+        |offset, size| Allocation { block: BlockId::new(0, 0), segment: seg, offset, size, segment_was_empty: false };
+    let refused = |size, got: Option<Allocation>| {
+        let err = std::panic::catch_unwind(|| check_fit(&shadow, &runs, size, got.as_ref()))
+            .expect_err("the check accepted a choice the policy forbids");
+        err.downcast_ref::<String>().cloned().unwrap_or_default()
+    };
+    let first_fit = refused(4104, Some(taken(0, 4104)));
+    assert!(first_fit.contains("the policy allows only 1 runs"), "{first_fit}");
+    let next_class = refused(4104, Some(taken(16384, 4104)));
+    assert!(next_class.contains("the policy allows only"), "{next_class}");
+    let miss = refused(4104, None);
+    assert!(miss.contains("false miss"), "{miss}");
+    check_fit(&shadow, &runs, 4104, Some(&taken(8192, 4104)));
+    check_fit(&shadow, &runs, 4220, Some(&taken(16384, 4220)));
+    check_fit(&shadow, &runs, 1 << 20, None);
+    // More blocks in the own class than the scan sees: any that fits, or the class above.
+    let mut crowded: Vec<Run> = (0..=FIT_SCAN_LIMIT as u64).map(|i| run(i << 14, 4100)).collect();
+    crowded.extend([run(1 << 18, 4216), run(1 << 19, 4144), run(1 << 20, 4232)]);
+    let allowed = allowed_fits(&crowded, 4104);
+    assert_eq!(allowed, vec![run(1 << 18, 4216), run(1 << 19, 4144), run(1 << 20, 4232)]);
+}
+
+/// The engine's index check itself, fed a corrupted index: a free block moved to the list of another class
+/// (bitmaps updated to match) must be reported, naming the block and the class.
+#[test]
+fn the_index_check_finds_a_free_block_in_another_class() {
+    let (mut e, _, _) = engine_with_holes(&[4112, 8192], &[0]);
+    let bin = bins::bin_of(4112);
+    let node = e.free.heads[bin];
+    assert_eq!(e.nodes[node].size, 4112);
+    let wrong = bins::bin_of(8192);
+    e.free.heads[bin] = NIL;
+    e.free.bins.clear(bin);
+    e.free.heads[wrong] = node;
+    e.free.bins.set(wrong);
+    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| e.check_index()))
+        .expect_err("the check accepted a block in another class");
+    let message = err.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(message.contains(&format!("node {node} of 4112 bytes in class {wrong}")), "{message}");
+}
+
 #[test]
 fn segment_with_live_blocks_is_not_removed() {
     let mut e = Engine::new(64).unwrap();
@@ -792,8 +947,9 @@ fn whole_op() -> impl Strategy<Value = WholeOp> {
 }
 
 /// An engine of whole blocks against a shadow of segment sizes: a block is always a whole segment; an
-/// allocation takes a free segment at most 1/4 larger than the request, and misses only when none lies within
-/// 1/16 of it; the statistics are the shadow's.
+/// allocation takes a free segment at most 1/4 larger than the request and one the fit policy allows
+/// ([`allowed_fits`], free segments as runs), and misses only when none lies within 1/16 of it; the statistics
+/// are the shadow's.
 fn run_whole(ops: &[WholeOp], alignment: u64) {
     let mut e = Engine::whole_blocks(alignment).unwrap();
     assert!(e.is_whole_blocks());
@@ -807,12 +963,23 @@ fn run_whole(ops: &[WholeOp], alignment: u64) {
                 let taken: BTreeSet<SegmentId> = live.iter().map(|(a, _)| a.segment).collect();
                 let free: Vec<u64> =
                     segments.iter().filter(|(id, _)| !taken.contains(id)).map(|(_, &size)| size).collect();
+                let runs: Vec<Run> = segments
+                    .iter()
+                    .filter(|(id, _)| !taken.contains(id))
+                    .map(|(&segment, &len)| Run { segment, offset: 0, len })
+                    .collect();
                 match e.allocate(asked) {
                     Some(a) => {
                         assert_eq!(a.offset, 0, "{a:?}: a block starts its segment");
                         assert_eq!(Some(a.size), segments.get(&a.segment).copied(), "{a:?}: the whole segment");
                         assert!(!taken.contains(&a.segment), "{a:?}: a segment handed out twice");
                         assert!(a.size >= r && a.size - r <= r / 4, "{a:?} for {r}: beyond the slack");
+                        // The slack only narrows the choice: what is taken is what the fit policy allows.
+                        let allowed = allowed_fits(&runs, r);
+                        assert!(
+                            allowed.iter().any(|x| x.segment == a.segment),
+                            "{a:?} for {r}, not one of {allowed:?}"
+                        );
                         assert!(a.segment_was_empty);
                         live.push((a, false));
                     }

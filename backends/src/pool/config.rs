@@ -233,6 +233,10 @@ pub struct PoolConfig {
     /// blocks of up to a sixteenth of it are kept. 0 turns the caching of large blocks off.
     #[serde(default = "default_thread_cache_large_bytes")]
     pub thread_cache_large_bytes: u64,
+    /// A group whose reserved bytes this pool's count in ([`crate::ReservedGroup`]): the true peak of several
+    /// pools' sum. Not part of a configuration's text: set by the owner of the pools.
+    #[serde(skip)]
+    pub reserved_group: Option<std::sync::Arc<crate::ReservedGroup>>,
 }
 
 fn default_segment_slack() -> Option<f64> {
@@ -274,6 +278,7 @@ impl Default for PoolConfig {
             poison_on_free: false,
             thread_cache_bytes: 32 << 20,
             thread_cache_large_bytes: 1 << 30,
+            reserved_group: None,
         }
     }
 }

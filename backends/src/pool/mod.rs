@@ -203,7 +203,8 @@ impl<B: Backend> Pool<B> {
         let cached_small_max = if pooled && config.thread_cache_bytes > 0 { config.small_request_max } else { 0 };
         let cached_large_max = if pooled { config.thread_cache_large_bytes / 16 } else { 0 };
         let slots = if cached_small_max > 0 || cached_large_max > 0 { slot_count() } else { 0 };
-        let state = State::new(arena_base, stats);
+        let mut state = State::new(arena_base, stats);
+        state.reserved_group = config.reserved_group.clone();
         let reserved = Arc::clone(&state.reserved_gauge);
         let state = LeanMutex::new(state);
         let slots = (0..slots)
@@ -313,6 +314,11 @@ impl<B: Backend> Drop for Pool<B> {
             }
         }
         self.backend.release_spare_pages();
+        // Everything went back: the group no longer counts this pool's bytes.
+        let reserved = state.reserved_gauge.swap(0, Ordering::Relaxed);
+        if let Some(group) = &state.reserved_group {
+            group.change(reserved, 0);
+        }
     }
 }
 

@@ -138,6 +138,8 @@ pub(super) struct State<S> {
     /// `reserved()` as of the last [`State::update_reserved`], readable without the lock
     /// ([`crate::Pool::reserved_bytes`]).
     pub(super) reserved_gauge: Arc<AtomicU64>,
+    /// The group this pool's reserved bytes count in, if any (`PoolConfig::reserved_group`).
+    pub(super) reserved_group: Option<Arc<crate::ReservedGroup>>,
     /// The stitched blocks of each virtual arena that has some ([`super::stitch`]).
     pub(super) stitchers: Vec<Stitcher>,
     /// Kept stitched ranges forgotten to make room for new ones since the last full release (see
@@ -171,6 +173,7 @@ impl<S> State<S> {
             live_high_water: 0,
             steps: Steps::default(),
             reserved_gauge: Arc::default(),
+            reserved_group: None,
             stitchers: Vec::new(),
             stitch_evictions: 0,
         }
@@ -343,7 +346,10 @@ impl<S> State<S> {
     pub(super) fn update_reserved(&mut self) {
         let reserved = self.reserved();
         self.stats.reserved_bytes.set(reserved);
-        self.reserved_gauge.store(reserved, Ordering::Relaxed);
+        let before = self.reserved_gauge.swap(reserved, Ordering::Relaxed);
+        if let Some(group) = &self.reserved_group {
+            group.change(before, reserved);
+        }
         self.reserved_high_water = self.reserved_high_water.max(reserved);
         self.steps.step_peak = self.steps.step_peak.max(reserved);
         self.update_split();
