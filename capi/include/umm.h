@@ -66,10 +66,10 @@ void umm_clear_error(void);
  * {"current","peak"}), num_allocs, num_frees, cache_hits, cache_misses, num_device_alloc, num_device_free,
  * num_steps, num_step_plans, num_steps_planned, num_planned_allocs, num_plan_fallbacks, planned_bytes,
  * num_alloc_retries, num_ooms, limit_bytes, hit_rate, fragmentation_ratio, live_pointers, pending_frees,
- * device, device_name, device_total_bytes, virtual_memory, huge_pool_min_bytes, and "pools" with each pool's
- * own statistics where the device has two (UMM_HUGE_MIN, below); then the peaks are those of the pools added up,
- * an upper bound of the device's true peak, but for reserved_bytes, whose peak is the true one. Free it with umm_string_free. NULL with a message if umm has no pool for
- * `device`. */
+ * device, device_name, device_total_bytes, virtual_memory, simulated, huge_pool_min_bytes, and "pools" with each
+ * pool's own statistics where the device has two (UMM_HUGE_MIN, below); then the peaks are those of the pools
+ * added up, an upper bound of the device's true peak, but for reserved_bytes, whose peak is the true one. Free it
+ * with umm_string_free. NULL with a message if umm has no pool for `device`. */
 char *umm_stats_json(int device);
 void umm_string_free(char *s);
 
