@@ -644,7 +644,7 @@ impl<B: Backend> Backend for FaultyBackend<B> {
         if mapped.is_none_or(|(_, &e)| e < end) {
             ledger.violation(format!("alias_pages of {src_offset}..{end} in segment {}, which is not mapped", src.id));
         }
-        if !ledger.live.get(&dst.id).is_some_and(|r| r.reservation) {
+        if !ledger.live.get(&dst.id).is_some_and(|r| r.reservation && r.mapped.is_empty()) {
             ledger.violation(format!("alias_pages into segment {}, not a reservation of its own", dst.id));
         }
         ledger.aliases.entry(dst.id).or_default().push(Alias { dst_offset, src: src.id, src_offset, len });
