@@ -30,7 +30,8 @@ impl fmt::Debug for Bytes {
 /// A number field of a trace line: usually valid, often at an edge, sometimes not a number at all.
 fn number_field(rng: &mut Rng, small: u64) -> String {
     match rng.below(12) {
-        0..=4 => rng.below(small).to_string(),
+        0..=3 => rng.below(small).to_string(),
+        4 => format!("{}{}", rng.pick(&["-", "+", "+0", "-0", "--", "+-"]), rng.below(small)),
         5 | 6 => rng.edgy_u64().to_string(),
         7 => rng
             .pick(&["-1", "18446744073709551616", "99999999999999999999999", "1.5", "1e3", "0x10", "+1", "１", "", "0"])
@@ -115,7 +116,8 @@ fn check_trace(trace: &Trace) -> Result<(), String> {
                 *cell = true;
                 allocs += 1;
                 max_block = max_block.max(bytes);
-                streams = streams.max(stream + 1);
+                // Stream u32::MAX counts as u32::MAX streams: one more does not fit the field.
+                streams = streams.max(stream.saturating_add(1));
             }
             umm::trace::Op::Free { slot } => {
                 let cell = live.get_mut(slot as usize).ok_or(format!("slot {slot} >= slots {}", trace.slots))?;
@@ -133,12 +135,91 @@ fn check_trace(trace: &Trace) -> Result<(), String> {
     Ok(())
 }
 
+/// A line of an accepted trace, read by the format's grammar alone.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Line {
+    Alloc { id: u64, bytes: u64, stream: u32 },
+    Free { id: u64 },
+    Step,
+}
+
+/// A number field as the format allows it: ASCII digits only (no sign, point, exponent or prefix) that fit in
+/// 64 bits.
+fn grammar_number(field: &str) -> Option<u64> {
+    if field.is_empty() || !field.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    field.bytes().try_fold(0u64, |n, d| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))
+}
+
+/// The ops and marks of `text` by the grammar of `umm-trace v1`, independently of the reader: after the header,
+/// `a ID BYTES STREAM` (BYTES above zero, STREAM below 2^32), `f ID` and `s`, fields separated by ASCII
+/// whitespace, and comment and blank lines. `Err` names the first line outside the grammar.
+fn grammar_lines(text: &[u8]) -> Result<Vec<Line>, String> {
+    let text = std::str::from_utf8(text).map_err(|e| format!("accepted text that is not UTF-8: {e}"))?;
+    let mut lines = Vec::new();
+    for (number, line) in text.split('\n').enumerate().skip(1) {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let fields: Vec<&str> = line.split_ascii_whitespace().collect();
+        let numbers: Option<Vec<u64>> = fields[1..].iter().map(|f| grammar_number(f)).collect();
+        let parsed = match (fields[0], numbers.as_deref()) {
+            ("a", Some(&[id, bytes, stream])) if bytes > 0 => {
+                u32::try_from(stream).ok().map(|stream| Line::Alloc { id, bytes, stream })
+            }
+            ("f", Some(&[id])) => Some(Line::Free { id }),
+            ("s", Some(&[])) => Some(Line::Step),
+            _ => None,
+        };
+        lines.push(parsed.ok_or(format!("accepted line {} `{line}`, which the format does not allow", number + 1))?);
+    }
+    Ok(lines)
+}
+
+/// An accepted trace must be what its text says by the grammar: each line an op or a mark, in order, each
+/// allocation with its bytes and stream, each free naming the slot of its ID's allocation.
+fn check_accepted(trace: &Trace, text: &[u8]) -> Result<(), String> {
+    let lines = grammar_lines(text)?;
+    let mut slot_of = HashMap::new();
+    let mut ops = trace.ops.iter();
+    let mut marks = Vec::new();
+    for line in lines {
+        let op = match line {
+            Line::Step => {
+                marks.push(trace.ops.len() - ops.len());
+                continue;
+            }
+            _ => ops.next().ok_or(format!("{line:?} is missing from the trace"))?,
+        };
+        match (line, *op) {
+            (Line::Alloc { id, bytes, stream }, umm::trace::Op::Alloc { slot, bytes: b, stream: s })
+                if (b, s) == (bytes, stream) && slot_of.insert(id, slot).is_none() => {}
+            (Line::Free { id }, umm::trace::Op::Free { slot }) if slot_of.remove(&id) == Some(slot) => {}
+            _ => return Err(format!("{line:?} read as {op:?}")),
+        }
+    }
+    if ops.len() > 0 || marks != trace.steps {
+        return Err(format!(
+            "{} ops and marks {:?} beyond the text's, which has marks {marks:?}",
+            ops.len(),
+            trace.steps
+        ));
+    }
+    Ok(())
+}
+
 /// Checks what the reader said about `input`, whose decompressed text is `text` when known: a trace that keeps
-/// its own books, or an error of the right kind whose message names the file, the line, and a token of that line.
+/// its own books and holds what the text says by the format's grammar ([`check_accepted`]), or an error of the
+/// right kind whose message names the file, the line, and a token of that line.
 fn check_read(result: &Result<Trace, TraceError>, input: &[u8], text: Option<&[u8]>) -> Result<(), String> {
     let gzip = input.starts_with(&[0x1f, 0x8b]);
     let err = match result {
-        Ok(trace) => return check_trace(trace),
+        Ok(trace) => {
+            check_trace(trace)?;
+            return text.map_or(Ok(()), |text| check_accepted(trace, text));
+        }
         Err(e) => e,
     };
     let message = err.to_string();
@@ -169,6 +250,9 @@ fn check_read(result: &Result<Trace, TraceError>, input: &[u8], text: Option<&[u
                 return Err(format!("a message of {} characters", what.chars().count()));
             }
             let Some(text) = text else { return Ok(()) };
+            // Every line before the refused one was taken: each must be in the format's grammar.
+            let before: usize = text.split_inclusive(|&b| b == b'\n').take(*line as usize - 1).map(<[u8]>::len).sum();
+            grammar_lines(&text[..before])?;
             let Some(bytes) = line_of(text, *line) else {
                 return Err(format!("line {line} is past the end of the input: {message}"));
             };

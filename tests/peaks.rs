@@ -13,7 +13,8 @@ fn the_true_peak_is_below_the_sum_of_pool_peaks_when_pools_peak_apart() {
         .simulated_device(4 << 30)
         .build()
         .unwrap();
-    let on = |device: usize| AllocOptions::new().placement(Placement::DeviceLocal).device(DeviceSelector::Index(device));
+    let on =
+        |device: usize| AllocOptions::new().placement(Placement::DeviceLocal).device(DeviceSelector::Index(device));
     let sims: Vec<usize> = mm.devices().iter().filter(|d| d.name().contains("sim")).map(|d| d.index()).collect();
     assert_eq!(sims.len(), 2, "{:?}", mm.devices().iter().map(|d| d.name().to_string()).collect::<Vec<_>>());
     let first = mm.allocate_universal_with::<u8>(256 * MIB, on(sims[0])).unwrap();

@@ -107,8 +107,48 @@ fn decider() -> impl Strategy<Value = Decider> {
     )
 }
 
+/// The size class as documented, computed without [`SizeClass::of`]: the number of maxima (`small_max`,
+/// `medium_max`, both inclusive) the size is above picks small, medium or large.
+fn documented_class(bytes: u64, thresholds: &Thresholds) -> SizeClass {
+    let above = [thresholds.small_max, thresholds.medium_max].iter().filter(|&&max| bytes > max).count();
+    [SizeClass::Small, SizeClass::Medium, SizeClass::Large][above]
+}
+
+/// A size at or within two bytes of one of the decider's maxima.
+fn near_a_threshold(thresholds: &Thresholds, medium: bool, offset: i64) -> u64 {
+    let max = if medium { thresholds.medium_max } else { thresholds.small_max };
+    max.saturating_add_signed(offset).max(1)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// Requests at and around either maximum get the documented class, and Auto on a GPU of unknown size gives
+    /// them the table's pool for that class (pinned host memory for small, device-local memory otherwise).
+    #[test]
+    fn sizes_at_the_thresholds_get_the_documented_class(
+        decider in decider(), medium in any::<bool>(), offset in -2i64..=2,
+    ) {
+        let thresholds = decider.config().thresholds;
+        let bytes = near_a_threshold(&thresholds, medium, offset);
+        let gpu = DeviceView {
+            index: 1,
+            name: "gpu".into(),
+            kind: DeviceKind::DiscreteGpu,
+            apis: vec![Api::Cuda],
+            shares_memory_with_host: false,
+            total_bytes: 0,
+            free_bytes: 0,
+            cached_bytes: 0,
+            pools: vec![PoolKind::DeviceLocal, PoolKind::HostPinned],
+            max_allocation: 0,
+        };
+        let d = decider.decide(&Request::new(bytes), &[DeviceView::host(0, 1 << 40, 1 << 39), gpu], None).unwrap();
+        let class = documented_class(bytes, &thresholds);
+        prop_assert_eq!(d.size_class, class, "{} B with {:?}", bytes, thresholds);
+        let pool = if class == SizeClass::Small { PoolKind::HostPinned } else { PoolKind::DeviceLocal };
+        prop_assert_eq!((d.device, d.pool), (1, pool), "{}", d.reason());
+    }
 
     #[test]
     fn decide_returns_an_existing_device_and_an_offered_pool(
@@ -124,7 +164,7 @@ proptest! {
                 let device = devices.iter().find(|v| v.index == d.device);
                 prop_assert!(device.is_some(), "device {} does not exist", d.device);
                 prop_assert!(device.unwrap().offers(d.pool), "device {} lacks {}", d.device, d.pool);
-                prop_assert_eq!(d.size_class, SizeClass::of(req.bytes, &decider.config().thresholds));
+                prop_assert_eq!(d.size_class, documented_class(req.bytes, &decider.config().thresholds));
                 prop_assert!(d.reason().ends_with('.') && d.reason().len() > 40, "{}", d.reason());
                 prop_assert!(selectable && req.bytes > 0);
                 // A selector that names devices keeps the request on them.
