@@ -76,3 +76,37 @@ impl<B: Backend> DevicePool for StreamPool<B> {
         self.backend().free_memory()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use umm_backends::{Pool, PoolConfig, SimBackend};
+
+    const MIB: u64 = 1 << 20;
+
+    fn sim(virtual_memory: bool) -> StreamPool<SimBackend> {
+        let backend = if virtual_memory { SimBackend::new("sim", 1 << 30) } else { SimBackend::plain("sim", 1 << 30) };
+        StreamPool::new(Pool::new(backend.at_address(1 << 40), PoolConfig::default()).unwrap())
+    }
+
+    /// What the registry reads of a pool: its kind of segments, the device's free memory, peaks reset, steps
+    /// counted, addresses where the backend gives them.
+    #[test]
+    fn the_registry_reads_what_the_pool_says() {
+        for virtual_memory in [true, false] {
+            let pool: &dyn DevicePool = &sim(virtual_memory);
+            assert_eq!(pool.uses_virtual_memory(), virtual_memory);
+            assert_eq!(pool.device_free(), 1 << 30);
+            let block = pool.allocate(64 * MIB, StreamId(0)).unwrap();
+            assert!(pool.address(&block).unwrap() >= 1 << 40);
+            assert_eq!(pool.device_free(), (1 << 30) - pool.reserved_bytes());
+            pool.free(&block).unwrap();
+            assert_eq!(pool.stats().allocated_bytes.peak, 64 * MIB);
+            pool.reset_peaks();
+            assert_eq!(pool.stats().allocated_bytes.peak, 0, "a reset starts from what is allocated now");
+            pool.mark_step();
+            pool.mark_step();
+            assert_eq!(pool.stats().num_steps, 2);
+        }
+    }
+}

@@ -164,8 +164,13 @@ mod tests {
         assert_eq!(json["action"], "segment_map");
         assert!(json.get("device_free").is_none());
         record(0).unwrap();
+        assert!(!on());
         push(1, Action::Alloc, 9, 512, 0, None);
-        assert_eq!(super::events(2)[1].len(), 3, "stopped: kept, nothing added");
+        push_reserved_change(1, true, 9, 0, 0, 2 << 20);
+        let kept: Vec<u64> = super::events(2)[1].iter().map(|e| e.addr).collect();
+        assert_eq!(kept, [3, 4, 5], "stopped: kept, nothing added");
+        record(MAX_ENTRIES).expect("the largest ring is accepted");
+        record(0).unwrap();
         record(2).unwrap();
         assert!(super::events(2)[1].is_empty(), "a new start drops the old events");
         record(0).unwrap();
