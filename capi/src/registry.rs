@@ -677,7 +677,6 @@ pub(crate) fn set_limit(device: i64, bytes: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// Resets the peaks of `device` (or every device for -1) to the current values.
 /// Marks the end of a step on `device` (or every device for -1): steps that repeat are served from a plan (see
 /// `umm_backends::Pool::mark_step`), and records the mark in the trace of `UMM_TRACE`.
 pub(crate) fn mark_step(device: i64) -> Result<(), String> {
@@ -692,6 +691,7 @@ pub(crate) fn mark_step(device: i64) -> Result<(), String> {
     Ok(())
 }
 
+/// Resets the peaks of `device` (or every device for -1) to the current values.
 pub(crate) fn reset_peaks(device: i64) -> Result<(), String> {
     for (slot, _) in registry().targets(device)? {
         slot.pools().for_each(|p| p.reset_peaks());
@@ -703,6 +703,107 @@ pub(crate) fn reset_peaks(device: i64) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn vars(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+    }
+
+    /// Valid values set the field they name; a page size must be a power of two.
+    #[test]
+    fn each_variable_sets_its_field() {
+        let config = pool_config(vars(&[
+            ("UMM_SEGMENT_MODE", "plain"),
+            ("UMM_PLAN_STEPS", "off"),
+            ("UMM_STITCH", "no"),
+            ("UMM_PAGE_SIZE", "8MiB"),
+            ("UMM_STRATEGY", "direct"),
+            ("UMM_CROSS_STREAM", "wait"),
+            ("UMM_MAPPED_SLACK", "0.05"),
+            ("UMM_SEGMENT_SLACK", "off"),
+        ]))
+        .unwrap();
+        assert_eq!(config.segment_mode, SegmentMode::Plain);
+        assert!(!config.plan_steps && !config.stitch);
+        assert_eq!(config.page_size, Some(8 << 20));
+        assert_eq!(config.strategy, Strategy::Direct);
+        assert_eq!(config.cross_stream, umm_backends::CrossStream::Wait);
+        assert_eq!((config.mapped_slack, config.segment_slack), (Some(0.05), None));
+        for on in ["on", "1", "true", "yes"] {
+            let lookup = move |name: &str| (name == "UMM_PLAN_STEPS" || name == "UMM_STITCH").then(|| on.to_string());
+            let config = pool_config(lookup).unwrap();
+            assert!(config.plan_steps && config.stitch, "{on}");
+        }
+        for off in ["off", "0", "false", "no"] {
+            let lookup = move |name: &str| (name == "UMM_PLAN_STEPS" || name == "UMM_STITCH").then(|| off.to_string());
+            let config = pool_config(lookup).unwrap();
+            assert!(!config.plan_steps && !config.stitch, "{off}");
+        }
+        let err = pool_config(vars(&[("UMM_PAGE_SIZE", "3MiB")])).unwrap_err();
+        assert!(err.contains("not a power of two") && err.contains("3145728 bytes"), "{err}");
+        assert_eq!(pool_config(vars(&[])).unwrap(), PoolConfig::default());
+        assert_eq!(huge_min(vars(&[("UMM_HUGE_MIN", "1073741824")])), Ok(1 << 30));
+        assert_eq!(huge_min(vars(&[])), Ok(0));
+    }
+
+    /// `UMM_CAPI_SIM`: a size, or a count and a size; at least one page; 1 to 64 devices.
+    #[test]
+    fn simulated_devices_are_read_from_a_size_or_a_count_and_a_size() {
+        let read = |v: &'static str| simulated_devices(move |name: &str| (name == "UMM_CAPI_SIM").then(|| v.into()));
+        assert_eq!(read("16GiB"), Some(Ok((1, 16 << 30))));
+        assert_eq!(read("2x16GiB"), Some(Ok((2, 16 << 30))));
+        assert_eq!(read(" 3X2MiB "), Some(Ok((3, 2 << 20))), "one page is enough");
+        for (bad, why) in [
+            ("x16GiB", "UMM_CAPI_SIM=\"x16GiB\""),
+            ("2x", "UMM_CAPI_SIM=\"2x\""),
+            ("1x1MiB", "below one 2 MiB page"),
+            ("65x1GiB", "65 devices"),
+            ("0x1GiB", "0 devices"),
+        ] {
+            let err = read(bad).expect("set").unwrap_err();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+        assert_eq!(simulated_devices(|_: &str| None), None, "unset: CUDA's devices");
+    }
+
+    /// Simulated devices start 1 TiB apart, none at 0; a huge pool next to a virtual main pool takes the
+    /// requests of at least its size until a limit is set, at addresses of its own.
+    #[test]
+    fn simulated_devices_route_huge_requests_to_their_own_pool() {
+        assert_eq!((simulated_base(0), simulated_base(1)), (1 << 40, 2 << 40));
+        let registry = Registry::simulated(2, 4 << 30, Ok((PoolConfig::default(), 64 << 20)));
+        assert!(registry.simulated);
+        let slot = &registry.devices[1];
+        let main = slot.pool.as_ref().unwrap();
+        let huge = slot.huge.as_ref().expect("a huge pool next to a virtual main pool");
+        assert!(main.uses_virtual_memory() && !huge.uses_virtual_memory());
+        let (pool, is_huge) = slot.pool_for(main, 64 << 20, registry.huge_min);
+        assert!(is_huge && Arc::ptr_eq(pool, huge));
+        let (pool, is_huge) = slot.pool_for(main, (64 << 20) - 1, registry.huge_min);
+        assert!(!is_huge && Arc::ptr_eq(pool, main));
+        let block = huge.allocate(64 << 20, StreamId(0)).unwrap();
+        let address = huge.address(&block).unwrap();
+        assert!((address >= (2 << 40) + (1 << 39)) && address < 3 << 40, "{address:#x}");
+        let small = main.allocate(1 << 20, StreamId(0)).unwrap();
+        assert!((2 << 40..(2 << 40) + (1 << 39)).contains(&main.address(&small).unwrap()));
+        // The device's true reserved peak counts both pools at once.
+        assert_eq!(slot.reserved.current(), main.reserved_bytes() + huge.reserved_bytes());
+        assert_eq!(slot.stats(main.as_ref()).reserved_bytes.peak, slot.reserved.peak());
+        slot.limited.store(true, Ordering::Relaxed);
+        assert!(!slot.pool_for(main, 1 << 30, registry.huge_min).1, "under a limit everything goes to the main pool");
+        huge.free(&block).unwrap();
+        main.free(&small).unwrap();
+        let plain_only = Registry::simulated(1, 1 << 30, Ok((PoolConfig::default(), 0)));
+        assert!(plain_only.devices[0].huge.is_none(), "no huge pool without UMM_HUGE_MIN");
+    }
+
+    #[test]
+    fn sizes_read_in_binary_units() {
+        assert_eq!(human(1023), "1023 B");
+        assert_eq!(human(1024), "1.00 KiB");
+        assert_eq!(human(1536), "1.50 KiB");
+        assert_eq!(human(3 << 30), "3.00 GiB");
+        assert_eq!(human(u64::MAX), "16777216.00 TiB");
+    }
 
     /// Random values for every variable the C ABI reads: `Ok`, or an error that names the variable and quotes
     /// its value; never a panic. 10,000 cases (`UMM_FUZZ_CASES` overrides).

@@ -173,6 +173,7 @@ fn snapshot_totals_are_the_statistics() {
         assert_eq!(segment["device"], 1);
         let blocks = segment["blocks"].as_array().expect("blocks");
         assert_eq!(blocks.iter().map(|b| b["size"].as_u64().unwrap()).sum::<u64>(), segment["total_size"]);
+        assert!(blocks.iter().all(|b| b["size"].as_u64().unwrap() > 0), "no empty block: {segment}");
     }
     let requested: BTreeMap<u64, u64> = segments
         .iter()
@@ -339,4 +340,23 @@ fn eight_threads_share_the_registry() {
         assert_eq!(s["pending_frees"], 0);
         assert_eq!(s["num_allocs"], s["num_frees"], "device {device}: every allocation freed once");
     }
+}
+
+/// A limit below what is cached releases the cache at once; one at or above it keeps it; 0 lifts it.
+#[test]
+fn a_limit_below_the_cache_releases_it() {
+    let _g = setup();
+    let p = alloc(100 * MIB, 0, 0);
+    free(p, 0, 0);
+    let cached = current(&stats(0), "reserved_bytes");
+    assert!(cached >= 100 << 20);
+    assert_eq!(umm_set_limit(0, cached), 0);
+    assert_eq!(current(&stats(0), "reserved_bytes"), cached, "a limit at what is reserved keeps the cache");
+    assert_eq!(umm_set_limit(0, 32 << 20), 0);
+    assert!(current(&stats(0), "reserved_bytes") <= 32 << 20, "{}", stats(0));
+    assert_eq!(stats(0)["limit_bytes"], 32u64 << 20);
+    assert_eq!(umm_set_limit(0, 0), 0);
+    assert_eq!(stats(0)["limit_bytes"], Value::Null);
+    assert_eq!(umm_set_limit(9, 1 << 20), -1);
+    assert!(last_error().contains("device 9"), "{}", last_error());
 }
