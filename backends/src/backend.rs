@@ -189,6 +189,19 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
         Ok(())
     }
 
+    /// Host memory for `len` bytes of a sleeping pool's pages ([`crate::Pool::sleep`]): page-locked where the
+    /// backend can make it, so that offloading and restoring copy at the link's full speed; plain heap memory by
+    /// default.
+    fn host_store(&self, len: u64) -> Result<crate::HostStore> {
+        crate::HostStore::plain(len)
+    }
+
+    /// Copies `src` back into pages that slept ([`crate::Pool::wake`]), even in a pool whose blocks refuse
+    /// writes (a read-only pool's blocks were filled before they slept). [`Backend::write`] by default.
+    fn restore(&self, segment: &Self::Segment, offset: u64, src: &[u8]) -> Result<()> {
+        self.write(segment, offset, src)
+    }
+
     /// The host address of `offset` in the segment when its memory is directly addressable from the host
     /// (host memory, pinned or mapped memory); `None` otherwise, and for an offset outside the segment. Making a
     /// [`HostPtr`] takes an `unsafe` promise (valid until the segment is destroyed, touched only when the pool

@@ -153,6 +153,12 @@ pub trait MemoryPool: sealed::Sealed + Send + Sync + 'static {
     fn cleanup(&self, idle_rounds: u64) -> TrimReport;
     /// See [`Pool::set_limit`].
     fn set_limit(&self, limit: Option<Limit>) -> Result<()>;
+    /// See [`Pool::sleep`].
+    fn sleep(&self, action: crate::pool::SleepAction) -> Result<crate::pool::SleepReport>;
+    /// See [`Pool::wake`].
+    fn wake(&self) -> Result<crate::pool::WakeReport>;
+    /// See [`Pool::sleeping`].
+    fn sleeping(&self) -> Option<crate::pool::SleepAction>;
     /// The concrete pool, for backend-specific interop (`downcast_ref::<Pool<CudaBackend>>()`).
     fn as_any(&self) -> &dyn Any;
     /// What names the pool: its address, the same through every [`PoolLease`] of it.
@@ -251,6 +257,15 @@ impl MemoryPool for PoolLease {
     fn set_limit(&self, limit: Option<Limit>) -> Result<()> {
         self.0.set_limit(limit)
     }
+    fn sleep(&self, action: crate::pool::SleepAction) -> Result<crate::pool::SleepReport> {
+        self.0.sleep(action)
+    }
+    fn wake(&self) -> Result<crate::pool::WakeReport> {
+        self.0.wake()
+    }
+    fn sleeping(&self) -> Option<crate::pool::SleepAction> {
+        self.0.sleeping()
+    }
     fn as_any(&self) -> &dyn Any {
         self.0.as_any()
     }
@@ -327,6 +342,15 @@ impl<B: Backend> MemoryPool for Pool<B> {
     }
     fn set_limit(&self, limit: Option<Limit>) -> Result<()> {
         Pool::set_limit(self, limit)
+    }
+    fn sleep(&self, action: crate::pool::SleepAction) -> Result<crate::pool::SleepReport> {
+        Pool::sleep(self, action)
+    }
+    fn wake(&self) -> Result<crate::pool::WakeReport> {
+        Pool::wake(self)
+    }
+    fn sleeping(&self) -> Option<crate::pool::SleepAction> {
+        Pool::sleeping(self)
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -96,6 +96,15 @@ pub enum Error {
         /// The driver's message.
         message: String,
     },
+    /// The pool is asleep ([`crate::Pool::sleep`]): its blocks keep their addresses but no memory lies behind
+    /// them until [`crate::Pool::wake`]; nothing may allocate from it or touch its blocks meanwhile.
+    #[error("{pool} is asleep: {what} refused until it wakes")]
+    Asleep {
+        /// Pool name (with its tag, if it has one).
+        pool: String,
+        /// What was asked.
+        what: String,
+    },
     /// The backend's runtime is not installed or no device exists.
     #[error("{backend} is not available: {reason}")]
     Unavailable {
@@ -107,6 +116,11 @@ pub enum Error {
 }
 
 impl Error {
+    /// The pool is asleep ([`Error::Asleep`]): wake it ([`crate::Pool::wake`]) first.
+    pub fn is_asleep(&self) -> bool {
+        matches!(self, Self::Asleep { .. })
+    }
+
     /// The pool could not find the bytes, even after releasing its cache ([`Error::OutOfMemory`]): freeing
     /// memory, lowering the demand or waiting may help. A request larger than the device can ever hold is
     /// [`Error::is_too_large`] instead.

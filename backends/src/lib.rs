@@ -20,6 +20,7 @@ pub mod error;
 pub mod fault;
 pub mod host;
 mod host_ptr;
+pub mod host_store;
 mod key_hash;
 mod lock;
 #[cfg(feature = "opencl")]
@@ -40,13 +41,14 @@ pub use device::{DeviceInfo, Discovery, PoolPlacement};
 pub use device_copy::DevicePath;
 pub use error::{Error, Result};
 pub use host::{host_memory, HostBackend};
+pub use host_store::{HostStore, StoreBytes};
 pub use key_hash::{KeyHasher, KeyMap};
 /// The pools' lock (a release with a plain store), also behind the facade's per-thread tables.
 pub use lock::{LeanGuard, LeanMutex};
 pub use pool::{
     parse_size, BlockSnapshot, CrossStream, Limit, Pool, PoolConfig, PoolSnapshot, SegmentMode, SegmentSnapshot,
-    StepOutcome, StepReport, Strategy, TrimReport, DEFAULT_PAGE_UNLIMITED, MAX_STEP_EVENTS, MISSES_TO_DROP,
-    REPEATS_TO_PLAN,
+    SleepAction, SleepReport, StepOutcome, StepReport, Strategy, TrimReport, WakeReport, DEFAULT_PAGE_UNLIMITED,
+    MAX_STEP_EVENTS, MISSES_TO_DROP, REPEATS_TO_PLAN,
 };
 pub use sim::{SimBackend, SimStreamLog};
 pub use stats::{PoolStats, ReservedGroup, Stat};

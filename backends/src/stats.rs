@@ -99,6 +99,14 @@ pub struct PoolStats {
     pub num_ooms: u64,
     /// The pool's limit in bytes, if any.
     pub limit_bytes: Option<u64>,
+    /// Device bytes a sleeping pool gave back ([`crate::Pool::sleep`]), whose addresses stay reserved for the
+    /// wake; 0 while awake. Not in `reserved_bytes`.
+    pub asleep_bytes: u64,
+    /// Of `asleep_bytes`, those held in host memory for the wake (offloaded rather than discarded).
+    pub offloaded_bytes: u64,
+    /// Host memory held for offloading: a sleeping pool's copy of its pages, or the store kept after a wake for
+    /// the next sleep (until `release_cached`).
+    pub host_store_bytes: u64,
 }
 
 impl PoolStats {
@@ -155,6 +163,9 @@ impl PoolStats {
         self.planned_bytes += other.planned_bytes;
         self.num_alloc_retries += other.num_alloc_retries;
         self.num_ooms += other.num_ooms;
+        self.asleep_bytes += other.asleep_bytes;
+        self.offloaded_bytes += other.offloaded_bytes;
+        self.host_store_bytes += other.host_store_bytes;
         self.limit_bytes = match (self.limit_bytes, other.limit_bytes) {
             (Some(a), Some(b)) => Some(a.saturating_add(b)),
             _ => None,

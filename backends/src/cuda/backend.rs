@@ -644,6 +644,17 @@ impl Backend for CudaBackend {
     fn settle(&self) -> Result<()> {
         self.synchronize()
     }
+    fn host_store(&self, len: u64) -> Result<crate::HostStore> {
+        let len = usize::try_from(len).map_err(|_| Error::InvalidConfig(format!("{len} host bytes")))?;
+        self.bind()?;
+        let bytes = super::host_store::PinnedBytes::new(&self.ctx, len).map_err(|f| self.error(f))?;
+        Ok(crate::HostStore::from_bytes(Box::new(bytes), true))
+    }
+
+    fn restore(&self, segment: &CudaSegment, offset: u64, src: &[u8]) -> Result<()> {
+        self.write_device(segment, offset, src)
+    }
+
     #[allow(unsafe_code)] // Discharges `raw::pinned_host_ptr`'s contract.
     fn host_ptr(&self, segment: &CudaSegment, offset: u64) -> Option<HostPtr> {
         let host = segment.host_addr?;

@@ -280,9 +280,7 @@ pub(super) fn range(
     offset: u64,
     len: u64,
 ) -> Result<(u64, Option<usize>)> {
-    let (segment, base) = pool
-        .segment_of(block)
-        .ok_or_else(|| Error::UnknownBlock(format!("{block:?} in pool {}", pool.backend().name())))?;
+    let (segment, base) = pool.awake_segment_of(block)?;
     match offset.checked_add(len) {
         Some(end) if end <= block.size() => {}
         _ => {

@@ -23,6 +23,7 @@
 mod backend;
 mod buffer;
 mod cache;
+mod host_store;
 mod interop;
 mod marks;
 pub(crate) mod peer;

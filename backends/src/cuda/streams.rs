@@ -139,6 +139,15 @@ impl MemoryPool for CudaPool {
     fn set_limit(&self, limit: Option<Limit>) -> Result<()> {
         StreamPool::set_limit(self, limit)
     }
+    fn sleep(&self, action: crate::pool::SleepAction) -> Result<crate::pool::SleepReport> {
+        StreamPool::sleep(self, action)
+    }
+    fn wake(&self) -> Result<crate::pool::WakeReport> {
+        self.pool().wake()
+    }
+    fn sleeping(&self) -> Option<crate::pool::SleepAction> {
+        self.pool().sleeping()
+    }
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }

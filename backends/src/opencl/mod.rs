@@ -648,7 +648,7 @@ pub(crate) fn copy_owned_or_device(
 }
 
 fn live(pool: &Pool<OpenClBackend>, block: &BlockHandle) -> Result<(OpenClSegment, u64)> {
-    pool.segment_of(block).ok_or_else(|| Error::UnknownBlock(format!("{block:?} in pool {}", pool.backend().name())))
+    pool.awake_segment_of(block)
 }
 
 fn check_in_block(block: &BlockHandle, offset: u64, len: u64) -> Result<()> {

@@ -55,8 +55,8 @@ impl<B: Backend> Pool<B> {
     /// else through the pool.
     #[inline(always)]
     pub(super) fn allocate_any(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
-        if self.stepping.load(Ordering::Relaxed) {
-            return self.allocate_stepped(bytes, stream);
+        if self.detour.load(Ordering::Relaxed) != 0 {
+            return self.allocate_detoured(bytes, stream);
         }
         let Some((index, thread)) = self.thread_slot() else {
             return self.allocate_uncached(bytes, stream);
@@ -72,6 +72,16 @@ impl<B: Backend> Pool<B> {
             return Ok(self.lent_handle(arena, block, bytes, lent));
         }
         self.allocate_through_pool(cache, index, thread, bytes, size, large, stream)
+    }
+
+    /// An allocation while steps are marked or the pool sleeps (see [`Pool::detour`]).
+    #[cold]
+    #[inline(never)]
+    fn allocate_detoured(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
+        if self.detour.load(Ordering::Relaxed) & super::sleep::ASLEEP != 0 {
+            return Err(self.asleep("allocate"));
+        }
+        self.allocate_stepped(bytes, stream)
     }
 
     /// An allocation the calling thread's cache (`slot`) does not serve: straight to the pool. Inlined, as
@@ -256,8 +266,14 @@ impl<B: Backend> Pool<B> {
         stream: StreamId,
     ) -> Result<BlockHandle> {
         let size = self.rounded(bytes);
-        // Zero, overflow while rounding, and sizes past the backend's maximum all land in the slow path.
-        if bytes == 0 || size < bytes || size > self.max_block || self.config.strategy != Strategy::Pooled {
+        // Zero, overflow while rounding, sizes past the backend's maximum and a sleeping pool all land in the
+        // slow path.
+        if bytes == 0
+            || size < bytes
+            || size > self.max_block
+            || self.config.strategy != Strategy::Pooled
+            || state.sleep.is_some()
+        {
             return self.allocate_slow(state, bytes, stream, false);
         }
         let Some(arena) = state.arena_of(stream, self.class_of(size)) else {
@@ -347,6 +363,9 @@ impl<B: Backend> Pool<B> {
         if bytes == 0 {
             return Err(Error::ZeroSize { device: self.backend.name().to_string() });
         }
+        if state.sleep.is_some() {
+            return Err(self.asleep("allocate"));
+        }
         let align = self.backend.alignment();
         let size = bytes
             .checked_add(align - 1)
@@ -403,7 +422,9 @@ impl<B: Backend> Pool<B> {
         let slot = usize::from(class == ArenaClass::Large);
         let first = state.arenas.len() as u32;
         for class in [ArenaClass::Small, ArenaClass::Large] {
-            let virtual_segments = class == ArenaClass::Large && self.page_size.is_some();
+            // A tagged pool keeps small blocks in reservations too, so that all of it can sleep.
+            let virtual_segments =
+                (class == ArenaClass::Large || self.config.tag.is_some()) && self.page_size.is_some();
             let (alignment, small_max) = (self.backend.alignment(), self.config.small_request_max);
             state.arenas.push(Arena::new(stream, class, virtual_segments, alignment, small_max, self.whole_blocks));
         }

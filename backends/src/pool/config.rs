@@ -237,6 +237,12 @@ pub struct PoolConfig {
     /// pools' sum. Not part of a configuration's text: set by the owner of the pools.
     #[serde(skip)]
     pub reserved_group: Option<std::sync::Arc<crate::ReservedGroup>>,
+    /// The tag of a pool made to sleep and wake as a whole ([`crate::Pool::sleep`]): its blocks, small ones
+    /// too, live in virtual reservations where the backend has them, and it makes no stitched blocks (pages
+    /// mapped twice) and plans no steps. Shown in its errors. Not part of a configuration's text: set by the
+    /// owner of the pools for requests with [`PoolConfig::tagged`].
+    #[serde(skip)]
+    pub tag: Option<String>,
 }
 
 fn default_segment_slack() -> Option<f64> {
@@ -279,6 +285,7 @@ impl Default for PoolConfig {
             thread_cache_bytes: 32 << 20,
             thread_cache_large_bytes: 1 << 30,
             reserved_group: None,
+            tag: None,
         }
     }
 }
@@ -292,6 +299,11 @@ impl PoolConfig {
             "off" | "none" => Some(None),
             other => other.parse::<f64>().ok().filter(|f| *f >= 0.0 && f.is_finite()).map(Some),
         }
+    }
+
+    /// This configuration for the pool of tag `tag` (see [`PoolConfig::tag`]).
+    pub fn tagged(&self, tag: &str) -> Self {
+        Self { tag: Some(tag.to_string()), stitch: false, plan_steps: false, ..self.clone() }
     }
 
     /// Checks the values against each other.

@@ -35,7 +35,8 @@ impl<B: Backend> Pool<B> {
         match self.fill(block, 0, block.size, POISON_BYTE) {
             Ok(()) => self.free_unpoisoned(block),
             Err(e) if e.is_unknown_block() => Err(e),
-            Err(e) if e.is_unsupported() => self.free_unpoisoned(block),
+            // Memory asleep has no bytes to poison; the block is freed all the same.
+            Err(e) if e.is_unsupported() || e.is_asleep() => self.free_unpoisoned(block),
             Err(e) => {
                 self.free_unpoisoned(block)?;
                 Err(e)
@@ -45,7 +46,7 @@ impl<B: Backend> Pool<B> {
 
     #[inline(always)]
     pub(super) fn free_unpoisoned(&self, block: &BlockHandle) -> Result<()> {
-        if self.stepping.load(Ordering::Relaxed) {
+        if self.detour.load(Ordering::Relaxed) & super::STEPPING != 0 {
             return self.free_stepped(block);
         }
         if let Some(lent) = block.lent {

@@ -12,6 +12,20 @@ impl<B: Backend> Pool<B> {
         Some((state.live_entry(block)?.handle.clone(), block.offset))
     }
 
+    /// [`Pool::segment_of`] for an access to the block's memory (a kernel's view): [`Error::Asleep`] while the
+    /// pool sleeps, [`Error::UnknownBlock`] for a block that is not live.
+    #[cfg_attr(not(any(feature = "cuda", feature = "opencl", feature = "wgpu")), allow(dead_code))]
+    pub(crate) fn awake_segment_of(&self, block: &BlockHandle) -> Result<(B::Segment, u64)> {
+        let unknown = || self.unknown_block(block);
+        let _cache = self.lock_lender(block).ok_or_else(unknown)?;
+        let state = self.state().lock();
+        let handle = state.live_entry(block).ok_or_else(unknown)?.handle.clone();
+        if state.sleep.is_some() {
+            return Err(self.asleep("a view of a block"));
+        }
+        Ok((handle, block.offset))
+    }
+
     /// Runs `op` on the segment holding live `block` once `[offset, offset + len)` is checked to lie inside it.
     /// Where the memory is host-addressable the pool's lock is held throughout: a copy that looked the block up
     /// and then let go of the lock could land after another thread (holding a clone of the handle) freed the
@@ -34,10 +48,15 @@ impl<B: Backend> Pool<B> {
         let cache = self.lock_lender(block).ok_or_else(unknown)?;
         let state = self.state().lock();
         let segment = state.live_entry(block).ok_or_else(unknown)?;
+        if state.sleep.is_some() {
+            return Err(self.asleep("access to a block's bytes"));
+        }
         if self.backend.host_ptr(&segment.handle, 0).is_some() {
             return op(&segment.handle);
         }
         let segment = segment.handle.clone();
+        // Counted before the lock goes: a sleep waits for the copies in flight before it unmaps their pages.
+        let _copy = self.copies.start();
         drop(state);
         drop(cache);
         op(&segment)

@@ -37,6 +37,7 @@ mod paging;
 mod quick;
 mod recorded;
 mod share;
+mod sleep;
 mod slots;
 mod snapshot;
 mod state;
@@ -50,6 +51,7 @@ mod trim;
 
 pub use config::{parse_size, CrossStream, Limit, PoolConfig, SegmentMode, Strategy};
 pub use recorded::StreamPool;
+pub use sleep::{SleepAction, SleepReport, WakeReport};
 pub use snapshot::{BlockSnapshot, PoolSnapshot, SegmentSnapshot};
 pub use steps::{StepOutcome, StepReport, MAX_STEP_EVENTS, MISSES_TO_DROP, REPEATS_TO_PLAN};
 pub use trim::TrimReport;
@@ -60,7 +62,7 @@ use crate::lock::LeanMutex;
 use crate::{Backend, Error, PoolStats, Result};
 use slots::Slot;
 use state::State;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use thread_cache::{DrainOnExit, ThreadCache};
 
@@ -73,6 +75,9 @@ pub(crate) use thread_cache::Lent;
 /// over live +0-5% on the shared traces). Under a limit the device's own page stays: there pages are given back to
 /// fit, and coarse pages would fail requests that fine ones serve.
 pub const DEFAULT_PAGE_UNLIMITED: u64 = 32 << 20;
+
+/// Bit of [`Pool::detour`]: steps are marked.
+const STEPPING: u8 = 1;
 
 /// The next pool's number (64 bits: never reused in a process's life).
 static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
@@ -114,8 +119,12 @@ pub struct Pool<B: Backend> {
     cached_large_max: u64,
     /// Large requests that no free range holds may be served by stitched blocks ([`stitch`]).
     stitching: bool,
-    /// Set at the first [`Pool::mark_step`]: from then on allocations and frees are recorded ([`steps`]).
-    stepping: AtomicBool,
+    /// Why allocations leave the fast path, read with one load on each: [`STEPPING`] from the first
+    /// [`Pool::mark_step`] on (allocations and frees are recorded, [`steps`]), [`sleep::ASLEEP`] while the pool
+    /// sleeps (allocations are refused).
+    detour: AtomicU8,
+    /// Copies of device memory running without the pool's lock, which a sleep waits for ([`sleep`]).
+    copies: sleep::CopiesInFlight,
     /// The reserved bytes the pool's books hold, kept by the state under the lock and read without it.
     reserved: Arc<AtomicU64>,
     shared: Arc<Shared<B::Segment>>,
@@ -190,7 +199,7 @@ impl<B: Backend> Pool<B> {
             Some(vm) if use_virtual => (Some(vm.page_size), vm.max_reservation),
             _ => (None, 0),
         };
-        let stitching = config.stitch && page_size.is_some() && backend.can_alias_pages();
+        let stitching = config.stitch && config.tag.is_none() && page_size.is_some() && backend.can_alias_pages();
         let max_block = if page_size.is_some() { backend.capacity() } else { backend.max_segment_size() };
         let limit = config.limit.map(|l| l.resolve(backend.capacity())).transpose()?;
         let stats = PoolStats { name: backend.name().to_string(), limit_bytes: limit, ..PoolStats::default() };
@@ -225,7 +234,8 @@ impl<B: Backend> Pool<B> {
             cached_small_max,
             cached_large_max,
             stitching,
-            stepping: AtomicBool::new(false),
+            detour: AtomicU8::new(0),
+            copies: sleep::CopiesInFlight::default(),
             reserved,
             shared: Arc::new(Shared { state, slots }),
         })

@@ -257,6 +257,13 @@ impl<B: Backend> StreamPool<B> {
         self.pool.release_cached()
     }
 
+    /// Waits for the pending frees' streams and returns those blocks, so that their pages are not kept, then
+    /// puts the pool to sleep ([`Pool::sleep`]).
+    pub fn sleep(&self, action: crate::pool::SleepAction) -> Result<crate::pool::SleepReport> {
+        self.synchronize_pending()?;
+        self.pool.sleep(action)
+    }
+
     /// Returns completed pending frees, then frees segments idle for `idle_rounds` cleanup rounds.
     pub fn cleanup(&self, idle_rounds: u64) -> TrimReport {
         if let Err(e) = self.process_pending() {

@@ -110,7 +110,8 @@ impl<B: Backend> Pool<B> {
                     size,
                     address: self.backend.device_address(&entry.handle),
                     virtual_reservation: entry.mapped.is_some(),
-                    physical_bytes: entry.mapped.unwrap_or(size),
+                    // A sleeping pool's reservations have no page mapped (the free ones went before the rest slept).
+                    physical_bytes: if state.sleep.is_some() { 0 } else { entry.mapped.unwrap_or(size) },
                     blocks,
                 });
             }

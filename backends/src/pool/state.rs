@@ -145,6 +145,10 @@ pub(super) struct State<S> {
     /// Kept stitched ranges forgotten to make room for new ones since the last full release (see
     /// [`super::stitch::MAX_STITCH_EVICTIONS`]).
     pub(super) stitch_evictions: u64,
+    /// While the pool sleeps: what it unmapped and where the bytes went ([`super::sleep`]).
+    pub(super) sleep: Option<super::sleep::Sleeping>,
+    /// Host memory that held offloaded bytes, kept for the next sleep ([`crate::Pool::wake`]).
+    pub(super) host_store: Option<crate::HostStore>,
 }
 
 /// What happened to a plain segment, as far as `empty_plain_bytes` cares.
@@ -176,6 +180,8 @@ impl<S> State<S> {
             reserved_group: None,
             stitchers: Vec::new(),
             stitch_evictions: 0,
+            sleep: None,
+            host_store: None,
         }
     }
 
@@ -331,16 +337,24 @@ impl<S> State<S> {
         stats.num_allocs = stats.cache_hits + stats.cache_misses;
         stats.inactive_split_bytes.current = self.split_bytes();
         stats.planned_bytes = self.planned_bytes();
+        if let Some(sleep) = &self.sleep {
+            stats.asleep_bytes = sleep.bytes;
+            stats.offloaded_bytes = sleep.offloaded_bytes();
+        }
+        stats.host_store_bytes = self.host_store_bytes();
         stats
     }
 
     /// Free bytes in segments that also hold live blocks (plus free mapped pages of reservations).
     pub(super) fn split_bytes(&self) -> u64 {
-        self.reserved() - self.stats.allocated_bytes.current - self.empty_plain_bytes
+        // Saturating: a sleeping pool's live blocks hold no device memory.
+        self.reserved().saturating_sub(self.stats.allocated_bytes.current + self.empty_plain_bytes)
     }
 
+    /// Device bytes held: plain segments and mapped pages, less the pages a sleeping pool unmapped (which the
+    /// engine's books keep as mapped, so that waking maps exactly them again).
     pub(super) fn reserved(&self) -> u64 {
-        self.plain_bytes + self.mapped_bytes
+        self.plain_bytes + self.mapped_bytes - self.sleep.as_ref().map_or(0, |s| s.bytes)
     }
 
     pub(super) fn update_reserved(&mut self) {

@@ -388,7 +388,7 @@ impl<B: Backend> Pool<B> {
         if !self.plans_steps() {
             return StepReport { step, outcome: StepOutcome::Off, planned_bytes: 0 };
         }
-        self.stepping.store(true, Ordering::Relaxed);
+        self.detour.fetch_or(super::STEPPING, Ordering::Relaxed);
         self.retire_planned(&mut state);
         // A plan whose segment was released (cleanup, a shortfall) is gone.
         if let Some((arena, segment)) = state.steps.plan_segment() {

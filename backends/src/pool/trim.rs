@@ -36,6 +36,7 @@ impl<B: Backend> Pool<B> {
         self.drain_thread_caches(true);
         let mut state = self.state().lock();
         let report = self.release_cached_locked(&mut state, 0, u64::MAX);
+        Self::release_host_store(&mut state);
         // The user asked for everything back: what the workload held before no longer says what it needs.
         state.reserved_high_water = state.reserved();
         state.stitch_evictions = 0;
@@ -61,6 +62,10 @@ impl<B: Backend> Pool<B> {
         idle_rounds: u64,
         want: u64,
     ) -> TrimReport {
+        // A sleeping pool's pages are unmapped already and its books must stay as they were for the wake.
+        if state.sleep.is_some() {
+            return TrimReport::default();
+        }
         let start = Instant::now();
         let mut report = TrimReport::default();
         let round = state.cleanup_round;

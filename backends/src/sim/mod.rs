@@ -43,6 +43,8 @@ pub struct SimBackend {
     streams: Mutex<SimStreams>,
     /// Which physical page backs each mapped page of the reservations (see [`SimPages`]).
     pages: Mutex<SimPages>,
+    /// Whether the device keeps the bytes written to it ([`SimBackend::holding_bytes`]).
+    holds_bytes: bool,
 }
 
 /// The page tables of the reservations: every mapped page's physical page, and how many mappings each physical
@@ -56,6 +58,10 @@ struct SimPages {
     /// Physical page number -> mappings.
     mappings: HashMap<u64, u32>,
     next: u64,
+    /// With [`SimBackend::holding_bytes`]: the bytes of physical pages and of plain segments (by base address),
+    /// made on first touch.
+    page_bytes: HashMap<u64, Box<[u8]>>,
+    segment_bytes: HashMap<u64, Box<[u8]>>,
 }
 
 /// Free-memory queries answered by simulated devices in this process: what a driver's `cuMemGetInfo` would
@@ -85,7 +91,20 @@ impl SimBackend {
             physical: AtomicU64::new(0),
             streams: Mutex::new(SimStreams::default()),
             pages: Mutex::new(SimPages::default()),
+            holds_bytes: false,
         }
+    }
+
+    /// The byte a page or segment holds before anything is written to it: neither zero nor the poison, so that
+    /// a test reading memory nobody wrote (a discarded page mapped anew, say) cannot mistake it for its data.
+    pub const FRESH_BYTE: u8 = 0xA5;
+
+    /// The same device keeping the bytes written to it, so that reads, writes and fills work: a page's bytes
+    /// live with its physical page (a page mapped anew holds [`SimBackend::FRESH_BYTE`]s, whatever the address
+    /// held before) and touching an address no page is mapped at fails, as a kernel's access would fault. Memory
+    /// is taken on first touch.
+    pub fn holding_bytes(self) -> Self {
+        Self { holds_bytes: true, ..self }
     }
 
     /// A simulated device without virtual memory: segments only, as OpenCL devices are.
@@ -154,6 +173,7 @@ impl SimBackend {
             *left -= 1;
             if *left == 0 {
                 pages.mappings.remove(&physical);
+                pages.page_bytes.remove(&physical);
                 self.physical.fetch_sub(self.page, Ordering::Relaxed);
             }
         }
@@ -205,6 +225,56 @@ impl SimBackend {
         };
         *next_address = end;
         Ok(SimSegment { base, size, reservation })
+    }
+
+    /// Runs `visit` over the pieces of `[offset, offset + len)` of `segment`, each with the bytes behind it and
+    /// its position in the range: per page in a reservation, at once in a segment. Fails on a range outside the
+    /// segment or over a page not mapped, before touching anything.
+    fn touch(
+        &self,
+        segment: &SimSegment,
+        offset: u64,
+        len: u64,
+        call: &str,
+        mut visit: impl FnMut(&mut [u8], usize),
+    ) -> Result<()> {
+        if !self.holds_bytes {
+            return Err(self.no_bytes(call));
+        }
+        if offset.checked_add(len).is_none_or(|end| end > segment.size) {
+            return Err(Error::OutOfBounds(format!(
+                "{call}: {len} bytes at offset {offset} of a segment of {} bytes",
+                segment.size
+            )));
+        }
+        let mut pages = self.pages.lock();
+        let pages = &mut *pages;
+        if !segment.reservation {
+            let bytes = pages
+                .segment_bytes
+                .entry(segment.base)
+                .or_insert_with(|| vec![Self::FRESH_BYTE; segment.size as usize].into_boxed_slice());
+            visit(&mut bytes[offset as usize..(offset + len) as usize], 0);
+            return Ok(());
+        }
+        let (start, end) = (segment.base + offset, segment.base + offset + len);
+        let first = start & !(self.page - 1);
+        let physical: Vec<(u64, u64)> = (first..end)
+            .step_by(self.page as usize)
+            .map(|at| pages.mapped.get(&at).map(|&p| (at, p)).ok_or(at))
+            .collect::<std::result::Result<_, u64>>()
+            .map_err(|at| Error::Driver {
+                backend: self.name.clone(),
+                call: call.into(),
+                message: format!("illegal address: no page is mapped at {:#x}", at.max(start)),
+            })?;
+        for (at, page) in physical {
+            let bytes =
+                pages.page_bytes.entry(page).or_insert_with(|| vec![Self::FRESH_BYTE; self.page as usize].into());
+            let (from, to) = (start.max(at), end.min(at + self.page));
+            visit(&mut bytes[(from - at) as usize..(to - at) as usize], (from - start) as usize);
+        }
+        Ok(())
     }
 
     fn no_bytes(&self, what: &str) -> Error {
@@ -259,6 +329,7 @@ impl Backend for SimBackend {
             // A pool unmaps a reservation's own pages first; what is left are second mappings.
             self.drop_mappings(segment.base, segment.base + segment.size);
         } else {
+            self.pages.lock().segment_bytes.remove(&segment.base);
             self.physical.fetch_sub(segment.size, Ordering::Relaxed);
         }
     }
@@ -349,13 +420,17 @@ impl Backend for SimBackend {
     fn device_address(&self, segment: &SimSegment) -> Option<u64> {
         Some(segment.base)
     }
-    fn write(&self, _segment: &SimSegment, _offset: u64, _src: &[u8]) -> Result<()> {
-        Err(self.no_bytes("write"))
+    fn write(&self, segment: &SimSegment, offset: u64, src: &[u8]) -> Result<()> {
+        self.touch(segment, offset, src.len() as u64, "write", |bytes, at| {
+            bytes.copy_from_slice(&src[at..at + bytes.len()]);
+        })
     }
-    fn read(&self, _segment: &SimSegment, _offset: u64, _dst: &mut [u8]) -> Result<()> {
-        Err(self.no_bytes("read"))
+    fn read(&self, segment: &SimSegment, offset: u64, dst: &mut [u8]) -> Result<()> {
+        self.touch(segment, offset, dst.len() as u64, "read", |bytes, at| {
+            dst[at..at + bytes.len()].copy_from_slice(bytes);
+        })
     }
-    fn fill(&self, _segment: &SimSegment, _offset: u64, _len: u64, _value: u8) -> Result<()> {
-        Err(self.no_bytes("fill"))
+    fn fill(&self, segment: &SimSegment, offset: u64, len: u64, value: u8) -> Result<()> {
+        self.touch(segment, offset, len, "fill", |bytes, _| bytes.fill(value))
     }
 }

@@ -59,7 +59,7 @@ pub fn segment_and_offset(pool: &Pool<WgpuBackend>, block: &BlockHandle) -> Resu
 }
 
 fn live_segment(pool: &Pool<WgpuBackend>, block: &BlockHandle) -> Result<(WgpuSegment, u64)> {
-    pool.segment_of(block).ok_or_else(|| Error::UnknownBlock(format!("{block:?} in pool {}", pool.backend().name())))
+    pool.awake_segment_of(block)
 }
 
 fn bind(

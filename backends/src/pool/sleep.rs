@@ -1,0 +1,359 @@
+//! Sleep and wake: a pool gives its physical memory back to the device and takes it again later at the same
+//! addresses, so that device pointers held by kernels and captured CUDA graphs stay valid (what an inference
+//! server does to share a GPU between a model and something else).
+//!
+//! Only virtual reservations can sleep: their pages are unmapped and their addresses stay reserved. A pool made
+//! for sleeping (a tagged one, [`crate::PoolConfig::tag`]) keeps every block, small ones too, in reservations.
+//! Plain segments cannot: their memory and their address are one allocation (`cuMemAlloc`), and on OpenCL and
+//! wgpu a new buffer is a new object (`cl_mem`, `wgpu::Buffer`) that the kernel arguments and bind groups a
+//! program already made do not see.
+//!
+//! Sleeping, the pool waits for the device's queued work, gives back its cached memory, copies the pages under
+//! live blocks into one host store when asked to offload, then unmaps them; while it sleeps it refuses
+//! allocations and every access to its blocks ([`crate::Error::Asleep`]), and frees are bookkeeping only.
+//! Waking maps new pages over the same ranges and copies the offloaded bytes back, all or nothing.
+
+use super::state::State;
+use super::Pool;
+use crate::engine::SegmentId;
+use crate::{Backend, Error, HostStore, Result};
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// What happens to the bytes of a sleeping pool's live blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::Display)]
+#[strum(serialize_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+pub enum SleepAction {
+    /// Copied to host memory and copied back at wake (model weights).
+    Offload,
+    /// Dropped: the blocks come back at wake with undefined contents (a KV cache, recomputed).
+    Discard,
+}
+
+/// What a [`Pool::sleep`] did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SleepReport {
+    /// Device bytes given back (the pages under live blocks; the cached pages released first are in
+    /// `cached_released`).
+    pub bytes_released: u64,
+    /// Cached device bytes given back before the live blocks' pages.
+    pub cached_released: u64,
+    /// Bytes copied to host memory.
+    pub bytes_offloaded: u64,
+    /// Live blocks asleep.
+    pub blocks: u64,
+    /// Page-locked host memory holds the offloaded bytes.
+    pub pinned: bool,
+    /// Time the copies to the host took.
+    #[serde(with = "seconds")]
+    pub copy_time: Duration,
+    /// Time the whole sleep took.
+    #[serde(with = "seconds")]
+    pub elapsed: Duration,
+}
+
+/// What a [`Pool::wake`] did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct WakeReport {
+    /// Device bytes mapped again.
+    pub bytes_mapped: u64,
+    /// Bytes copied back from host memory.
+    pub bytes_restored: u64,
+    /// Time the copies from the host took.
+    #[serde(with = "seconds")]
+    pub copy_time: Duration,
+    /// Time the whole wake took.
+    #[serde(with = "seconds")]
+    pub elapsed: Duration,
+}
+
+mod seconds {
+    pub fn serialize<S: serde::Serializer>(d: &std::time::Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+}
+
+/// A sleeping pool's books: the ranges it unmapped and, when offloaded, where their bytes are.
+pub(super) struct Sleeping {
+    pub(super) action: SleepAction,
+    ranges: Vec<SleepingRange>,
+    /// The bytes of `ranges`, back to back, when offloaded.
+    store: Option<HostStore>,
+    /// Sum of the ranges' lengths.
+    pub(super) bytes: u64,
+}
+
+impl Sleeping {
+    /// Bytes held on the host for the wake.
+    pub(super) fn offloaded_bytes(&self) -> u64 {
+        if self.store.is_some() {
+            self.bytes
+        } else {
+            0
+        }
+    }
+}
+
+impl<S> State<S> {
+    /// Host memory held for offloading: a sleeping pool's store, or the one kept after a wake.
+    pub(super) fn host_store_bytes(&self) -> u64 {
+        let asleep = self.sleep.as_ref().and_then(|s| s.store.as_ref());
+        asleep.or(self.host_store.as_ref()).map_or(0, HostStore::len)
+    }
+}
+
+/// A mapped range of a reservation that was unmapped by sleep.
+struct SleepingRange {
+    arena: usize,
+    segment: SegmentId,
+    offset: u64,
+    len: u64,
+}
+
+/// Copies of live blocks' device memory that let go of the pool's lock ([`Pool::write`], [`Pool::read`],
+/// [`Pool::fill`]): each is counted while it runs, having started under the lock, so that a sleep, which takes the
+/// lock first, waits for those already running and no other starts before it is done.
+#[derive(Debug, Default)]
+pub(super) struct CopiesInFlight(AtomicU64);
+
+/// One counted copy; uncounted when dropped.
+pub(super) struct Copy<'a>(&'a AtomicU64);
+
+impl CopiesInFlight {
+    /// Counts a copy; call with the pool's lock held.
+    pub(super) fn start(&self) -> Copy<'_> {
+        self.0.fetch_add(1, Ordering::Acquire);
+        Copy(&self.0)
+    }
+
+    /// Waits until no counted copy runs; call with the pool's lock held, so that none starts meanwhile.
+    fn wait_idle(&self) {
+        let mut spins = 0u32;
+        while self.0.load(Ordering::Acquire) != 0 {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+impl Drop for Copy<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// Bit of [`Pool::detour`]: the pool sleeps, allocations are refused.
+pub(super) const ASLEEP: u8 = 2;
+
+impl<B: Backend> Pool<B> {
+    /// The pool's name in errors: the backend's, with the tag.
+    pub(super) fn display_name(&self) -> String {
+        match &self.config.tag {
+            Some(tag) => format!("{} [tag {tag}]", self.backend.name()),
+            None => self.backend.name().to_string(),
+        }
+    }
+
+    /// The error for `what` while the pool sleeps.
+    #[cold]
+    pub(super) fn asleep(&self, what: &str) -> Error {
+        Error::Asleep { pool: self.display_name(), what: what.into() }
+    }
+
+    /// Whether the pool sleeps, and how its blocks' bytes went.
+    pub fn sleeping(&self) -> Option<SleepAction> {
+        self.state().lock().sleep.as_ref().map(|s| s.action)
+    }
+
+    /// Gives the pool's physical memory back to the device while keeping every block's address: waits for the
+    /// device's queued work, releases cached memory, copies the pages under live blocks to host memory
+    /// (`Offload`) or drops them (`Discard`), and unmaps them. Until [`Pool::wake`] the pool refuses allocations
+    /// and every access to its blocks with [`Error::Asleep`]; frees are taken. O(segments + free blocks + bytes
+    /// offloaded).
+    ///
+    /// Errors, changing nothing: [`Error::Unsupported`] for a pool whose live blocks lie in plain segments (see
+    /// the module's documentation) or that serves planned steps or stitched blocks; [`Error::Asleep`] if it
+    /// sleeps already; the device's error if the host store or a copy fails.
+    pub fn sleep(&self, action: SleepAction) -> Result<SleepReport> {
+        let start = Instant::now();
+        // Kernels queued on the blocks must have run before their pages are copied or unmapped.
+        self.backend.settle()?;
+        self.drain_thread_caches(true);
+        let mut state = self.folded_state();
+        if state.sleep.is_some() {
+            return Err(self.asleep("sleep"));
+        }
+        self.check_can_sleep(&state)?;
+        // Refused from here on, the thread caches' lock-free path included.
+        self.detour.fetch_or(ASLEEP, Ordering::Relaxed);
+        let result = self.sleep_locked(&mut state, action, start);
+        if result.is_err() {
+            self.detour.fetch_and(!ASLEEP, Ordering::Relaxed);
+        }
+        result
+    }
+
+    fn check_can_sleep(&self, state: &State<B::Segment>) -> Result<()> {
+        let refuse =
+            |why: String| Err(Error::Unsupported { backend: self.display_name(), what: format!("sleep: {why}") });
+        if self.page_size.is_none() {
+            return refuse(format!(
+                "its blocks lie in plain segments{}, whose memory cannot be given back without giving up their \
+                 addresses (a new OpenCL or wgpu buffer is a new object that kernels already bound do not see); \
+                 sleep needs virtual reservations (CUDA with virtual memory management)",
+                if self.config.tag.is_none() { "" } else { " (a tagged pool of a device without virtual memory)" }
+            ));
+        }
+        if self.detour.load(Ordering::Relaxed) & super::STEPPING != 0 {
+            return refuse("it serves planned steps (mark_step); a tagged pool plans none".into());
+        }
+        for arena in &state.arenas {
+            let stats = arena.engine().stats();
+            if !arena.virtual_segments && stats.allocated_bytes > 0 {
+                return refuse(format!(
+                    "{} bytes of live {:?} blocks lie in plain segments; a tagged pool keeps every block in \
+                     virtual reservations",
+                    stats.allocated_bytes, arena.class
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn sleep_locked(&self, state: &mut State<B::Segment>, action: SleepAction, start: Instant) -> Result<SleepReport> {
+        // Copies that started before the lock was taken finish before their pages are copied or unmapped.
+        self.copies.wait_idle();
+        let cached = self.release_cached_locked(state, 0, u64::MAX).bytes_released;
+        let mut ranges = Vec::new();
+        for (a, arena) in state.arenas.iter().enumerate().filter(|(_, arena)| arena.virtual_segments) {
+            for (index, entry) in arena.segments.iter().enumerate() {
+                if entry.is_none() {
+                    continue;
+                }
+                let segment = SegmentId(index as u32);
+                for (offset, len) in arena.engine().backed_ranges(segment) {
+                    ranges.push(SleepingRange { arena: a, segment, offset, len });
+                }
+            }
+        }
+        let bytes: u64 = ranges.iter().map(|r| r.len).sum();
+        let mut report = SleepReport {
+            cached_released: cached,
+            blocks: state.stats.active_blocks.current,
+            bytes_released: bytes,
+            ..SleepReport::default()
+        };
+        let store = match action {
+            SleepAction::Discard => None,
+            SleepAction::Offload => {
+                let mut store = match state.host_store.take() {
+                    Some(store) if store.len() >= bytes => store,
+                    _ => self.backend.host_store(bytes)?,
+                };
+                let copying = Instant::now();
+                let mut at = 0usize;
+                for r in &ranges {
+                    let handle = &state.arenas[r.arena].entry(r.segment).expect("listed above").handle;
+                    let into = &mut store.as_mut_slice()[at..at + r.len as usize];
+                    if let Err(e) = self.backend.read(handle, r.offset, into) {
+                        state.host_store = Some(store);
+                        return Err(e);
+                    }
+                    at += r.len as usize;
+                }
+                report.copy_time = copying.elapsed();
+                report.bytes_offloaded = bytes;
+                report.pinned = store.is_pinned();
+                Some(store)
+            }
+        };
+        for r in &ranges {
+            let arena = &state.arenas[r.arena];
+            let handle = &arena.entry(r.segment).expect("listed above").handle;
+            // The device's work was waited for (`settle`) and nothing allocates meanwhile: no wait per stream.
+            self.backend.unmap_pages(handle, r.offset, r.len, arena.stream, false);
+            state.stats.num_device_free += 1;
+            state.stats.num_device_calls += 1;
+        }
+        self.backend.release_spare_pages();
+        state.sleep = Some(Sleeping { action, ranges, store, bytes });
+        state.update_reserved();
+        report.elapsed = start.elapsed();
+        Ok(report)
+    }
+
+    /// Maps new pages over every range the pool unmapped when it slept, at the same addresses, and copies the
+    /// offloaded bytes back; blocks whose bytes were discarded come back with undefined contents. All or
+    /// nothing: when the device cannot give the memory (or the limit forbids it) or a copy fails, what was
+    /// mapped is unmapped again and the pool stays asleep, its offloaded bytes kept. A pool that is awake
+    /// answers an empty report. The host store stays for the next sleep until [`Pool::release_cached`].
+    pub fn wake(&self) -> Result<WakeReport> {
+        let start = Instant::now();
+        let mut state = self.state().lock();
+        let Some(sleeping) = state.sleep.take() else { return Ok(WakeReport::default()) };
+        let awake = state.reserved() + sleeping.bytes;
+        if let Some(limit) = state.stats.limit_bytes.filter(|&limit| awake > limit) {
+            let what = format!("wake: {} bytes would pass the pool's limit of {limit}", sleeping.bytes);
+            state.sleep = Some(sleeping);
+            return Err(Error::Unsupported { backend: self.display_name(), what });
+        }
+        let mut report = WakeReport { bytes_mapped: sleeping.bytes, ..WakeReport::default() };
+        let mut mapped = 0;
+        let mut failure = None;
+        for r in &sleeping.ranges {
+            state.stats.num_device_alloc += 1;
+            state.stats.num_device_calls += 1;
+            let handle = &state.arenas[r.arena].entry(r.segment).expect("a sleeping segment stays").handle;
+            if let Err(e) = self.backend.map_pages(handle, r.offset, r.len) {
+                failure = Some(e);
+                break;
+            }
+            mapped += 1;
+        }
+        if failure.is_none() {
+            if let Some(store) = &sleeping.store {
+                let copying = Instant::now();
+                let mut at = 0usize;
+                for r in &sleeping.ranges {
+                    let handle = &state.arenas[r.arena].entry(r.segment).expect("a sleeping segment stays").handle;
+                    if let Err(e) = self.backend.restore(handle, r.offset, &store.as_slice()[at..at + r.len as usize]) {
+                        failure = Some(e);
+                        break;
+                    }
+                    at += r.len as usize;
+                }
+                report.copy_time = copying.elapsed();
+                report.bytes_restored = if failure.is_none() { sleeping.bytes } else { 0 };
+            }
+        }
+        if let Some(e) = failure {
+            for r in &sleeping.ranges[..mapped] {
+                let arena = &state.arenas[r.arena];
+                let handle = &arena.entry(r.segment).expect("a sleeping segment stays").handle;
+                self.backend.unmap_pages(handle, r.offset, r.len, arena.stream, false);
+            }
+            self.backend.release_spare_pages();
+            state.sleep = Some(sleeping);
+            return Err(e);
+        }
+        state.host_store = sleeping.store;
+        state.update_reserved();
+        self.detour.fetch_and(!ASLEEP, Ordering::Relaxed);
+        report.elapsed = start.elapsed();
+        Ok(report)
+    }
+
+    /// Frees the host store kept after a wake (see [`Pool::wake`]); returns its bytes.
+    pub(super) fn release_host_store(state: &mut State<B::Segment>) -> u64 {
+        if state.sleep.is_some() {
+            return 0;
+        }
+        state.host_store.take().map_or(0, |store| store.len())
+    }
+}

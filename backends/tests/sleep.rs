@@ -1,0 +1,298 @@
+//! Sleep and wake (`Pool::sleep`, `Pool::wake`) on a simulated device that keeps its bytes: the physical memory
+//! goes back to the device, every block keeps its address, offloaded bytes come back, discarded ones do not, a
+//! sleeping pool refuses allocations and accesses, and a wake the device cannot serve changes nothing.
+
+use umm_backends::{BlockHandle, Error, MemoryPool, Pool, PoolConfig, SegmentMode, SimBackend, SleepAction, StreamId};
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+
+fn device(capacity: u64) -> SimBackend {
+    SimBackend::new("sim", capacity).holding_bytes().at_address(1 << 40)
+}
+
+fn tagged(capacity: u64) -> Pool<SimBackend> {
+    Pool::new(device(capacity), PoolConfig { page_size: Some(2 * MIB), ..PoolConfig::default() }.tagged("weights"))
+        .unwrap()
+}
+
+/// A pattern no two blocks share, from the block's number and each byte's place.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8).collect()
+}
+
+fn contents(pool: &Pool<SimBackend>, block: &BlockHandle) -> Vec<u8> {
+    let mut bytes = vec![0; block.requested() as usize];
+    pool.read(block, 0, &mut bytes).unwrap();
+    bytes
+}
+
+fn addresses(pool: &Pool<SimBackend>) -> Vec<(u32, Option<u64>, Vec<(u64, u64)>)> {
+    let snapshot = pool.snapshot();
+    let blocks = |s: &umm_backends::SegmentSnapshot| s.blocks.iter().map(|b| (b.offset, b.size)).collect();
+    snapshot.segments.iter().map(|s| (s.index, s.address, blocks(s))).collect()
+}
+
+/// Small and large blocks on two streams, each filled with its own pattern.
+fn filled(pool: &Pool<SimBackend>) -> Vec<(BlockHandle, Vec<u8>)> {
+    let sizes = [300, 4 * KIB, 700 * KIB, 3 * MIB + 5, 9 * MIB, 100];
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| {
+            let block = pool.allocate(size, StreamId(i as u64 % 2)).unwrap();
+            let bytes = pattern(i as u64 + 1, size as usize);
+            pool.write(&block, 0, &bytes).unwrap();
+            (block, bytes)
+        })
+        .collect()
+}
+
+#[test]
+fn offloaded_blocks_come_back_at_the_same_addresses_with_their_bytes() {
+    let pool = tagged(1 << 30);
+    let blocks = filled(&pool);
+    // A freed block leaves free pages behind, which sleep gives back too.
+    let spare = pool.allocate(6 * MIB, StreamId(0)).unwrap();
+    pool.free(&spare).unwrap();
+    let before = addresses(&pool);
+    let live = pool.stats().allocated_bytes.current;
+    assert!(pool.backend().physical_in_use() > 0);
+
+    let report = pool.sleep(SleepAction::Offload).unwrap();
+    assert_eq!(pool.backend().physical_in_use(), 0, "every page went back to the device");
+    assert_eq!(report.bytes_offloaded, report.bytes_released);
+    assert!(report.bytes_released >= live, "{report:?} holds the {live} live bytes");
+    assert_eq!(report.blocks, blocks.len() as u64);
+    assert!(!report.pinned, "the simulated device makes plain host stores");
+    let stats = pool.stats();
+    assert_eq!(
+        (stats.reserved_bytes.current, stats.asleep_bytes, stats.offloaded_bytes),
+        (0, report.bytes_released, report.bytes_released)
+    );
+    assert_eq!(stats.host_store_bytes, report.bytes_offloaded);
+    assert_eq!(stats.allocated_bytes.current, live, "the blocks are still live");
+    assert_eq!(pool.sleeping(), Some(SleepAction::Offload));
+
+    let report = pool.wake().unwrap();
+    assert_eq!(pool.sleeping(), None);
+    assert_eq!(report.bytes_restored, report.bytes_mapped);
+    assert_eq!(addresses(&pool), before, "every block at its old address");
+    for (block, bytes) in &blocks {
+        assert_eq!(&contents(&pool, block), bytes, "block of {} bytes", block.requested());
+    }
+    let stats = pool.stats();
+    assert_eq!(stats.asleep_bytes, 0);
+    assert_eq!(stats.reserved_bytes.current, pool.backend().physical_in_use());
+    // The pool serves again, and the host store waits for the next sleep until the cache is released.
+    let more = pool.allocate(5 * MIB, StreamId(1)).unwrap();
+    assert!(stats.host_store_bytes > 0);
+    pool.release_cached();
+    assert_eq!(pool.stats().host_store_bytes, 0);
+    pool.free(&more).unwrap();
+    for (block, _) in &blocks {
+        pool.free(block).unwrap();
+    }
+}
+
+#[test]
+fn discarded_blocks_come_back_with_fresh_pages_not_their_old_bytes() {
+    let pool = tagged(1 << 30);
+    let blocks = filled(&pool);
+    let report = pool.sleep(SleepAction::Discard).unwrap();
+    assert_eq!((report.bytes_offloaded, pool.stats().host_store_bytes), (0, 0));
+    assert_eq!(pool.backend().physical_in_use(), 0);
+    let report = pool.wake().unwrap();
+    assert_eq!(report.bytes_restored, 0);
+    for (block, _) in &blocks {
+        let bytes = contents(&pool, block);
+        assert!(bytes.iter().all(|&b| b == SimBackend::FRESH_BYTE), "block of {} bytes", block.requested());
+        pool.free(block).unwrap();
+    }
+}
+
+#[test]
+fn a_sleeping_pool_refuses_allocations_and_accesses_and_takes_frees() {
+    let pool = tagged(1 << 30);
+    let blocks = filled(&pool);
+    pool.sleep(SleepAction::Offload).unwrap();
+    let refused = |e: Error, what: &str| {
+        assert!(e.is_asleep(), "{what}: {e}");
+        let message = e.to_string();
+        assert!(message.contains("tag weights") && message.contains("asleep"), "{message}");
+    };
+    // Through the thread caches' sizes, large sizes and a batch.
+    for size in [256, 64 * KIB, 8 * MIB] {
+        refused(pool.allocate(size, StreamId(0)).unwrap_err(), "allocate");
+    }
+    refused(pool.allocate_batch(&[512, 512], StreamId(1)).unwrap_err(), "batch");
+    let (block, _) = &blocks[3];
+    refused(pool.write(block, 0, &[1, 2, 3]).unwrap_err(), "write");
+    refused(pool.read(block, 0, &mut [0; 3]).unwrap_err(), "read");
+    refused(pool.fill(block, 0, 3, 9).unwrap_err(), "fill");
+    refused(pool.sleep(SleepAction::Discard).unwrap_err(), "a second sleep");
+    // Cleanup finds nothing to give back and changes nothing.
+    assert_eq!(pool.release_cached().bytes_released, 0);
+    assert_eq!(pool.cleanup(0).bytes_released, 0);
+    // Frees are bookkeeping: the freed block's memory serves again after the wake.
+    let live_before = pool.stats().active_blocks.current;
+    pool.free(block).unwrap();
+    assert_eq!(pool.stats().active_blocks.current, live_before - 1);
+    assert!(pool.free(block).unwrap_err().is_unknown_block(), "a double free is still caught");
+    pool.wake().unwrap();
+    for (i, (block, bytes)) in blocks.iter().enumerate().filter(|(i, _)| *i != 3) {
+        assert_eq!(&contents(&pool, block), bytes, "block {i}");
+    }
+    let again = pool.allocate(3 * MIB, StreamId(0)).unwrap();
+    pool.write(&again, 0, &pattern(99, 3 * MIB as usize)).unwrap();
+    assert_eq!(contents(&pool, &again), pattern(99, 3 * MIB as usize));
+    assert_eq!(pool.wake().unwrap().bytes_mapped, 0, "waking an awake pool does nothing");
+}
+
+#[test]
+fn a_wake_the_limit_forbids_changes_nothing_and_a_later_one_restores_everything() {
+    let pool = tagged(1 << 30);
+    let blocks = filled(&pool);
+    let report = pool.sleep(SleepAction::Offload).unwrap();
+    pool.set_limit(Some(umm_backends::Limit::Bytes(report.bytes_released - 2 * MIB))).unwrap();
+    let e = pool.wake().unwrap_err();
+    assert!(e.to_string().contains("limit"), "{e}");
+    assert_eq!(pool.sleeping(), Some(SleepAction::Offload), "still asleep");
+    assert_eq!(pool.backend().physical_in_use(), 0);
+    pool.set_limit(None).unwrap();
+    pool.wake().unwrap();
+    for (block, bytes) in &blocks {
+        assert_eq!(&contents(&pool, block), bytes);
+    }
+}
+
+#[test]
+fn a_wake_the_device_cannot_serve_unmaps_what_it_mapped_and_stays_asleep() {
+    let pool = Pool::new(
+        SimBackend::new("small", 40 * MIB).holding_bytes(),
+        PoolConfig { page_size: Some(2 * MIB), ..PoolConfig::default() }.tagged("kv"),
+    )
+    .unwrap();
+    // Two streams, two reservations: the wake maps two ranges, and the second one fails.
+    for i in 0..4u64 {
+        let block = pool.allocate(4 * MIB, StreamId(i % 2)).unwrap();
+        pool.write(&block, 0, &pattern(i, 4 * MIB as usize)).unwrap();
+    }
+    pool.sleep(SleepAction::Offload).unwrap();
+    // Someone else takes the device's memory meanwhile: 12 MiB are left, the wake needs 16.
+    let other = umm_backends::Backend::create_segment(pool.backend(), 28 * MIB).unwrap();
+    assert_eq!(other.size, 28 * MIB);
+    let e = pool.wake().unwrap_err();
+    assert!(e.is_driver_error() && e.to_string().contains("out of device memory"), "{e}");
+    assert_eq!(pool.backend().physical_in_use(), 28 * MIB, "the range the wake mapped was unmapped again");
+    assert_eq!(pool.sleeping(), Some(SleepAction::Offload), "still asleep, its bytes kept");
+    assert_eq!(pool.stats().offloaded_bytes, 16 * MIB);
+}
+
+#[test]
+fn pools_whose_blocks_lie_in_plain_segments_say_why_they_cannot_sleep() {
+    let plain = Pool::new(SimBackend::plain("opencl-like", 1 << 30).holding_bytes(), PoolConfig::default().tagged("w"))
+        .unwrap();
+    let block = plain.allocate(4 * MIB, StreamId(0)).unwrap();
+    let e = plain.sleep(SleepAction::Offload).unwrap_err();
+    assert!(e.is_unsupported(), "{e}");
+    assert!(e.to_string().contains("plain segments") && e.to_string().contains("virtual"), "{e}");
+    plain.write(&block, 0, &[1]).unwrap();
+    assert_eq!(plain.sleeping(), None, "a refused sleep leaves the pool awake");
+    // An untagged pool keeps small blocks in plain segments: with one live, it cannot sleep either.
+    let untagged = Pool::new(device(1 << 30), PoolConfig::default()).unwrap();
+    let small = untagged.allocate(4 * KIB, StreamId(0)).unwrap();
+    let e = untagged.sleep(SleepAction::Discard).unwrap_err();
+    assert!(e.to_string().contains("plain segments"), "{e}");
+    untagged.allocate(4 * KIB, StreamId(0)).unwrap();
+    untagged.free(&small).unwrap();
+    // Without small blocks it can.
+    let large = Pool::new(device(1 << 30), PoolConfig::default()).unwrap();
+    let big = large.allocate(40 * MIB, StreamId(0)).unwrap();
+    large.sleep(SleepAction::Discard).unwrap();
+    large.wake().unwrap();
+    large.free(&big).unwrap();
+}
+
+#[test]
+fn a_pool_that_segment_mode_plain_made_cannot_sleep() {
+    let config = PoolConfig { segment_mode: SegmentMode::Plain, ..PoolConfig::default() }.tagged("w");
+    let pool = Pool::new(device(1 << 30), config).unwrap();
+    pool.allocate(MIB, StreamId(0)).unwrap();
+    assert!(pool.sleep(SleepAction::Offload).unwrap_err().is_unsupported());
+}
+
+#[test]
+fn sleep_and_wake_through_the_object_safe_pool() {
+    let pool: std::sync::Arc<dyn MemoryPool> = std::sync::Arc::new(tagged(1 << 30));
+    let block = pool.allocate(5 * MIB, StreamId(0)).unwrap();
+    pool.write(&block, 0, &pattern(5, 5 * MIB as usize)).unwrap();
+    let lease = umm_backends::PoolLease::new(pool.clone());
+    lease.sleep(SleepAction::Offload).unwrap();
+    assert_eq!(pool.sleeping(), Some(SleepAction::Offload));
+    assert!(lease.read(&block, 0, &mut [0; 4]).unwrap_err().is_asleep());
+    lease.wake().unwrap();
+    let mut bytes = vec![0; 5 * MIB as usize];
+    pool.read(&block, 0, &mut bytes).unwrap();
+    assert_eq!(bytes, pattern(5, 5 * MIB as usize));
+    pool.free(&block).unwrap();
+}
+
+/// Threads allocate, write, check and free while another puts the pool to sleep and wakes it: every operation
+/// either works or is refused as asleep, no block's bytes are ever lost across a cycle, and the books end exact.
+#[test]
+fn threads_work_through_sleep_and_wake_cycles_without_losing_a_byte() {
+    let pool = std::sync::Arc::new(tagged(1 << 30));
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for t in 0..4u64 {
+            let (pool, stop) = (&pool, &stop);
+            scope.spawn(move || {
+                let mut held: Vec<(BlockHandle, Vec<u8>)> = Vec::new();
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    n += 1;
+                    let size = [512, 24 * KIB, 2 * MIB + 100][(n % 3) as usize];
+                    match pool.allocate(size, StreamId(t % 2)) {
+                        Ok(block) => {
+                            let bytes = pattern(t * 1_000_000 + n, size as usize);
+                            match pool.write(&block, 0, &bytes) {
+                                Ok(()) => held.push((block, bytes)),
+                                Err(e) => {
+                                    assert!(e.is_asleep(), "{e}");
+                                    pool.free(&block).unwrap();
+                                }
+                            }
+                        }
+                        Err(e) => assert!(e.is_asleep(), "{e}"),
+                    }
+                    if held.len() > 6 {
+                        let (block, bytes) = held.remove((n % 6) as usize);
+                        let mut now = vec![0; bytes.len()];
+                        match pool.read(&block, 0, &mut now) {
+                            Ok(()) => assert_eq!(now, bytes, "thread {t}"),
+                            Err(e) => assert!(e.is_asleep(), "{e}"),
+                        }
+                        pool.free(&block).unwrap();
+                    }
+                }
+                for (block, _) in held {
+                    pool.free(&block).unwrap();
+                }
+            });
+        }
+        // Offload only: the threads check that their bytes survive every cycle.
+        for _ in 0..40 {
+            std::thread::yield_now();
+            pool.sleep(SleepAction::Offload).unwrap();
+            std::thread::yield_now();
+            pool.wake().unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let stats = pool.stats();
+    assert_eq!((stats.active_blocks.current, stats.allocated_bytes.current), (0, 0));
+    pool.release_cached();
+    assert_eq!(pool.backend().physical_in_use(), 0);
+    assert_eq!(pool.stats().reserved_bytes.current, 0);
+}
