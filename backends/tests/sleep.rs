@@ -27,7 +27,10 @@ fn contents(pool: &Pool<SimBackend>, block: &BlockHandle) -> Vec<u8> {
     bytes
 }
 
-fn addresses(pool: &Pool<SimBackend>) -> Vec<(u32, Option<u64>, Vec<(u64, u64)>)> {
+/// Each segment's index and address, with its blocks' (offset, size).
+type Layout = Vec<(u32, Option<u64>, Vec<(u64, u64)>)>;
+
+fn addresses(pool: &Pool<SimBackend>) -> Layout {
     let snapshot = pool.snapshot();
     let blocks = |s: &umm_backends::SegmentSnapshot| s.blocks.iter().map(|b| (b.offset, b.size)).collect();
     snapshot.segments.iter().map(|s| (s.index, s.address, blocks(s))).collect()
