@@ -241,6 +241,11 @@ impl Error {
         matches!(self, Error::ReadOnly { .. })
     }
 
+    /// A buffer or tag whose memory is asleep ([`crate::UniversalMemoryManager::sleep`]): wake it first.
+    pub fn is_asleep(&self) -> bool {
+        self.as_backend().is_some_and(umm_backends::Error::is_asleep)
+    }
+
     /// An operation the backend or placement does not offer.
     pub fn is_unsupported(&self) -> bool {
         self.as_backend().is_some_and(umm_backends::Error::is_unsupported)

@@ -40,6 +40,7 @@ pub mod plot;
 pub mod profiler;
 mod registry;
 pub mod replay;
+mod sleep;
 mod stats;
 pub mod torch_snapshot;
 pub mod trace;
@@ -56,10 +57,12 @@ pub use migrate::{MigrateError, MigrateTo, MigrationPath};
 pub use observe::Snapshot;
 pub use profiler::{CallSite, Event, EventKind, LeakReport, LiveAllocation, Profiler, ProfilerConfig};
 pub use registry::Device;
+pub use sleep::{check_tag, SleepPolicy, SleepSummary, TagPoolReport, TagScope, WakeSummary, MAX_TAG_LEN};
 pub use stats::{DeviceStats, GlobalMemoryStats, PoolStatsEntry};
 
 pub use umm_backends::{
-    BlockInfo, Limit, Ownership, PoolStats, SegmentMode, StepOutcome, StepReport, Strategy, StreamId,
+    BlockInfo, Limit, Ownership, PoolStats, SegmentMode, SleepAction, SleepReport, StepOutcome, StepReport, Strategy,
+    StreamId, WakeReport,
 };
 pub use umm_placement::{
     AccessPattern, Api, Decision, DeviceKind, DeviceSelector, Evidence, Placement, PoolKind, Recommendation,

@@ -32,6 +32,7 @@ pub struct AllocOptions {
     pub(crate) zeroed: bool,
     pub(crate) label: Option<String>,
     pub(crate) stream: StreamId,
+    pub(crate) tag: Option<Arc<str>>,
 }
 
 impl AllocOptions {
@@ -62,6 +63,13 @@ impl AllocOptions {
     /// A label shown in errors, statistics and leak reports.
     pub fn label(mut self, label: impl Into<String>) -> Self {
         self.label = Some(label.into());
+        self
+    }
+    /// A tag (`"weights"`, `"kv_cache"`): the buffer goes to the pool of its tag on the device chosen, which
+    /// sleeps and wakes as a whole ([`UniversalMemoryManager::sleep`]). Without one, the thread's
+    /// [`UniversalMemoryManager::tag_scope`] applies, if open. Checked at allocation ([`crate::check_tag`]).
+    pub fn tag(mut self, tag: &str) -> Self {
+        self.tag = Some(Arc::from(tag));
         self
     }
     /// The stream (CUDA stream, OpenCL queue) the buffer is allocated and freed on.
@@ -99,6 +107,8 @@ pub(crate) struct Inner {
     placed: Mutex<Vec<Arc<Placed>>>,
     /// The current device's index, where explicit placements without a selector go; [`NO_DEVICE`] for none.
     current: AtomicUsize,
+    /// The sleeping tags ([`crate::sleep`]).
+    pub(crate) sleepers: crate::sleep::Sleepers,
 }
 
 /// [`Inner::current`] when there is no current device.
@@ -307,6 +317,7 @@ impl Builder {
                 several_accelerators,
                 placed: Mutex::new(Vec::new()),
                 current: AtomicUsize::new(current),
+                sleepers: crate::sleep::Sleepers::default(),
             }),
         })
     }
@@ -459,11 +470,23 @@ impl UniversalMemoryManager {
             self.inner.refresh_if_due();
         }
         let (mut placed, mut cached, mut big) = self.placement(bytes, options, true)?;
+        // One thread-local read for an untagged request.
+        let tag = options.tag.clone().or_else(crate::sleep::current_tag);
+        if let Some(tag) = &tag {
+            crate::sleep::check_tag(tag)?;
+            self.inner.sleepers.check_awake(tag)?;
+        }
         let block = if bytes == 0 {
             None
         } else {
             loop {
-                let pool = Arc::clone(placed.pool.as_ref().expect("placements for a non-empty buffer have a pool"));
+                let pool = match &tag {
+                    Some(tag) => {
+                        let (kind, api) = (placed.decision.pool, placed.api);
+                        placed.device.tagged_pool(tag, kind, api, &self.inner.config.pool)?
+                    }
+                    None => Arc::clone(placed.pool.as_ref().expect("placements for a non-empty buffer have a pool")),
+                };
                 // One atomic load, only where Auto chooses among devices: did this allocation take memory from the
                 // device?
                 let reserved = placed.balanced.then(|| pool.reserved_bytes());

@@ -16,6 +16,9 @@ type AdoptedPool = (Api, PoolKind, Weak<dyn MemoryPool>);
 /// A pool made for a device, with the API and kind it was made for.
 pub type DevicePool = (Api, PoolKind, Arc<dyn MemoryPool>);
 
+/// A tagged pool of a device ([`crate::AllocOptions::tag`]), with its tag, API and kind.
+pub type TaggedPool = (Arc<str>, Api, PoolKind, Arc<dyn MemoryPool>);
+
 /// A device: the host, a GPU, a CPU device (PoCL, lavapipe) or a simulated device, with the APIs it is seen
 /// through and the pools made for it so far.
 pub struct Device {
@@ -27,6 +30,9 @@ pub struct Device {
     pci_bus_id: Option<String>,
     apis: Vec<ApiEntry>,
     pools: Mutex<Vec<DevicePool>>,
+    /// The pools of tagged requests, one per tag, API and kind, created on first use: a tag sleeps and wakes as
+    /// a whole ([`crate::UniversalMemoryManager::sleep`]).
+    tagged: Mutex<Vec<TaggedPool>>,
     /// The pools of adopted buffers, one each, alive while their buffer is.
     adopted: Mutex<Vec<AdoptedPool>>,
 }
@@ -78,10 +84,12 @@ impl Device {
         from_pools.or(from_info).unwrap_or(self.total_memory)
     }
 
-    /// The pools created so far, with their API and kind, followed by the pool of each live adopted buffer
+    /// The pools created so far, with their API and kind, then the tagged pools
+    /// ([`crate::AllocOptions::tag`]), then the pool of each live adopted buffer
     /// ([`crate::UniversalMemoryManager::adopt`]).
     pub fn pools(&self) -> Vec<DevicePool> {
         let mut pools = self.pools.lock().clone();
+        pools.extend(self.tagged.lock().iter().map(|(_, api, kind, pool)| (*api, *kind, Arc::clone(pool))));
         let mut adopted = self.adopted.lock();
         adopted.retain(|(_, _, pool)| pool.strong_count() > 0);
         pools.extend(adopted.iter().filter_map(|(api, kind, pool)| Some((*api, *kind, pool.upgrade()?))));
@@ -134,6 +142,38 @@ impl Device {
         }
     }
 
+    /// The tagged pools created so far, with their tags.
+    pub fn tagged_pools(&self) -> Vec<TaggedPool> {
+        self.tagged.lock().clone()
+    }
+
+    /// The pool of tag `tag` for requests that would go to the pool of `kind` through `api`, created on first
+    /// use with [`PoolConfig::tagged`] (every block in virtual reservations where the device has them).
+    pub(crate) fn tagged_pool(
+        &self,
+        tag: &Arc<str>,
+        kind: PoolKind,
+        api: Option<Api>,
+        config: &PoolConfig,
+    ) -> crate::Result<Arc<dyn MemoryPool>> {
+        let kind = if self.kind == DeviceKind::Host { PoolKind::Host } else { kind };
+        let api = match api {
+            Some(api) => api,
+            // The API the untagged pool of this kind goes through.
+            None => self.entry_for(kind, None)?.0.api,
+        };
+        let mut tagged = self.tagged.lock();
+        if let Some((_, _, _, pool)) = tagged.iter().find(|(t, a, k, _)| t == tag && *a == api && *k == kind) {
+            return Ok(Arc::clone(pool));
+        }
+        // Virtual reservations where the device has them, so that the tag can sleep; plain segments elsewhere,
+        // where sleep says why it cannot.
+        let config = PoolConfig { segment_mode: SegmentMode::Virtual, ..config.tagged(tag) };
+        let (_, pool) = self.make_pool(kind, Some(api), &config)?;
+        tagged.push((Arc::clone(tag), api, kind, Arc::clone(&pool)));
+        Ok(pool)
+    }
+
     /// The pool of `kind` through `api` (or the preferred API offering it), created on first use.
     pub(crate) fn pool(
         &self,
@@ -143,6 +183,18 @@ impl Device {
     ) -> crate::Result<Arc<dyn MemoryPool>> {
         // On the host, pinned requests share the host pool: without an accelerator there is nothing to pin for.
         let kind = if self.kind == DeviceKind::Host { PoolKind::Host } else { kind };
+        let (entry, _) = self.entry_for(kind, api)?;
+        let mut pools = self.pools.lock();
+        if let Some((_, _, pool)) = pools.iter().find(|(a, k, _)| *a == entry.api && *k == kind) {
+            return Ok(Arc::clone(pool));
+        }
+        let (api, pool) = self.make_pool(kind, Some(entry.api), config)?;
+        pools.push((api, kind, Arc::clone(&pool)));
+        Ok(pool)
+    }
+
+    /// The API entry that offers pools of `kind` (through `api`, if named), and the placement its factory makes.
+    fn entry_for(&self, kind: PoolKind, api: Option<Api>) -> crate::Result<(&ApiEntry, PoolPlacement)> {
         let placement = match kind {
             PoolKind::Host | PoolKind::HostPinned => PoolPlacement::HostPinned,
             PoolKind::DeviceLocal => PoolPlacement::DeviceLocal,
@@ -160,10 +212,17 @@ impl Device {
                     api.map_or_else(|| "any API".to_string(), |a| a.to_string())
                 ))
             })?;
-        let mut pools = self.pools.lock();
-        if let Some((_, _, pool)) = pools.iter().find(|(a, k, _)| *a == entry.api && *k == kind) {
-            return Ok(Arc::clone(pool));
-        }
+        Ok((entry, placement))
+    }
+
+    /// A new pool of `kind` through `api` (or the preferred API offering it), with that API.
+    fn make_pool(
+        &self,
+        kind: PoolKind,
+        api: Option<Api>,
+        config: &PoolConfig,
+    ) -> crate::Result<(Api, Arc<dyn MemoryPool>)> {
+        let (entry, placement) = self.entry_for(kind, api)?;
         let pool = match (entry.factory)(placement, config) {
             // `virtual` asks for reservations where the device has them (`UMM_SEGMENT_MODE`'s documentation): the
             // host and devices without virtual memory keep plain segments rather than refuse every allocation.
@@ -180,8 +239,7 @@ impl Device {
             }
             other => other?,
         };
-        pools.push((entry.api, kind, Arc::clone(&pool)));
-        Ok(pool)
+        Ok((entry.api, pool))
     }
 }
 
@@ -354,6 +412,7 @@ fn merge(entries: Vec<ApiEntry>) -> Vec<Arc<Device>> {
                 pci_bus_id: apis.iter().find_map(|a| a.info.pci_bus_id.clone()),
                 apis,
                 pools: Mutex::new(Vec::new()),
+                tagged: Mutex::new(Vec::new()),
                 adopted: Mutex::new(Vec::new()),
             })
         })

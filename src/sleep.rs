@@ -1,0 +1,279 @@
+//! Tags, sleep and wake at the manager: allocations tagged `weights` or `kv_cache` go to pools of their own
+//! (one per tag, device and pool kind), and [`UniversalMemoryManager::sleep`] offloads or discards a tag's memory
+//! and gives its device pages back while every buffer keeps its address; [`UniversalMemoryManager::wake`] brings
+//! it back (see [`umm_backends::Pool::sleep`] for what a pool does).
+//!
+//! A tag comes from [`crate::AllocOptions::tag`] or, for every allocation of a thread in a region, from
+//! [`UniversalMemoryManager::tag_scope`].
+
+use crate::{Error, Result, UniversalMemoryManager};
+use parking_lot::Mutex;
+use serde::Serialize;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use umm_backends::{SleepAction, SleepReport, WakeReport};
+use umm_placement::{Api, DeviceKind, PoolKind};
+
+/// The longest tag, in bytes.
+pub const MAX_TAG_LEN: usize = 128;
+
+/// Checks a tag: 1 to [`MAX_TAG_LEN`] bytes, no control characters and no comma (the C ABI's list separator).
+pub fn check_tag(tag: &str) -> Result<()> {
+    let bad = tag.is_empty() || tag.len() > MAX_TAG_LEN || tag.chars().any(|c| c.is_control() || c == ',');
+    if bad {
+        return Err(Error::InvalidConfig(format!(
+            "tag {tag:?}: a tag has 1 to {MAX_TAG_LEN} bytes, without control characters or commas"
+        )));
+    }
+    Ok(())
+}
+
+thread_local! {
+    /// The calling thread's tag ([`UniversalMemoryManager::tag_scope`]).
+    static CURRENT_TAG: RefCell<Option<Arc<str>>> = const { RefCell::new(None) };
+}
+
+/// The calling thread's tag, if a [`TagScope`] is open.
+pub(crate) fn current_tag() -> Option<Arc<str>> {
+    CURRENT_TAG.with(|t| t.borrow().clone())
+}
+
+/// While it lives, the calling thread's allocations without a tag of their own carry its tag
+/// ([`UniversalMemoryManager::tag_scope`]). Scopes nest: dropping one restores the tag before it. Not `Send`:
+/// the tag is the thread's.
+#[must_use = "the tag applies while the scope lives"]
+pub struct TagScope {
+    previous: Option<Arc<str>>,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for TagScope {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        CURRENT_TAG.with(|t| *t.borrow_mut() = previous);
+    }
+}
+
+/// Which tags sleep, and how: [`SleepAction::Offload`] (copied to host memory, back at wake) or
+/// [`SleepAction::Discard`] (the buffers come back with undefined contents). Tags not named stay awake.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SleepPolicy {
+    tags: BTreeMap<String, SleepAction>,
+}
+
+impl SleepPolicy {
+    /// No tag.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Offloads `tag`'s memory to host memory.
+    pub fn offload(mut self, tag: impl Into<String>) -> Self {
+        self.tags.insert(tag.into(), SleepAction::Offload);
+        self
+    }
+    /// Discards `tag`'s memory.
+    pub fn discard(mut self, tag: impl Into<String>) -> Self {
+        self.tags.insert(tag.into(), SleepAction::Discard);
+        self
+    }
+    /// The tags and their actions.
+    pub fn tags(&self) -> impl Iterator<Item = (&str, SleepAction)> {
+        self.tags.iter().map(|(t, a)| (t.as_str(), *a))
+    }
+}
+
+/// One pool's part in a sleep or a wake.
+#[derive(Debug, Clone, Serialize)]
+pub struct TagPoolReport<R> {
+    /// The device's index.
+    pub device: usize,
+    /// The tag.
+    pub tag: String,
+    /// The pool's API and kind.
+    pub api: Api,
+    /// See [`PoolKind`].
+    pub kind: PoolKind,
+    /// What the pool did.
+    pub report: R,
+}
+
+/// What [`UniversalMemoryManager::sleep`] did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SleepSummary {
+    /// Every pool put to sleep.
+    pub pools: Vec<TagPoolReport<SleepReport>>,
+    /// Tagged pools of host memory, left as they are: their memory is the host's already.
+    pub host_pools: usize,
+    /// Device bytes given back, cached ones included.
+    pub bytes_released: u64,
+    /// Bytes copied to host memory.
+    pub bytes_offloaded: u64,
+    /// Time the whole sleep took.
+    pub elapsed: Duration,
+}
+
+/// What [`UniversalMemoryManager::wake`] did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct WakeSummary {
+    /// Every pool woken.
+    pub pools: Vec<TagPoolReport<WakeReport>>,
+    /// Device bytes mapped again.
+    pub bytes_mapped: u64,
+    /// Bytes copied back from host memory.
+    pub bytes_restored: u64,
+    /// Time the whole wake took.
+    pub elapsed: Duration,
+}
+
+/// The manager's sleeping tags (a tag asleep refuses new allocations on every device, even one whose pool for
+/// it does not exist yet).
+#[derive(Debug, Default)]
+pub(crate) struct Sleepers {
+    asleep: Mutex<BTreeMap<Arc<str>, SleepAction>>,
+    /// Held through a whole sleep or wake, so that two never interleave.
+    turn: Mutex<()>,
+}
+
+impl Sleepers {
+    /// [`Error::Backend`]`(Asleep)` when `tag` sleeps.
+    pub(crate) fn check_awake(&self, tag: &str) -> Result<()> {
+        match self.asleep.lock().get(tag) {
+            None => Ok(()),
+            Some(action) => Err(Error::Backend(umm_backends::Error::Asleep {
+                pool: format!("tag {tag} ({action})"),
+                what: "allocation".into(),
+            })),
+        }
+    }
+}
+
+impl UniversalMemoryManager {
+    /// Tags the calling thread's allocations that carry no tag of their own until the returned scope is
+    /// dropped (PyTorch users know this as vLLM's `use_memory_pool(tag=...)`):
+    ///
+    /// ```
+    /// # let mm = umm::UniversalMemoryManager::builder().backends(false, false, false).build().unwrap();
+    /// let weights = {
+    ///     let _tag = mm.tag_scope("weights").unwrap();
+    ///     mm.allocate_universal::<f32>(1024, umm::Placement::DeviceLocal).unwrap()
+    /// };
+    /// # drop(weights);
+    /// ```
+    pub fn tag_scope(&self, tag: &str) -> Result<TagScope> {
+        check_tag(tag)?;
+        let previous = CURRENT_TAG.with(|t| t.borrow_mut().replace(Arc::from(tag)));
+        Ok(TagScope { previous, _not_send: std::marker::PhantomData })
+    }
+
+    /// Puts the tags `policy` names to sleep on every device: each tagged pool waits for its device's queued
+    /// work, offloads or discards the bytes of its live buffers, and gives its device memory back, keeping
+    /// every buffer's address. Until [`UniversalMemoryManager::wake`], those buffers refuse reads, writes and
+    /// views, and the tags refuse allocations ([`umm_backends::Error::Asleep`]); dropping a buffer is fine.
+    /// Tagged pools of host memory stay as they are.
+    ///
+    /// All or nothing: when a pool cannot sleep (its device has no virtual memory: OpenCL, wgpu; see
+    /// [`umm_backends::Pool::sleep`]), the pools already asleep wake and the error is returned.
+    pub fn sleep(&self, policy: &SleepPolicy) -> Result<SleepSummary> {
+        let start = Instant::now();
+        let sleepers = &self.inner.sleepers;
+        let _turn = sleepers.turn.lock();
+        for (tag, _) in policy.tags() {
+            check_tag(tag)?;
+            sleepers.check_awake(tag)?;
+        }
+        let mut summary = SleepSummary::default();
+        // Marked first: an allocation racing the sleep of its pool is refused by the pool itself.
+        sleepers.asleep.lock().extend(policy.tags().map(|(t, a)| (Arc::from(t), a)));
+        let mut slept = Vec::new();
+        let mut failure = None;
+        'devices: for device in &self.inner.devices {
+            for (tag, api, kind, pool) in device.tagged_pools() {
+                let Some(&action) = policy.tags.get(&*tag) else { continue };
+                if device.kind() == DeviceKind::Host || matches!(kind, PoolKind::Host | PoolKind::HostPinned) {
+                    summary.host_pools += 1;
+                    continue;
+                }
+                match pool.sleep(action) {
+                    Ok(report) => {
+                        summary.bytes_released += report.bytes_released + report.cached_released;
+                        summary.bytes_offloaded += report.bytes_offloaded;
+                        let entry = TagPoolReport { device: device.index(), tag: tag.to_string(), api, kind, report };
+                        summary.pools.push(entry);
+                        slept.push(pool);
+                    }
+                    Err(e) => {
+                        failure = Some(e);
+                        break 'devices;
+                    }
+                }
+            }
+        }
+        if let Some(e) = failure {
+            for pool in slept {
+                if let Err(again) = pool.wake() {
+                    log::error!("waking {} after a failed sleep: {again}", pool.name());
+                }
+            }
+            let mut asleep = sleepers.asleep.lock();
+            for (tag, _) in policy.tags() {
+                asleep.remove(tag);
+            }
+            return Err(e.into());
+        }
+        summary.elapsed = start.elapsed();
+        Ok(summary)
+    }
+
+    /// Wakes `tags` (every sleeping tag when empty) on every device: new device memory is mapped at the
+    /// buffers' old addresses and offloaded bytes are copied back; discarded buffers hold undefined bytes.
+    /// Tag by tag: a tag whose memory the device cannot give stays asleep, with its bytes kept, and its error is
+    /// returned after the other tags were tried.
+    pub fn wake(&self, tags: &[&str]) -> Result<WakeSummary> {
+        let start = Instant::now();
+        let sleepers = &self.inner.sleepers;
+        let _turn = sleepers.turn.lock();
+        let chosen: Vec<Arc<str>> = {
+            let asleep = sleepers.asleep.lock();
+            asleep.keys().filter(|t| tags.is_empty() || tags.contains(&&***t)).cloned().collect()
+        };
+        let mut summary = WakeSummary::default();
+        let mut failure = None;
+        for tag in chosen {
+            let mut woke = true;
+            for device in &self.inner.devices {
+                for (_, api, kind, pool) in device.tagged_pools().into_iter().filter(|(t, ..)| *t == tag) {
+                    if pool.sleeping().is_none() {
+                        continue;
+                    }
+                    match pool.wake() {
+                        Ok(report) => {
+                            summary.bytes_mapped += report.bytes_mapped;
+                            summary.bytes_restored += report.bytes_restored;
+                            let tag = tag.to_string();
+                            summary.pools.push(TagPoolReport { device: device.index(), tag, api, kind, report });
+                        }
+                        Err(e) => {
+                            woke = false;
+                            failure.get_or_insert(e);
+                        }
+                    }
+                }
+            }
+            if woke {
+                sleepers.asleep.lock().remove(&tag);
+            }
+        }
+        if let Some(e) = failure {
+            return Err(e.into());
+        }
+        summary.elapsed = start.elapsed();
+        Ok(summary)
+    }
+
+    /// The sleeping tags and how each went to sleep.
+    pub fn sleeping_tags(&self) -> Vec<(String, SleepAction)> {
+        self.inner.sleepers.asleep.lock().iter().map(|(t, a)| (t.to_string(), *a)).collect()
+    }
+}
