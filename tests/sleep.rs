@@ -176,7 +176,7 @@ fn a_hundred_cycles_under_four_threads_leak_nothing() {
                 let mut n = 0u32;
                 while !done.load(Ordering::Relaxed) {
                     n += 1;
-                    let tag = if n % 2 == 0 { Some("weights") } else { None };
+                    let tag = if n.is_multiple_of(2) { Some("weights") } else { None };
                     let options = match tag {
                         Some(tag) => on(1).tag(tag),
                         None => on(1),
