@@ -106,6 +106,27 @@ int umm_mark_step(int device);
  * when the file could not be created or a write to it failed. */
 int umm_trace_flush(void);
 
+/* Sets the calling thread's tag ("weights", "kv_cache"): its allocations go to that tag's pool on their device,
+ * which sleeps and wakes as a whole. NULL or "" clears it. A tag has 1 to 128 bytes, no control characters or
+ * commas. 0, or -1 with a message (the tag then stays). */
+int umm_set_tag(const char *tag);
+
+/* Puts tags to sleep on every device, every block keeping its address: `offload` tags (comma-separated) are
+ * copied to pinned host memory, `discard` tags dropped, then their device pages are given back. Queued device
+ * work is waited for first. Until umm_wake the tags refuse allocations and their blocks must not be used. All or
+ * nothing: a tag that cannot sleep (no virtual memory management) wakes the others again. A JSON report to free
+ * with umm_string_free, or NULL with a message. */
+char *umm_sleep(const char *offload, const char *discard);
+
+/* Wakes `tags` (comma-separated; NULL or "": every sleeping tag): pages are mapped at the blocks' old addresses
+ * and offloaded bytes copied back, so kernels' pointers and captured CUDA graphs work again; discarded blocks hold
+ * undefined bytes. A tag the device cannot give memory for stays asleep, bytes kept. A JSON report to free with
+ * umm_string_free, or NULL with a message. */
+char *umm_wake(const char *tags);
+
+/* The sleeping tags as a JSON object, tag -> "offload" or "discard". Free it with umm_string_free. */
+char *umm_sleeping_json(void);
+
 #ifdef __cplusplus
 }
 #endif

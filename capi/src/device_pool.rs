@@ -6,7 +6,10 @@
 //! byte exists behind them.
 
 use umm_backends::pool::StreamPool;
-use umm_backends::{Backend, BlockHandle, Limit, PoolSnapshot, PoolStats, Result, StreamId, TrimReport};
+use umm_backends::{
+    Backend, BlockHandle, Limit, PoolSnapshot, PoolStats, Result, SleepAction, SleepReport, StreamId, TrimReport,
+    WakeReport,
+};
 
 /// One device's pool as the registry uses it.
 pub(crate) trait DevicePool: Send + Sync {
@@ -27,6 +30,9 @@ pub(crate) trait DevicePool: Send + Sync {
     fn uses_virtual_memory(&self) -> bool;
     /// Free memory the device reports.
     fn device_free(&self) -> u64;
+    fn sleep(&self, action: SleepAction) -> Result<SleepReport>;
+    fn wake(&self) -> Result<WakeReport>;
+    fn sleeping(&self) -> Option<SleepAction>;
 }
 
 impl<B: Backend> DevicePool for StreamPool<B> {
@@ -74,6 +80,15 @@ impl<B: Backend> DevicePool for StreamPool<B> {
     }
     fn device_free(&self) -> u64 {
         self.backend().free_memory()
+    }
+    fn sleep(&self, action: SleepAction) -> Result<SleepReport> {
+        StreamPool::sleep(self, action)
+    }
+    fn wake(&self) -> Result<WakeReport> {
+        self.pool().wake()
+    }
+    fn sleeping(&self) -> Option<SleepAction> {
+        self.pool().sleeping()
     }
 }
 

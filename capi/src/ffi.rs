@@ -4,7 +4,8 @@
 //! message for [`umm_last_error`]. The work itself is in the safe [`crate::registry`].
 #![allow(unsafe_code)]
 
-use crate::{error, registry, trace};
+use crate::{error, registry, tags, trace};
+use std::ffi::CStr;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use umm_backends::cuda::foreign_stream;
@@ -193,6 +194,79 @@ pub extern "C" fn umm_mark_step(device: c_int) -> c_int {
 #[no_mangle]
 pub extern "C" fn umm_trace_flush() -> c_int {
     guarded("umm_trace_flush", -1, || trace::flush().map(|()| 0).map_err(|e| format!("umm_trace_flush: {e}")))
+}
+
+/// A C string argument as text: `None` for NULL; an error naming `what` for one that is not UTF-8.
+///
+/// # Safety
+/// `text` is NULL or a NUL-terminated string that stays valid during the call.
+unsafe fn text_arg<'a>(what: &str, text: *const c_char) -> Result<Option<&'a str>, String> {
+    if text.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: this function's contract: a valid NUL-terminated string.
+    let text = unsafe { CStr::from_ptr(text) };
+    text.to_str().map(Some).map_err(|e| format!("{what}: not UTF-8: {e}"))
+}
+
+/// Sets the calling thread's tag: its allocations from now on go to the pool of that tag on their device, which
+/// [`umm_sleep`] puts to sleep and [`umm_wake`] wakes as a whole (`"weights"`, `"kv_cache"`). NULL or `""`
+/// clears it. A tag has 1 to 128 bytes, without control characters or commas. Returns 0, or -1 with a message
+/// (the tag then stays as it was).
+///
+/// # Safety
+/// `tag` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn umm_set_tag(tag: *const c_char) -> c_int {
+    guarded("umm_set_tag", -1, || {
+        // SAFETY: this function's contract is `text_arg`'s.
+        let tag = unsafe { text_arg("umm_set_tag", tag) }?;
+        tags::set_current(tag).map(|()| 0)
+    })
+}
+
+/// Puts tags to sleep on every device, keeping every block's address: `offload` (comma-separated tags) are
+/// copied to pinned host memory, `discard` ones dropped; then their device pages are unmapped and given back.
+/// The device's queued work is waited for first. Until [`umm_wake`] the tags refuse allocations; their blocks
+/// must not be used. All or nothing: when a tag's pool cannot sleep (a device without virtual memory
+/// management, `UMM_SEGMENT_MODE=plain`), the pools already asleep wake again. Returns a JSON report (`pools`,
+/// each with `device`, `tag`, `report`; `bytes_released`, `bytes_offloaded`, `seconds`) to free with
+/// [`umm_string_free`], or NULL with a message.
+///
+/// # Safety
+/// `offload` and `discard` are NULL or NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn umm_sleep(offload: *const c_char, discard: *const c_char) -> *mut c_char {
+    json_string("umm_sleep", || {
+        // SAFETY: this function's contract is `text_arg`'s.
+        let (offload, discard) = unsafe { (text_arg("umm_sleep", offload)?, text_arg("umm_sleep", discard)?) };
+        let offload = tags::parse_list("umm_sleep", offload.unwrap_or(""))?;
+        let discard = tags::parse_list("umm_sleep", discard.unwrap_or(""))?;
+        tags::sleep(&offload, &discard)
+    })
+}
+
+/// Wakes `tags` (comma-separated; NULL or `""`: every sleeping tag) on every device: new pages are mapped at
+/// the blocks' old addresses and offloaded bytes copied back, so pointers held by kernels and captured CUDA
+/// graphs work again; discarded blocks hold undefined bytes. A tag whose memory the device cannot give stays
+/// asleep with its bytes kept. Returns a JSON report (`pools`; `bytes_mapped`, `bytes_restored`, `seconds`) to
+/// free with [`umm_string_free`], or NULL with a message.
+///
+/// # Safety
+/// `tags` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn umm_wake(tags: *const c_char) -> *mut c_char {
+    json_string("umm_wake", || {
+        // SAFETY: this function's contract is `text_arg`'s.
+        let list = unsafe { text_arg("umm_wake", tags) }?;
+        tags::wake(&tags::parse_list("umm_wake", list.unwrap_or(""))?)
+    })
+}
+
+/// The sleeping tags as a JSON object, tag → `"offload"` or `"discard"`, to free with [`umm_string_free`].
+#[no_mangle]
+pub extern "C" fn umm_sleeping_json() -> *mut c_char {
+    json_string("umm_sleeping_json", || Ok(tags::sleeping_json()))
 }
 
 extern "C" {

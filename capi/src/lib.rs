@@ -33,6 +33,7 @@ mod error;
 pub mod ffi;
 mod history;
 mod registry;
+mod tags;
 mod trace;
 
 pub use error::last_error_message;

@@ -14,7 +14,7 @@
 use crate::device_pool::DevicePool;
 use crate::history::{self, Action};
 use crate::trace;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use umm_backends::cuda::{self, ContextScope};
@@ -36,14 +36,16 @@ struct Live {
     stream: StreamId,
     /// Whether it came from the device's huge pool.
     huge: bool,
+    /// The tagged pool it came from, if any ([`crate::tags`]).
+    tagged: Option<SharedPool>,
     block: BlockHandle,
     /// Its ID in the `UMM_TRACE` recording (`None`: not recording).
     trace_id: Option<u64>,
 }
 
 /// One device's pools, or why it has none.
-struct Slot {
-    name: String,
+pub(crate) struct Slot {
+    pub(crate) name: String,
     total_memory: u64,
     pool: Result<Arc<dyn DevicePool>, String>,
     /// Plain segments for requests of at least `huge_min` bytes (only next to a virtual main pool).
@@ -52,7 +54,13 @@ struct Slot {
     limited: AtomicBool,
     /// The device's pools' reserved bytes together: the true peak where there are two.
     reserved: Arc<ReservedGroup>,
+    /// Pools of tagged requests, one per tag, made on first use by `make_tagged` ([`crate::tags`]).
+    pub(crate) tagged: RwLock<Vec<(Arc<str>, SharedPool)>>,
+    pub(crate) make_tagged: Option<MakeTagged>,
 }
+
+/// Makes the pool of a tag on one device, given the tag and how many tagged pools the device has already.
+pub(crate) type MakeTagged = Arc<dyn Fn(&str, usize) -> Result<SharedPool, String> + Send + Sync>;
 
 impl Slot {
     fn missing(name: String, reason: String) -> Self {
@@ -63,6 +71,8 @@ impl Slot {
             huge: None,
             limited: AtomicBool::new(false),
             reserved: ReservedGroup::new(),
+            tagged: RwLock::new(Vec::new()),
+            make_tagged: None,
         }
     }
 
@@ -79,26 +89,31 @@ impl Slot {
         }
     }
 
-    /// Statistics of the main pool plus the huge pool. Peaks add, so the peaks are upper bounds of the true
-    /// peaks of the sum, but for reserved bytes, whose true peak the device's group keeps.
+    /// Statistics of the main pool plus the huge and tagged pools. Peaks add, so the peaks are upper bounds of
+    /// the true peaks of the sum, but for reserved bytes, whose true peak the device's group keeps.
     fn stats(&self, main: &dyn DevicePool) -> PoolStats {
         let mut stats = main.stats();
-        if let Some(h) = &self.huge {
-            stats.accumulate(&h.stats());
-            stats.limit_bytes = main.stats().limit_bytes;
+        let others: Vec<SharedPool> =
+            self.huge.iter().cloned().chain(self.tagged.read().iter().map(|(_, p)| Arc::clone(p))).collect();
+        if !others.is_empty() {
+            let limit = stats.limit_bytes;
+            others.iter().for_each(|p| stats.accumulate(&p.stats()));
+            stats.limit_bytes = limit;
             stats.reserved_bytes.peak = self.reserved.peak();
         }
         stats
     }
 
-    fn pools(&self) -> impl Iterator<Item = &Arc<dyn DevicePool>> {
-        self.pool.as_ref().ok().into_iter().chain(self.huge.as_ref())
+    /// The main pool, the huge pool and the tagged pools.
+    fn pools(&self) -> Vec<SharedPool> {
+        let fixed = self.pool.as_ref().ok().into_iter().chain(self.huge.as_ref()).cloned();
+        fixed.chain(self.tagged.read().iter().map(|(_, p)| Arc::clone(p))).collect()
     }
 }
 
-struct Registry {
+pub(crate) struct Registry {
     /// Indexed by CUDA ordinal (or simulated device number).
-    devices: Vec<Slot>,
+    pub(crate) devices: Vec<Slot>,
     /// Whether the devices are simulated (`UMM_CAPI_SIM`).
     simulated: bool,
     /// Requests of at least this many bytes go to a device's huge pool (`UMM_HUGE_MIN`; 0: no huge pools).
@@ -113,11 +128,11 @@ struct Registry {
 type LiveMap = umm_backends::KeyMap<Live>;
 
 /// A device's pool, shared.
-type SharedPool = Arc<dyn DevicePool>;
+pub(crate) type SharedPool = Arc<dyn DevicePool>;
 
 static REGISTRY: OnceLock<Registry> = OnceLock::new();
 
-fn registry() -> &'static Registry {
+pub(crate) fn registry() -> &'static Registry {
     REGISTRY.get_or_init(|| {
         // Discovery binds each device's context to this thread; put the caller's back afterwards.
         let _scope = ContextScope::enter_saving();
@@ -222,6 +237,18 @@ fn simulated_base(index: usize) -> u64 {
     (index as u64 + 1) << 40
 }
 
+/// Tagged pools a simulated device can have.
+const SIMULATED_TAGS: usize = 256;
+
+/// Where the addresses of simulated device `index`'s tagged pool `number` begin: 1 TiB apart, above every
+/// device's main and huge pools (devices are at most 64).
+fn simulated_tag_base(index: usize, number: usize) -> Result<u64, umm_backends::Error> {
+    if number >= SIMULATED_TAGS {
+        return Err(Error::InvalidConfig(format!("a simulated device has at most {SIMULATED_TAGS} tags")));
+    }
+    Ok((128 + (index * SIMULATED_TAGS + number) as u64) << 40)
+}
+
 impl Registry {
     fn discover() -> Self {
         let config = pool_config(env_var)
@@ -261,6 +288,24 @@ impl Registry {
                 Ok((config, huge_min)) => Self::pools(*huge_min, config, pool),
                 Err(e) => (Err(format!("umm: {e}")), None),
             };
+            let make_tagged: Option<MakeTagged> = config.as_ref().ok().map(|(config, _)| {
+                let (device, config, reserved) = (device.clone(), config.clone(), Arc::clone(&reserved));
+                Arc::new(move |tag: &str, _: usize| {
+                    let config = PoolConfig {
+                        reserved_group: Some(Arc::clone(&reserved)),
+                        segment_mode: SegmentMode::Virtual,
+                        ..config.tagged(tag)
+                    };
+                    // Virtual reservations where the device has them; plain segments, which cannot sleep, else.
+                    let pool = device.caching_pool(PoolPlacement::DeviceLocal, config.clone()).or_else(|_| {
+                        device.caching_pool(
+                            PoolPlacement::DeviceLocal,
+                            PoolConfig { segment_mode: SegmentMode::Auto, ..config },
+                        )
+                    });
+                    pool.map(|p| p as SharedPool).map_err(|e| format!("umm: cannot create the pool of tag {tag}: {e}"))
+                }) as MakeTagged
+            });
             while devices.len() < info.ordinal {
                 let missing = devices.len();
                 devices.push(Slot::missing(String::new(), format!("umm: CUDA device {missing} could not be opened")));
@@ -272,6 +317,8 @@ impl Registry {
                 huge,
                 limited: AtomicBool::new(false),
                 reserved,
+                tagged: RwLock::new(Vec::new()),
+                make_tagged,
             });
         }
         Registry { devices, simulated: false, huge_min, skipped: found.skipped, live: Mutex::new(LiveMap::default()) }
@@ -303,7 +350,31 @@ impl Registry {
                     Ok((config, huge_min)) => Self::pools(*huge_min, config, pool),
                     Err(e) => (Err(format!("umm: {e}")), None),
                 };
-                Slot { name, total_memory: bytes, pool, huge, limited: AtomicBool::new(false), reserved }
+                let make_tagged: Option<MakeTagged> = config.as_ref().ok().map(|(config, _)| {
+                    let (name, config, reserved) = (name.clone(), config.clone(), Arc::clone(&reserved));
+                    Arc::new(move |tag: &str, number: usize| {
+                        let config = PoolConfig { reserved_group: Some(Arc::clone(&reserved)), ..config.tagged(tag) };
+                        // Each tagged pool's addresses lie apart from the main and huge pools' and each other's;
+                        // its pages keep their bytes, so that offloading them has something to copy.
+                        let backend = SimBackend::new(name.clone(), bytes).holding_bytes();
+                        simulated_tag_base(index, number)
+                            .and_then(|base| Pool::new(backend.at_address(base), config))
+                            .map(|p| Arc::new(StreamPool::new(p)) as SharedPool)
+                            .map_err(|e| {
+                                format!("umm: cannot create the pool of tag {tag} on simulated device {index}: {e}")
+                            })
+                    }) as MakeTagged
+                });
+                Slot {
+                    name,
+                    total_memory: bytes,
+                    pool,
+                    huge,
+                    limited: AtomicBool::new(false),
+                    reserved,
+                    tagged: RwLock::new(Vec::new()),
+                    make_tagged,
+                }
             })
             .collect();
         Registry { devices, simulated: true, huge_min, skipped: Vec::new(), live: Mutex::new(LiveMap::default()) }
@@ -367,7 +438,14 @@ pub(crate) fn alloc(size: i64, device: i64, stream: StreamId) -> Result<u64, Str
     }
     let reg = registry();
     let (slot, main) = reg.pool(device)?;
-    let (pool, huge) = slot.pool_for(main, size as u64, reg.huge_min);
+    let tagged = match crate::tags::current() {
+        Some(tag) => Some(crate::tags::pool_of(slot, &tag).map_err(|e| format!("umm_alloc: {e}"))?),
+        None => None,
+    };
+    let (pool, huge) = match &tagged {
+        Some(pool) => (pool, false),
+        None => slot.pool_for(main, size as u64, reg.huge_min),
+    };
     let _scope = ContextScope::enter();
     let reserved_before = history::on().then(|| pool.reserved_bytes());
     let block = match pool.allocate(size as u64, stream) {
@@ -388,7 +466,7 @@ pub(crate) fn alloc(size: i64, device: i64, stream: StreamId) -> Result<u64, Str
     }
     // Recorded before the pointer is published, so that no free of it is recorded first.
     let trace_id = trace::record_alloc(size as u64, stream.0);
-    let live = Live { device: device as usize, requested: size as u64, stream, huge, block, trace_id };
+    let live = Live { device: device as usize, requested: size as u64, stream, huge, tagged, block, trace_id };
     reg.live.lock().insert(ptr, live);
     Ok(ptr)
 }
@@ -410,6 +488,7 @@ fn alloc_failure(
     let stats = slot.stats(main.as_ref());
     let largest_free = slot
         .pools()
+        .iter()
         .flat_map(|p| p.snapshot().segments)
         .flat_map(|s| s.blocks)
         .filter(|b| b.free)
@@ -487,7 +566,10 @@ pub(crate) fn free(ptr: u64, device: i64, stream: StreamId) -> Result<(), String
     Ok(())
 }
 
-fn live_pool<'a>(reg: &'a Registry, live: &Live) -> Result<&'a SharedPool, String> {
+fn live_pool<'a>(reg: &'a Registry, live: &'a Live) -> Result<&'a SharedPool, String> {
+    if let Some(pool) = &live.tagged {
+        return Ok(pool);
+    }
     let (slot, main) = reg.pool(live.device as i64)?;
     Ok(if live.huge { slot.huge.as_ref().unwrap_or(main) } else { main })
 }
@@ -519,7 +601,7 @@ pub(crate) fn stats_json(device: i64) -> Result<String, String> {
         map.insert("virtual_memory".into(), pool.uses_virtual_memory().into());
         map.insert("simulated".into(), reg.simulated.into());
         map.insert("live_pointers".into(), live_pointers.into());
-        map.insert("pending_frees".into(), slot.pools().map(|p| p.pending_frees()).sum::<usize>().into());
+        map.insert("pending_frees".into(), slot.pools().iter().map(|p| p.pending_frees()).sum::<usize>().into());
         map.insert("huge_pool_min_bytes".into(), slot.huge.as_ref().map(|_| reg.huge_min).into());
         if let Some(huge) = &slot.huge {
             let main_stats = serde_json::to_value(pool.stats()).map_err(|e| format!("umm_stats_json: {e}"))?;
@@ -548,17 +630,19 @@ pub(crate) fn record_history(max_entries: i64) -> Result<(), String> {
 pub(crate) fn snapshot_json(device: i64) -> Result<String, String> {
     let reg = registry();
     let targets = reg.targets(device).map_err(|e| format!("umm_snapshot_json: {e}"))?;
-    // Requested bytes of live blocks by (device, huge pool, block key).
-    let requested: std::collections::HashMap<(usize, bool, u64), u64> =
-        reg.live.lock().values().map(|l| ((l.device, l.huge, l.block.key()), l.requested)).collect();
+    // Requested bytes of live blocks by (pool, block key).
+    let requested: std::collections::HashMap<(usize, u64), u64> = reg
+        .live
+        .lock()
+        .values()
+        .filter_map(|l| Some(((pool_id(live_pool(reg, l).ok()?), l.block.key()), l.requested)))
+        .collect();
     let mut segments = Vec::new();
     for (slot, _) in &targets {
         let index = reg.devices.iter().position(|s| std::ptr::eq(s, *slot)).expect("a slot of the registry");
-        let huge_pool = slot.huge.as_ref().map(|h| Arc::as_ptr(h) as *const ());
         for pool in slot.pools() {
-            let huge = Some(Arc::as_ptr(pool) as *const ()) == huge_pool;
             for segment in pool.snapshot().segments {
-                segments.push(segment_json(index, huge, &segment, &requested));
+                segments.push(segment_json(index, pool_id(&pool), &segment, &requested));
             }
         }
     }
@@ -571,12 +655,17 @@ pub(crate) fn snapshot_json(device: i64) -> Result<String, String> {
     Ok(value.to_string())
 }
 
+/// What names a pool in [`snapshot_json`]'s table of requested sizes: its address.
+fn pool_id(pool: &SharedPool) -> usize {
+    Arc::as_ptr(pool) as *const () as usize
+}
+
 /// One segment of [`snapshot_json`].
 fn segment_json(
     device: usize,
-    huge: bool,
+    pool: usize,
     segment: &umm_backends::SegmentSnapshot,
-    requested: &std::collections::HashMap<(usize, bool, u64), u64>,
+    requested: &std::collections::HashMap<(usize, u64), u64>,
 ) -> serde_json::Value {
     let base = segment.address.unwrap_or(0);
     let mut blocks = Vec::new();
@@ -594,7 +683,7 @@ fn segment_json(
             continue;
         }
         // A block of the pool's own (a stitched range's piece, a plan) has no live pointer: its size stands.
-        let asked = block.key.and_then(|k| requested.get(&(device, huge, k)).copied()).unwrap_or(block.size);
+        let asked = block.key.and_then(|k| requested.get(&(pool, k)).copied()).unwrap_or(block.size);
         allocated += block.size;
         requested_total += asked;
         blocks.push(serde_json::json!({
@@ -684,7 +773,7 @@ pub(crate) fn mark_step(device: i64) -> Result<(), String> {
     trace::record_step();
     let _scope = ContextScope::enter();
     for (slot, _) in targets {
-        slot.pools().for_each(|p| {
+        slot.pools().iter().for_each(|p| {
             p.mark_step();
         });
     }
@@ -694,7 +783,7 @@ pub(crate) fn mark_step(device: i64) -> Result<(), String> {
 /// Resets the peaks of `device` (or every device for -1) to the current values.
 pub(crate) fn reset_peaks(device: i64) -> Result<(), String> {
     for (slot, _) in registry().targets(device)? {
-        slot.pools().for_each(|p| p.reset_peaks());
+        slot.pools().iter().for_each(|p| p.reset_peaks());
         slot.reserved.reset_peak();
     }
     Ok(())

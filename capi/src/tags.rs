@@ -1,0 +1,189 @@
+//! Tags, sleep and wake behind the C ABI (`umm_set_tag`, `umm_sleep`, `umm_wake`): a thread's allocations
+//! under a tag go to that tag's pool on their device, and a tag sleeps and wakes as a whole, its blocks keeping
+//! their addresses (see `umm_backends::Pool::sleep`), so that CUDA graphs captured before a sleep replay after
+//! the wake.
+
+use crate::registry::{registry, SharedPool, Slot};
+use parking_lot::Mutex;
+use serde::Serialize;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use umm_backends::cuda::ContextScope;
+use umm_backends::pool::check_tag;
+use umm_backends::{SleepAction, SleepReport, WakeReport};
+
+thread_local! {
+    /// The calling thread's tag (`umm_set_tag`).
+    static CURRENT: RefCell<Option<Arc<str>>> = const { RefCell::new(None) };
+}
+
+/// The sleeping tags; held through a whole sleep or wake, so that two never interleave.
+static ASLEEP: Mutex<BTreeMap<String, SleepAction>> = Mutex::new(BTreeMap::new());
+
+/// The calling thread's tag.
+pub(crate) fn current() -> Option<Arc<str>> {
+    CURRENT.with(|c| c.borrow().clone())
+}
+
+/// Sets the calling thread's tag (`None` or empty: no tag). A bad tag is refused and the tag stays.
+pub(crate) fn set_current(tag: Option<&str>) -> Result<(), String> {
+    let tag = match tag.filter(|t| !t.is_empty()) {
+        Some(tag) => {
+            check_tag(tag).map_err(|e| format!("umm_set_tag: {e}"))?;
+            Some(Arc::from(tag))
+        }
+        None => None,
+    };
+    CURRENT.with(|c| *c.borrow_mut() = tag);
+    Ok(())
+}
+
+/// The pool of `tag` on the device of `slot`, made on first use. A sleeping tag refuses.
+pub(crate) fn pool_of(slot: &Slot, tag: &Arc<str>) -> Result<SharedPool, String> {
+    if let Some((_, pool)) = slot.tagged.read().iter().find(|(t, _)| t == tag) {
+        return Ok(Arc::clone(pool));
+    }
+    if let Some(action) = ASLEEP.lock().get(&**tag) {
+        return Err(format!("tag {tag} is asleep ({action}): allocation refused until it wakes"));
+    }
+    let make = slot.make_tagged.as_ref().ok_or_else(|| format!("device {} has no pools", slot.name))?;
+    let mut tagged = slot.tagged.write();
+    if let Some((_, pool)) = tagged.iter().find(|(t, _)| t == tag) {
+        return Ok(Arc::clone(pool));
+    }
+    let pool = make(tag, tagged.len())?;
+    tagged.push((Arc::clone(tag), Arc::clone(&pool)));
+    Ok(pool)
+}
+
+/// A comma-separated list of tags (spaces around each ignored, empty entries skipped), each checked.
+pub(crate) fn parse_list(what: &str, list: &str) -> Result<Vec<String>, String> {
+    let tags: Vec<String> = list.split(',').map(str::trim).filter(|t| !t.is_empty()).map(String::from).collect();
+    for tag in &tags {
+        check_tag(tag).map_err(|e| format!("{what}: {e}"))?;
+    }
+    Ok(tags)
+}
+
+/// One pool's part in a sleep or a wake.
+#[derive(Serialize)]
+struct PoolPart<R> {
+    device: usize,
+    tag: String,
+    report: R,
+}
+
+/// What `umm_sleep` did, as JSON.
+#[derive(Serialize, Default)]
+struct SleepSummary {
+    pools: Vec<PoolPart<SleepReport>>,
+    bytes_released: u64,
+    bytes_offloaded: u64,
+    seconds: f64,
+}
+
+/// What `umm_wake` did, as JSON.
+#[derive(Serialize, Default)]
+struct WakeSummary {
+    pools: Vec<PoolPart<WakeReport>>,
+    bytes_mapped: u64,
+    bytes_restored: u64,
+    seconds: f64,
+}
+
+/// Every tagged pool of every device whose tag is in `tags`, with its device and tag.
+fn tagged_pools(tags: &[String]) -> Vec<(usize, Arc<str>, SharedPool)> {
+    let mut pools = Vec::new();
+    for (index, slot) in registry().devices.iter().enumerate() {
+        for (tag, pool) in slot.tagged.read().iter() {
+            if tags.iter().any(|t| **t == **tag) {
+                pools.push((index, Arc::clone(tag), Arc::clone(pool)));
+            }
+        }
+    }
+    pools
+}
+
+/// Puts `offload` and `discard` tags to sleep on every device, all or nothing: a pool that cannot sleep wakes
+/// the ones already asleep and its error is returned. Returns the report as JSON.
+pub(crate) fn sleep(offload: &[String], discard: &[String]) -> Result<String, String> {
+    let start = std::time::Instant::now();
+    if let Some(both) = offload.iter().find(|t| discard.contains(t)) {
+        return Err(format!("umm_sleep: tag {both} is both offloaded and discarded"));
+    }
+    let mut asleep = ASLEEP.lock();
+    if let Some(tag) = offload.iter().chain(discard).find(|t| asleep.contains_key(*t)) {
+        return Err(format!("umm_sleep: tag {tag} is asleep already"));
+    }
+    let _scope = ContextScope::enter_saving();
+    let action = |tag: &str| if offload.iter().any(|t| t == tag) { SleepAction::Offload } else { SleepAction::Discard };
+    let all: Vec<String> = offload.iter().chain(discard).cloned().collect();
+    let mut summary = SleepSummary::default();
+    let mut slept: Vec<SharedPool> = Vec::new();
+    for (device, tag, pool) in tagged_pools(&all) {
+        match pool.sleep(action(&tag)) {
+            Ok(report) => {
+                summary.bytes_released += report.bytes_released + report.cached_released;
+                summary.bytes_offloaded += report.bytes_offloaded;
+                summary.pools.push(PoolPart { device, tag: tag.to_string(), report });
+                slept.push(pool);
+            }
+            Err(e) => {
+                for pool in slept {
+                    let _ = pool.wake();
+                }
+                return Err(format!("umm_sleep: tag {tag} on device {device}: {e}"));
+            }
+        }
+    }
+    asleep.extend(all.iter().map(|t| (t.clone(), action(t))));
+    summary.seconds = start.elapsed().as_secs_f64();
+    serde_json::to_string(&summary).map_err(|e| format!("umm_sleep: {e}"))
+}
+
+/// Wakes `tags` (every sleeping tag when empty) on every device; a tag whose pools cannot all wake stays
+/// asleep (with its bytes kept) and the first error is returned after every tag was tried.
+pub(crate) fn wake(tags: &[String]) -> Result<String, String> {
+    let start = std::time::Instant::now();
+    let mut asleep = ASLEEP.lock();
+    let chosen: Vec<String> = asleep.keys().filter(|t| tags.is_empty() || tags.contains(t)).cloned().collect();
+    let _scope = ContextScope::enter_saving();
+    let mut summary = WakeSummary::default();
+    let mut failure = None;
+    for tag in chosen {
+        let mut woke = true;
+        for (device, _, pool) in tagged_pools(std::slice::from_ref(&tag)) {
+            if pool.sleeping().is_none() {
+                continue;
+            }
+            match pool.wake() {
+                Ok(report) => {
+                    summary.bytes_mapped += report.bytes_mapped;
+                    summary.bytes_restored += report.bytes_restored;
+                    summary.pools.push(PoolPart { device, tag: tag.clone(), report });
+                }
+                Err(e) => {
+                    woke = false;
+                    failure.get_or_insert(format!("umm_wake: tag {tag} on device {device}: {e}"));
+                }
+            }
+        }
+        if woke {
+            asleep.remove(&tag);
+        }
+    }
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    summary.seconds = start.elapsed().as_secs_f64();
+    serde_json::to_string(&summary).map_err(|e| format!("umm_wake: {e}"))
+}
+
+/// The sleeping tags and their actions, as a JSON object.
+pub(crate) fn sleeping_json() -> String {
+    let asleep = ASLEEP.lock();
+    let map: serde_json::Map<String, serde_json::Value> =
+        asleep.iter().map(|(t, a)| (t.clone(), a.to_string().into())).collect();
+    serde_json::Value::Object(map).to_string()
+}
