@@ -210,3 +210,82 @@ class SimulatedDevices(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class SleepAndWake(unittest.TestCase):
+    """tag(), sleep(), wake() and the vLLM-shaped adapter on simulated devices (their tagged pools keep bytes)."""
+
+    def tearDown(self):
+        umm_torch.wake()
+        umm_torch.empty_cache()
+
+    def _live(self, device=0):
+        blocks = [b for s in umm_torch.snapshot(device)["segments"] for b in s["blocks"]]
+        return sorted((b["address"], b["size"]) for b in blocks if b["state"] == "active_allocated")
+
+    def test_a_tag_sleeps_refuses_allocations_and_wakes_at_the_same_addresses(self):
+        with umm_torch.tag("weights"):
+            self.assertEqual(umm_torch.current_tag(), "weights")
+            weights = [alloc(n) for n in (5 * MIB, 300_000)]
+            with umm_torch.tag("kv_cache"):
+                cache = alloc(16 * MIB)
+            self.assertEqual(umm_torch.current_tag(), "weights", "the outer tag is back")
+        self.assertIsNone(umm_torch.current_tag())
+        before = self._live()
+        reserved = umm_torch.memory_reserved(0)
+
+        report = umm_torch.sleep(offload="weights", discard=["kv_cache"])
+        self.assertEqual(sorted(p["tag"] for p in report["pools"]), ["kv_cache", "weights"])
+        self.assertGreaterEqual(report["bytes_offloaded"], 5 * MIB + 300_000)
+        self.assertLess(umm_torch.memory_reserved(0), reserved)
+        self.assertEqual(umm_torch.sleeping(), {"weights": "offload", "kv_cache": "discard"})
+        stats = umm_torch.umm_stats(0)
+        self.assertEqual(stats["offloaded_bytes"], report["bytes_offloaded"])
+        with umm_torch.tag("weights"):
+            with self.assertRaises(MemoryError) as refused:
+                alloc(MIB)
+        self.assertIn("asleep", str(refused.exception))
+        with self.assertRaises(RuntimeError) as again:
+            umm_torch.sleep(offload="weights")
+        self.assertIn("asleep already", str(again.exception))
+
+        report = umm_torch.wake()
+        self.assertEqual(report["bytes_restored"], stats["offloaded_bytes"])
+        self.assertEqual(umm_torch.sleeping(), {})
+        self.assertEqual(self._live(), before)
+        for p in weights + [cache]:
+            free(p)
+
+    def test_bad_tags_are_refused_and_the_tag_stays(self):
+        with umm_torch.tag("ok"):
+            for bad in ("a,b", "x" * 129, ""):
+                with self.assertRaises(ValueError) as refused:
+                    with umm_torch.tag(bad):
+                        pass
+                if bad:
+                    self.assertIn("1 to 128 bytes", str(refused.exception))
+            self.assertEqual(umm_torch.current_tag(), "ok")
+
+    def test_the_vllm_shaped_adapter_offloads_its_tags_and_discards_the_rest(self):
+        from umm_torch.vllm import UmmSleepAllocator
+
+        allocator = UmmSleepAllocator()
+        self.assertIs(UmmSleepAllocator.get_instance(), UmmSleepAllocator.get_instance())
+        with allocator.use_memory_pool(tag="weights"):
+            self.assertEqual(allocator.current_tag, "weights")
+            w = alloc(4 * MIB, device=1)
+        with allocator.use_memory_pool(tag="kv_cache"):
+            kv = alloc(8 * MIB, device=1)
+        with allocator.use_memory_pool():
+            d = alloc(MIB, device=1)
+        self.assertEqual(allocator.current_tag, "default")
+        self.assertGreaterEqual(allocator.get_current_usage(), 0)
+        report = allocator.sleep(offload_tags=("weights",))
+        actions = {p["tag"]: p["report"]["bytes_offloaded"] > 0 for p in report["pools"]}
+        self.assertEqual(actions, {"weights": True, "kv_cache": False, "default": False})
+        allocator.wake_up(tags=["weights"])
+        self.assertEqual(umm_torch.sleeping(), {"kv_cache": "discard", "default": "discard"})
+        allocator.wake_up()
+        self.assertEqual(umm_torch.sleeping(), {})
+        for p in (w, kv, d):
+            free(p, device=1)

@@ -87,6 +87,14 @@ def load(path=None):
     lib.umm_record_history.argtypes = [ctypes.c_int64]
     lib.umm_trace_flush.restype = ctypes.c_int
     lib.umm_trace_flush.argtypes = []
+    lib.umm_set_tag.restype = ctypes.c_int
+    lib.umm_set_tag.argtypes = [ctypes.c_char_p]
+    lib.umm_sleep.restype = ctypes.c_void_p
+    lib.umm_sleep.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    lib.umm_wake.restype = ctypes.c_void_p
+    lib.umm_wake.argtypes = [ctypes.c_char_p]
+    lib.umm_sleeping_json.restype = ctypes.c_void_p
+    lib.umm_sleeping_json.argtypes = []
     _lib, _lib_path = lib, path
     return lib
 
@@ -144,16 +152,23 @@ def pool(device=None):
     thread at a time route to a MemPool, so each thread gets a MemPool of its own per device, reused by its later
     blocks; a pool() inside a pool() of the same thread and device changes nothing. An out-of-memory inside raises
     torch.OutOfMemoryError with umm's figures appended. Yields the MemPool."""
+    with _routed(device, None) as mem_pool:
+        yield mem_pool
+
+
+@contextlib.contextmanager
+def _routed(device, tag_name):
+    """Routes the thread's allocations on `device` to umm through the MemPool of (device, thread, tag)."""
     import torch
 
     index = _device_index(device)
     active = getattr(_inside, "devices", None)
     if active is None:
         active = _inside.devices = {}
-    if index in active:  # nested: the outer block already routes this thread
-        yield active[index]
+    if (index, tag_name) in active:  # nested: the outer block already routes this thread
+        yield active[(index, tag_name)]
         return
-    key = (index, threading.get_ident())
+    key = (index, threading.get_ident()) if tag_name is None else (index, threading.get_ident(), tag_name)
     with _allocator_lock:
         mem_pool = _pools.get(key)
     if mem_pool is None:
@@ -161,21 +176,121 @@ def pool(device=None):
         mem_pool = torch.cuda.MemPool(allocator.allocator())
         with _allocator_lock:
             mem_pool = _pools.setdefault(key, mem_pool)
-    active[index] = mem_pool
+    active[(index, tag_name)] = mem_pool
     try:
         with torch.cuda.use_mem_pool(mem_pool, device=index):
             yield mem_pool
     except torch.OutOfMemoryError as oom:
         detail = last_error()
-        if detail and "out of memory" in detail:
+        if detail and ("out of memory" in detail or "asleep" in detail):
             raise torch.OutOfMemoryError(f"{oom}\n{detail}") from oom
         raise
     finally:
-        del active[index]
+        del active[(index, tag_name)]
+
+
+_tags = threading.local()
+
+
+def _set_tag(name):
+    if load().umm_set_tag(None if name is None else name.encode()) != 0:
+        raise ValueError(last_error())
+
+
+def current_tag():
+    """The calling thread's tag (see tag()), or None."""
+    return getattr(_tags, "name", None)
+
+
+def _routes_through_mem_pools():
+    """Whether tag() needs a MemPool: PyTorch uses CUDA and umm is not its whole allocator."""
+    if enabled():
+        return False
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+@contextlib.contextmanager
+def tag(name, device=None):
+    """Tags the CUDA memory the calling thread allocates inside the block ("weights", "kv_cache"), so that
+    sleep() can offload or discard it and wake() bring it back at the same addresses:
+
+        with umm_torch.tag("weights"):
+            model = load_model().cuda()
+        with umm_torch.tag("kv_cache"):
+            cache = torch.empty(...)
+
+    Under enable() the tag alone routes the allocations. Otherwise the block's allocations go to umm through a
+    MemPool of their own per (device, thread, tag), like pool(), so that PyTorch's cache never hands a tag's
+    memory to another tag; tensors made outside (CUDA graphs' private pools, activations) stay with PyTorch's
+    allocator and stay awake. Use tag() outside pool() blocks. Tags nest; a tag has 1 to 128 bytes, no commas.
+    Yields the MemPool (None under enable() or without a GPU)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"tag {name!r}: a tag is a string of 1 to 128 bytes, without control characters or commas")
+    previous = current_tag()
+    _set_tag(name)
+    _tags.name = name
+    try:
+        if _routes_through_mem_pools():
+            with _routed(device, name) as mem_pool:
+                yield mem_pool
+        else:
+            yield None
+    finally:
+        _tags.name = previous
+        _set_tag(previous)
+
+
+def _tag_list(tags):
+    if tags is None:
+        return []
+    if isinstance(tags, str):
+        return [tags]
+    return list(tags)
+
+
+def _json_call(p, what):
+    lib = load()
+    if not p:
+        raise RuntimeError(last_error() or f"{what} failed")
+    try:
+        return json.loads(ctypes.string_at(p).decode())
+    finally:
+        lib.umm_string_free(p)
+
+
+def sleep(offload=(), discard=()):
+    """Puts tagged memory to sleep on every device: the `offload` tags' bytes are copied to pinned host memory,
+    the `discard` tags' dropped, and their device pages given back, every tensor keeping its address. Queued
+    CUDA work is waited for first. Until wake(), the tags refuse allocations (torch.OutOfMemoryError naming the
+    sleeping tag) and their tensors must not be used. Tensors of tags not named stay awake. All or nothing: a
+    tag that cannot sleep (UMM_SEGMENT_MODE=plain) leaves everything awake and raises. Returns umm's report (a
+    dict: pools, bytes_released, bytes_offloaded, seconds)."""
+    offload, discard = _tag_list(offload), _tag_list(discard)
+    lib = load()
+    return _json_call(lib.umm_sleep(",".join(offload).encode(), ",".join(discard).encode()), "umm_sleep")
+
+
+def wake(tags=None):
+    """Wakes `tags` (every sleeping tag by default): device pages are mapped again at the tensors' addresses
+    and offloaded bytes copied back, so kernels' pointers and captured CUDA graphs work again; discarded tensors
+    hold undefined values. Returns umm's report (a dict: pools, bytes_mapped, bytes_restored, seconds)."""
+    tags = _tag_list(tags)
+    return _json_call(load().umm_wake(",".join(tags).encode() if tags else None), "umm_wake")
+
+
+def sleeping():
+    """The sleeping tags: a dict tag -> "offload" or "discard"."""
+    return _json_call(load().umm_sleeping_json(), "umm_sleeping_json")
 
 
 def pools():
-    """The MemPools pool() made, by (device index, thread identifier)."""
+    """The MemPools pool() made, by (device index, thread identifier), and those tag() made, by (device index,
+    thread identifier, tag)."""
     return dict(_pools)
 
 
