@@ -13,22 +13,9 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+pub use umm_backends::pool::{check_tag, MAX_TAG_LEN};
 use umm_backends::{SleepAction, SleepReport, WakeReport};
 use umm_placement::{Api, DeviceKind, PoolKind};
-
-/// The longest tag, in bytes.
-pub const MAX_TAG_LEN: usize = 128;
-
-/// Checks a tag: 1 to [`MAX_TAG_LEN`] bytes, no control characters and no comma (the C ABI's list separator).
-pub fn check_tag(tag: &str) -> Result<()> {
-    let bad = tag.is_empty() || tag.len() > MAX_TAG_LEN || tag.chars().any(|c| c.is_control() || c == ',');
-    if bad {
-        return Err(Error::InvalidConfig(format!(
-            "tag {tag:?}: a tag has 1 to {MAX_TAG_LEN} bytes, without control characters or commas"
-        )));
-    }
-    Ok(())
-}
 
 thread_local! {
     /// The calling thread's tag ([`UniversalMemoryManager::tag_scope`]).
@@ -149,6 +136,25 @@ impl Sleepers {
     }
 }
 
+/// Runs `op` on every item at once, a thread each (one item alone runs on the caller's thread); a panic is an
+/// error.
+fn each_at_once<I: Sync, R: Send>(
+    items: &[I],
+    op: impl Fn(&I) -> umm_backends::Result<R> + Sync,
+) -> Vec<umm_backends::Result<R>> {
+    if items.len() == 1 {
+        return vec![op(&items[0])];
+    }
+    let panicked = || umm_backends::Error::Unsupported {
+        backend: "umm".into(),
+        what: "sleep or wake: a pool's thread panicked".into(),
+    };
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = items.iter().map(|item| scope.spawn(|| op(item))).collect();
+        threads.into_iter().map(|t| t.join().unwrap_or_else(|_| Err(panicked()))).collect()
+    })
+}
+
 impl UniversalMemoryManager {
     /// Tags the calling thread's allocations that carry no tag of their own until the returned scope is
     /// dropped (PyTorch users know this as vLLM's `use_memory_pool(tag=...)`):
@@ -186,27 +192,31 @@ impl UniversalMemoryManager {
         let mut summary = SleepSummary::default();
         // Marked first: an allocation racing the sleep of its pool is refused by the pool itself.
         sleepers.asleep.lock().extend(policy.tags().map(|(t, a)| (Arc::from(t), a)));
-        let mut slept = Vec::new();
-        let mut failure = None;
-        'devices: for device in &self.inner.devices {
+        let mut chosen = Vec::new();
+        for device in &self.inner.devices {
             for (tag, api, kind, pool) in device.tagged_pools() {
                 let Some(&action) = policy.tags.get(&*tag) else { continue };
                 if device.kind() == DeviceKind::Host || matches!(kind, PoolKind::Host | PoolKind::HostPinned) {
                     summary.host_pools += 1;
                     continue;
                 }
-                match pool.sleep(action) {
-                    Ok(report) => {
-                        summary.bytes_released += report.bytes_released + report.cached_released;
-                        summary.bytes_offloaded += report.bytes_offloaded;
-                        let entry = TagPoolReport { device: device.index(), tag: tag.to_string(), api, kind, report };
-                        summary.pools.push(entry);
-                        slept.push(pool);
-                    }
-                    Err(e) => {
-                        failure = Some(e);
-                        break 'devices;
-                    }
+                chosen.push((device.index(), tag, api, kind, pool, action));
+            }
+        }
+        // Each pool on a thread of its own: one pool's copies to the host run while another's pages are unmapped.
+        let results = each_at_once(&chosen, |(.., pool, action)| pool.sleep(*action));
+        let mut slept = Vec::new();
+        let mut failure = None;
+        for ((device, tag, api, kind, pool, _), result) in chosen.into_iter().zip(results) {
+            match result {
+                Ok(report) => {
+                    summary.bytes_released += report.bytes_released + report.cached_released;
+                    summary.bytes_offloaded += report.bytes_offloaded;
+                    summary.pools.push(TagPoolReport { device, tag: tag.to_string(), api, kind, report });
+                    slept.push(pool);
+                }
+                Err(e) => {
+                    failure.get_or_insert(e);
                 }
             }
         }
@@ -228,8 +238,8 @@ impl UniversalMemoryManager {
 
     /// Wakes `tags` (every sleeping tag when empty) on every device: new device memory is mapped at the
     /// buffers' old addresses and offloaded bytes are copied back; discarded buffers hold undefined bytes.
-    /// Tag by tag: a tag whose memory the device cannot give stays asleep, with its bytes kept, and its error is
-    /// returned after the other tags were tried.
+    /// Every pool at once: a tag whose memory the device cannot give stays asleep, with its bytes kept, and the
+    /// first error is returned after every pool was tried.
     pub fn wake(&self, tags: &[&str]) -> Result<WakeSummary> {
         let start = Instant::now();
         let sleepers = &self.inner.sleepers;
@@ -239,32 +249,35 @@ impl UniversalMemoryManager {
             asleep.keys().filter(|t| tags.is_empty() || tags.contains(&&***t)).cloned().collect()
         };
         let mut summary = WakeSummary::default();
-        let mut failure = None;
-        for tag in chosen {
-            let mut woke = true;
-            for device in &self.inner.devices {
-                for (_, api, kind, pool) in device.tagged_pools().into_iter().filter(|(t, ..)| *t == tag) {
-                    if pool.sleeping().is_none() {
-                        continue;
-                    }
-                    match pool.wake() {
-                        Ok(report) => {
-                            summary.bytes_mapped += report.bytes_mapped;
-                            summary.bytes_restored += report.bytes_restored;
-                            let tag = tag.to_string();
-                            summary.pools.push(TagPoolReport { device: device.index(), tag, api, kind, report });
-                        }
-                        Err(e) => {
-                            woke = false;
-                            failure.get_or_insert(e);
-                        }
-                    }
+        let mut pools = Vec::new();
+        for device in &self.inner.devices {
+            for (tag, api, kind, pool) in device.tagged_pools() {
+                if chosen.contains(&tag) && pool.sleeping().is_some() {
+                    pools.push((device.index(), tag, api, kind, pool));
                 }
             }
-            if woke {
-                sleepers.asleep.lock().remove(&tag);
+        }
+        let results = each_at_once(&pools, |(.., pool)| pool.wake());
+        let mut failure = None;
+        let mut failed = Vec::new();
+        for ((device, tag, api, kind, _), result) in pools.into_iter().zip(results) {
+            match result {
+                Ok(report) => {
+                    summary.bytes_mapped += report.bytes_mapped;
+                    summary.bytes_restored += report.bytes_restored;
+                    summary.pools.push(TagPoolReport { device, tag: tag.to_string(), api, kind, report });
+                }
+                Err(e) => {
+                    failure.get_or_insert(e);
+                    failed.push(tag);
+                }
             }
         }
+        let mut asleep = sleepers.asleep.lock();
+        for tag in chosen.iter().filter(|t| !failed.contains(t)) {
+            asleep.remove(tag);
+        }
+        drop(asleep);
         if let Some(e) = failure {
             return Err(e.into());
         }

@@ -105,6 +105,29 @@ fn tagged_pools(tags: &[String]) -> Vec<(usize, Arc<str>, SharedPool)> {
     pools
 }
 
+/// Runs `op` on every pool at once, a thread each (one pool alone runs on the caller's thread); a panic is an
+/// error.
+fn each_at_once<R: Send>(
+    pools: &[(usize, Arc<str>, SharedPool)],
+    op: impl Fn(&str, &SharedPool) -> umm_backends::Result<R> + Sync,
+) -> Vec<Result<R, String>> {
+    let run = |tag: &str, pool: &SharedPool| {
+        // The caller's context is put back on this thread when it ends.
+        let _scope = ContextScope::enter_saving();
+        op(tag, pool).map_err(|e| e.to_string())
+    };
+    if pools.len() == 1 {
+        return vec![run(&pools[0].1, &pools[0].2)];
+    }
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = pools.iter().map(|(_, tag, pool)| scope.spawn(|| run(tag, pool))).collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap_or_else(|_| Err("a sleep or wake thread panicked".into())))
+            .collect()
+    })
+}
+
 /// Puts `offload` and `discard` tags to sleep on every device, all or nothing: a pool that cannot sleep wakes
 /// the ones already asleep and its error is returned. Returns the report as JSON.
 pub(crate) fn sleep(offload: &[String], discard: &[String]) -> Result<String, String> {
@@ -121,8 +144,12 @@ pub(crate) fn sleep(offload: &[String], discard: &[String]) -> Result<String, St
     let all: Vec<String> = offload.iter().chain(discard).cloned().collect();
     let mut summary = SleepSummary::default();
     let mut slept: Vec<SharedPool> = Vec::new();
-    for (device, tag, pool) in tagged_pools(&all) {
-        match pool.sleep(action(&tag)) {
+    let pools = tagged_pools(&all);
+    // Each pool on a thread of its own: one pool's copies to the host run while another's pages are unmapped.
+    let reports = each_at_once(&pools, |tag, pool| pool.sleep(action(tag)));
+    let mut failure = None;
+    for ((device, tag, pool), result) in pools.into_iter().zip(reports) {
+        match result {
             Ok(report) => {
                 summary.bytes_released += report.bytes_released + report.cached_released;
                 summary.bytes_offloaded += report.bytes_offloaded;
@@ -130,20 +157,23 @@ pub(crate) fn sleep(offload: &[String], discard: &[String]) -> Result<String, St
                 slept.push(pool);
             }
             Err(e) => {
-                for pool in slept {
-                    let _ = pool.wake();
-                }
-                return Err(format!("umm_sleep: tag {tag} on device {device}: {e}"));
+                failure.get_or_insert(format!("umm_sleep: tag {tag} on device {device}: {e}"));
             }
         }
+    }
+    if let Some(e) = failure {
+        for pool in slept {
+            let _ = pool.wake();
+        }
+        return Err(e);
     }
     asleep.extend(all.iter().map(|t| (t.clone(), action(t))));
     summary.seconds = start.elapsed().as_secs_f64();
     serde_json::to_string(&summary).map_err(|e| format!("umm_sleep: {e}"))
 }
 
-/// Wakes `tags` (every sleeping tag when empty) on every device; a tag whose pools cannot all wake stays
-/// asleep (with its bytes kept) and the first error is returned after every tag was tried.
+/// Wakes `tags` (every sleeping tag when empty) on every device, every pool at once; a tag whose pools cannot
+/// all wake stays asleep (with its bytes kept) and the first error is returned after every pool was tried.
 pub(crate) fn wake(tags: &[String]) -> Result<String, String> {
     let start = std::time::Instant::now();
     let mut asleep = ASLEEP.lock();
@@ -151,27 +181,24 @@ pub(crate) fn wake(tags: &[String]) -> Result<String, String> {
     let _scope = ContextScope::enter_saving();
     let mut summary = WakeSummary::default();
     let mut failure = None;
-    for tag in chosen {
-        let mut woke = true;
-        for (device, _, pool) in tagged_pools(std::slice::from_ref(&tag)) {
-            if pool.sleeping().is_none() {
-                continue;
+    let pools: Vec<_> = tagged_pools(&chosen).into_iter().filter(|(_, _, p)| p.sleeping().is_some()).collect();
+    let reports = each_at_once(&pools, |_, pool| pool.wake());
+    let mut failed: Vec<Arc<str>> = Vec::new();
+    for ((device, tag, _), result) in pools.into_iter().zip(reports) {
+        match result {
+            Ok(report) => {
+                summary.bytes_mapped += report.bytes_mapped;
+                summary.bytes_restored += report.bytes_restored;
+                summary.pools.push(PoolPart { device, tag: tag.to_string(), report });
             }
-            match pool.wake() {
-                Ok(report) => {
-                    summary.bytes_mapped += report.bytes_mapped;
-                    summary.bytes_restored += report.bytes_restored;
-                    summary.pools.push(PoolPart { device, tag: tag.clone(), report });
-                }
-                Err(e) => {
-                    woke = false;
-                    failure.get_or_insert(format!("umm_wake: tag {tag} on device {device}: {e}"));
-                }
+            Err(e) => {
+                failure.get_or_insert(format!("umm_wake: tag {tag} on device {device}: {e}"));
+                failed.push(tag);
             }
         }
-        if woke {
-            asleep.remove(&tag);
-        }
+    }
+    for tag in chosen.iter().filter(|t| !failed.iter().any(|f| **f == ***t)) {
+        asleep.remove(tag);
     }
     if let Some(e) = failure {
         return Err(e);
