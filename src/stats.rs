@@ -116,6 +116,14 @@ impl GlobalMemoryStats {
             "* peaks of a sum add the pools' own peaks, which may have come at different moments: an upper bound"
         );
         let _ = writeln!(out, "peak reserved by all pools at one moment: {}", human(self.peak_reserved_at_once));
+        if self.total.asleep_bytes > 0 {
+            let _ = writeln!(
+                out,
+                "asleep (tags put to sleep, not in reserved): {}, of which {} offloaded to host memory",
+                human(self.total.asleep_bytes),
+                human(self.total.offloaded_bytes)
+            );
+        }
         out
     }
 }

@@ -74,6 +74,8 @@ fn offloaded_weights_return_with_their_bytes_and_a_discarded_cache_with_fresh_pa
         summary.bytes_released - summary.pools.iter().map(|p| p.report.cached_released).sum::<u64>()
     );
     assert_eq!(stats.total.offloaded_bytes, summary.bytes_offloaded);
+    let summary_text = mm.memory_summary();
+    assert!(summary_text.contains("asleep (tags put to sleep, not in reserved)"), "{summary_text}");
     let mut tags = mm.sleeping_tags();
     tags.sort_by(|a, b| a.0.cmp(&b.0));
     assert_eq!(tags, [("kv_cache".to_string(), SleepAction::Discard), ("weights".to_string(), SleepAction::Offload)]);

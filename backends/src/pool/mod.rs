@@ -51,7 +51,7 @@ mod trim;
 
 pub use config::{parse_size, CrossStream, Limit, PoolConfig, SegmentMode, Strategy};
 pub use recorded::StreamPool;
-pub use sleep::{SleepAction, SleepReport, WakeReport};
+pub use sleep::{check_tag, SleepAction, SleepReport, WakeReport, MAX_TAG_LEN};
 pub use snapshot::{BlockSnapshot, PoolSnapshot, SegmentSnapshot};
 pub use steps::{StepOutcome, StepReport, MAX_STEP_EVENTS, MISSES_TO_DROP, REPEATS_TO_PLAN};
 pub use trim::TrimReport;

@@ -21,6 +21,20 @@ use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// The longest tag ([`crate::PoolConfig::tag`]), in bytes.
+pub const MAX_TAG_LEN: usize = 128;
+
+/// Checks a tag: 1 to [`MAX_TAG_LEN`] bytes, no control characters and no comma (the C ABI's list separator).
+pub fn check_tag(tag: &str) -> Result<()> {
+    let bad = tag.is_empty() || tag.len() > MAX_TAG_LEN || tag.chars().any(|c| c.is_control() || c == ',');
+    if bad {
+        return Err(Error::InvalidConfig(format!(
+            "tag {tag:?}: a tag has 1 to {MAX_TAG_LEN} bytes, without control characters or commas"
+        )));
+    }
+    Ok(())
+}
+
 /// What happens to the bytes of a sleeping pool's live blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::Display)]
 #[strum(serialize_all = "lowercase")]

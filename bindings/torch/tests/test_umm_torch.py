@@ -241,6 +241,7 @@ class SleepAndWake(unittest.TestCase):
         self.assertEqual(umm_torch.sleeping(), {"weights": "offload", "kv_cache": "discard"})
         stats = umm_torch.umm_stats(0)
         self.assertEqual(stats["offloaded_bytes"], report["bytes_offloaded"])
+        self.assertIn("Asleep / offloaded", umm_torch.memory_summary(0))
         with umm_torch.tag("weights"):
             with self.assertRaises(MemoryError) as refused:
                 alloc(MIB)

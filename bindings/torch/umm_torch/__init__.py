@@ -456,6 +456,9 @@ def _summary_from(s, device):
     out.append(f"| {'Cache hits / misses':<24}| {s['cache_hits']:>10} | {s['cache_misses']:>10} |{'':>25}|")
     out.append(f"| {'OOMs / alloc retries':<24}| {s['num_ooms']:>10} | {s['num_alloc_retries']:>10} |{'':>25}|")
     out.append(f"| {'Limit':<24}| {(_fmt_bytes(limit) if limit else 'none'):>10} |{'':>38}|")
+    if s.get("asleep_bytes"):
+        out.append(f"| {'Asleep / offloaded':<24}| {_fmt_bytes(s['asleep_bytes']):>10} | "
+                   f"{_fmt_bytes(s['offloaded_bytes']):>10} |{'':>25}|")
     out.append(rule)
     return "\n".join(out) + "\n"
 
