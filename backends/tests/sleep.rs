@@ -202,6 +202,14 @@ fn pools_whose_blocks_lie_in_plain_segments_say_why_they_cannot_sleep() {
     assert!(e.to_string().contains("plain segments") && e.to_string().contains("virtual"), "{e}");
     plain.write(&block, 0, &[1]).unwrap();
     assert_eq!(plain.sleeping(), None, "a refused sleep leaves the pool awake");
+    // Without live blocks it can: its cached segments go back, and it refuses allocations until it wakes.
+    plain.free(&block).unwrap();
+    let report = plain.sleep(SleepAction::Offload).unwrap();
+    assert_eq!((report.bytes_released, report.bytes_offloaded), (0, 0));
+    assert!(report.cached_released > 0 && plain.backend().physical_in_use() == 0, "{report:?}");
+    assert!(plain.allocate(MIB, StreamId(0)).unwrap_err().is_asleep());
+    plain.wake().unwrap();
+    plain.allocate(MIB, StreamId(0)).unwrap();
     // An untagged pool keeps small blocks in plain segments: with one live, it cannot sleep either.
     let untagged = Pool::new(device(1 << 30), PoolConfig::default()).unwrap();
     let small = untagged.allocate(4 * KIB, StreamId(0)).unwrap();

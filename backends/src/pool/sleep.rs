@@ -216,28 +216,29 @@ impl<B: Backend> Pool<B> {
     fn check_can_sleep(&self, state: &State<B::Segment>) -> Result<()> {
         let refuse =
             |why: String| Err(Error::Unsupported { backend: self.display_name(), what: format!("sleep: {why}") });
-        if self.page_size.is_none() {
-            return refuse(format!(
-                "its blocks lie in plain segments{}, whose memory cannot be given back without giving up their \
-                 addresses (a new OpenCL or wgpu buffer is a new object that kernels already bound do not see); \
-                 sleep needs virtual reservations (CUDA with virtual memory management)",
-                if self.config.tag.is_none() { "" } else { " (a tagged pool of a device without virtual memory)" }
-            ));
-        }
         if self.detour.load(Ordering::Relaxed) & super::STEPPING != 0 {
             return refuse("it serves planned steps (mark_step); a tagged pool plans none".into());
         }
-        for arena in &state.arenas {
-            let stats = arena.engine().stats();
-            if !arena.virtual_segments && stats.allocated_bytes > 0 {
-                return refuse(format!(
-                    "{} bytes of live {:?} blocks lie in plain segments; a tagged pool keeps every block in \
-                     virtual reservations",
-                    stats.allocated_bytes, arena.class
-                ));
-            }
+        // A pool without live blocks in plain segments can sleep: its cached segments go back, nothing is copied.
+        let plain: u64 = state
+            .arenas
+            .iter()
+            .filter(|arena| !arena.virtual_segments)
+            .map(|arena| arena.engine().stats().allocated_bytes)
+            .sum();
+        if plain == 0 {
+            return Ok(());
         }
-        Ok(())
+        let why = if self.page_size.is_none() {
+            "the device has no virtual memory, or UMM_SEGMENT_MODE=plain"
+        } else {
+            "only a tagged pool keeps every block, small ones too, in virtual reservations"
+        };
+        refuse(format!(
+            "{plain} bytes of live blocks lie in plain segments, whose memory cannot be given back without giving \
+             up their addresses ({why}; a new OpenCL or wgpu buffer would be a new object that kernels already \
+             bound do not see); sleep needs virtual reservations, as CUDA with virtual memory management has them"
+        ))
     }
 
     fn sleep_locked(&self, state: &mut State<B::Segment>, action: SleepAction, start: Instant) -> Result<SleepReport> {
@@ -264,7 +265,9 @@ impl<B: Backend> Pool<B> {
             ..SleepReport::default()
         };
         let store = match action {
+            // Nothing to copy: no host memory is taken.
             SleepAction::Discard => None,
+            SleepAction::Offload if bytes == 0 => None,
             SleepAction::Offload => {
                 let mut store = match state.host_store.take() {
                     Some(store) if store.len() >= bytes => store,
