@@ -307,3 +307,19 @@ fn threads_work_through_sleep_and_wake_cycles_without_losing_a_byte() {
     assert_eq!(pool.backend().physical_in_use(), 0);
     assert_eq!(pool.stats().reserved_bytes.current, 0);
 }
+
+/// A wake maps and copies back in pieces of 64 MiB: a block across several pieces comes back whole.
+#[test]
+fn a_block_longer_than_a_wake_piece_comes_back_whole() {
+    let pool = tagged(1 << 30);
+    let len = 150 * MIB + 3;
+    let block = pool.allocate(len, StreamId(0)).unwrap();
+    let bytes = pattern(77, len as usize);
+    pool.write(&block, 0, &bytes).unwrap();
+    let report = pool.sleep(SleepAction::Offload).unwrap();
+    assert!(report.bytes_offloaded > 128 * MIB);
+    let report = pool.wake().unwrap();
+    assert_eq!(report.bytes_restored, report.bytes_mapped);
+    assert!(contents(&pool, &block) == bytes, "a block of three pieces came back changed");
+    pool.free(&block).unwrap();
+}

@@ -118,6 +118,20 @@ impl<S> State<S> {
     }
 }
 
+/// The most bytes a wake maps before the copy back of what it mapped starts ([`Pool::wake`]): small enough that
+/// mapping the first piece delays the copies little, large enough that each copy costs little more than its bytes.
+const WAKE_PIECE: u64 = 64 << 20;
+
+/// A piece of a sleeping range, as the wake maps and restores it.
+struct Piece<S> {
+    handle: S,
+    stream: crate::StreamId,
+    offset: u64,
+    len: u64,
+    /// Where its bytes lie in the host store.
+    at: usize,
+}
+
 /// A mapped range of a reservation that was unmapped by sleep.
 struct SleepingRange {
     arena: usize,
@@ -321,39 +335,17 @@ impl<B: Backend> Pool<B> {
             return Err(Error::Unsupported { backend: self.display_name(), what });
         }
         let mut report = WakeReport { bytes_mapped: sleeping.bytes, ..WakeReport::default() };
-        let mut mapped = 0;
-        let mut failure = None;
-        for r in &sleeping.ranges {
-            state.stats.num_device_alloc += 1;
-            state.stats.num_device_calls += 1;
-            let handle = &state.arenas[r.arena].entry(r.segment).expect("a sleeping segment stays").handle;
-            if let Err(e) = self.backend.map_pages(handle, r.offset, r.len) {
-                failure = Some(e);
-                break;
-            }
-            mapped += 1;
-        }
-        if failure.is_none() {
-            if let Some(store) = &sleeping.store {
-                let copying = Instant::now();
-                let mut at = 0usize;
-                for r in &sleeping.ranges {
-                    let handle = &state.arenas[r.arena].entry(r.segment).expect("a sleeping segment stays").handle;
-                    if let Err(e) = self.backend.restore(handle, r.offset, &store.as_slice()[at..at + r.len as usize]) {
-                        failure = Some(e);
-                        break;
-                    }
-                    at += r.len as usize;
-                }
-                report.copy_time = copying.elapsed();
-                report.bytes_restored = if failure.is_none() { sleeping.bytes } else { 0 };
-            }
+        let pieces = self.pieces(&state, &sleeping.ranges);
+        state.stats.num_device_alloc += pieces.len() as u64;
+        state.stats.num_device_calls += pieces.len() as u64;
+        let (mapped, failure, copy_time) = self.map_and_restore(&pieces, sleeping.store.as_ref());
+        report.copy_time = copy_time;
+        if failure.is_none() && sleeping.store.is_some() {
+            report.bytes_restored = sleeping.bytes;
         }
         if let Some(e) = failure {
-            for r in &sleeping.ranges[..mapped] {
-                let arena = &state.arenas[r.arena];
-                let handle = &arena.entry(r.segment).expect("a sleeping segment stays").handle;
-                self.backend.unmap_pages(handle, r.offset, r.len, arena.stream, false);
+            for piece in &pieces[..mapped] {
+                self.backend.unmap_pages(&piece.handle, piece.offset, piece.len, piece.stream, false);
             }
             self.backend.release_spare_pages();
             state.sleep = Some(sleeping);
@@ -364,6 +356,81 @@ impl<B: Backend> Pool<B> {
         self.detour.fetch_and(!ASLEEP, Ordering::Relaxed);
         report.elapsed = start.elapsed();
         Ok(report)
+    }
+
+    /// The sleeping ranges cut into pieces of at most [`WAKE_PIECE`] bytes (whole pages), each with its
+    /// segment's handle and its place in the host store.
+    fn pieces(&self, state: &State<B::Segment>, ranges: &[SleepingRange]) -> Vec<Piece<B::Segment>> {
+        let page = self.page_size.unwrap_or(1);
+        let most = (WAKE_PIECE / page).max(1) * page;
+        let mut pieces = Vec::new();
+        let mut at = 0;
+        for r in ranges {
+            let arena = &state.arenas[r.arena];
+            let handle = &arena.entry(r.segment).expect("a sleeping segment stays").handle;
+            let mut done = 0;
+            while done < r.len {
+                let len = most.min(r.len - done);
+                let (offset, stream) = (r.offset + done, arena.stream);
+                pieces.push(Piece { handle: handle.clone(), stream, offset, len, at });
+                done += len;
+                at += len as usize;
+            }
+        }
+        pieces
+    }
+
+    /// Maps every piece in order and, with a store, copies each one's bytes back on a second thread as soon as
+    /// it is mapped, so that a wake takes about as long as its copies. Returns how many pieces were mapped, the
+    /// first failure (mapping stops there; the copies stop at theirs) and the time spent copying.
+    fn map_and_restore(
+        &self,
+        pieces: &[Piece<B::Segment>],
+        store: Option<&HostStore>,
+    ) -> (usize, Option<Error>, Duration) {
+        let map = |piece: &Piece<B::Segment>| self.backend.map_pages(&piece.handle, piece.offset, piece.len);
+        let Some(store) = store else {
+            for (i, piece) in pieces.iter().enumerate() {
+                if let Err(e) = map(piece) {
+                    return (i, Some(e), Duration::ZERO);
+                }
+            }
+            return (pieces.len(), None, Duration::ZERO);
+        };
+        let (ready, mapped_pieces) = std::sync::mpsc::channel::<usize>();
+        std::thread::scope(|scope| {
+            let copier = scope.spawn(move || {
+                let mut copying = Duration::ZERO;
+                for i in mapped_pieces {
+                    let piece = &pieces[i];
+                    let started = Instant::now();
+                    let bytes = &store.as_slice()[piece.at..piece.at + piece.len as usize];
+                    if let Err(e) = self.backend.restore(&piece.handle, piece.offset, bytes) {
+                        return (Some(e), copying);
+                    }
+                    copying += started.elapsed();
+                }
+                (None, copying)
+            });
+            let mut mapped = 0;
+            let mut failure = None;
+            for (i, piece) in pieces.iter().enumerate() {
+                if let Err(e) = map(piece) {
+                    failure = Some(e);
+                    break;
+                }
+                mapped += 1;
+                // A copier that failed has stopped listening: mapping more is of no use.
+                if ready.send(i).is_err() {
+                    break;
+                }
+            }
+            drop(ready);
+            let panicked =
+                || Error::Unsupported { backend: self.display_name(), what: "wake: the copy thread panicked".into() };
+            let (copy_failure, copying) = copier.join().unwrap_or_else(|_| (Some(panicked()), Duration::ZERO));
+            (mapped, failure.or(copy_failure), copying)
+        })
     }
 
     /// Frees the host store kept after a wake (see [`Pool::wake`]); returns its bytes.
