@@ -2,6 +2,7 @@
 //! goes back to the device, every block keeps its address, offloaded bytes come back, discarded ones do not, a
 //! sleeping pool refuses allocations and accesses, and a wake the device cannot serve changes nothing.
 
+use umm_backends::fault::{FaultHandle, FaultKind, FaultyBackend};
 use umm_backends::{BlockHandle, Error, MemoryPool, Pool, PoolConfig, SegmentMode, SimBackend, SleepAction, StreamId};
 
 const KIB: u64 = 1 << 10;
@@ -322,4 +323,69 @@ fn a_block_longer_than_a_wake_piece_comes_back_whole() {
     assert_eq!(report.bytes_restored, report.bytes_mapped);
     assert!(contents(&pool, &block) == bytes, "a block of three pieces came back changed");
     pool.free(&block).unwrap();
+}
+
+/// A tagged pool over a simulated device that keeps its bytes, under a fault injector, with blocks on two streams
+/// (two reservations, so a sleep copies and unmaps at least two pieces), each filled.
+fn faulty() -> (Pool<FaultyBackend<SimBackend>>, FaultHandle, Vec<(BlockHandle, Vec<u8>)>) {
+    let (backend, faults) = FaultyBackend::new(device(1 << 30));
+    let config = PoolConfig { page_size: Some(2 * MIB), ..PoolConfig::default() }.tagged("weights");
+    let pool = Pool::new(backend, config).unwrap();
+    let blocks = (0..4u64)
+        .map(|i| {
+            let block = pool.allocate(6 * MIB + i, StreamId(i % 2)).unwrap();
+            let bytes = pattern(i + 40, block.requested() as usize);
+            pool.write(&block, 0, &bytes).unwrap();
+            (block, bytes)
+        })
+        .collect();
+    (pool, faults, blocks)
+}
+
+fn contents_of<B: umm_backends::Backend>(pool: &Pool<B>, block: &BlockHandle) -> Vec<u8> {
+    let mut bytes = vec![0; block.requested() as usize];
+    pool.read(block, 0, &mut bytes).unwrap();
+    bytes
+}
+
+#[test]
+fn a_copy_that_fails_during_a_sleep_leaves_the_pool_awake_with_its_bytes() {
+    let (pool, faults, blocks) = faulty();
+    let reserved = pool.reserved_bytes();
+    // The second piece's copy fails, after the first piece was copied and (on the other thread) unmapped.
+    faults.fail_nth(FaultKind::Copy, faults.calls(FaultKind::Copy) + 2);
+    let e = pool.sleep(SleepAction::Offload).unwrap_err();
+    assert!(umm_backends::fault::is_injected(&e), "{e}");
+    assert_eq!(pool.sleeping(), None, "awake again");
+    assert_eq!(pool.reserved_bytes(), reserved);
+    for (block, bytes) in &blocks {
+        assert!(contents_of(&pool, block) == *bytes, "the unmapped piece came back with its bytes");
+    }
+    assert!(pool.allocate(MIB, StreamId(0)).is_ok(), "and it allocates");
+    assert!(faults.violations().is_empty(), "{:?}", faults.violations());
+    // The next sleep works.
+    pool.sleep(SleepAction::Offload).unwrap();
+    pool.wake().unwrap();
+    for (block, bytes) in &blocks {
+        assert!(contents_of(&pool, block) == *bytes);
+    }
+}
+
+#[test]
+fn a_sleep_that_cannot_undo_itself_stays_asleep_over_what_it_unmapped() {
+    let (pool, faults, blocks) = faulty();
+    faults.fail_nth(FaultKind::Copy, faults.calls(FaultKind::Copy) + 2);
+    // Mapping the first piece back fails too.
+    faults.fail_nth(FaultKind::MapPages, faults.calls(FaultKind::MapPages) + 1);
+    let e = pool.sleep(SleepAction::Offload).unwrap_err();
+    assert!(e.to_string().contains("stays asleep over them"), "{e}");
+    assert_eq!(pool.sleeping(), Some(SleepAction::Offload));
+    assert!(pool.allocate(MIB, StreamId(0)).unwrap_err().is_asleep());
+    let asleep = pool.stats().asleep_bytes;
+    assert!(asleep > 0 && asleep < 24 * MIB + 8 * MIB, "only the unmapped piece sleeps: {asleep}");
+    pool.wake().unwrap();
+    for (block, bytes) in &blocks {
+        assert!(contents_of(&pool, block) == *bytes, "every block whole after the wake");
+    }
+    assert!(faults.violations().is_empty(), "{:?}", faults.violations());
 }

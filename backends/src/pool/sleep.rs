@@ -125,6 +125,8 @@ const WAKE_PIECE: u64 = 64 << 20;
 /// A piece of a sleeping range, as the wake maps and restores it.
 struct Piece<S> {
     handle: S,
+    arena: usize,
+    segment: SegmentId,
     stream: crate::StreamId,
     offset: u64,
     len: u64,
@@ -221,7 +223,8 @@ impl<B: Backend> Pool<B> {
         // Refused from here on, the thread caches' lock-free path included.
         self.detour.fetch_or(ASLEEP, Ordering::Relaxed);
         let result = self.sleep_locked(&mut state, action, start);
-        if result.is_err() {
+        // A failed sleep leaves the pool awake, unless it could not undo what it did (see `undo_sleep`).
+        if result.is_err() && state.sleep.is_none() {
             self.detour.fetch_and(!ASLEEP, Ordering::Relaxed);
         }
         result
@@ -278,45 +281,107 @@ impl<B: Backend> Pool<B> {
             bytes_released: bytes,
             ..SleepReport::default()
         };
-        let store = match action {
+        let mut store = match action {
             // Nothing to copy: no host memory is taken.
             SleepAction::Discard => None,
             SleepAction::Offload if bytes == 0 => None,
-            SleepAction::Offload => {
-                let mut store = match state.host_store.take() {
-                    Some(store) if store.len() >= bytes => store,
-                    _ => self.backend.host_store(bytes)?,
-                };
-                let copying = Instant::now();
-                let mut at = 0usize;
-                for r in &ranges {
-                    let handle = &state.arenas[r.arena].entry(r.segment).expect("listed above").handle;
-                    let into = &mut store.as_mut_slice()[at..at + r.len as usize];
-                    if let Err(e) = self.backend.read(handle, r.offset, into) {
-                        state.host_store = Some(store);
-                        return Err(e);
-                    }
-                    at += r.len as usize;
-                }
-                report.copy_time = copying.elapsed();
-                report.bytes_offloaded = bytes;
-                report.pinned = store.is_pinned();
-                Some(store)
-            }
+            SleepAction::Offload => Some(match state.host_store.take() {
+                Some(store) if store.len() >= bytes => store,
+                _ => self.backend.host_store(bytes)?,
+            }),
         };
-        for r in &ranges {
-            let arena = &state.arenas[r.arena];
-            let handle = &arena.entry(r.segment).expect("listed above").handle;
-            // The device's work was waited for (`settle`) and nothing allocates meanwhile: no wait per stream.
-            self.backend.unmap_pages(handle, r.offset, r.len, arena.stream, false);
-            state.stats.num_device_free += 1;
-            state.stats.num_device_calls += 1;
-        }
+        let pieces = self.pieces(state, &ranges);
+        let (unmapped, failure, copy_time) = self.copy_and_unmap(&pieces, store.as_mut());
+        state.stats.num_device_free += unmapped as u64;
+        state.stats.num_device_calls += unmapped as u64;
         self.backend.release_spare_pages();
+        if let Some(e) = failure {
+            return self.undo_sleep(state, action, &pieces[..unmapped], store, e);
+        }
+        if let Some(store) = &store {
+            (report.copy_time, report.bytes_offloaded, report.pinned) = (copy_time, bytes, store.is_pinned());
+        }
         state.sleep = Some(Sleeping { action, ranges, store, bytes });
         state.update_reserved();
         report.elapsed = start.elapsed();
         Ok(report)
+    }
+
+    /// Unmaps every piece; with a store, copies each one's bytes into it first, and unmaps it on a second thread
+    /// while the next one is copied, so that a sleep takes about as long as its copies. Returns how many pieces
+    /// were unmapped (all but those from the first failed copy on), that failure, and the time spent copying.
+    fn copy_and_unmap(
+        &self,
+        pieces: &[Piece<B::Segment>],
+        store: Option<&mut HostStore>,
+    ) -> (usize, Option<Error>, Duration) {
+        // The device's work was waited for (`settle`) and nothing allocates meanwhile: no wait per stream.
+        let unmap = |piece: &Piece<B::Segment>| {
+            self.backend.unmap_pages(&piece.handle, piece.offset, piece.len, piece.stream, false);
+        };
+        let Some(store) = store else {
+            pieces.iter().for_each(unmap);
+            return (pieces.len(), None, Duration::ZERO);
+        };
+        let unmapped = std::sync::atomic::AtomicUsize::new(0);
+        let (copied, copied_pieces) = std::sync::mpsc::channel::<usize>();
+        let (failure, copying) = std::thread::scope(|scope| {
+            // Owned here, so that it is dropped on every way out and the unmapping thread's loop ends.
+            let copied = copied;
+            scope.spawn(|| {
+                for i in copied_pieces {
+                    unmap(&pieces[i]);
+                    unmapped.fetch_add(1, Ordering::Release);
+                }
+            });
+            let mut copying = Duration::ZERO;
+            for (i, piece) in pieces.iter().enumerate() {
+                let started = Instant::now();
+                let into = &mut store.as_mut_slice()[piece.at..piece.at + piece.len as usize];
+                if let Err(e) = self.backend.read(&piece.handle, piece.offset, into) {
+                    return (Some(e), copying);
+                }
+                copying += started.elapsed();
+                // The unmapping thread takes the pieces in order and never stops early.
+                let _ = copied.send(i);
+            }
+            (None, copying)
+        });
+        (unmapped.load(Ordering::Acquire), failure, copying)
+    }
+
+    /// After a copy failed during a sleep: maps the pieces unmapped so far again and copies their bytes back, so
+    /// that the pool is awake as before and the error is returned. Where even that fails (another process took
+    /// the memory meanwhile), the pool stays asleep over those pieces, its bytes in the store, for a later wake.
+    fn undo_sleep(
+        &self,
+        state: &mut State<B::Segment>,
+        action: SleepAction,
+        unmapped: &[Piece<B::Segment>],
+        store: Option<HostStore>,
+        error: Error,
+    ) -> Result<SleepReport> {
+        let (mapped, again, _) = self.map_and_restore(unmapped, store.as_ref());
+        let Some(again) = again else {
+            state.host_store = store;
+            return Err(error);
+        };
+        unmapped[..mapped].iter().for_each(|p| self.backend.unmap_pages(&p.handle, p.offset, p.len, p.stream, false));
+        self.backend.release_spare_pages();
+        let ranges: Vec<SleepingRange> = unmapped
+            .iter()
+            .map(|p| SleepingRange { arena: p.arena, segment: p.segment, offset: p.offset, len: p.len })
+            .collect();
+        let bytes = ranges.iter().map(|r| r.len).sum();
+        state.sleep = Some(Sleeping { action, ranges, store, bytes });
+        state.update_reserved();
+        Err(Error::Unsupported {
+            backend: self.display_name(),
+            what: format!(
+                "sleep: a copy to the host failed ({error}), and mapping the {bytes} bytes unmapped before it \
+                 failed too ({again}): the pool stays asleep over them, their bytes kept; wake it later"
+            ),
+        })
     }
 
     /// Maps new pages over every range the pool unmapped when it slept, at the same addresses, and copies the
@@ -372,7 +437,8 @@ impl<B: Backend> Pool<B> {
             while done < r.len {
                 let len = most.min(r.len - done);
                 let (offset, stream) = (r.offset + done, arena.stream);
-                pieces.push(Piece { handle: handle.clone(), stream, offset, len, at });
+                let (arena, segment) = (r.arena, r.segment);
+                pieces.push(Piece { handle: handle.clone(), arena, segment, stream, offset, len, at });
                 done += len;
                 at += len as usize;
             }
