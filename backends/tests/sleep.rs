@@ -327,7 +327,10 @@ fn a_block_longer_than_a_wake_piece_comes_back_whole() {
 
 /// A tagged pool over a simulated device that keeps its bytes, under a fault injector, with blocks on two streams
 /// (two reservations, so a sleep copies and unmaps at least two pieces), each filled.
-fn faulty() -> (Pool<FaultyBackend<SimBackend>>, FaultHandle, Vec<(BlockHandle, Vec<u8>)>) {
+/// A pool under a fault injector, its handle, and its blocks with their bytes.
+type Faulty = (Pool<FaultyBackend<SimBackend>>, FaultHandle, Vec<(BlockHandle, Vec<u8>)>);
+
+fn faulty() -> Faulty {
     let (backend, faults) = FaultyBackend::new(device(1 << 30));
     let config = PoolConfig { page_size: Some(2 * MIB), ..PoolConfig::default() }.tagged("weights");
     let pool = Pool::new(backend, config).unwrap();
