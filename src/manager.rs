@@ -30,12 +30,25 @@ pub struct AllocOptions {
     pub(crate) access: AccessPattern,
     pub(crate) selector: DeviceSelector,
     pub(crate) zeroed: bool,
-    pub(crate) label: Option<String>,
     pub(crate) stream: StreamId,
+    /// The label and the tag, boxed: most requests have neither, and a smaller struct is cheaper to build, move
+    /// and drop on every allocation.
+    pub(crate) extras: Option<Box<Extras>>,
+}
+
+/// The rarer options of a request.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Extras {
+    pub(crate) label: Option<String>,
     pub(crate) tag: Option<Arc<str>>,
 }
 
 impl AllocOptions {
+    /// The label, if one was given.
+    pub(crate) fn label_text(&self) -> Option<&str> {
+        self.extras.as_ref().and_then(|e| e.label.as_deref())
+    }
+
     /// `Placement::Auto`, unknown access pattern, any device, not zeroed, no label, default stream.
     pub fn new() -> Self {
         Self::default()
@@ -62,14 +75,14 @@ impl AllocOptions {
     }
     /// A label shown in errors, statistics and leak reports.
     pub fn label(mut self, label: impl Into<String>) -> Self {
-        self.label = Some(label.into());
+        self.extras.get_or_insert_with(Box::default).label = Some(label.into());
         self
     }
     /// A tag (`"weights"`, `"kv_cache"`): the buffer goes to the pool of its tag on the device chosen, which
     /// sleeps and wakes as a whole ([`UniversalMemoryManager::sleep`]). Without one, the thread's
     /// [`UniversalMemoryManager::tag_scope`] applies, if open. Checked at allocation ([`crate::check_tag`]).
     pub fn tag(mut self, tag: &str) -> Self {
-        self.tag = Some(Arc::from(tag));
+        self.extras.get_or_insert_with(Box::default).tag = Some(Arc::from(tag));
         self
     }
     /// The stream (CUDA stream, OpenCL queue) the buffer is allocated and freed on.
@@ -470,12 +483,8 @@ impl UniversalMemoryManager {
             self.inner.refresh_if_due();
         }
         let (mut placed, mut cached, mut big) = self.placement(bytes, options, true)?;
-        // One thread-local read for an untagged request.
-        let tag = options.tag.clone().or_else(crate::sleep::current_tag);
-        if let Some(tag) = &tag {
-            crate::sleep::check_tag(tag)?;
-            self.inner.sleepers.check_awake(tag)?;
-        }
+        let own = options.extras.as_ref().and_then(|e| e.tag.as_ref());
+        let tag = crate::sleep::tag_of(&self.inner.sleepers, own)?;
         let block = if bytes == 0 {
             None
         } else {
@@ -521,7 +530,7 @@ impl UniversalMemoryManager {
             api: placed.api,
             bytes,
             stream: options.stream,
-            label: options.label.as_deref(),
+            label: options.label_text(),
             location: std::panic::Location::caller(),
             block_key: block.as_ref().map(|b| b.info().key),
             pool_handle: block.as_ref().map(OwnedBlock::pool),
@@ -537,7 +546,7 @@ impl UniversalMemoryManager {
                 requested: options.placement,
                 access: options.access,
                 placed,
-                label: options.label.clone().map(Box::new),
+                label: options.label_text().map(|l| Box::new(l.to_string())),
                 read_only: options.placement == Placement::ReadOnly,
                 filled: false,
                 migrated_via: None,

@@ -9,7 +9,7 @@
 use crate::{Error, Result, UniversalMemoryManager};
 use parking_lot::Mutex;
 use serde::Serialize;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,11 +20,35 @@ use umm_placement::{Api, DeviceKind, PoolKind};
 thread_local! {
     /// The calling thread's tag ([`UniversalMemoryManager::tag_scope`]).
     static CURRENT_TAG: RefCell<Option<Arc<str>>> = const { RefCell::new(None) };
+    /// Whether `CURRENT_TAG` holds a tag: a plain flag (no destructor to register, no borrow to count), which is
+    /// all an untagged allocation reads.
+    static TAGGED: Cell<bool> = const { Cell::new(false) };
 }
 
-/// The calling thread's tag, if a [`TagScope`] is open.
-pub(crate) fn current_tag() -> Option<Arc<str>> {
-    CURRENT_TAG.with(|t| t.borrow().clone())
+/// The tag of a request: its own, else the calling thread's ([`TagScope`]), checked, and refused while it
+/// sleeps. An untagged request on a thread without a scope costs a field test and one thread-local load.
+#[inline(always)]
+pub(crate) fn tag_of(sleepers: &Sleepers, own: Option<&Arc<str>>) -> Result<Option<Arc<str>>> {
+    if own.is_none() && !TAGGED.with(Cell::get) {
+        return Ok(None);
+    }
+    checked_tag(sleepers, own)
+}
+
+#[cold]
+#[inline(never)]
+fn checked_tag(sleepers: &Sleepers, own: Option<&Arc<str>>) -> Result<Option<Arc<str>>> {
+    let tag = own.cloned().or_else(|| CURRENT_TAG.with(|t| t.borrow().clone()));
+    if let Some(tag) = &tag {
+        check_tag(tag)?;
+        sleepers.check_awake(tag)?;
+    }
+    Ok(tag)
+}
+
+fn set_current(tag: Option<Arc<str>>) -> Option<Arc<str>> {
+    TAGGED.with(|t| t.set(tag.is_some()));
+    CURRENT_TAG.with(|t| std::mem::replace(&mut *t.borrow_mut(), tag))
 }
 
 /// While it lives, the calling thread's allocations without a tag of their own carry its tag
@@ -38,8 +62,7 @@ pub struct TagScope {
 
 impl Drop for TagScope {
     fn drop(&mut self) {
-        let previous = self.previous.take();
-        CURRENT_TAG.with(|t| *t.borrow_mut() = previous);
+        set_current(self.previous.take());
     }
 }
 
@@ -169,7 +192,7 @@ impl UniversalMemoryManager {
     /// ```
     pub fn tag_scope(&self, tag: &str) -> Result<TagScope> {
         check_tag(tag)?;
-        let previous = CURRENT_TAG.with(|t| t.borrow_mut().replace(Arc::from(tag)));
+        let previous = set_current(Some(Arc::from(tag)));
         Ok(TagScope { previous, _not_send: std::marker::PhantomData })
     }
 

@@ -6,7 +6,7 @@
 use crate::registry::{registry, SharedPool, Slot};
 use parking_lot::Mutex;
 use serde::Serialize;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use umm_backends::cuda::ContextScope;
@@ -16,13 +16,20 @@ use umm_backends::{SleepAction, SleepReport, WakeReport};
 thread_local! {
     /// The calling thread's tag (`umm_set_tag`).
     static CURRENT: RefCell<Option<Arc<str>>> = const { RefCell::new(None) };
+    /// Whether `CURRENT` holds a tag: a plain flag (no destructor to register, no borrow to count), which is all
+    /// an untagged allocation reads.
+    static TAGGED: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The sleeping tags; held through a whole sleep or wake, so that two never interleave.
 static ASLEEP: Mutex<BTreeMap<String, SleepAction>> = Mutex::new(BTreeMap::new());
 
-/// The calling thread's tag.
+/// The calling thread's tag: one thread-local load when it has none.
+#[inline(always)]
 pub(crate) fn current() -> Option<Arc<str>> {
+    if !TAGGED.with(Cell::get) {
+        return None;
+    }
     CURRENT.with(|c| c.borrow().clone())
 }
 
@@ -35,6 +42,7 @@ pub(crate) fn set_current(tag: Option<&str>) -> Result<(), String> {
         }
         None => None,
     };
+    TAGGED.with(|t| t.set(tag.is_some()));
     CURRENT.with(|c| *c.borrow_mut() = tag);
     Ok(())
 }
