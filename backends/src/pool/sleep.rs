@@ -331,6 +331,9 @@ impl<B: Backend> Pool<B> {
             scope.spawn(|| {
                 for i in copied_pieces {
                     unmap(&pieces[i]);
+                    // Freed here rather than after the last copy: freeing a page costs about what unmapping it
+                    // does (on an H200 the pages of 8 GiB took 14 ms more after the copies than the copies did).
+                    self.backend.release_spare_pages();
                     unmapped.fetch_add(1, Ordering::Release);
                 }
             });
