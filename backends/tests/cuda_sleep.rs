@@ -22,13 +22,19 @@ extern "C" __global__ void double_it(const float* x, float* y, int n) {
 }
 "#;
 
-fn device() -> Option<CudaDevice> {
+/// The tests of this file read the device's free memory, which another test's allocations would move: they
+/// take the device in turn.
+static TURNS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The first CUDA device and this test's turn on it (or a skip).
+fn device() -> Option<(CudaDevice, std::sync::MutexGuard<'static, ()>)> {
+    let turn = TURNS.lock().unwrap_or_else(|e| e.into_inner());
     let found = cuda::discover();
     let device = found.devices.into_iter().next();
     if device.is_none() {
         skip_or_fail("cuda", &found.skipped.join("; "));
     }
-    device
+    device.map(|d| (d, turn))
 }
 
 /// A tagged pool on virtual reservations, or a skip where the device has no virtual memory management.
@@ -53,7 +59,7 @@ fn free_memory(pool: &CudaPool) -> u64 {
 
 #[test]
 fn the_device_gets_its_memory_back_and_the_bytes_return_at_the_same_addresses() {
-    let Some(dev) = device() else { return };
+    let Some((dev, _turn)) = device() else { return };
     let Some(pool) = tagged(&dev, "weights") else { return };
     let sizes = [1000, 3 * MIB + 17, 256 * MIB, 64];
     let blocks: Vec<(BlockHandle, Vec<u8>, u64)> = sizes
@@ -105,7 +111,7 @@ fn the_device_gets_its_memory_back_and_the_bytes_return_at_the_same_addresses() 
 /// restored bytes (what a captured CUDA graph replays on).
 #[test]
 fn a_kernel_given_the_old_address_reads_the_restored_bytes() {
-    let Some(dev) = device() else { return };
+    let Some((dev, _turn)) = device() else { return };
     let Some(pool) = tagged(&dev, "weights") else { return };
     if !cuda::nvrtc_available() {
         skip_or_fail("cuda", "NVRTC is not available to compile the kernel");
@@ -145,7 +151,7 @@ fn a_kernel_given_the_old_address_reads_the_restored_bytes() {
 /// the end the device has all its memory back and no host store is held.
 #[test]
 fn a_hundred_cycles_under_four_threads_lose_no_byte_and_leak_nothing() {
-    let Some(dev) = device() else { return };
+    let Some((dev, _turn)) = device() else { return };
     let Some(pool) = tagged(&dev, "cycles") else { return };
     let baseline = free_memory(&pool);
     let done = AtomicBool::new(false);
