@@ -5,13 +5,16 @@
 
 #![cfg(feature = "cuda")]
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use umm_backends::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 use umm_backends::cuda::{self, CudaDevice, CudaPool};
 use umm_backends::{
     skip_or_fail, Backend, BlockHandle, MemoryPool, PoolConfig, PoolPlacement, SegmentMode, SleepAction, StreamId,
 };
+
+mod cycles;
+
+use cycles::pattern;
 
 const MIB: u64 = 1 << 20;
 
@@ -47,10 +50,6 @@ fn tagged(dev: &CudaDevice, tag: &str) -> Option<Arc<CudaPool>> {
             None
         }
     }
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (seed.wrapping_mul(131).wrapping_add(i as u64 * 7) % 251) as u8).collect()
 }
 
 fn free_memory(pool: &CudaPool) -> u64 {
@@ -154,50 +153,7 @@ fn a_hundred_cycles_under_four_threads_lose_no_byte_and_leak_nothing() {
     let Some((dev, _turn)) = device() else { return };
     let Some(pool) = tagged(&dev, "cycles") else { return };
     let baseline = free_memory(&pool);
-    let done = AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        for t in 0..4u64 {
-            let (pool, done) = (&pool, &done);
-            scope.spawn(move || {
-                let mut held: Vec<(BlockHandle, Vec<u8>)> = Vec::new();
-                let mut n = 0u64;
-                while !done.load(Ordering::Relaxed) {
-                    n += 1;
-                    let size = [512, 40_000, 3 * MIB][(n % 3) as usize];
-                    match pool.allocate(size, StreamId(0)) {
-                        Ok(block) => {
-                            let bytes = pattern(t << 32 | n, size as usize);
-                            match pool.write(&block, 0, &bytes) {
-                                Ok(()) => held.push((block, bytes)),
-                                Err(e) => {
-                                    assert!(e.is_asleep(), "{e}");
-                                    pool.free(&block).unwrap();
-                                }
-                            }
-                        }
-                        Err(e) => assert!(e.is_asleep(), "{e}"),
-                    }
-                    if held.len() > 6 {
-                        let (block, bytes) = held.remove((n % 6) as usize);
-                        let mut now = vec![0; bytes.len()];
-                        match pool.read(&block, 0, &mut now) {
-                            Ok(()) => assert!(now == bytes, "thread {t} lost bytes"),
-                            Err(e) => assert!(e.is_asleep(), "{e}"),
-                        }
-                        pool.free(&block).unwrap();
-                    }
-                }
-                for (block, _) in held {
-                    pool.free(&block).unwrap();
-                }
-            });
-        }
-        for _ in 0..100 {
-            pool.sleep(SleepAction::Offload).unwrap();
-            pool.wake().unwrap();
-        }
-        done.store(true, Ordering::Relaxed);
-    });
+    cycles::work_through_cycles(&*pool, 4, 1, [512, 40_000, 3 * MIB], 100);
     let stats = pool.stats();
     assert_eq!((stats.active_blocks.current, stats.asleep_bytes), (0, 0));
     pool.release_cached();

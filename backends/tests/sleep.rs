@@ -5,6 +5,10 @@
 use umm_backends::fault::{FaultHandle, FaultKind, FaultyBackend};
 use umm_backends::{BlockHandle, Error, MemoryPool, Pool, PoolConfig, SegmentMode, SimBackend, SleepAction, StreamId};
 
+mod cycles;
+
+use cycles::pattern;
+
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 
@@ -15,11 +19,6 @@ fn device(capacity: u64) -> SimBackend {
 fn tagged(capacity: u64) -> Pool<SimBackend> {
     Pool::new(device(capacity), PoolConfig { page_size: Some(2 * MIB), ..PoolConfig::default() }.tagged("weights"))
         .unwrap()
-}
-
-/// A pattern no two blocks share, from the block's number and each byte's place.
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8).collect()
 }
 
 fn contents(pool: &Pool<SimBackend>, block: &BlockHandle) -> Vec<u8> {
@@ -254,54 +253,8 @@ fn sleep_and_wake_through_the_object_safe_pool() {
 /// either works or is refused as asleep, no block's bytes are ever lost across a cycle, and the books end exact.
 #[test]
 fn threads_work_through_sleep_and_wake_cycles_without_losing_a_byte() {
-    let pool = std::sync::Arc::new(tagged(1 << 30));
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        for t in 0..4u64 {
-            let (pool, stop) = (&pool, &stop);
-            scope.spawn(move || {
-                let mut held: Vec<(BlockHandle, Vec<u8>)> = Vec::new();
-                let mut n = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    n += 1;
-                    let size = [512, 24 * KIB, 2 * MIB + 100][(n % 3) as usize];
-                    match pool.allocate(size, StreamId(t % 2)) {
-                        Ok(block) => {
-                            let bytes = pattern(t * 1_000_000 + n, size as usize);
-                            match pool.write(&block, 0, &bytes) {
-                                Ok(()) => held.push((block, bytes)),
-                                Err(e) => {
-                                    assert!(e.is_asleep(), "{e}");
-                                    pool.free(&block).unwrap();
-                                }
-                            }
-                        }
-                        Err(e) => assert!(e.is_asleep(), "{e}"),
-                    }
-                    if held.len() > 6 {
-                        let (block, bytes) = held.remove((n % 6) as usize);
-                        let mut now = vec![0; bytes.len()];
-                        match pool.read(&block, 0, &mut now) {
-                            Ok(()) => assert_eq!(now, bytes, "thread {t}"),
-                            Err(e) => assert!(e.is_asleep(), "{e}"),
-                        }
-                        pool.free(&block).unwrap();
-                    }
-                }
-                for (block, _) in held {
-                    pool.free(&block).unwrap();
-                }
-            });
-        }
-        // Offload only: the threads check that their bytes survive every cycle.
-        for _ in 0..40 {
-            std::thread::yield_now();
-            pool.sleep(SleepAction::Offload).unwrap();
-            std::thread::yield_now();
-            pool.wake().unwrap();
-        }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    });
+    let pool = tagged(1 << 30);
+    cycles::work_through_cycles(&pool, 4, 2, [512, 24 * KIB, 2 * MIB + 100], 40);
     let stats = pool.stats();
     assert_eq!((stats.active_blocks.current, stats.allocated_bytes.current), (0, 0));
     pool.release_cached();
@@ -391,4 +344,21 @@ fn a_sleep_that_cannot_undo_itself_stays_asleep_over_what_it_unmapped() {
         assert!(contents_of(&pool, block) == *bytes, "every block whole after the wake");
     }
     assert!(faults.violations().is_empty(), "{:?}", faults.violations());
+}
+
+/// A reservation made after a segment starts at a multiple of its page, as CUDA's do, and the simulated device
+/// finds every page of a block there (an unaligned base once hid the first page of such a block).
+#[test]
+fn a_reservation_after_a_segment_is_page_aligned_and_keeps_its_bytes() {
+    let pool = Pool::new(device(1 << 30), PoolConfig::default()).unwrap();
+    let small = pool.allocate(4 * KIB, StreamId(0)).unwrap();
+    let large = pool.allocate(1_200_000, StreamId(0)).unwrap();
+    let bytes = pattern(3, 1_200_000);
+    pool.write(&large, 0, &bytes).unwrap();
+    assert!(contents(&pool, &large) == bytes);
+    let reservation = pool.snapshot().segments.into_iter().find(|s| s.virtual_reservation).unwrap();
+    let page = umm_backends::DEFAULT_PAGE_UNLIMITED;
+    assert_eq!(reservation.address.unwrap() % page, 0, "{reservation:?}");
+    pool.free(&small).unwrap();
+    pool.free(&large).unwrap();
 }

@@ -63,6 +63,18 @@ pub(crate) struct Slot {
 pub(crate) type MakeTagged = Arc<dyn Fn(&str, usize) -> Result<SharedPool, String> + Send + Sync>;
 
 impl Slot {
+    /// A device's slot with its pools.
+    fn new(
+        name: String,
+        total_memory: u64,
+        (pool, huge): (Result<SharedPool, String>, Option<SharedPool>),
+        reserved: Arc<ReservedGroup>,
+        make_tagged: Option<MakeTagged>,
+    ) -> Self {
+        let (limited, tagged) = (AtomicBool::new(false), RwLock::new(Vec::new()));
+        Slot { name, total_memory, pool, huge, limited, reserved, tagged, make_tagged }
+    }
+
     fn missing(name: String, reason: String) -> Self {
         Slot {
             name,
@@ -310,16 +322,7 @@ impl Registry {
                 let missing = devices.len();
                 devices.push(Slot::missing(String::new(), format!("umm: CUDA device {missing} could not be opened")));
             }
-            devices.push(Slot {
-                name: info.name.clone(),
-                total_memory: info.total_memory,
-                pool,
-                huge,
-                limited: AtomicBool::new(false),
-                reserved,
-                tagged: RwLock::new(Vec::new()),
-                make_tagged,
-            });
+            devices.push(Slot::new(info.name.clone(), info.total_memory, (pool, huge), reserved, make_tagged));
         }
         Registry { devices, simulated: false, huge_min, skipped: found.skipped, live: Mutex::new(LiveMap::default()) }
     }
@@ -365,16 +368,7 @@ impl Registry {
                             })
                     }) as MakeTagged
                 });
-                Slot {
-                    name,
-                    total_memory: bytes,
-                    pool,
-                    huge,
-                    limited: AtomicBool::new(false),
-                    reserved,
-                    tagged: RwLock::new(Vec::new()),
-                    make_tagged,
-                }
+                Slot::new(name, bytes, (pool, huge), reserved, make_tagged)
             })
             .collect();
         Registry { devices, simulated: true, huge_min, skipped: Vec::new(), live: Mutex::new(LiveMap::default()) }

@@ -210,12 +210,15 @@ impl SimBackend {
             })
     }
 
-    /// Addresses for a segment or reservation of `size` bytes, after the last one handed out. A device whose
+    /// Addresses for a segment or reservation of `size` bytes, after the last one handed out: a segment at a
+    /// multiple of [`SimBackend::PAGE`], a reservation at a multiple of its pages (as CUDA's reservations are
+    /// aligned to the page they map), so that a page's address is a multiple of the page size. A device whose
     /// capacity is near 2^64 bytes can run out of addresses before memory (reservations span twice the
     /// capacity): that is an error, not an overflow.
     fn addresses(&self, size: u64, reservation: bool, call: &str) -> Result<SimSegment> {
         let mut next_address = self.next_address.lock();
-        let base = next_address.div_ceil(Self::PAGE).checked_mul(Self::PAGE);
+        let align = if reservation { self.page.max(Self::PAGE) } else { Self::PAGE };
+        let base = next_address.div_ceil(align).checked_mul(align);
         let Some((base, end)) = base.and_then(|base| Some((base, base.checked_add(size)?))) else {
             return Err(Error::Driver {
                 backend: self.name.clone(),
@@ -258,7 +261,8 @@ impl SimBackend {
             return Ok(());
         }
         let (start, end) = (segment.base + offset, segment.base + offset + len);
-        let first = start & !(self.page - 1);
+        // Pages lie at the reservation's base plus multiples of the page (see `map_pages`).
+        let first = segment.base + (offset & !(self.page - 1));
         let physical: Vec<(u64, u64)> = (first..end)
             .step_by(self.page as usize)
             .map(|at| pages.mapped.get(&at).map(|&p| (at, p)).ok_or(at))
