@@ -362,3 +362,36 @@ fn a_reservation_after_a_segment_is_page_aligned_and_keeps_its_bytes() {
     pool.free(&small).unwrap();
     pool.free(&large).unwrap();
 }
+
+/// A pool dropped while it sleeps gives everything back: the device's pages (none are mapped), its reservations
+/// and its host store.
+#[test]
+fn a_pool_dropped_asleep_gives_everything_back() {
+    let (backend, faults) = FaultyBackend::new(device(1 << 30));
+    let pool =
+        Pool::new(backend, PoolConfig { page_size: Some(2 * MIB), ..PoolConfig::default() }.tagged("w")).unwrap();
+    for i in 0..3u64 {
+        let block = pool.allocate(5 * MIB, StreamId(i)).unwrap();
+        pool.write(&block, 0, &pattern(i, 5 * MIB as usize)).unwrap();
+    }
+    pool.sleep(SleepAction::Offload).unwrap();
+    assert_eq!(pool.backend().inner().physical_in_use(), 0);
+    drop(pool);
+    assert_eq!(faults.live_segments(), 0, "every reservation went back");
+    assert!(faults.check_released().is_ok(), "{:?}", faults.check_released());
+    assert!(faults.violations().is_empty(), "{:?}", faults.violations());
+}
+
+/// A pool asleep over part of its pages (a sleep that could not undo itself) and dropped so: the pages still
+/// mapped are unmapped, those asleep are not unmapped twice.
+#[test]
+fn a_pool_dropped_half_asleep_unmaps_only_what_is_mapped() {
+    let (pool, faults, _blocks) = faulty();
+    faults.fail_nth(FaultKind::Copy, faults.calls(FaultKind::Copy) + 2);
+    faults.fail_nth(FaultKind::MapPages, faults.calls(FaultKind::MapPages) + 1);
+    assert!(pool.sleep(SleepAction::Offload).is_err());
+    assert!(pool.backend().inner().physical_in_use() > 0, "part of the pool is still mapped");
+    drop(pool);
+    assert!(faults.check_released().is_ok(), "{:?}", faults.check_released());
+    assert!(faults.violations().is_empty(), "{:?}", faults.violations());
+}

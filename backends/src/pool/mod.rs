@@ -310,16 +310,26 @@ impl<B: Backend> Drop for Pool<B> {
                 );
             }
         }
+        // The ranges a sleep unmapped are not unmapped again.
+        let asleep = state.sleep.take().map(|s| s.ranges_by_segment()).unwrap_or_default();
         // Stitched ranges first: the pages they map a second time are unmapped with their reservations below.
-        let mut arenas: Vec<&mut state::Arena<B::Segment>> = state.arenas.iter_mut().collect();
-        arenas.sort_by_key(|arena| arena.class != state::ArenaClass::Stitched);
-        for arena in arenas {
+        let mut arenas: Vec<(usize, &mut state::Arena<B::Segment>)> = state.arenas.iter_mut().enumerate().collect();
+        arenas.sort_by_key(|(_, arena)| arena.class != state::ArenaClass::Stitched);
+        for (a, arena) in arenas {
             if let Some(mark) = arena.mark.take() {
                 self.backend.release_mark(mark.mark);
             }
             for index in 0..arena.segments.len() {
                 let Some(entry) = arena.segments[index].take() else { continue };
-                Self::unmap_all(&self.backend, arena.engine(), arena.stream, SegmentId(index as u32), &entry);
+                let id = SegmentId(index as u32);
+                match asleep.get(&(a, id)) {
+                    None => {
+                        Self::unmap_all(&self.backend, arena.engine(), arena.stream, id, &entry);
+                    }
+                    Some(sleeping) => {
+                        Self::unmap_awake(&self.backend, arena.engine(), arena.stream, id, &entry, sleeping)
+                    }
+                }
                 self.backend.destroy_segment(entry.handle, PoolAccess::new());
             }
         }

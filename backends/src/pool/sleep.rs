@@ -100,6 +100,16 @@ pub(super) struct Sleeping {
 }
 
 impl Sleeping {
+    /// The sleeping ranges by (arena, segment), as (offset, length) in address order.
+    pub(super) fn ranges_by_segment(&self) -> std::collections::HashMap<(usize, SegmentId), Vec<(u64, u64)>> {
+        let mut by_segment: std::collections::HashMap<_, Vec<_>> = std::collections::HashMap::new();
+        for r in &self.ranges {
+            by_segment.entry((r.arena, r.segment)).or_default().push((r.offset, r.len));
+        }
+        by_segment.values_mut().for_each(|ranges| ranges.sort_unstable());
+        by_segment
+    }
+
     /// Bytes held on the host for the wake.
     pub(super) fn offloaded_bytes(&self) -> u64 {
         if self.store.is_some() {
@@ -424,6 +434,31 @@ impl<B: Backend> Pool<B> {
         self.detour.fetch_and(!ASLEEP, Ordering::Relaxed);
         report.elapsed = start.elapsed();
         Ok(report)
+    }
+
+    /// Unmaps the mapped parts of a reservation of a pool dropped while it sleeps: its backed ranges less the
+    /// `sleeping` ones (sorted), which the sleep unmapped already.
+    pub(super) fn unmap_awake(
+        backend: &B,
+        engine: &crate::engine::Engine,
+        stream: crate::StreamId,
+        id: SegmentId,
+        entry: &super::state::SegmentEntry<B::Segment>,
+        sleeping: &[(u64, u64)],
+    ) {
+        for (offset, len) in engine.backed_ranges(id) {
+            let mut at = offset;
+            let end = offset + len;
+            for &(s, l) in sleeping.iter().filter(|&&(s, l)| s < end && s + l > offset) {
+                if s > at {
+                    backend.unmap_pages(&entry.handle, at, s - at, stream, true);
+                }
+                at = at.max(s + l);
+            }
+            if at < end {
+                backend.unmap_pages(&entry.handle, at, end - at, stream, true);
+            }
+        }
     }
 
     /// The sleeping ranges cut into pieces of at most [`WAKE_PIECE`] bytes (whole pages), each with its
