@@ -27,9 +27,6 @@ pub struct Fixture {
     device_local: Option<MakePool>,
     /// Segment mode of every pool the fixture makes.
     pub mode: SegmentMode,
-    /// Whether the memory holds bytes (every fixture's does; the simulated device's since it keeps them, so the
-    /// cases that move bytes run in CI on virtual reservations too).
-    pub holds_bytes: bool,
     /// Whether the host may write blocks after allocation (CUDA's read-only memory is filled once, when a block
     /// is allocated, through `allocate_filled`).
     pub host_writes: bool,
@@ -56,7 +53,6 @@ impl Fixture {
             make,
             device_local: None,
             mode,
-            holds_bytes: true,
             host_writes: true,
             read_only: false,
             exclusive: false,
@@ -97,13 +93,9 @@ impl Fixture {
         self.kernel.as_ref().and_then(|make| make())
     }
 
-    /// A block of one of the fixture's pools holding `data` (of its length, allocated only on a device that
-    /// holds no bytes).
+    /// A block of one of the fixture's pools holding `data`.
     pub fn put(&self, pool: &Arc<dyn MemoryPool>, data: &[u8], stream: StreamId) -> BlockHandle {
         let len = data.len() as u64;
-        if !self.holds_bytes {
-            return pool.allocate(len, stream).unwrap_or_else(|e| panic!("{}: allocate {len}: {e}", self.label));
-        }
         if !self.host_writes {
             return pool.allocate_filled(data, stream).unwrap_or_else(|e| panic!("{}: fill {len}: {e}", self.label));
         }

@@ -26,14 +26,6 @@ fn read(pool: &Arc<dyn MemoryPool>, block: &BlockHandle, offset: u64, len: usize
     back
 }
 
-/// The exact refusal of a device that holds no bytes.
-fn assert_holds_no_bytes(result: umm_backends::Result<()>, what: &str) {
-    match result {
-        Err(Error::Unsupported { what: ref said, .. }) if said.contains("holds no bytes") => {}
-        other => panic!("{what}: expected Unsupported (holds no bytes), got {other:?}"),
-    }
-}
-
 /// The exact refusal of a host write to read-only memory filled at allocation.
 fn assert_read_only(result: umm_backends::Result<()>, what: &str) {
     match result {
@@ -71,79 +63,69 @@ pub fn round_trips_at_odd_sizes_and_offsets(fx: &Fixture) {
     }
     assert!(matches!(pool.allocate(0, s), Err(Error::ZeroSize { ref device }) if device == pool.name()));
 
-    if !fx.holds_bytes {
-        let (block, _) = &blocks[0];
-        assert_holds_no_bytes(pool.write(block, 0, &[1]), "write");
-        assert_holds_no_bytes(pool.read(block, 0, &mut [0]), "read");
-        assert_holds_no_bytes(pool.fill(block, 0, 1, 0), "fill");
-        assert_eq!(pool.host_ptr(block), None);
-    } else {
-        // Every block whole, after all were written: no write spilled into a neighbour.
-        for (block, data) in &blocks {
-            assert_eq!(&read(&pool, block, 0, data.len()), data, "{}: {} bytes", fx.label, data.len());
-        }
-        for (block, data) in &mut blocks {
-            let len = data.len();
-            // Partial reads at unaligned offsets, the last byte included.
-            for (offset, n) in [(1usize, 1usize), (3, 2), (len.saturating_sub(7), 7.min(len)), (len - 1, 1)] {
-                if offset + n <= len {
-                    assert_eq!(read(&pool, block, offset as u64, n), data[offset..offset + n], "{}", fx.label);
-                }
+    // Every block whole, after all were written: no write spilled into a neighbour.
+    for (block, data) in &blocks {
+        assert_eq!(&read(&pool, block, 0, data.len()), data, "{}: {} bytes", fx.label, data.len());
+    }
+    for (block, data) in &mut blocks {
+        let len = data.len();
+        // Partial reads at unaligned offsets, the last byte included.
+        for (offset, n) in [(1usize, 1usize), (3, 2), (len.saturating_sub(7), 7.min(len)), (len - 1, 1)] {
+            if offset + n <= len {
+                assert_eq!(read(&pool, block, offset as u64, n), data[offset..offset + n], "{}", fx.label);
             }
-            if fx.host_writes {
-                for (offset, n) in [(1usize, 1usize), (3, 2), (2, 7), (5, 13), (len.saturating_sub(3), 3.min(len))] {
-                    if offset + n > len {
-                        continue;
-                    }
-                    let piece = pattern(n, 0xA5 + offset as u32);
-                    pool.write(block, offset as u64, &piece).unwrap();
-                    data[offset..offset + n].copy_from_slice(&piece);
+        }
+        if fx.host_writes {
+            for (offset, n) in [(1usize, 1usize), (3, 2), (2, 7), (5, 13), (len.saturating_sub(3), 3.min(len))] {
+                if offset + n > len {
+                    continue;
                 }
-                if len > 9 {
-                    pool.fill(block, 3, 6, 0x5A).unwrap();
-                    pool.fill(block, 1, 1, 0).unwrap();
-                    data[3..9].fill(0x5A);
-                    data[1] = 0;
-                }
-                assert_eq!(&read(&pool, block, 0, len), data, "{}: pieces of {len} bytes", fx.label);
-                assert_out_of_bounds(pool.write(block, block.size() - 1, &[1, 2]), "write past the end");
-                assert_out_of_bounds(pool.fill(block, block.size(), 1, 0), "fill past the end");
-            } else {
-                assert_read_only(pool.write(block, 0, &[1]), "write to read-only memory");
-                assert_read_only(pool.fill(block, 0, 1, 0), "fill of read-only memory");
+                let piece = pattern(n, 0xA5 + offset as u32);
+                pool.write(block, offset as u64, &piece).unwrap();
+                data[offset..offset + n].copy_from_slice(&piece);
             }
-            assert_out_of_bounds(pool.read(block, block.size() - 1, &mut [0; 2]), "read past the end");
-        }
-        // What neighbours hold after all the pieces.
-        for (block, data) in &blocks {
-            assert_eq!(&read(&pool, block, 0, data.len()), data, "{}: after pieces", fx.label);
-        }
-        // An owned block lends the same bytes as a host slice where the memory is host-addressable.
-        let data = pattern(4099, 77);
-        let owned = if fx.host_writes {
-            let mut owned = OwnedBlock::allocate(Arc::clone(&pool), data.len() as u64, s, false).unwrap();
-            owned.write(0, &data).unwrap();
-            owned
+            if len > 9 {
+                pool.fill(block, 3, 6, 0x5A).unwrap();
+                pool.fill(block, 1, 1, 0).unwrap();
+                data[3..9].fill(0x5A);
+                data[1] = 0;
+            }
+            assert_eq!(&read(&pool, block, 0, len), data, "{}: pieces of {len} bytes", fx.label);
+            assert_out_of_bounds(pool.write(block, block.size() - 1, &[1, 2]), "write past the end");
+            assert_out_of_bounds(pool.fill(block, block.size(), 1, 0), "fill past the end");
         } else {
-            OwnedBlock::allocate_filled(Arc::clone(&pool), &data, s).unwrap()
-        };
-        let mut back = vec![0; data.len()];
-        owned.read(0, &mut back).unwrap();
-        assert_eq!(back, data);
-        assert_out_of_bounds(owned.read(1, &mut back), "owned read past the requested bytes");
-        match owned.host_bytes() {
-            Some(host) => assert_eq!(host, &data[..], "{}: host slice", fx.label),
-            None => assert_eq!(pool.host_ptr(&blocks[0].0), None, "{}: no host slice, no host pointer", fx.label),
+            assert_read_only(pool.write(block, 0, &[1]), "write to read-only memory");
+            assert_read_only(pool.fill(block, 0, 1, 0), "fill of read-only memory");
         }
+        assert_out_of_bounds(pool.read(block, block.size() - 1, &mut [0; 2]), "read past the end");
+    }
+    // What neighbours hold after all the pieces.
+    for (block, data) in &blocks {
+        assert_eq!(&read(&pool, block, 0, data.len()), data, "{}: after pieces", fx.label);
+    }
+    // An owned block lends the same bytes as a host slice where the memory is host-addressable.
+    let data = pattern(4099, 77);
+    let owned = if fx.host_writes {
+        let mut owned = OwnedBlock::allocate(Arc::clone(&pool), data.len() as u64, s, false).unwrap();
+        owned.write(0, &data).unwrap();
+        owned
+    } else {
+        OwnedBlock::allocate_filled(Arc::clone(&pool), &data, s).unwrap()
+    };
+    let mut back = vec![0; data.len()];
+    owned.read(0, &mut back).unwrap();
+    assert_eq!(back, data);
+    assert_out_of_bounds(owned.read(1, &mut back), "owned read past the requested bytes");
+    match owned.host_bytes() {
+        Some(host) => assert_eq!(host, &data[..], "{}: host slice", fx.label),
+        None => assert_eq!(pool.host_ptr(&blocks[0].0), None, "{}: no host slice, no host pointer", fx.label),
     }
     let freed = blocks[0].0.clone();
     for (block, _) in &blocks {
         pool.free(block).unwrap();
     }
     assert_unknown_block(pool.free(&freed), "double free");
-    if fx.holds_bytes {
-        assert_unknown_block(pool.read(&freed, 0, &mut [0]), "read after free");
-    }
+    assert_unknown_block(pool.read(&freed, 0, &mut [0]), "read after free");
 }
 
 /// Blocks carved from memory that other blocks filled with garbage and freed compute exactly what blocks of a
@@ -178,9 +160,7 @@ pub fn dirty_reuse_matches_a_fresh_buffer(fx: &Fixture) {
     let fresh_x = fx.put(&fresh, &x_bytes, s);
     assert_eq!(fresh_x.offset(), 0, "{}: a fresh block starts its own segment", fx.label);
 
-    if !fx.holds_bytes {
-        assert_holds_no_bytes(pool.write(&x, 0, &x_bytes), "write");
-    } else if let Some(kernel) = fx.kernel() {
+    if let Some(kernel) = fx.kernel() {
         // Kernels write y beside x, or in device-local memory where the fixture's memory is read-only.
         let (out, fresh_out) = if fx.read_only {
             (fx.output_pool(fx.config()), fx.output_pool(PoolConfig { strategy: Strategy::Direct, ..fx.config() }))
@@ -217,9 +197,7 @@ pub fn dirty_reuse_matches_a_fresh_buffer(fx: &Fixture) {
         let (pooled, reference) = (read(&pool, &x, 0, bytes as usize), read(&fresh, &fresh_x, 0, bytes as usize));
         assert!(pooled == reference, "{}: pooled and fresh bytes differ", fx.label);
     }
-    if fx.holds_bytes {
-        assert_eq!(read(&pool, &lead, 0, 100), pattern(100, 9), "{}: the neighbour is untouched", fx.label);
-    }
+    assert_eq!(read(&pool, &lead, 0, 100), pattern(100, 9), "{}: the neighbour is untouched", fx.label);
     for block in [&lead, &x] {
         pool.free(block).unwrap();
     }
@@ -235,11 +213,6 @@ pub fn zeroed_allocation_reads_zero_over_dirty_memory(fx: &Fixture) {
     for zero_on_alloc in [false, true] {
         let pool = fx.pool(PoolConfig { zero_on_alloc, ..fx.config() });
         let zeroed = |n: u64| if zero_on_alloc { pool.allocate(n, s) } else { pool.allocate_zeroed(n, s) };
-        if !fx.holds_bytes {
-            assert_holds_no_bytes(zeroed(1000).map(drop), "zeroing");
-            assert_eq!(pool.stats().allocated_bytes.current, 0, "{}: a failed zeroing frees its block", fx.label);
-            continue;
-        }
         let dirty: Vec<BlockHandle> =
             sizes.iter().enumerate().map(|(i, &n)| fx.put(&pool, &pattern(n as usize, i as u32 | 1), s)).collect();
         for block in &dirty {
@@ -279,13 +252,11 @@ pub fn poison_on_free_overwrites_freed_blocks(fx: &Fixture) {
         pool.free(&block).unwrap();
         let again = pool.allocate(len as u64, s).unwrap();
         assert_eq!((again.segment_index(), again.offset(), again.size()), place, "{}: the same place", fx.label);
-        if fx.holds_bytes {
-            let back = read(&pool, &again, 0, len);
-            if fx.host_writes {
-                assert!(back.iter().all(|&b| b == POISON_BYTE), "{}: {len} bytes not poisoned", fx.label);
-            } else {
-                assert_eq!(back, data, "{}: read-only memory is never written after its fill", fx.label);
-            }
+        let back = read(&pool, &again, 0, len);
+        if fx.host_writes {
+            assert!(back.iter().all(|&b| b == POISON_BYTE), "{}: {len} bytes not poisoned", fx.label);
+        } else {
+            assert_eq!(back, data, "{}: read-only memory is never written after its fill", fx.label);
         }
         pool.free(&again).unwrap();
     }
@@ -373,7 +344,7 @@ pub fn freed_blocks_come_back_on_their_own_stream_only(fx: &Fixture) {
         assert_ne!(c.key(), place.2, "{}: another stream's block", fx.label);
         assert_eq!(after.cache_misses, before.cache_misses + 1, "{}: {after:?}", fx.label);
         assert!(after.reserved_bytes.current > before.reserved_bytes.current, "{}: {after:?}", fx.label);
-        if fx.holds_bytes && fx.host_writes {
+        if fx.host_writes {
             // Distinct memory: writing one leaves the other's bytes alone.
             let d = pool.allocate(size, s1).unwrap();
             assert_eq!((d.segment_index(), d.offset(), d.key()), place);
@@ -401,7 +372,7 @@ pub fn a_stream_takes_what_another_freed_when_shared(fx: &Fixture) {
         assert_eq!(after.reserved_bytes.current, before.reserved_bytes.current, "{} {size}: {after:?}", fx.label);
         let moved = after.num_segments_shared + after.num_pages_shared;
         assert!(moved > before.num_segments_shared + before.num_pages_shared, "{} {size}: {after:?}", fx.label);
-        if fx.holds_bytes && fx.host_writes {
+        if fx.host_writes {
             pool.write(&b, 0, &pattern(size as usize, 3)).unwrap();
             assert_eq!(read(&pool, &b, 0, size as usize), pattern(size as usize, 3), "{}", fx.label);
         }
@@ -422,12 +393,7 @@ pub fn a_stream_takes_what_another_freed_when_shared(fx: &Fixture) {
 /// and freeing them, some held across iterations; nothing is lost or mixed up.
 pub fn eight_threads_allocate_write_read_and_free(fx: &Fixture) {
     let pool = fx.pool(fx.config());
-    let (holds_bytes, host_writes, streams) = (fx.holds_bytes, fx.host_writes, fx.streams);
-    if !holds_bytes {
-        let b = pool.allocate(64, streams[0]).unwrap();
-        assert_holds_no_bytes(pool.write(&b, 0, &[1]), "write");
-        pool.free(&b).unwrap();
-    }
+    let (host_writes, streams) = (fx.host_writes, fx.streams);
     let threads: Vec<_> = (0..8u32)
         .map(|t| {
             let pool = Arc::clone(&pool);
@@ -439,32 +405,26 @@ pub fn eight_threads_allocate_write_read_and_free(fx: &Fixture) {
                     let r = (u64::from(pattern(4, seed)[0]) << 8) | u64::from(pattern(4, seed)[1]);
                     let size = if i % 10 == 9 { MIB + r * 17 } else { 1 + r % 20_000 };
                     let data = pattern(size as usize, seed);
-                    let block = match (holds_bytes, host_writes) {
-                        (false, _) => pool.allocate(size, stream).unwrap(),
-                        (true, false) => pool.allocate_filled(&data, stream).unwrap(),
-                        (true, true) => {
-                            let b = pool.allocate(size, stream).unwrap();
-                            pool.write(&b, 0, &data).unwrap();
-                            b
-                        }
+                    let block = if host_writes {
+                        let b = pool.allocate(size, stream).unwrap();
+                        pool.write(&b, 0, &data).unwrap();
+                        b
+                    } else {
+                        pool.allocate_filled(&data, stream).unwrap()
                     };
                     held.push((block, data));
                     if held.len() > 3 || i % 3 == 0 {
                         let (block, data) = held.remove(0);
-                        if holds_bytes {
-                            let mut back = vec![0; data.len()];
-                            pool.read(&block, 0, &mut back).unwrap();
-                            assert!(back == data, "thread {t}: block of {} bytes changed", data.len());
-                        }
+                        let mut back = vec![0; data.len()];
+                        pool.read(&block, 0, &mut back).unwrap();
+                        assert!(back == data, "thread {t}: block of {} bytes changed", data.len());
                         pool.free(&block).unwrap();
                     }
                 }
                 for (block, data) in held {
-                    if holds_bytes {
-                        let mut back = vec![0; data.len()];
-                        pool.read(&block, 0, &mut back).unwrap();
-                        assert!(back == data, "thread {t}: block of {} bytes changed", data.len());
-                    }
+                    let mut back = vec![0; data.len()];
+                    pool.read(&block, 0, &mut back).unwrap();
+                    assert!(back == data, "thread {t}: block of {} bytes changed", data.len());
                     pool.free(&block).unwrap();
                 }
             })
@@ -474,7 +434,7 @@ pub fn eight_threads_allocate_write_read_and_free(fx: &Fixture) {
         thread.join().expect("a thread failed");
     }
     let stats = pool.stats();
-    assert_eq!(stats.num_allocs, 8 * 40 + u64::from(!holds_bytes), "{}: {stats:?}", fx.label);
+    assert_eq!(stats.num_allocs, 8 * 40, "{}: {stats:?}", fx.label);
     assert_eq!(stats.num_frees, stats.num_allocs, "{}: {stats:?}", fx.label);
 }
 
