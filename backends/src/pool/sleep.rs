@@ -414,9 +414,9 @@ impl<B: Backend> Pool<B> {
         }
         let mut report = WakeReport { bytes_mapped: sleeping.bytes, ..WakeReport::default() };
         let pieces = self.pieces(&state, &sleeping.ranges);
-        state.stats.num_device_alloc += pieces.len() as u64;
-        state.stats.num_device_calls += pieces.len() as u64;
         let (mapped, failure, copy_time) = self.map_and_restore(&pieces, sleeping.store.as_ref());
+        state.stats.num_device_alloc += mapped as u64;
+        state.stats.num_device_calls += mapped as u64;
         report.copy_time = copy_time;
         if failure.is_none() && sleeping.store.is_some() {
             report.bytes_restored = sleeping.bytes;
@@ -425,6 +425,8 @@ impl<B: Backend> Pool<B> {
             for piece in &pieces[..mapped] {
                 self.backend.unmap_pages(&piece.handle, piece.offset, piece.len, piece.stream, false);
             }
+            state.stats.num_device_free += mapped as u64;
+            state.stats.num_device_calls += mapped as u64;
             self.backend.release_spare_pages();
             state.sleep = Some(sleeping);
             return Err(e);
