@@ -1,7 +1,9 @@
 //! Cleanup reports and the periodic cleaner.
 
 use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -43,6 +45,8 @@ pub struct CleanupGuard {
     stop: Option<mpsc::Sender<()>>,
     thread: Option<JoinHandle<u64>>,
     interval: Duration,
+    /// Rounds finished so far, for [`CleanupGuard::rounds`].
+    rounds: Arc<AtomicU64>,
 }
 
 impl CleanupGuard {
@@ -65,6 +69,8 @@ impl CleanupGuard {
             ));
         }
         let (stop, stopped) = mpsc::channel::<()>();
+        let rounds = Arc::new(AtomicU64::new(0));
+        let finished = Arc::clone(&rounds);
         let thread = std::thread::Builder::new()
             .name("umm-cleanup".into())
             .spawn(move || {
@@ -77,13 +83,19 @@ impl CleanupGuard {
                     // The manager may be gone: then there is nothing left to clean.
                     let Some(report) = round() else { return rounds };
                     rounds += 1;
+                    finished.store(rounds, Ordering::Release);
                     if report.bytes_released > 0 {
                         log::debug!("periodic cleanup released {} bytes", report.bytes_released);
                     }
                 }
             })
             .ok();
-        Self { stop: Some(stop), thread, interval }
+        Self { stop: Some(stop), thread, interval, rounds }
+    }
+
+    /// How many rounds the cleaner has finished so far.
+    pub fn rounds(&self) -> u64 {
+        self.rounds.load(Ordering::Acquire)
     }
 
     /// The interval between rounds: the one asked for, or [`CleanupGuard::MIN_INTERVAL`] if that was shorter.

@@ -16,7 +16,7 @@ use clap::Parser;
 use fuzz_support::{cases, run, size_text, Rng, CI_CASES, LONG_CASES};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use umm::plot::{PlotOptions, Timeline};
 use umm::replay::{ReplayOptions, BACKENDS};
 use umm::trace::Trace;
@@ -309,20 +309,24 @@ fn binary_target(cases: u64) {
                 command.env(var, value);
             }
             let mut child = command.spawn().map_err(|e| format!("spawn: {e}"))?;
-            let start = Instant::now();
-            let status = loop {
-                if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
-                    break status;
-                }
-                if start.elapsed() > Duration::from_secs(60) {
+            // Standard error reaches its end when the child exits: a reader thread reports it, and the wait for
+            // that report is the one bound, with no polling.
+            let mut pipe = child.stderr.take().expect("stderr is piped");
+            let (done, finished) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                let read = std::io::Read::read_to_string(&mut pipe, &mut text).map(|_| text);
+                let _ = done.send(read);
+            });
+            let stderr = match finished.recv_timeout(Duration::from_secs(60)) {
+                Ok(read) => read.map_err(|e| e.to_string())?,
+                Err(_) => {
                     let _ = child.kill();
                     let _ = child.wait();
                     return Err("still running after 60 s: a hang".into());
                 }
-                std::thread::sleep(Duration::from_millis(5));
             };
-            let mut stderr = String::new();
-            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).map_err(|e| e.to_string())?;
+            let status = child.wait().map_err(|e| e.to_string())?;
             if stderr.contains("panicked") || stderr.contains("RUST_BACKTRACE") {
                 return Err(format!("panic: {stderr}"));
             }

@@ -768,10 +768,10 @@ fn faults_under_contention_leave_the_books_exact() {
         let config = PoolConfig { segment_mode: mode, limit: Some(Limit::Bytes(GIB)), ..PoolConfig::default() };
         let pool = Pool::new(backend, config).unwrap();
         let stop = std::sync::atomic::AtomicBool::new(false);
-        let errors = AtomicU64::new(0);
+        let (errors, requests) = (AtomicU64::new(0), AtomicU64::new(0));
         std::thread::scope(|scope| {
             for t in 0..4u64 {
-                let (pool, stop, errors) = (&pool, &stop, &errors);
+                let (pool, stop, errors, requests) = (&pool, &stop, &errors, &requests);
                 scope.spawn(move || {
                     let mut held: Vec<BlockHandle> = Vec::new();
                     let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t;
@@ -783,6 +783,7 @@ fn faults_under_contention_leave_the_books_exact() {
                         x ^= x >> 7;
                         x ^= x << 17;
                         let bytes = if x.is_multiple_of(4) { 1 + x % (24 * MIB) } else { 1 + x % (256 << 10) };
+                        requests.fetch_add(1, Ordering::Relaxed);
                         match pool.allocate(bytes, StreamId(t % 2)) {
                             Ok(block) => held.push(block),
                             Err(e) => {
@@ -805,8 +806,13 @@ fn faults_under_contention_leave_the_books_exact() {
                 for round in 0..200u64 {
                     let kind =
                         [FaultKind::CreateSegment, FaultKind::ReserveVirtual, FaultKind::MapPages][round as usize % 3];
+                    let (armed, asked) = (faults.injected(kind), requests.load(Ordering::Relaxed));
                     faults.fail_from(kind, faults.calls(kind) + 1 + round % 3);
-                    std::thread::sleep(std::time::Duration::from_micros(200));
+                    // The fault stays until a worker has met it, or until the workers have made 64 more requests
+                    // without making that call: synchronised by the workers' own counts, not by a clock.
+                    while faults.injected(kind) == armed && requests.load(Ordering::Relaxed) < asked + 64 {
+                        std::thread::yield_now();
+                    }
                     faults.clear_all();
                     if round.is_multiple_of(16) {
                         pool.release_cached();
@@ -824,6 +830,7 @@ fn faults_under_contention_leave_the_books_exact() {
         let next = pool.allocate(64 * MIB, StreamId(0)).expect("the pool serves once the faults are gone");
         pool.free(&next).unwrap();
         eprintln!("contention ({mode:?}): {} faults injected, {} requests failed", faults.total_injected(), s.num_ooms);
+        assert!(faults.total_injected() > 0 && s.num_ooms > 0, "{mode:?}: the workers met the faults");
         drop(pool);
         faults.check_released().unwrap_or_else(|e| panic!("{mode:?}: {e}"));
     }

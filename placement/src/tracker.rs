@@ -241,9 +241,16 @@ impl UsageTracker {
         self.ledgers.write(id.cell(), |c| c.device_use(cap));
     }
 
-    /// Ends the buffer's lifetime; its evidence stays in the aggregate. O(1), allocation-free.
+    /// Ends the buffer's lifetime now; its evidence stays in the aggregate. O(1), allocation-free.
     pub fn retire(&self, id: TrackId) {
-        let lifetime_ms = id.registered_at().map(|at| at.elapsed().as_secs_f64() * 1e3);
+        self.retire_at(id, Instant::now());
+    }
+
+    /// Ends the buffer's lifetime at `at`, a time the caller read when the buffer really went (a batch of frees
+    /// retired later, a replay of recorded events). A lifetime is `at` minus the registration time, zero when
+    /// `at` comes first. O(1), allocation-free.
+    pub fn retire_at(&self, id: TrackId, at: Instant) {
+        let lifetime_ms = id.registered_at().map(|born| at.saturating_duration_since(born).as_secs_f64() * 1e3);
         self.ledgers.write(id.cell(), |c| c.retire(lifetime_ms));
     }
 

@@ -3,7 +3,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use umm_placement::{
@@ -184,9 +184,10 @@ fn sampled_registration_times_one_buffer_in_eight_and_counts_them_all() {
                 .collect();
             let timed = ids.iter().filter(|id| id.registered_at().is_some()).count();
             assert_eq!(timed, 2, "the first of each run of LIFETIME_SAMPLE is timed");
-            std::thread::sleep(Duration::from_millis(20));
             for id in ids {
-                tracker.retire(id);
+                // Untimed buffers have no registration time: their retirement carries no lifetime.
+                let at = id.registered_at().map_or_else(Instant::now, |born| born + Duration::from_millis(20));
+                tracker.retire_at(id, at);
             }
         });
         &tracker
@@ -194,7 +195,7 @@ fn sampled_registration_times_one_buffer_in_eight_and_counts_them_all() {
     let e = tracker.evidence(SizeClass::Small, AccessPattern::Random);
     assert_eq!(e.retired, 2 * u64::from(umm_placement::LIFETIME_SAMPLE));
     // The mean is over the timed buffers only: untimed ones do not pull it towards zero.
-    assert!(e.mean_lifetime_ms.unwrap() >= 20.0, "{e:?}");
+    assert_eq!(e.mean_lifetime_ms, Some(20.0), "{e:?}");
 }
 
 #[test]
@@ -202,11 +203,26 @@ fn lifetimes_are_measured() {
     let tracker = UsageTracker::default();
     let id = tracker.register(100, Placement::HostPinned, AccessPattern::Random, PoolKind::HostPinned);
     assert_eq!(id.size_class(), SizeClass::Small);
-    std::thread::sleep(Duration::from_millis(20));
-    tracker.retire(id);
+    let born = id.registered_at().expect("register times every buffer");
+    let second = tracker.register(100, Placement::HostPinned, AccessPattern::Random, PoolKind::HostPinned);
+    tracker.retire_at(id, born + Duration::from_millis(20));
+    // A retirement dated before the registration is a lifetime of zero, not a negative one.
+    tracker.retire_at(second, born.checked_sub(Duration::from_millis(5)).unwrap_or(born));
     let e = tracker.evidence(SizeClass::Small, AccessPattern::Random);
-    assert!(e.mean_lifetime_ms.unwrap() >= 20.0, "{e:?}");
-    assert_eq!((e.auto_buffers, e.in_pool.host_pinned), (0, 1));
+    assert_eq!(e.mean_lifetime_ms, Some(10.0), "the mean of 20 ms and 0 ms: {e:?}");
+    assert_eq!((e.auto_buffers, e.in_pool.host_pinned), (0, 2));
+}
+
+#[test]
+fn retiring_now_measures_the_time_since_registration() {
+    let tracker = UsageTracker::default();
+    let before = Instant::now();
+    let id = tracker.register(100, Placement::HostPinned, AccessPattern::Random, PoolKind::HostPinned);
+    tracker.retire(id);
+    let bound = before.elapsed().as_secs_f64() * 1e3;
+    let e = tracker.evidence(SizeClass::Small, AccessPattern::Random);
+    let mean = e.mean_lifetime_ms.expect("a timed buffer");
+    assert!((0.0..=bound).contains(&mean), "{mean} ms, at most the {bound} ms the test saw go by");
 }
 
 #[test]
