@@ -573,3 +573,85 @@ fn a_selector_naming_a_device_keeps_the_request_there() {
     assert!(matches!(err, umm_placement::Error::ImpossiblePlacement { .. }), "{err}");
     assert!(err.to_string().contains("device index 1"), "{err}");
 }
+
+/// Table defaults for every subject, with `subject` set to `placement`, backed by evidence or not.
+fn evidence_for(
+    subject: umm_placement::Subject,
+    placement: Placement,
+    from_evidence: bool,
+) -> umm_placement::Recommendations {
+    let mut recs = umm_placement::Recommendations::table_defaults(Thresholds::default());
+    let item = recs.items.iter_mut().find(|r| r.subject == subject).expect("every subject has an item");
+    item.placement = placement;
+    item.from_evidence = from_evidence;
+    recs
+}
+
+#[test]
+fn only_evidence_that_contradicts_both_the_table_and_its_default_moves_auto() {
+    use umm_placement::Subject;
+    let d = Decider::default();
+    let medium = auto(MEDIUM, AccessPattern::Sequential);
+    // A recommendation not backed by evidence is the table's default in disguise: it never decides.
+    let unbacked = evidence_for(Subject::MediumBuffers, Placement::HostPinned, false);
+    let got = d.decide(&medium, &machine(), Some(&unbacked)).unwrap();
+    assert_eq!(got.pool, PoolKind::DeviceLocal, "{}", got.reason());
+    assert!(!got.reason().contains("usage evidence says"), "{}", got.reason());
+    // Backed by evidence and against the table: it decides.
+    let backed = evidence_for(Subject::MediumBuffers, Placement::HostPinned, true);
+    let got = d.decide(&medium, &machine(), Some(&backed)).unwrap();
+    assert_eq!(got.pool, PoolKind::HostPinned, "{}", got.reason());
+    assert!(got.reason().contains("usage evidence says host_pinned"), "{}", got.reason());
+    // Evidence that agrees with the subject's default does not undo a configured table rule: large streams to
+    // pinned memory stay pinned when the evidence merely says what large buffers do by default.
+    let streams = Decider::new(DecisionConfig { large_streams_to_pinned: true, ..DecisionConfig::default() }).unwrap();
+    let agrees = evidence_for(Subject::LargeBuffers, Placement::DeviceLocal, true);
+    let got = streams.decide(&auto(LARGE, AccessPattern::Sequential), &machine(), Some(&agrees)).unwrap();
+    assert_eq!(got.pool, PoolKind::HostPinned, "{}", got.reason());
+    assert!(!got.reason().contains("usage evidence says"), "{}", got.reason());
+}
+
+/// A GPU that offers nothing but read-only memory, most of it in use.
+fn read_only_gpu(index: usize, free: u64) -> DeviceView {
+    let mut g = gpu(index, 80 * GIB, free);
+    g.pools = vec![PoolKind::ReadOnly];
+    g
+}
+
+#[test]
+fn read_only_data_falls_back_to_read_only_memory_on_the_selected_device() {
+    use umm_placement::Subject;
+    let selected = DeviceSelector::Index(1);
+    let d = Decider::default();
+    // Under pressure everywhere: the fallback keeps read-only data on the named device's read-only pool.
+    let devices = [host(0), read_only_gpu(1, GIB)];
+    let got = d.decide(&auto(MEDIUM, AccessPattern::ReadOnly).selector(selected), &devices, None).unwrap();
+    assert_eq!((got.device, got.pool), (1, PoolKind::ReadOnly), "{}", got.reason());
+    // Evidence sends read-only data to pinned memory, which the named device does not offer: the fallback
+    // still finds its read-only pool, for data declared read-only.
+    let pinned = evidence_for(Subject::ReadOnlyData, Placement::HostPinned, true);
+    let devices = [host(0), read_only_gpu(1, 70 * GIB)];
+    let req = auto(MEDIUM, AccessPattern::ReadOnly).selector(selected);
+    let got = d.decide(&req, &devices, Some(&pinned)).unwrap();
+    assert_eq!((got.device, got.pool), (1, PoolKind::ReadOnly), "{}", got.reason());
+    // Data not declared read-only never lands in read-only memory: with nothing else there, no placement.
+    let err = d.decide(&auto(MEDIUM, AccessPattern::Random).selector(selected), &devices, None).unwrap_err();
+    assert!(matches!(err, Error::ImpossiblePlacement { .. }), "{err}");
+}
+
+#[test]
+fn a_device_too_small_for_one_allocation_is_named_and_not_called_one_that_offers_nothing() {
+    let mut small = gpu(1, 80 * GIB, 70 * GIB);
+    small.max_allocation = MIB;
+    let got = decide(Request::new(LARGE).placement(Placement::DeviceLocal), &[host(0), small]);
+    assert_eq!((got.device, got.pool), (1, PoolKind::HostPinned), "pinned through the GPU: {}", got.reason());
+    assert!(got.reason().contains("skipped device 1 (gpu1): the request is above its largest"), "{}", got.reason());
+    assert!(!got.reason().contains("no selected accelerator offers"), "{}", got.reason());
+}
+
+#[test]
+fn a_machine_whose_only_device_is_a_cpu_runtime_uses_it_without_a_selector() {
+    // No host view (a program that built its device list by hand): nothing to prefer over the CPU device.
+    let got = decide(Request::new(MEDIUM).placement(Placement::DeviceLocal), &[software(0)]);
+    assert_eq!((got.device, got.pool), (0, PoolKind::DeviceLocal), "{}", got.reason());
+}

@@ -713,7 +713,15 @@ fn derived_statistics_follow_every_operation() {
 /// test holds about 1 GB.
 #[test]
 fn a_pool_refuses_streams_past_the_most_it_can_number() {
-    let pool = sim_pool(SegmentMode::Plain, None);
+    // Streams keep their own memory here: sharing would scan every other stream's arena on each of the 32,768
+    // first allocations, a cost of this test's extreme and beside its point.
+    let config = PoolConfig {
+        segment_mode: SegmentMode::Plain,
+        cross_stream: CrossStream::Off,
+        page_size: Some(SimBackend::PAGE),
+        ..PoolConfig::default()
+    };
+    let pool = Pool::new(SimBackend::new("sim0", 128 << 30), config).unwrap();
     let most = 1u64 << (ARENA_BITS - 1);
     for s in 0..most {
         let b = pool.allocate(4096, StreamId(s)).unwrap();
