@@ -29,6 +29,7 @@ use umm::{Api, DeviceSelector, UniversalMemoryManager};
 const DISTINCT: usize = 3;
 /// Steps it takes an overlapped loop to fill its pipeline (the Prefetcher's lookahead of 2, plus one): the steady
 /// state is timed from this step on.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 const FILL: usize = 3;
 
 struct Args {

@@ -60,11 +60,19 @@ pub(crate) fn discover_all(config: &UmmConfig, entries: &mut Vec<ApiEntry>, skip
         skipped.extend(found.skipped.into_iter().map(|r| format!("opencl: {r}")));
         for device in found.devices {
             let handle = ApiHandle::OpenCl(device.clone());
+            // A pinned OpenCL buffer stays mapped into the host only on a device that shares memory with it; on
+            // a discrete device it is reached through copies, which would break HostPinned's promise that the
+            // host reads in place. There the device offers no pinned pool through OpenCL.
+            let placements = if device.info().shares_memory_with_host {
+                vec![PoolPlacement::DeviceLocal, PoolPlacement::HostPinned, PoolPlacement::ReadOnly]
+            } else {
+                vec![PoolPlacement::DeviceLocal, PoolPlacement::ReadOnly]
+            };
             entries.push(ApiEntry {
                 api: Api::OpenCl,
                 handle,
                 info: device.info().clone(),
-                placements: vec![PoolPlacement::DeviceLocal, PoolPlacement::HostPinned, PoolPlacement::ReadOnly],
+                placements,
                 factory: Box::new(move |placement, config| {
                     Ok(Arc::new(device.pool(placement, config.clone())?) as Arc<dyn MemoryPool>)
                 }),
@@ -82,7 +90,10 @@ pub(crate) fn discover_all(config: &UmmConfig, entries: &mut Vec<ApiEntry>, skip
                 api: Api::Wgpu,
                 handle,
                 info: device.info().clone(),
-                placements: vec![PoolPlacement::DeviceLocal, PoolPlacement::HostPinned, PoolPlacement::ReadOnly],
+                // No pinned pool: a wgpu buffer is mapped only for a copy and never lends the host an address, so
+                // it would break HostPinned's promise that the host reads in place. HostPinned on a GPU seen only
+                // through wgpu is the host's pinned memory, or an error where a selector keeps it off the host.
+                placements: vec![PoolPlacement::DeviceLocal, PoolPlacement::ReadOnly],
                 factory: Box::new(move |placement, config| {
                     Ok(Arc::new(device.pool(placement, config.clone())?) as Arc<dyn MemoryPool>)
                 }),

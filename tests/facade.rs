@@ -499,7 +499,13 @@ fn explicit_placements_without_a_selector_land_on_the_current_device_or_host_mem
         let first = mm.decide(32 * MIB, &AllocOptions::new().placement(placement)).unwrap();
         let second = mm.decide(MIB, &AllocOptions::new().placement(placement)).unwrap();
         assert_eq!((first.device, first.pool), (second.device, second.pool), "{placement}");
-        match current {
+        // A current device without a host-addressable pinned pool (a GPU seen only through wgpu) leaves HostPinned
+        // to host memory.
+        let served_by_current = current.filter(|&index| {
+            let kinds = mm.devices().iter().find(|d| d.index() == index).unwrap().pool_kinds();
+            placement != Placement::HostPinned || kinds.contains(&PoolKind::HostPinned)
+        });
+        match served_by_current {
             Some(index) => {
                 assert_eq!(first.device, index, "{placement}: {}", first.reason());
                 assert!(first.reason().contains("is the current device"), "{}", first.reason());
@@ -509,6 +515,44 @@ fn explicit_placements_without_a_selector_land_on_the_current_device_or_host_mem
                 assert_eq!(first.device, host.index(), "{placement}: {}", first.reason());
                 assert!(matches!(first.pool, PoolKind::Host | PoolKind::HostPinned), "{}", first.reason());
             }
+        }
+    }
+}
+
+#[test]
+fn host_pinned_memory_is_host_addressable_wherever_it_is_served() {
+    // Every device this machine has (CI: PoCL and lavapipe), asked for pinned memory by index, by API and with no
+    // selector: a buffer the host can read in place, or an error that says why, never memory only copies reach.
+    let mm = UniversalMemoryManager::new().unwrap();
+    let mut selectors = vec![DeviceSelector::Any];
+    selectors.extend(mm.devices().iter().map(|d| DeviceSelector::Index(d.index())));
+    selectors.extend([umm::Api::Cuda, umm::Api::OpenCl, umm::Api::Wgpu].map(DeviceSelector::Api));
+    for selector in selectors {
+        let options = AllocOptions::new().placement(Placement::HostPinned).device(selector);
+        match mm.allocate_universal_with::<u32>(1 << 18, options) {
+            Ok(mut buffer) => {
+                let reason = buffer.decision().reason();
+                let slice = buffer.host_slice_mut().unwrap_or_else(|e| panic!("{selector:?}: {e} ({reason})"));
+                slice.iter_mut().enumerate().for_each(|(i, x)| *x = i as u32);
+                assert_eq!(buffer.to_vec().unwrap()[1 << 17], 1 << 17, "{selector:?}: written in place");
+            }
+            // No device there, none offering pinned memory, or (an API of a device whose pinned pool comes through
+            // another API) none through the API named.
+            Err(e) => assert!(
+                e.is_no_device() || matches!(&e, Error::InvalidConfig(m) if m.contains("offers no host_pinned pool")),
+                "{selector:?}: a refusal says why, not {e}"
+            ),
+        }
+    }
+    // A device seen only through wgpu offers no pinned pool: wgpu never lends the host an address.
+    for device in mm.devices() {
+        let apis: Vec<_> = device.api_infos().iter().map(|i| i.api).collect();
+        if apis == [umm::Api::Wgpu] {
+            assert!(!device.pool_kinds().contains(&PoolKind::HostPinned), "{}", device.name());
+            let asked =
+                AllocOptions::new().placement(Placement::HostPinned).device(DeviceSelector::Index(device.index()));
+            let err = mm.allocate_universal_with::<u32>(1024, asked).unwrap_err();
+            assert!(err.to_string().contains("host_pinned"), "{err}");
         }
     }
 }

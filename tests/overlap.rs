@@ -150,6 +150,14 @@ fn double_buffer_of_bytes_handles_lengths_that_are_not_whole_words() {
 fn double_buffer_in_pinned_memory_works_on_every_backend() {
     for (name, mm, selector) in backends() {
         let options = OverlapOptions::new().device(selector).placement(umm::Placement::HostPinned);
+        // Pinned memory only where the host can address it: not through wgpu, nor OpenCL on a discrete device.
+        let offered =
+            mm.devices().iter().any(|d| selector.matches(&d.view()) && d.pool_kinds().contains(&PoolKind::HostPinned));
+        if !offered {
+            let Err(err) = mm.double_buffer::<u64>(64, options) else { panic!("{name}: no pinned pool to serve it") };
+            assert!(err.is_no_device() && err.to_string().contains("host_pinned"), "{name}: {err}");
+            continue;
+        }
         let mut db = mm.double_buffer::<u64>(64, options).unwrap();
         for i in 0..20u64 {
             let batch: Vec<u64> = (0..i * 3).map(|j| i << 32 | j).collect();
