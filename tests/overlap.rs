@@ -340,3 +340,45 @@ fn an_empty_source_ends_at_once_and_empty_batches_come_through() {
         assert_eq!(got, vec![0, 1, 0]);
     });
 }
+
+#[test]
+fn asynchronous_writes_and_reads_round_trip_on_every_backend() {
+    for (name, mm, selector) in backends() {
+        for placement in [umm::Placement::DeviceLocal, umm::Placement::HostPinned, umm::Placement::Auto] {
+            let options = umm::AllocOptions::new().placement(placement).device(selector);
+            let Ok(mut buffer) = mm.allocate_universal_with::<u32>(100_000, options) else {
+                continue; // No such memory there (pinned memory through wgpu): placements are tested elsewhere.
+            };
+            let data: Vec<u32> = (0..100_000).map(|i| i * 3 + 1).collect();
+            mm.write_async(&mut buffer, &data).unwrap().wait().unwrap();
+            let back = mm.read_async(&buffer).unwrap().wait().unwrap();
+            assert!(back == data, "{name} {placement}: the read returns what the write put there");
+            // A shorter write changes its prefix only, and a dropped upload completes before the buffer is seen.
+            drop(mm.write_async(&mut buffer, &[7, 8, 9]).unwrap());
+            let back = mm.read_async(&buffer).unwrap().wait().unwrap();
+            assert_eq!((&back[..4], back[99_999]), (&[7, 8, 9, 10][..], data[99_999]), "{name} {placement}");
+            // Two reads in flight at once, one dropped unread.
+            let (first, second) = (mm.read_async(&buffer).unwrap(), mm.read_async(&buffer).unwrap());
+            drop(first);
+            assert!(second.wait().unwrap() == back, "{name} {placement}");
+            // Too long a write is refused before anything is queued.
+            let long = vec![0u32; 100_001];
+            let err = mm.write_async(&mut buffer, &long).unwrap_err();
+            assert!(matches!(err, Error::OutOfRange { op: "write_async", len: 100_000, .. }), "{name}: {err}");
+            assert!(buffer.to_vec().unwrap() == back, "{name} {placement}: the refused write changed nothing");
+        }
+    }
+}
+
+#[test]
+fn an_asynchronous_write_fills_a_read_only_buffer_once() {
+    for (name, mm, selector) in backends() {
+        let options = umm::AllocOptions::new().placement(umm::Placement::ReadOnly).device(selector);
+        let mut weights = mm.allocate_universal_with::<f32>(4096, options).unwrap();
+        let data: Vec<f32> = (0..4096).map(|i| i as f32 * 0.5).collect();
+        mm.write_async(&mut weights, &data).unwrap().wait().unwrap();
+        assert!(mm.read_async(&weights).unwrap().wait().unwrap() == data, "{name}");
+        let err = mm.write_async(&mut weights, &data).map(drop).unwrap_err();
+        assert!(err.is_read_only(), "{name}: a second write of sealed memory: {err}");
+    }
+}
