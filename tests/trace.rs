@@ -30,7 +30,7 @@ const GOOD: &str = "# umm-trace v1\n\
 fn check_good(trace: &Trace) {
     assert_eq!(trace.allocs, 4);
     assert_eq!(trace.frees, 2);
-    assert_eq!(trace.len(), 6);
+    assert_eq!((trace.len(), trace.is_empty()), (6, false));
     assert_eq!(trace.peak_live_bytes, 2500, "500 + 2000 after the first free");
     assert_eq!(trace.slots, 2, "slots are reused: at most two blocks are live at once");
     assert_eq!(trace.streams, 3);

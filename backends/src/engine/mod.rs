@@ -232,12 +232,6 @@ impl Engine {
         self.alignment
     }
 
-    /// `size` rounded up to the alignment; `None` on overflow. Zero stays zero. O(1).
-    #[inline]
-    pub fn round_size(&self, size: u64) -> Option<u64> {
-        size.checked_add(self.alignment - 1).map(|s| s & !(self.alignment - 1))
-    }
-
     /// The size of a block for a request of `size` bytes: rounded up to the alignment; `None` for zero and on
     /// overflow, both caught by one compare (zero minus one wraps to the largest value; an overflowed sum
     /// rounds below the request). O(1).

@@ -499,6 +499,11 @@ fn soak_matches_shadow() {
 }
 
 #[test]
+fn the_whole_fit_slack_is_the_documented_quarter() {
+    assert_eq!(WHOLE_FIT_SLACK, 0.25);
+}
+
+#[test]
 fn rejects_bad_alignment_and_zero_sizes() {
     assert!(Engine::new(0).is_none());
     assert!(Engine::new(48).is_none());
