@@ -357,6 +357,12 @@ fn asynchronous_writes_and_reads_round_trip_on_every_backend() {
             drop(mm.write_async(&mut buffer, &[7, 8, 9]).unwrap());
             let back = mm.read_async(&buffer).unwrap().wait().unwrap();
             assert_eq!((&back[..4], back[99_999]), (&[7, 8, 9, 10][..], data[99_999]), "{name} {placement}");
+            // Into a vector of the caller's, which must have the buffer's length.
+            let mut into = vec![0u32; 100_000];
+            mm.read_async(&buffer).unwrap().wait_into(&mut into).unwrap();
+            assert!(into == back, "{name} {placement}");
+            let err = mm.read_async(&buffer).unwrap().wait_into(&mut into[1..]).unwrap_err();
+            assert!(matches!(err, Error::LengthMismatch { op: "wait_into", .. }), "{name}: {err}");
             // Two reads in flight at once, one dropped unread.
             let (first, second) = (mm.read_async(&buffer).unwrap(), mm.read_async(&buffer).unwrap());
             drop(first);
@@ -374,8 +380,15 @@ fn asynchronous_writes_and_reads_round_trip_on_every_backend() {
 fn an_asynchronous_write_fills_a_read_only_buffer_once() {
     for (name, mm, selector) in backends() {
         let options = umm::AllocOptions::new().placement(umm::Placement::ReadOnly).device(selector);
-        let mut weights = mm.allocate_universal_with::<f32>(4096, options).unwrap();
+        let mut weights = mm.allocate_universal_with::<f32>(4096, options.clone()).unwrap();
         let data: Vec<f32> = (0..4096).map(|i| i as f32 * 0.5).collect();
+        // Memory that is filled only at allocation (CUDA's read-only pool) refuses a later write, as `write` does.
+        let mut twin = mm.allocate_universal_with::<f32>(4096, options).unwrap();
+        if let Err(refused) = twin.write(&data) {
+            let err = mm.write_async(&mut weights, &data).map(drop).unwrap_err();
+            assert_eq!(err.to_string(), refused.to_string(), "{name}");
+            continue;
+        }
         mm.write_async(&mut weights, &data).unwrap().wait().unwrap();
         assert!(mm.read_async(&weights).unwrap().wait().unwrap() == data, "{name}");
         let err = mm.write_async(&mut weights, &data).map(drop).unwrap_err();

@@ -54,6 +54,24 @@ enum Fetch {
 }
 
 impl<T: bytemuck::Pod> Download<'_, T> {
+    /// As [`Download::wait`], into `out` (exactly the buffer's length, [`crate::Error::LengthMismatch`]
+    /// otherwise): a loop that reads batch after batch reuses one host vector instead of faulting in a new one.
+    pub fn wait_into(mut self, out: &mut [T]) -> Result<()> {
+        self.buffer.check("wait_into", 0, out.len(), true)?;
+        let queued = !matches!(self.pending, Fetch::Done);
+        match std::mem::replace(&mut self.pending, Fetch::Done) {
+            Fetch::Done => out.copy_from_slice(&self.ready),
+            #[cfg(feature = "cuda")]
+            Fetch::Cuda(fetch) => fetch.wait_into(bytemuck::cast_slice_mut(out))?,
+            #[cfg(feature = "opencl")]
+            Fetch::OpenCl(read) => bytemuck::cast_slice_mut(out).copy_from_slice(&read.wait()?),
+        }
+        if queued {
+            self.buffer.note_host_read(self.buffer.size_bytes());
+        }
+        Ok(())
+    }
+
     /// Waits (on the host) until the read has completed and returns the buffer's elements.
     pub fn wait(mut self) -> Result<Vec<T>> {
         let queued = !matches!(self.pending, Fetch::Done);
