@@ -296,14 +296,7 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
         }
     }
 
-    /// Tells the usage tracker that the host read `bytes` of the buffer.
-    pub(crate) fn note_host_read(&self, bytes: u64) {
-        if let Some(track) = &self.track {
-            self.meta.placed.tracker.record_host_read(track, bytes);
-        }
-    }
-
-    pub(crate) fn check(&self, op: &'static str, offset: usize, given: usize, whole: bool) -> Result<()> {
+    fn check(&self, op: &'static str, offset: usize, given: usize, whole: bool) -> Result<()> {
         if whole {
             if given == self.len {
                 return Ok(());

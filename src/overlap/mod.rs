@@ -13,11 +13,9 @@
 
 mod double_buffer;
 mod prefetch;
-mod transfer;
 
 pub use double_buffer::{DoubleBuffer, Front};
 pub use prefetch::{DeviceBatch, Prefetch, PrefetchError, Prefetcher};
-pub use transfer::{Download, Upload};
 
 use crate::{AllocOptions, Result, UniversalBuffer, UniversalMemoryManager};
 use std::sync::Arc;
@@ -203,18 +201,6 @@ impl Lane {
         })
     }
 
-    /// A lane that writes at once, whatever the memory (a read-only buffer's one write seals it there).
-    fn blocking() -> Self {
-        Self {
-            pending: Pending::None,
-            #[cfg(feature = "cuda")]
-            pinned: None,
-            #[cfg(feature = "opencl")]
-            spare: Vec::new(),
-            route: Route::Blocking,
-        }
-    }
-
     /// Starts uploading `data` into the first elements of `buffer` (which holds at least as many) and returns
     /// as soon as the route allows: after staging on CUDA, after enqueueing on OpenCL and wgpu, after the copy
     /// on the host.
@@ -386,45 +372,6 @@ mod cuda {
         pub(super) fn copies_wait_for_compute(&self) -> Result<()> {
             let done = self.compute.record_event(None).map_err(|e| driver("cuEventRecord", e))?;
             self.copy.wait(&done).map_err(|e| driver("cuStreamWaitEvent", e))
-        }
-    }
-
-    /// A read of device memory in flight ([`super::Download`]): pinned staging that a copy stream fills, and
-    /// the event recorded after the copy.
-    pub(in crate::overlap) struct Fetch {
-        staging: OwnedBlock,
-        done: CudaEvent,
-        len: u64,
-        /// The copy stream, kept until the copy has passed.
-        _route: Route,
-    }
-
-    impl Fetch {
-        /// Queues copying the first `len` bytes of `block` (device memory of `buffer`) into pinned staging,
-        /// after the work queued so far on the context's default stream.
-        pub(in crate::overlap) fn start<T: bytemuck::Pod>(
-            mm: &UniversalMemoryManager,
-            buffer: &UniversalBuffer<T>,
-            block: &OwnedBlock,
-            len: u64,
-        ) -> Result<Self> {
-            let route = Route::new(mm, buffer, None)?;
-            let mut staging = OwnedBlock::allocate(Arc::clone(&route.pinned_pool), len, StreamId::default(), false)?;
-            route.copies_wait_for_compute()?;
-            umm_backends::cuda::download_block_async(block, &mut staging, len, &route.copy)?;
-            let done = route.copy.record_event(None).map_err(|e| driver("cuEventRecord", e))?;
-            buffer.record_device_use();
-            Ok(Self { staging, done, len, _route: route })
-        }
-
-        /// Waits for the copy, then reads the staging into `out` (empty: only waits).
-        pub(in crate::overlap) fn wait_into(self, out: &mut [u8]) -> Result<()> {
-            wait(&self.done)?;
-            if !out.is_empty() {
-                debug_assert_eq!(out.len() as u64, self.len);
-                self.staging.read(0, out)?;
-            }
-            Ok(())
         }
     }
 }

@@ -44,7 +44,7 @@ pub use raw::stream_ids::stream_id;
 pub use raw::{foreign_stream, ForeignDeviceMemory};
 pub use scope::ContextScope;
 pub use streams::CudaPool;
-pub use transfer::{download_block_async, upload_block_async, PinnedUploadBaseline};
+pub use transfer::{upload_block_async, PinnedUploadBaseline};
 
 use crate::{Api, DeviceInfo, DeviceKind, Discovery, Error, Pool, PoolConfig, PoolPlacement, Result};
 use cudarc::driver::{sys::CUdevice_attribute as Attr, CudaContext};

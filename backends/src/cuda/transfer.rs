@@ -68,46 +68,6 @@ pub fn upload_block_async(src: &OwnedBlock, dst: &mut OwnedBlock, len: u64, stre
     unsafe { raw::copy_htod_async_pinned(device, host, len, &live) }.map_err(|f| backend.error(f))
 }
 
-/// Queues copying the first `len` bytes of `src` (device memory of a CUDA pool) into `dst` (pinned host memory of
-/// a CUDA pool of the same context) on `stream` with `cuMemcpyAsync`, and returns at once: the download of
-/// [`upload_block_async`], with the same marks (freeing either block waits for the copy) and the same ordering
-/// duty reversed: the caller orders the copy after the kernels that write `src` (make `stream` wait for them),
-/// and reads `dst` only once an event recorded on `stream` after this call has completed.
-///
-/// Errors: as [`upload_block_async`], with the roles swapped.
-#[allow(unsafe_code)] // Discharges `raw::copy_async`'s contract.
-pub fn download_block_async(src: &OwnedBlock, dst: &mut OwnedBlock, len: u64, stream: &Arc<CudaStream>) -> Result<()> {
-    let (from, to) = (cuda_pool(src, "source")?, cuda_pool(dst, "target")?);
-    let backend = from.backend();
-    let refuse = |what: String| Err(Error::Unsupported { backend: backend.name().to_string(), what });
-    if to.backend().placement() != PoolPlacement::HostPinned {
-        return refuse(format!("an asynchronous download into {} (the target must be pinned memory)", to.name()));
-    }
-    if backend.placement() == PoolPlacement::HostPinned {
-        return refuse("an asynchronous download from pinned memory (the host reads it in place)".into());
-    }
-    if to.backend().context().cu_ctx() != backend.context().cu_ctx() {
-        return refuse(format!("a download into pinned memory of {} (another context)", to.name()));
-    }
-    src.check_range(0, len)?;
-    dst.check_range(0, len)?;
-    if len == 0 {
-        return Ok(());
-    }
-    let id = super::stream_id(stream);
-    let live = backend.live_stream(id)?;
-    from.record_stream(src.handle(), id)?;
-    to.record_stream(dst.handle(), id)?;
-    let (device, _) = super::interop::range(from.pool(), src.handle(), 0, len)?;
-    let (pinned, _) = super::interop::range(to.pool(), dst.handle(), 0, len)?;
-    backend.bind()?;
-    // SAFETY: `range` checked `len` bytes against both blocks, found live in their pools: `src` device memory of
-    // the bound context, `dst` pinned memory of it (its mapped device address). Both blocks were marked as used
-    // on `stream` (`record_stream`), so neither is reused before the stream passes the copy, and a host slice of
-    // `dst` taken later waits for the device first (`settle`).
-    unsafe { raw::copy_async(pinned, device, len, &live) }.map_err(|f| backend.error(f))
-}
-
 /// `bytes` of page-locked host memory and `bytes` of device memory allocated directly with the driver
 /// (`cuMemHostAlloc`, `cuMemAlloc`), outside any pool, and uploads between them with the call
 /// [`upload_block_async`] makes: the reference a benchmark measures pooled uploads against. Freed on drop,

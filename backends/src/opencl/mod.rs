@@ -561,27 +561,6 @@ pub fn write_owned_block_async(block: &mut OwnedBlock, offset: u64, data: Vec<u8
     write_block_async(cl, block.handle(), offset, data).map(Some)
 }
 
-/// Non-blocking read of an owned block of an OpenCL pool: enqueues copying `len` bytes at `offset` into a new
-/// host buffer (`clEnqueueReadBuffer` without blocking) and returns the transfer, which owns the bytes until the
-/// device has written them ([`PendingRead::wait`] hands them over). Memory mapped into the host gives `None`:
-/// read it in place. Errors with [`Error::Unsupported`] when the block is not OpenCL memory,
-/// [`Error::OutOfBounds`] past the block's end.
-pub fn read_owned_block_async(block: &OwnedBlock, offset: u64, len: u64) -> Result<Option<PendingRead>> {
-    let pool = block.pool();
-    let Some(cl) = pool.as_any().downcast_ref::<Pool<OpenClBackend>>() else {
-        return Err(Error::Unsupported {
-            backend: pool.name().to_string(),
-            what: "an OpenCL read of a block that is not OpenCL memory".into(),
-        });
-    };
-    block.check_range(offset, len)?;
-    let (segment, _) = live(cl, block.handle())?;
-    if segment.0.mapped.is_some() {
-        return Ok(None);
-    }
-    read_block_async(cl, block.handle(), offset, len).map(Some)
-}
-
 /// Non-blocking [`Pool::read`]: enqueues copying `len` bytes of the block at `offset` into a new host buffer.
 /// Refused for host-mapped memory (see [`device_memory`]).
 pub fn read_block_async(pool: &Pool<OpenClBackend>, block: &BlockHandle, offset: u64, len: u64) -> Result<PendingRead> {
