@@ -135,6 +135,9 @@ fn the_header_is_required_on_the_first_line() {
         ("other_version", "# umm-trace v2\n", "# umm-trace v2"),
         ("late_header", "# comment\n# umm-trace v1\n", "# comment"),
         ("empty_file", "", "an empty file"),
+        ("empty_line", "\n# umm-trace v1\n", "an empty first line"),
+        ("tabbed", "not\ta trace\n", "found `not\\ta trace`"),
+        ("bell", "not\u{7} a trace\n", "binary data"),
     ] {
         let path = temp_path(file);
         std::fs::write(&path, text).unwrap();
@@ -267,4 +270,41 @@ fn streams_sharing_free_memory_hold_one_peak_not_four() {
     assert!(apart > 2.0, "apart: reserved {apart:.3} x live");
     assert!(stats.num_pages_shared + stats.num_segments_shared > 0, "{stats:?}");
     assert_eq!(off_stats.num_pages_shared + off_stats.num_segments_shared, 0, "{off_stats:?}");
+}
+
+/// A reader that gives `text`, then fails with `kind`.
+struct FailingAfter {
+    text: std::io::Cursor<Vec<u8>>,
+    kind: std::io::ErrorKind,
+}
+
+impl std::io::Read for FailingAfter {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self.text.read(buf)? {
+            0 => Err(std::io::Error::new(self.kind, "the source failed")),
+            n => Ok(n),
+        }
+    }
+}
+
+#[test]
+fn a_failing_source_is_an_io_error_unless_gzip_data_is_corrupt() {
+    use std::io::ErrorKind;
+    let plain = |kind| FailingAfter { text: std::io::Cursor::new(b"# umm-trace v1\na 1 64 0\n".to_vec()), kind };
+    // Plain text: whatever the kind of failure, the source's own error.
+    for kind in [ErrorKind::InvalidData, ErrorKind::PermissionDenied] {
+        let err = Trace::from_reader("failing", "failing.trace", plain(kind)).unwrap_err();
+        assert!(matches!(err, TraceError::Io { .. }), "{kind:?}: {err}");
+        assert!(err.to_string().contains("the source failed"), "{err}");
+    }
+    // Gzip: a truncated stream is corrupt data; a source that fails otherwise is still an I/O error.
+    let whole = gzip(GOOD);
+    let truncated = Trace::from_reader("cut", "cut.trace.gz", &whole[..whole.len() / 2]).unwrap_err();
+    assert!(matches!(truncated, TraceError::Gzip { .. }), "{truncated}");
+    let failing = FailingAfter {
+        text: std::io::Cursor::new(whole[..whole.len() / 2].to_vec()),
+        kind: ErrorKind::PermissionDenied,
+    };
+    let err = Trace::from_reader("denied", "denied.trace.gz", failing).unwrap_err();
+    assert!(matches!(err, TraceError::Io { .. }), "{err}");
 }
