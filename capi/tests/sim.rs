@@ -162,6 +162,9 @@ fn snapshot_totals_are_the_statistics() {
     let _g = setup();
     let live: Vec<*mut c_void> = [700, 5 * MIB, 3000, 40 * MIB, 2 * MIB].iter().map(|&s| alloc(s, 1, 0)).collect();
     free(live[1], 1, 0);
+    // A stream of its own whose one block fills every page its reservation has mapped (pages of 32 MiB): no free
+    // bytes to show.
+    let whole = alloc(32 * MIB, 1, 5);
     let snapshot = json(umm_snapshot_json(1));
     let s = stats(1);
     let segments = snapshot["segments"].as_array().expect("segments");
@@ -186,7 +189,8 @@ fn snapshot_totals_are_the_statistics() {
             assert_eq!(requested.get(&(p as u64)), Some(&size), "{p:?}");
         }
     }
-    assert_eq!(requested.len(), 4);
+    assert_eq!(requested.len(), 5);
+    free(whole, 1, 5);
     assert!(umm_snapshot_json(7).is_null());
     assert!(last_error().contains("device 7"), "{}", last_error());
     for &p in live.iter().filter(|&&p| p != live[1]) {
@@ -359,4 +363,17 @@ fn a_limit_below_the_cache_releases_it() {
     assert_eq!(stats(0)["limit_bytes"], Value::Null);
     assert_eq!(umm_set_limit(9, 1 << 20), -1);
     assert!(last_error().contains("device 9"), "{}", last_error());
+}
+
+#[test]
+fn emptying_the_cache_returns_the_bytes_it_released() {
+    let _g = setup();
+    let p = alloc(64 * MIB, 0, 0);
+    free(p, 0, 0);
+    let (before, before_other) = (current(&stats(0), "reserved_bytes"), current(&stats(1), "reserved_bytes"));
+    assert!(before >= 64 << 20, "{}", stats(0));
+    let released = umm_empty_cache(0);
+    assert_eq!(released as u64, before - current(&stats(0), "reserved_bytes"), "what went back is what it says");
+    assert_eq!(current(&stats(1), "reserved_bytes"), before_other, "another device's cache stays");
+    assert_eq!(umm_empty_cache(0), 0, "nothing left to release");
 }
