@@ -308,3 +308,16 @@ fn a_failing_source_is_an_io_error_unless_gzip_data_is_corrupt() {
     let err = Trace::from_reader("denied", "denied.trace.gz", failing).unwrap_err();
     assert!(matches!(err, TraceError::Io { .. }), "{err}");
 }
+
+#[test]
+fn a_finished_writer_has_put_every_line_in_its_file() {
+    let path = temp_path("flushed.trace");
+    let mut writer = TraceWriter::create(&path).unwrap();
+    writer.alloc(1, 64, 0).unwrap();
+    writer.free(1).unwrap();
+    // The file is still open: what finish flushed is already there.
+    let file = writer.finish().unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(text, "# umm-trace v1\na 1 64 0\nf 1\n");
+    drop(file);
+}
