@@ -321,3 +321,28 @@ fn a_finished_writer_has_put_every_line_in_its_file() {
     assert_eq!(text, "# umm-trace v1\na 1 64 0\nf 1\n");
     drop(file);
 }
+
+#[test]
+fn a_closed_gzip_writer_leaves_a_whole_stream() {
+    let path = temp_path("closed.trace.gz");
+    let mut writer = TraceWriter::create(&path).unwrap();
+    writer.alloc(7, 4096, 1).unwrap();
+    writer.step().unwrap();
+    writer.close().unwrap();
+    let trace = Trace::load(&path).unwrap();
+    assert_eq!((trace.allocs, trace.frees), (1, 0));
+}
+
+#[test]
+fn closing_a_trace_on_a_full_disk_is_an_error() {
+    // Linux's /dev/full takes the open and refuses every write: the buffered lines fail when close flushes them,
+    // which dropping the writer would not report.
+    if !std::path::Path::new("/dev/full").exists() {
+        eprintln!("skipped: no /dev/full on this system");
+        return;
+    }
+    let mut writer = TraceWriter::create("/dev/full").unwrap();
+    writer.alloc(1, 64, 0).unwrap();
+    let err = writer.close().unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::StorageFull, "{err}");
+}
