@@ -241,9 +241,11 @@ impl UsageTracker {
         self.ledgers.write(id.cell(), |c| c.device_use(cap));
     }
 
-    /// Ends the buffer's lifetime now; its evidence stays in the aggregate. O(1), allocation-free.
+    /// Ends the buffer's lifetime now; its evidence stays in the aggregate. O(1), allocation-free; the clock is
+    /// read only for a buffer whose lifetime is measured.
     pub fn retire(&self, id: TrackId) {
-        self.retire_at(id, Instant::now());
+        let lifetime_ms = id.registered_at().map(|born| born.elapsed().as_secs_f64() * 1e3);
+        self.ledgers.write(id.cell(), |c| c.retire(lifetime_ms));
     }
 
     /// Ends the buffer's lifetime at `at`, a time the caller read when the buffer really went (a batch of frees
