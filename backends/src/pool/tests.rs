@@ -1045,10 +1045,32 @@ fn limits_need_a_unit_or_a_percent_sign() {
     assert!(err.contains("50%") && !err.contains("0.5B"), "{err}");
     let err = Limit::parse("1048576").unwrap_err();
     assert!(err.contains("1048576B") && err.contains('%'), "{err}");
+    // Zero has no reading to suggest: neither zero bytes nor a share of nothing is a limit.
+    for zero in ["0", "00", "0.0"] {
+        let err = Limit::parse(zero).unwrap_err();
+        assert!(err.contains("no unit") && !err.contains("write "), "{zero}: {err}");
+    }
     for bad in ["0%", "150%", "-5%", "x%", "%", "", "0B", "0GiB", "lots", "-3GiB", "2XB"] {
         let err = Limit::parse(bad).unwrap_err();
         assert!(err.contains("GiB") && err.contains('%'), "{bad:?}: names both forms: {err}");
     }
+}
+
+#[test]
+fn a_configuration_without_optional_fields_takes_their_defaults() {
+    let defaults = PoolConfig::default();
+    let mut json = serde_json::to_value(&defaults).unwrap();
+    let fields = json.as_object_mut().unwrap();
+    fields.remove("stitch");
+    fields.remove("plan_steps");
+    fields.remove("thread_cache_bytes");
+    let read: PoolConfig = serde_json::from_value(json).unwrap();
+    assert_eq!((read.stitch, read.plan_steps), (defaults.stitch, defaults.plan_steps));
+    assert_eq!(read.thread_cache_bytes, defaults.thread_cache_bytes);
+    // Off where the default is on: the field is read, not assumed.
+    let off = PoolConfig { stitch: false, plan_steps: false, ..PoolConfig::default() };
+    let read: PoolConfig = serde_json::from_value(serde_json::to_value(&off).unwrap()).unwrap();
+    assert_eq!((read.stitch, read.plan_steps), (false, false));
 }
 
 #[test]
