@@ -395,3 +395,14 @@ fn a_pool_dropped_half_asleep_unmaps_only_what_is_mapped() {
     assert!(faults.check_released().is_ok(), "{:?}", faults.check_released());
     assert!(faults.violations().is_empty(), "{:?}", faults.violations());
 }
+
+#[test]
+fn tags_of_up_to_the_longest_length_are_accepted() {
+    let longest = "t".repeat(umm_backends::pool::MAX_TAG_LEN);
+    umm_backends::pool::check_tag(&longest).expect("a tag of the longest length");
+    umm_backends::pool::check_tag("w").expect("a tag of one byte");
+    for bad in [String::new(), format!("{longest}t"), "a,b".into(), "a\nb".into()] {
+        let err = umm_backends::pool::check_tag(&bad).unwrap_err();
+        assert!(err.to_string().contains("a tag has 1 to 128 bytes"), "{bad:?}: {err}");
+    }
+}
