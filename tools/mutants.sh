@@ -7,8 +7,8 @@
 #                                   # SHARD (engine-pool only): k/n, a round-robin sample of 1 in n mutants
 #
 # Outputs land in /tmp/umm-mutants/AREA/mutants.out (caught.txt, missed.txt, ...). On a 2-core machine: decision
-# 6 min, trace 46 min, capi 20 min, engine-pool 15-75 s per mutant (2,077 mutants; shard 0/24 took 107 min beside
-# other jobs, so the default 0/48 is about 50; the whole area is a soak for a larger machine or many shards).
+# 6 min, trace 46 min, capi 20 min; engine-pool a median of 57 s per mutant over 2,077 mutants, so it runs a shard
+# (0/24 took 107 min beside other jobs; the default 0/48 about 50); the whole area is a soak for a larger machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 area=${1:-}

@@ -244,15 +244,20 @@ impl UsageTracker {
     /// Ends the buffer's lifetime now; its evidence stays in the aggregate. O(1), allocation-free; the clock is
     /// read only for a buffer whose lifetime is measured.
     pub fn retire(&self, id: TrackId) {
-        let lifetime_ms = id.registered_at().map(|born| born.elapsed().as_secs_f64() * 1e3);
-        self.ledgers.write(id.cell(), |c| c.retire(lifetime_ms));
+        self.retire_with(id, |born| born.elapsed());
     }
 
     /// Ends the buffer's lifetime at `at`, a time the caller read when the buffer really went (a batch of frees
     /// retired later, a replay of recorded events). A lifetime is `at` minus the registration time, zero when
     /// `at` comes first. O(1), allocation-free.
     pub fn retire_at(&self, id: TrackId, at: Instant) {
-        let lifetime_ms = id.registered_at().map(|born| at.saturating_duration_since(born).as_secs_f64() * 1e3);
+        self.retire_with(id, |born| at.saturating_duration_since(born));
+    }
+
+    /// Retires `id` with the lifetime `lifetime` gives from its registration time, called only when it was timed.
+    #[inline(always)]
+    fn retire_with(&self, id: TrackId, lifetime: impl FnOnce(Instant) -> Duration) {
+        let lifetime_ms = id.registered_at().map(|born| lifetime(born).as_secs_f64() * 1e3);
         self.ledgers.write(id.cell(), |c| c.retire(lifetime_ms));
     }
 
