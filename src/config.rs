@@ -224,7 +224,7 @@ impl UmmConfig {
             ),
         ] {
             if let Some(v) = lookup(var) {
-                let min_text = crate::replay::human_bytes(min);
+                let min_text = umm_placement::units::human_bytes(min);
                 let expected = format!("a size of at least {min_text} ({why}), such as 2MiB or 20MiB");
                 *field = match parse_size(&v) {
                     Ok(bytes) if bytes >= min => bytes,
@@ -271,7 +271,7 @@ impl UmmConfig {
                 v,
                 format!(
                     "a size below the medium threshold, {} ({} bytes, {})",
-                    crate::replay::human_bytes(medium_max),
+                    umm_placement::units::human_bytes(medium_max),
                     medium_max,
                     source(&medium, "UMM_MEDIUM_MAX")
                 ),
@@ -281,7 +281,7 @@ impl UmmConfig {
                 v,
                 format!(
                     "a size above the small threshold, {} ({small_max} bytes, the default)",
-                    crate::replay::human_bytes(small_max)
+                    umm_placement::units::human_bytes(small_max)
                 ),
             ),
             (None, None) => Error::Placement(umm_placement::Error::InvalidThresholds { small_max, medium_max }),
@@ -485,20 +485,12 @@ pub fn warn_unknown_env_vars() {
     });
 }
 
-pub use umm_backends::parse_size;
+pub use umm_placement::units::{parse_capacity, parse_size};
 
 /// Parses a pool limit: a size with a unit (`2GiB`, `1048576B`) or a percentage of the device's capacity
 /// (`90%`). A bare number is refused, since it could be bytes or a fraction; see [`Limit::parse`].
 pub fn parse_limit(text: &str) -> Result<Limit, String> {
     Limit::parse(text)
-}
-
-/// Parses a device capacity (`--capacity`, `--sim`): a size as [`parse_size`] reads it, above zero.
-pub fn parse_capacity(text: &str) -> Result<u64, String> {
-    match parse_size(text)? {
-        0 => Err(format!("a capacity of `{}` holds nothing: give a size above zero such as 80GiB", text.trim())),
-        bytes => Ok(bytes),
-    }
 }
 
 fn parse_bool(text: &str) -> Option<bool> {

@@ -1,11 +1,11 @@
 //! `umm devices`: one table of every discovered device, whatever the APIs it is seen through (nvidia-smi and
 //! clinfo in one), with the pools' current usage.
 
-use crate::replay::human_bytes;
 use crate::UniversalMemoryManager;
 use serde::Serialize;
 use std::fmt;
 use umm_backends::DeviceInfo;
+use umm_placement::units::human_bytes;
 use umm_placement::{Api, DeviceKind, PoolKind};
 
 /// One pool's usage in a [`DeviceRow`].

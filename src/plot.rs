@@ -9,12 +9,12 @@
 
 use crate::observe::Snapshot;
 use crate::profiler::EventKind;
-use crate::replay::human_bytes;
 use crate::trace::{Op, Trace};
 use crate::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::Path;
+use umm_placement::units::human_bytes;
 
 /// One allocation's life on a timeline.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -616,7 +616,7 @@ fn axes(svg: &mut String, timeline: &Timeline, f: &Frame) {
             c(y),
             c(x0 - 6.0),
             c(y + 4.0),
-            human_bytes_short(b)
+            umm_placement::units::short_bytes(b)
         );
         b += tick;
     }
@@ -681,20 +681,6 @@ fn nice_decimal_step(max: u64) -> u64 {
     }
 }
 
-/// `bytes` in the largest binary unit that keeps it at least 1, without needless decimals (`1.5 GiB`, `512 MiB`).
-fn human_bytes_short(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    let text = format!("{value:.2}");
-    let text = text.trim_end_matches('0').trim_end_matches('.');
-    format!("{text} {}", UNITS[unit])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -706,7 +692,7 @@ mod tests {
         assert_eq!(nice_byte_step(2100 << 10), 512 << 10);
         assert_eq!(nice_ceiling(5_762_142_352), 6 << 30);
         assert_eq!(nice_decimal_step(5081), 500);
-        assert_eq!(human_bytes_short(3 << 29), "1.5 GiB");
+        assert_eq!(umm_placement::units::short_bytes(3 << 29), "1.5 GiB");
     }
 
     #[test]

@@ -192,7 +192,7 @@ impl fmt::Display for LeakGroup {
     /// the range, `256 B to 1.00 KiB`, when they differ), then the total where there is more than one, so that
     /// a size is never read as per buffer when it is the sum.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        use crate::replay::human_bytes;
+        use umm_placement::units::human_bytes;
         write!(f, "{} × ", self.count)?;
         if self.min_bytes == self.max_bytes {
             f.write_str(&human_bytes(self.min_bytes))?;
@@ -263,7 +263,7 @@ impl fmt::Display for LeakReport {
             f,
             "{} live buffer(s), {} ({} bytes):",
             self.len(),
-            crate::replay::human_bytes(self.total_bytes),
+            umm_placement::units::human_bytes(self.total_bytes),
             self.total_bytes
         )?;
         let groups = self.by_call_site();
@@ -278,7 +278,7 @@ impl fmt::Display for LeakReport {
                 f,
                 "  and {count} more buffer(s) from {} other call sites ({} in all)",
                 rest.len(),
-                crate::replay::human_bytes(bytes)
+                umm_placement::units::human_bytes(bytes)
             )?;
         }
         Ok(())

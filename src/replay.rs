@@ -489,39 +489,11 @@ fn median(times: &mut [Duration]) -> Duration {
 
 pub use crate::config::{parse_capacity, parse_limit, parse_size};
 
-/// `bytes` in binary units with two decimals (`7.19 GiB`), or plain bytes below 1 KiB.
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut value = bytes as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.2} {}", UNITS[unit])
-}
+pub use umm_placement::units::human_bytes;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse_with_binary_and_decimal_units() {
-        assert_eq!(parse_size("1048576"), Ok(1 << 20));
-        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
-        assert_eq!(parse_size("2 gib"), Ok(2 << 30));
-        assert_eq!(parse_size("1.5GB"), Ok(1_500_000_000));
-        assert_eq!(parse_size("4KiB"), Ok(4096));
-        assert_eq!(parse_size("3MB"), Ok(3_000_000));
-        assert_eq!(parse_size("1TiB"), Ok(1 << 40));
-        assert!(parse_size("2XB").unwrap_err().contains("unknown unit"));
-        assert!(parse_size("GiB").unwrap_err().contains("does not start with a number"));
-        assert!(parse_size("1.2.3GiB").unwrap_err().contains("more than one `.`"));
-        assert!(parse_size("99999999999TiB").unwrap_err().contains("is too large"));
-    }
 
     #[test]
     fn limits_are_sizes_with_units_or_percentages() {

@@ -50,7 +50,7 @@ impl GlobalMemoryStats {
     /// ([`GlobalMemoryStats::peak_reserved_at_once`]).
     pub fn summary(&self) -> String {
         use std::fmt::Write;
-        let human = crate::replay::human_bytes;
+        let human = umm_placement::units::human_bytes;
         let header = [
             "device / pool",
             "allocated",

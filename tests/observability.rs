@@ -492,7 +492,7 @@ fn cli_devices_snapshot_and_plot() {
 #[test]
 fn a_training_trace_plot_stays_small() {
     // The same file as ../shared/traces/resnet50_train.trace.gz, committed so that this test always runs: where
-    // the test was built, else beside where it runs (a binary carried elsewhere, as `tools/gpu_suites.sh` does).
+    // the test was built, else beside where it runs (a binary carried elsewhere, as `scripts/gpu_suites.sh` does).
     let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/traces/resnet50_train.trace.gz");
     let path = if built.exists() { built } else { Path::new("examples/traces/resnet50_train.trace.gz").to_path_buf() };
     let timeline = Timeline::load(&path).unwrap();

@@ -1,6 +1,7 @@
 //! The one error type of `umm-backends`.
 
 use thiserror::Error;
+use umm_placement::units::human_bytes as human;
 
 /// Result with [`Error`] as the default error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -174,19 +175,4 @@ impl Error {
     pub fn is_device_lost(&self) -> bool {
         matches!(self, Error::DeviceLost { .. })
     }
-}
-
-/// `bytes` in binary units with two decimals (`7.19 GiB`), or plain bytes below 1 KiB: what an error says to a
-/// person; the exact count follows where it matters.
-fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let (mut value, mut unit) = (bytes as f64 / 1024.0, 0);
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.2} {}", UNITS[unit])
 }

@@ -46,9 +46,9 @@ pub use key_hash::{KeyHasher, KeyMap};
 /// The pools' lock (a release with a plain store), also behind the facade's per-thread tables.
 pub use lock::{LeanGuard, LeanMutex};
 pub use pool::{
-    parse_size, BlockSnapshot, CrossStream, Limit, Pool, PoolConfig, PoolSnapshot, SegmentMode, SegmentSnapshot,
-    SleepAction, SleepReport, StepOutcome, StepReport, Strategy, TrimReport, WakeReport, DEFAULT_PAGE_UNLIMITED,
-    MAX_STEP_EVENTS, MISSES_TO_DROP, REPEATS_TO_PLAN,
+    BlockSnapshot, CrossStream, Limit, Pool, PoolConfig, PoolSnapshot, SegmentMode, SegmentSnapshot, SleepAction,
+    SleepReport, StepOutcome, StepReport, Strategy, TrimReport, WakeReport, DEFAULT_PAGE_UNLIMITED, MAX_STEP_EVENTS,
+    MISSES_TO_DROP, REPEATS_TO_PLAN,
 };
 pub use sim::{SimBackend, SimStreamLog};
 pub use stats::{PoolStats, ReservedGroup, Stat};

@@ -23,6 +23,7 @@ use umm_backends::{
     BlockHandle, Error, Limit, Pool, PoolConfig, PoolPlacement, PoolStats, ReservedGroup, SegmentMode, SimBackend,
     Strategy, StreamId,
 };
+use umm_placement::units::human_bytes as human;
 
 /// Default of `UMM_HUGE_MIN`: 0, no huge pool.
 const DEFAULT_HUGE_MIN: u64 = 0;
@@ -177,7 +178,7 @@ fn pool_config(var: impl Fn(&str) -> Option<String>) -> Result<PoolConfig, Strin
             v.trim().parse().map_err(|_| format!("UMM_CROSS_STREAM={v:?} is not one of off, completed, wait"))?;
     }
     if let Some(v) = var("UMM_PAGE_SIZE") {
-        config.page_size = Some(match umm_backends::parse_size(&v) {
+        config.page_size = Some(match umm_placement::units::parse_size(&v) {
             Ok(page) if page.is_power_of_two() => page,
             Ok(page) => return Err(format!("UMM_PAGE_SIZE={v:?} is not a power of two of bytes (8MiB): {page} bytes")),
             Err(e) => return Err(format!("UMM_PAGE_SIZE={v:?} is not a power of two of bytes (8MiB): {e}")),
@@ -236,7 +237,7 @@ fn simulated_devices(var: impl Fn(&str) -> Option<String>) -> Option<Result<(usi
         .parse::<usize>()
         .map_err(|e| refuse(format!("count: {e}")))
         .and_then(|n| if (1..=64).contains(&n) { Ok(n) } else { Err(refuse(format!("{n} devices is not 1 to 64"))) })
-        .and_then(|n| match umm_backends::parse_size(size) {
+        .and_then(|n| match umm_placement::units::parse_size(size) {
             Ok(bytes) if bytes >= SimBackend::PAGE => Ok((n, bytes)),
             Ok(bytes) => Err(refuse(format!("{bytes} bytes is below one 2 MiB page"))),
             Err(e) => Err(refuse(e)),
@@ -508,22 +509,6 @@ fn alloc_failure(
         human(largest_free),
         human(device_free),
     )
-}
-
-/// Bytes in binary units with two decimals ("1.50 GiB").
-fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.2} {}", UNITS[unit])
-    }
 }
 
 /// Frees the block at `ptr`. `stream` is the stream of the free: when it is not the stream the block was

@@ -10,7 +10,7 @@ use crate::device::{describe_devices, Api, DeviceKind, DeviceSelector, DeviceVie
 use crate::error::{Error, Result};
 use crate::placement::{AccessPattern, Placement, PoolKind, SizeClass, Thresholds};
 use crate::recommend::Recommendations;
-use crate::text;
+use crate::units;
 
 /// What a caller asks for. Build with [`Request::new`] and the chained setters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -70,7 +70,7 @@ impl Request {
         format!(
             "{} placement of {} (access {}) on {}",
             self.placement,
-            text::bytes(self.bytes),
+            units::bytes(self.bytes),
             self.access,
             self.selector.describe()
         )
@@ -248,7 +248,7 @@ impl Decision {
                 let mut s = format!(
                     "{} buffer of {} ({}), access {}",
                     self.size_class,
-                    text::bytes(request.bytes),
+                    units::bytes(request.bytes),
                     thresholds.describe(),
                     request.access
                 );
@@ -325,7 +325,7 @@ impl Render<'_> {
             Step::TooBig(at) => format!(
                 "skipped {}: the request is above its largest single allocation ({})",
                 self.label(*at),
-                text::bytes(self.devices[*at].max_allocation)
+                units::bytes(self.devices[*at].max_allocation)
             ),
             Step::NoOffer(kind) => format!("no selected accelerator offers {}", kind.describe()),
             Step::UnderPressure(at) => format!("skipped {}: {}", self.label(*at), self.pressure_fact(*at)),
@@ -395,14 +395,14 @@ impl Render<'_> {
         if device.used_fraction() > self.pressure_threshold {
             format!(
                 "{} used is above the {} pressure threshold",
-                text::percent(device.used_fraction()),
-                text::percent(self.pressure_threshold)
+                units::percent(device.used_fraction()),
+                units::percent(self.pressure_threshold)
             )
         } else {
             format!(
                 "only {} free, less than the {} asked",
-                text::bytes(device.available_bytes()),
-                text::bytes(self.request.bytes)
+                units::bytes(device.available_bytes()),
+                units::bytes(self.request.bytes)
             )
         }
     }

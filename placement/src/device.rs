@@ -9,7 +9,7 @@ use strum::{Display, EnumIter, EnumString, IntoEnumIterator};
 
 use crate::error::Error;
 use crate::placement::PoolKind;
-use crate::text;
+use crate::units;
 
 /// The programming interface through which a device is reached.
 ///
@@ -159,18 +159,18 @@ impl DeviceView {
         if self.cached_bytes == 0 {
             return format!(
                 "{} free of {}, {} used",
-                text::bytes(self.free_bytes),
-                text::bytes(self.total_bytes),
-                text::percent(self.used_fraction())
+                units::bytes(self.free_bytes),
+                units::bytes(self.total_bytes),
+                units::percent(self.used_fraction())
             );
         }
         format!(
             "{} free to umm of {} ({} free on the device, {} unused in umm's pools), {} used",
-            text::bytes(self.available_bytes()),
-            text::bytes(self.total_bytes),
-            text::bytes(self.free_bytes),
-            text::bytes(self.cached_bytes),
-            text::percent(self.used_fraction())
+            units::bytes(self.available_bytes()),
+            units::bytes(self.total_bytes),
+            units::bytes(self.free_bytes),
+            units::bytes(self.cached_bytes),
+            units::percent(self.used_fraction())
         )
     }
 }

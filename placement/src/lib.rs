@@ -5,6 +5,7 @@
 //! - [`Decider`]: the decision table, with memory pressure, shared memory and usage evidence
 //!   ([`Request`] in, [`Decision`] out).
 //! - [`UsageTracker`]: learns from how buffers are really used and produces [`Recommendations`].
+//! - [`units`]: byte counts formatted and sizes parsed, for every crate of umm.
 //!
 //! Pure logic: no unsafe, no device crates, no pools. The facade crate discovers devices, builds the
 //! [`DeviceView`]s, calls [`Decider::decide`], and feeds the [`UsageTracker`].
@@ -38,8 +39,8 @@ mod error;
 mod ledger;
 mod placement;
 mod recommend;
-mod text;
 mod tracker;
+pub mod units;
 
 pub use decision::{Decider, Decision, DecisionConfig, Request, Spread};
 pub use device::{Api, DeviceKind, DeviceSelector, DeviceView};

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use strum::{Display, EnumIter, EnumString};
 
 use crate::error::{Error, Result};
-use crate::text;
+use crate::units;
 
 /// Where the caller wants a buffer to live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, Display, EnumString, EnumIter)]
@@ -121,8 +121,8 @@ impl SizeClass {
 
     /// The class and its bounds in words, e.g. "medium (64 KiB < size <= 16 MiB)".
     pub fn describe(self, thresholds: &Thresholds) -> String {
-        let small = text::bytes(thresholds.small_max);
-        let medium = text::bytes(thresholds.medium_max);
+        let small = units::bytes(thresholds.small_max);
+        let medium = units::bytes(thresholds.medium_max);
         match self {
             SizeClass::Small => format!("small (size <= {small})"),
             SizeClass::Medium => format!("medium ({small} < size <= {medium})"),
@@ -173,7 +173,7 @@ impl Thresholds {
 
     /// The thresholds in words: "small <= 64 KiB < medium <= 16 MiB < large".
     pub fn describe(&self) -> String {
-        format!("small <= {} < medium <= {} < large", text::bytes(self.small_max), text::bytes(self.medium_max))
+        format!("small <= {} < medium <= {} < large", units::bytes(self.small_max), units::bytes(self.medium_max))
     }
 }
 

@@ -7,7 +7,7 @@ use strum::{Display, EnumIter, EnumString, IntoEnumIterator};
 
 use crate::error::{Error, Result};
 use crate::placement::{AccessPattern, Placement, PoolKind, SizeClass, Thresholds};
-use crate::text;
+use crate::units;
 
 /// What a recommendation is about.
 ///
@@ -299,7 +299,7 @@ impl Recommendation {
         } else {
             let facts = format!(
                 "the host made {} of {accesses:.0} accesses ({host:.0} host reads and writes, {:.0} device uses) over {weight:.0} buffers",
-                text::percent(share),
+                units::percent(share),
                 tally.device_uses
             );
             let per_buffer = host / weight;
@@ -309,13 +309,13 @@ impl Recommendation {
                 let reason = format!(
                     "{what}: {facts}, at least {} and {per_buffer:.1} host accesses per buffer, so pinned host \
                      memory ({verdict} {default})",
-                    text::percent(cfg.pinned_share)
+                    units::percent(cfg.pinned_share)
                 );
                 (Placement::HostPinned, true, reason)
             } else if share <= cfg.device_share && default == Placement::HostPinned {
                 let reason = format!(
                     "{what}: {facts}, at most {}, so device-local memory (against the table's default {default})",
-                    text::percent(cfg.device_share)
+                    units::percent(cfg.device_share)
                 );
                 (Placement::DeviceLocal, true, reason)
             } else {

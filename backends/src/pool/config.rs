@@ -59,7 +59,7 @@ impl Limit {
                 Self::ACCEPTED
             ));
         }
-        let bytes = size_of(t).map_err(|problem| {
+        let bytes = umm_placement::units::read_size(t).map_err(|problem| {
             if problem.starts_with("unknown unit") {
                 format!("`{t}` is neither a size with a unit nor a percentage: expected {}", Self::ACCEPTED)
             } else {
@@ -341,70 +341,4 @@ impl PoolConfig {
         }
         Ok(())
     }
-}
-
-/// The sizes [`parse_size`] reads, in words, for error messages.
-const SIZE_ACCEPTED: &str =
-    "a size in bytes such as 1048576, 512MiB, 2GiB or 1.5GB (suffixes B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)";
-
-/// Parses a byte size: plain bytes (`1048576`), binary suffixes (`KiB`, `MiB`, `GiB`, `TiB`), decimal ones
-/// (`KB`, `MB`, `GB`, `TB`) or `B`; suffixes are case-insensitive and may follow a fraction (`1.5GB`). An error
-/// quotes the text and says what is wrong with it (no number, a sign, an exponent, an unknown unit, too large).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    size_of(text).map_err(|problem| format!("{problem}: expected {SIZE_ACCEPTED}"))
-}
-
-/// [`parse_size`] without the list of accepted forms in its error, which says only what is wrong.
-fn size_of(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    if text.is_empty() {
-        return Err("no size given".into());
-    }
-    // A sign or an exponent is named as such; read as part of the unit it would be an unknown unit `-1MiB`.
-    if text.starts_with('-') {
-        return Err(format!("`{text}` is negative"));
-    }
-    if let Some(unsigned) = text.strip_prefix('+') {
-        return Err(format!("`{text}` has a sign (write `{}`)", unsigned.trim_start()));
-    }
-    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
-    let (number, suffix) = text.split_at(split);
-    if number.is_empty() {
-        return Err(format!("`{text}` does not start with a number"));
-    }
-    let exponent = suffix.strip_prefix(['e', 'E']).map(|rest| rest.trim_start_matches(['+', '-']));
-    if exponent.is_some_and(|digits| digits.starts_with(|c: char| c.is_ascii_digit())) {
-        return Err(format!("`{text}` has an exponent, which sizes do not take"));
-    }
-    let unit: u64 = match suffix.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "kib" => 1 << 10,
-        "mib" => 1 << 20,
-        "gib" => 1 << 30,
-        "tib" => 1 << 40,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        _ => return Err(format!("unknown unit `{}` in `{text}`", suffix.trim())),
-    };
-    let too_large = || format!("`{text}` is too large: sizes must fit in 64 bits (at most 16 EiB)");
-    if let Ok(n) = number.parse::<u64>() {
-        return n.checked_mul(unit).ok_or_else(too_large);
-    }
-    let value: f64 = match number.parse() {
-        Ok(value) => value,
-        // Only digits: a number too long for u64 (f64 reads any run of digits).
-        Err(_) if !number.contains('.') => return Err(too_large()),
-        Err(_) => {
-            return Err(format!(
-                "`{text}` is not a number followed by a unit ({number:?} has more than one `.` or no digit)"
-            ))
-        }
-    };
-    let bytes = (value * unit as f64).round();
-    if bytes >= u64::MAX as f64 {
-        return Err(too_large());
-    }
-    Ok(bytes as u64)
 }

@@ -49,7 +49,7 @@ mod streams;
 mod thread_cache;
 mod trim;
 
-pub use config::{parse_size, CrossStream, Limit, PoolConfig, SegmentMode, Strategy};
+pub use config::{CrossStream, Limit, PoolConfig, SegmentMode, Strategy};
 pub use recorded::StreamPool;
 pub use sleep::{check_tag, SleepAction, SleepReport, WakeReport, MAX_TAG_LEN};
 pub use snapshot::{BlockSnapshot, PoolSnapshot, SegmentSnapshot};

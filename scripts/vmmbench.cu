@@ -1,5 +1,5 @@
 // Times the CUDA VMM calls a pool makes per page (cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease)
-// for 2, 8, 32 and 128 MiB pages. Build and run on a GPU machine: nvcc -O2 -o vmmbench tools/vmmbench.cu -lcuda
+// for 2, 8, 32 and 128 MiB pages. Build and run on a GPU machine: nvcc -O2 -o vmmbench scripts/vmmbench.cu -lcuda
 #include <cuda.h>
 #include <stdio.h>
 #include <chrono>

@@ -4,7 +4,7 @@
 # skipping). For a GPU machine without Rust: build the test binaries where Rust is, carry the folder over, run it
 # there.
 #
-#   tools/gpu_suites.sh pack [DIR]   # here: builds the workspace's tests, copies the GPU-relevant binaries and the
+#   scripts/gpu_suites.sh pack [DIR]   # here: builds the workspace's tests, copies the GPU-relevant binaries and the
 #                                    # `umm` binary into DIR (default .gpu-suites/), stripped, with this script
 #   DIR/gpu_suites.sh run            # there: runs each binary, 4 test threads, prints one line per suite and
 #                                    # its test results; logs in DIR/logs/
@@ -86,7 +86,7 @@ case $mode in
     exit $failed
     ;;
   *)
-    echo "usage: tools/gpu_suites.sh pack [DIR] | DIR/gpu_suites.sh run" >&2
+    echo "usage: scripts/gpu_suites.sh pack [DIR] | DIR/gpu_suites.sh run" >&2
     exit 2
     ;;
 esac

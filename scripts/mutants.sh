@@ -3,7 +3,7 @@
 # area is one `cargo mutants` run over its files with the test targets that cover them, on the simulated devices,
 # so no GPU is needed. Needs `cargo install cargo-mutants`.
 #
-#   tools/mutants.sh AREA [SHARD]   # AREA: decision | trace | capi | engine-pool | all
+#   scripts/mutants.sh AREA [SHARD]   # AREA: decision | trace | capi | engine-pool | all
 #                                   # SHARD (engine-pool only): k/n, a round-robin sample of 1 in n mutants
 #
 # Outputs land in /tmp/umm-mutants/AREA/mutants.out (caught.txt, missed.txt, ...). On a 2-core machine: decision

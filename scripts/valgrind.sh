@@ -3,11 +3,11 @@
 # memcheck error (invalid reads and writes, uses of uninitialised values, bad frees) or definitely lost block in
 # them. Not part of CI (.ci/run): a documented command, see docs/GUIDE.md, "Checking memory safety".
 #
-#   tools/valgrind.sh            # everything below, about 15 minutes on two cores
-#   tools/valgrind.sh backends   # one suite: backends, faults, facade, capi or c-abi
+#   scripts/valgrind.sh            # everything below, about 15 minutes on two cores
+#   scripts/valgrind.sh backends   # one suite: backends, faults, facade, capi or c-abi
 #
 # What runs, each test binary under `valgrind --error-exitcode=1 --leak-check=full
-# --errors-for-leak-kinds=definite` with tools/valgrind.supp:
+# --errors-for-leak-kinds=definite` with scripts/valgrind.supp:
 # - backends: umm-backends' unit tests without GPU features (engine, pools, thread caches, locks, host and sim
 #   backends);
 # - faults:   backends/tests/faults.rs, the sampled fault sweep and the conformance workloads on host and sim,
@@ -38,7 +38,7 @@ export UMM_BACKENDS=none
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-2}"
 
 VALGRIND=(valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite
-  --show-leak-kinds=definite --suppressions=tools/valgrind.supp --num-callers=30)
+  --show-leak-kinds=definite --suppressions=scripts/valgrind.supp --num-callers=30)
 
 # Builds the test binaries `cargo test ARGS --no-run` makes and prints their paths.
 test_binaries() {

@@ -1,6 +1,6 @@
 // What moving a page of a virtual reservation costs on CUDA, per mapping size, and whether cuMemUnmap waits for
 // work on other streams. Build and run on a GPU machine:
-//   gcc -O2 tools/vmm_moves.c -I/usr/local/cuda/include -lcuda -o vmm_moves && ./vmm_moves
+//   gcc -O2 scripts/vmm_moves.c -I/usr/local/cuda/include -lcuda -o vmm_moves && ./vmm_moves
 // Part 1: microseconds per 128 MiB range for pages of 2 to 128 MiB (median of 9): create, map, one access grant,
 // unmap, release, and a move (unmap, map, grant) of the same handles; a grant per page; an idle cuCtxSynchronize.
 // Part 2: with 40 memsets of 4 GiB queued on stream b (37 ms on an H200), times an idle stream's synchronize, cuMemUnmap of an
