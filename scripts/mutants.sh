@@ -27,8 +27,9 @@ case $area in
     run decision -p umm-placement -f placement/src/decision.rs
     ;;
   trace)
-    # The reader's suites only; without the accelerator backends, which it does not touch.
-    run trace -p umm -f src/trace.rs --no-default-features --features cli \
+    # The reader's suites only (in umm, and in umm-tools, whose oracle runs the `umm` command); without the
+    # accelerator backends, which it does not touch.
+    run trace -p umm -f src/trace.rs --test-package umm,umm-tools --no-default-features \
       -- --lib --test trace --test trace_oracle --test fuzz_inputs
     ;;
   capi)

@@ -90,7 +90,7 @@ for suite in "${SUITES[@]}"; do
       ;;
     facade)
       # Without the GPU APIs compiled in (`UMM_BACKENDS=none` would not probe them anyway): a far shorter build.
-      for bin in $(test_binaries -p umm --no-default-features --features cli --test facade --test concurrency \
+      for bin in $(test_binaries -p umm -p umm-tools --no-default-features --test facade --test concurrency \
         --test trace --test plan --test overlap --test migration --test teardown); do
         run "facade-$(basename "$bin" | sed 's/-[0-9a-f]*$//')" "$bin"
       done

@@ -147,9 +147,6 @@ pub enum Error {
     /// A malformed or unreadable trace.
     #[error(transparent)]
     Trace(#[from] crate::trace::TraceError),
-    /// A planned arena could not be made or used ([`crate::UniversalMemoryManager::planned_arena`]).
-    #[error(transparent)]
-    Arena(#[from] crate::plan::ArenaError),
     /// JSON that does not parse as what was expected (a snapshot).
     #[error("{what}: {source}")]
     Json {

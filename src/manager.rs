@@ -14,9 +14,9 @@ use parking_lot::{Mutex, RwLock};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use umm_backends::{OwnedBlock, PoolStats, StreamId};
+use umm_backends::{MemoryPool, OwnedBlock, PoolStats, StreamId};
 use umm_placement::{
-    AccessPattern, Decider, Decision, DeviceKind, DeviceSelector, DeviceView, Placement, Recommendations, Request,
+    AccessPattern, Api, Decider, Decision, DeviceKind, DeviceSelector, DeviceView, Placement, Recommendations, Request,
     SizeClass, Spread, UsageTracker,
 };
 
@@ -89,6 +89,10 @@ impl AllocOptions {
     pub fn stream(mut self, stream: StreamId) -> Self {
         self.stream = stream;
         self
+    }
+    /// The stream set with [`stream`](Self::stream).
+    pub fn stream_id(&self) -> StreamId {
+        self.stream
     }
 }
 
@@ -638,6 +642,38 @@ impl UniversalMemoryManager {
 
     fn evidence(&self) -> Option<Arc<Recommendations>> {
         self.inner.evidence.read().clone()
+    }
+
+    /// The indices of the devices that can reach device `index`'s memory as peers, as the CUDA driver reports
+    /// them (empty for a device without CUDA, or an index that names no device).
+    pub fn peers_of(&self, index: usize) -> Vec<usize> {
+        let cuda_ordinal = |d: &Device| d.api_infos().into_iter().find(|i| i.api == Api::Cuda).map(|i| i.ordinal);
+        let devices = self.devices();
+        let Some(info) = devices.get(index).and_then(|d| d.api_infos().into_iter().find(|i| i.api == Api::Cuda)) else {
+            return Vec::new();
+        };
+        let Some((_, listed)) = info.details.iter().find(|(key, _)| key == "peers") else { return Vec::new() };
+        listed
+            .split(", ")
+            .filter_map(|p| p.strip_prefix("cuda:")?.parse::<usize>().ok())
+            .filter_map(|ordinal| devices.iter().find(|d| cuda_ordinal(d) == Some(ordinal)).map(|d| d.index()))
+            .collect()
+    }
+
+    /// The pool a buffer of `bytes` with `options` would come from (placement, access pattern, selector and tag
+    /// as [`allocate_universal_with`](Self::allocate_universal_with) decides), for callers that carve their own
+    /// blocks out of it: a planned arena (`umm_tools::plan::PlannedArena`), a pool-level measurement.
+    ///
+    /// # Errors
+    /// The decision's errors (no such device, an impossible placement), and [`Error::InvalidConfig`] where the
+    /// decision is plain host memory, which no pool serves.
+    pub fn pool_for(&self, bytes: u64, options: &AllocOptions) -> Result<Arc<dyn MemoryPool>> {
+        let (placed, _, _) = self.placement(bytes, options, false)?;
+        placed.pool.clone().ok_or_else(|| {
+            Error::InvalidConfig(format!(
+                "{bytes} bytes with {options:?} go to plain host memory, which no pool serves"
+            ))
+        })
     }
 
     /// The recommended placement for small, medium and large buffers, read-only data and frequently accessed

@@ -203,8 +203,8 @@ pub fn name_of(path: &Path) -> String {
 }
 
 /// Builds a trace op by op: block IDs to dense slots, live bytes, counts. The line reader feeds it, and so do
-/// converters from other formats ([`crate::torch_snapshot`]); its errors say what is wrong, without a place.
-pub(crate) struct TraceBuilder {
+/// converters from other formats (`umm_tools::torch_snapshot`); its errors say what is wrong, without a place.
+pub struct TraceBuilder {
     trace: Trace,
     /// Live block ID → (slot, bytes).
     live: HashMap<u64, (u32, u64)>,
@@ -215,12 +215,12 @@ pub(crate) struct TraceBuilder {
 
 impl TraceBuilder {
     /// An empty trace called `name`.
-    pub(crate) fn new(name: String) -> Self {
+    pub fn new(name: String) -> Self {
         Self { trace: Trace { name, ..Trace::default() }, live: HashMap::new(), vacant: Vec::new(), live_bytes: 0 }
     }
 
     /// Allocates `bytes` (not zero) on `stream` as block `id`, which must not be live.
-    pub(crate) fn alloc(&mut self, id: u64, bytes: u64, stream: u32) -> Result<(), String> {
+    pub fn alloc(&mut self, id: u64, bytes: u64, stream: u32) -> Result<(), String> {
         if bytes == 0 {
             return Err(format!("allocation of block {id} has zero bytes"));
         }
@@ -247,7 +247,7 @@ impl TraceBuilder {
     }
 
     /// Frees block `id`, which must be live.
-    pub(crate) fn free(&mut self, id: u64) -> Result<(), String> {
+    pub fn free(&mut self, id: u64) -> Result<(), String> {
         let Some((slot, bytes)) = self.live.remove(&id) else {
             return Err(format!("free of block {id}, which is not live (never allocated or already freed)"));
         };
@@ -260,12 +260,12 @@ impl TraceBuilder {
     }
 
     /// Marks the end of a step after the ops so far.
-    pub(crate) fn step(&mut self) {
+    pub fn step(&mut self) {
         self.trace.steps.push(self.trace.ops.len());
     }
 
     /// The trace built.
-    pub(crate) fn finish(mut self) -> Trace {
+    pub fn finish(mut self) -> Trace {
         self.trace.ops.shrink_to_fit();
         self.trace
     }

@@ -71,12 +71,9 @@ fn auto_spreads_large_allocations_across_gpus_by_free_memory() {
 #[test]
 fn every_pair_of_gpus_migrates_by_peer_copy_with_contents_intact() {
     let Some((mm, gpus)) = two_gpus(SegmentMode::Plain) else { return };
-    let table = mm.device_table();
-    for line in table.to_string().lines().filter(|l| l.starts_with("peers:")) {
-        println!("{line}");
-    }
     for &g in &gpus {
-        let peers = &table.devices[g].peers;
+        let peers = mm.peers_of(g);
+        println!("GPU [{g}] peers: {peers:?}");
         assert!(peers.iter().all(|p| gpus.contains(p) && *p != g), "GPU [{g}] lists peers {peers:?}");
     }
     drop(mm);

@@ -864,15 +864,6 @@ mod tests {
         assert!(plain_only.devices[0].huge.is_none(), "no huge pool without UMM_HUGE_MIN");
     }
 
-    #[test]
-    fn sizes_read_in_binary_units() {
-        assert_eq!(human(1023), "1023 B");
-        assert_eq!(human(1024), "1.00 KiB");
-        assert_eq!(human(1536), "1.50 KiB");
-        assert_eq!(human(3 << 30), "3.00 GiB");
-        assert_eq!(human(u64::MAX), "16777216.00 TiB");
-    }
-
     /// Random values for every variable the C ABI reads: `Ok`, or an error that names the variable and quotes
     /// its value; never a panic. 10,000 cases (`UMM_FUZZ_CASES` overrides).
     #[test]

@@ -9,7 +9,7 @@
 //! that stand above a target are taken off with their neighbours in time and placed again). The result is the
 //! same on every machine, however many threads it has or however loaded it is.
 //!
-//! This module only places: it neither aligns sizes nor checks a plan. The `umm` crate's `umm::plan` builds on
+//! This module only places: it neither aligns sizes nor checks a plan. `umm_tools::plan` builds on
 //! it (lifetimes from traces, alignment, an independent check of the plan, an arena that serves a plan), and a
 //! pool can call it directly to plan offsets itself.
 //!
