@@ -9,9 +9,9 @@
 //! views ([`crate::interop`]).
 
 use crate::buffer::{BufferMeta, UniversalBuffer};
-use crate::front::Placed;
+use crate::device::Device;
+use crate::placement_cache::Placed;
 use crate::profiler::AllocEvent;
-use crate::registry::Device;
 use crate::{Error, Result, UniversalMemoryManager};
 use std::sync::Arc;
 use umm_backends::{OwnedBlock, Ownership, StreamId};

@@ -1,9 +1,9 @@
 //! [`UniversalBuffer<T>`]: a typed buffer in one pool, returned to it on drop. Its reads and writes feed the
 //! usage tracker.
 
-use crate::front::Placed;
+use crate::device::Device;
 use crate::migrate::path::MigrationPath;
-use crate::registry::Device;
+use crate::placement_cache::Placed;
 use crate::{Error, Result};
 use std::marker::PhantomData;
 use std::sync::Arc;

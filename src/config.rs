@@ -373,7 +373,8 @@ fn parse_backends(text: &str) -> Result<(bool, bool, bool), &'static str> {
 }
 
 /// Every `UMM_*` variable that umm reads: the library's (the table above), `UMM_REPLAY_DEVICE` (`umm replay`),
-/// the C API's and Python binding's (`UMM_HUGE_MIN`, `UMM_CAPI_LIB`), and those of its benches and test suites.
+/// and the C ABI's and Python package's (`UMM_HUGE_MIN`, `UMM_CAPI_LIB`, `UMM_CAPI_SIM`, `UMM_TORCH_ADAPTER`,
+/// `UMM_TORCH_CACHE`).
 pub const KNOWN_VARS: &[&str] = &[
     "UMM_LIMIT",
     "UMM_STRATEGY",
@@ -406,6 +407,14 @@ pub const KNOWN_VARS: &[&str] = &[
     "UMM_REPLAY_DEVICE",
     "UMM_HUGE_MIN",
     "UMM_CAPI_LIB",
+    "UMM_CAPI_SIM",
+    "UMM_TORCH_ADAPTER",
+    "UMM_TORCH_CACHE",
+];
+
+/// Variables of umm's own test suites and benches (`UMM_REQUIRE_BACKENDS`, cycle counts, fuzzing seeds, child
+/// processes): not settings of the library, and not listed among them, but not misspellings either.
+const TEST_VARS: &[&str] = &[
     "UMM_REQUIRE_BACKENDS",
     "UMM_TRACES",
     "UMM_CONCURRENCY_CYCLES",
@@ -416,6 +425,9 @@ pub const KNOWN_VARS: &[&str] = &[
     "UMM_CUDA_DISCOVERY_CHILD",
     "UMM_OPENCL_DISCOVERY_CHILD",
     "UMM_OPENCL_THREADS_CHILD",
+    "UMM_FUZZ_CASES",
+    "UMM_FUZZ_SEED",
+    "UMM_CAPI_TRACE_TEST_CHILD",
 ];
 
 /// A variable named like umm's (`UMM_` in any case) that umm does not read, with the known name closest to it.
@@ -437,15 +449,18 @@ impl std::fmt::Display for UnknownVar {
     }
 }
 
-/// The names among `names` that start with `UMM_` (in any case) but are not in [`KNOWN_VARS`], each with the
-/// closest known name (by edit distance, ignoring case) when it is within a third of the name's length.
+/// The names among `names` that start with `UMM_` (in any case) but are not in [`KNOWN_VARS`] (nor among the
+/// test suites' own variables), each with the closest known name (by edit distance, ignoring case) when it is
+/// within a third of the name's length.
 pub fn unknown_vars<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<UnknownVar> {
     names
         .into_iter()
         // Bytes, not `&name[..4]`: a name with a multi-byte character among its first four bytes is not a
         // char boundary there (`UMM€`).
         .filter(|name| {
-            name.as_bytes().get(..4).is_some_and(|p| p.eq_ignore_ascii_case(b"UMM_")) && !KNOWN_VARS.contains(name)
+            name.as_bytes().get(..4).is_some_and(|p| p.eq_ignore_ascii_case(b"UMM_"))
+                && !KNOWN_VARS.contains(name)
+                && !TEST_VARS.contains(name)
         })
         .map(|name| {
             let upper = name.to_ascii_uppercase();

@@ -14,7 +14,7 @@
 //!   memory and the evidence `Auto` follows. A change moves the placement epoch, so that every thread decides
 //!   afresh.
 
-use crate::registry::Device;
+use crate::device::Device;
 use umm_placement::{DeviceKind, DeviceSelector, DeviceView, Placement, PoolKind, Recommendations, Subject};
 
 /// A device's figures at the last refresh, that estimates start from.

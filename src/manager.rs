@@ -3,11 +3,11 @@
 
 use crate::buffer::{BufferMeta, UniversalBuffer};
 use crate::cleanup::{CleanupGuard, CleanupReport, DeviceCleanup};
+use crate::device::{self, Device};
 use crate::figures::{self, RefreshState, Signature};
-use crate::front::{self, Epoch, Key, Placed};
 use crate::host_info::HostInfo;
+use crate::placement_cache::{self, Epoch, Key, Placed};
 use crate::profiler::{AllocEvent, Profiler};
-use crate::registry::{self, Device};
 use crate::stats::{DeviceStats, GlobalMemoryStats, PoolStatsEntry};
 use crate::{Error, Result, UmmConfig};
 use parking_lot::{Mutex, RwLock};
@@ -20,7 +20,7 @@ use umm_placement::{
     SizeClass, Spread, UsageTracker,
 };
 
-/// Numbers managers, so that a thread's placements (see [`front`]) name the manager they belong to.
+/// Numbers managers, so that a thread's placements (see [`placement_cache`]) name the manager they belong to.
 static NEXT_MANAGER_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Options of one allocation: placement, access pattern, device selector, zeroing, label, stream.
@@ -106,7 +106,7 @@ pub(crate) struct Inner {
     pub(crate) profiler: Arc<Profiler>,
     /// The usage evidence `Auto` follows, as of the last refresh.
     evidence: RwLock<Option<Arc<Recommendations>>>,
-    /// This manager's number among managers (see [`front::Key`]).
+    /// This manager's number among managers (see [`placement_cache::Key`]).
     id: u64,
     /// Moves when a refresh finds that what decisions depend on has changed.
     epoch: Epoch,
@@ -163,7 +163,7 @@ pub struct Builder {
     config: UmmConfig,
     read_env: bool,
     /// Simulated devices whose pools a test makes ([`Builder::simulated_device_with_pools`]).
-    test_devices: Vec<registry::TestDevice>,
+    test_devices: Vec<device::TestDevice>,
 }
 
 impl Builder {
@@ -228,17 +228,12 @@ impl Builder {
         self.config.simulated_devices.push(capacity);
         self
     }
-    /// Test hook, not part of the API (hidden from the documentation, may change without notice): adds a
-    /// simulated device of `capacity` bytes whose pools `factory` makes, given each pool's name, placement and
-    /// configuration, so that a test can put a backend of its choice under the manager, typically a
-    /// [`umm_backends::fault::FaultyBackend`] whose handle it keeps to fail the k-th copy of a migration and read
-    /// the ledger of what the pool holds. The device is numbered after the [`Builder::simulated_device`]s.
-    ///
-    /// A hidden method rather than a cargo feature: a feature would have to be named on every `cargo test` that
-    /// runs these tests (or be on by default, which is the same as no feature), and cargo unifies features across
-    /// the workspace, so a test-only feature would reach the other crates' builds anyway. The method costs
-    /// nothing unless called.
-    #[doc(hidden)]
+    /// Test kit (the `testing` feature): adds a simulated device of `capacity` bytes whose pools `factory`
+    /// makes, given each pool's name, placement and configuration, so that a test can put a backend of its choice
+    /// under the manager, typically a [`umm_backends::testing::fault::FaultyBackend`] whose handle it keeps to
+    /// fail the k-th copy of a migration and read the ledger of what the pool holds. The device is numbered after
+    /// the [`Builder::simulated_device`]s.
+    #[cfg(feature = "testing")]
     pub fn simulated_device_with_pools(
         mut self,
         capacity: u64,
@@ -251,7 +246,7 @@ impl Builder {
             + Sync
             + 'static,
     ) -> Self {
-        self.test_devices.push(registry::TestDevice { capacity, factory: Arc::new(factory) });
+        self.test_devices.push(device::TestDevice { capacity, factory: Arc::new(factory) });
         self
     }
     /// Records allocation, free and segment events from the start (`UMM_PROFILE=1`); see [`crate::Profiler`].
@@ -306,7 +301,7 @@ impl Builder {
         // Every pool of the manager counts its reserved bytes in one group: the true peak of their sum.
         self.config.pool.reserved_group.get_or_insert_with(umm_backends::ReservedGroup::new);
         let host = HostInfo::discover();
-        let found = registry::discover(&self.config, &host, &self.test_devices);
+        let found = device::discover(&self.config, &host, &self.test_devices);
         let decider = Decider::new(self.config.decision)?;
         let tracker = Arc::new(UsageTracker::new(self.config.decision.thresholds)?);
         let profiler = Arc::new(Profiler::new(&self.config.profiler)?);
@@ -483,7 +478,7 @@ impl UniversalMemoryManager {
             type_name: std::any::type_name::<T>(),
         })?;
         // Decide on at least one byte so an empty buffer still reports where it would live.
-        if front::tick() {
+        if placement_cache::tick() {
             self.inner.refresh_if_due();
         }
         let (mut placed, mut cached, mut big) = self.placement(bytes, options, true)?;
@@ -579,7 +574,7 @@ impl UniversalMemoryManager {
             class: SizeClass::of(bytes.max(1), &inner.config.decision.thresholds),
         };
         let epoch = inner.epoch.now();
-        if let Some(placed) = front::lookup(&key, epoch, bytes).filter(|_| reuse) {
+        if let Some(placed) = placement_cache::lookup(&key, epoch, bytes).filter(|_| reuse) {
             return Ok((placed, true, false));
         }
         // An explicit placement without a selector goes to the current device, where there is one: no choice.
@@ -610,7 +605,8 @@ impl UniversalMemoryManager {
         let (max_bytes, budget) = {
             let views = inner.views.read();
             let view = &views[decision.device];
-            let share = if view.total_bytes == 0 { u64::MAX } else { view.free_bytes / front::CACHED_SHARE_OF_FREE };
+            let share =
+                if view.total_bytes == 0 { u64::MAX } else { view.free_bytes / placement_cache::CACHED_SHARE_OF_FREE };
             // A bigger request may not fit the device's largest single allocation: decided afresh.
             let max_bytes = if view.max_allocation == 0 { share } else { share.min(view.max_allocation) };
             let budget = if balanced {
@@ -633,7 +629,7 @@ impl UniversalMemoryManager {
         if keep {
             let mut kept = inner.placed.lock();
             kept.push(Arc::clone(&placed));
-            if let Some(replaced) = front::remember(key, epoch, max_bytes, budget, &placed) {
+            if let Some(replaced) = placement_cache::remember(key, epoch, max_bytes, budget, &placed) {
                 kept.retain(|p| !std::ptr::eq(Arc::as_ptr(p), replaced.as_ptr()));
             }
         }

@@ -14,7 +14,7 @@
 
 use std::fmt::Write as _;
 use std::time::Instant;
-use umm::backends::skip_or_fail;
+use umm::backends::testing::skip_or_fail;
 use umm::{AllocOptions, Api, Device, DeviceSelector, Placement, PoolKind, UniversalBuffer, UniversalMemoryManager};
 
 const THREADS: usize = 8;

@@ -7,7 +7,7 @@
 mod kernel_support;
 
 use kernel_support::manager_with;
-use umm::backends::skip_or_fail;
+use umm::backends::testing::skip_or_fail;
 use umm::{
     AdoptOptions, Adoptable, AllocOptions, Api, DeviceSelector, Error, Ownership, Placement, UniversalMemoryManager,
 };

@@ -4,8 +4,9 @@
 //! failing on chunk k (fault injection under a test device) and a target out of memory.
 
 use std::sync::{Arc, Mutex};
-use umm::backends::fault::{is_injected, FaultHandle, FaultKind, FaultyBackend};
-use umm::backends::{skip_or_fail, Api, HostBackend, MemoryPool, Pool};
+use umm::backends::testing::fault::{is_injected, FaultHandle, FaultKind, FaultyBackend};
+use umm::backends::testing::skip_or_fail;
+use umm::backends::{Api, HostBackend, MemoryPool, Pool};
 use umm::{
     AccessPattern, AllocOptions, DeviceSelector, Error, Limit, MigrateTo, MigrationPath, Placement, PoolKind,
     UniversalBuffer, UniversalMemoryManager,

@@ -8,7 +8,8 @@
 
 #![cfg(feature = "cuda")]
 
-use umm::backends::{skip_or_fail, Api};
+use umm::backends::testing::skip_or_fail;
+use umm::backends::Api;
 use umm::{
     Device, DeviceSelector, MigrateTo, MigrationPath, Placement, SegmentMode, UmmConfig, UniversalMemoryManager,
 };

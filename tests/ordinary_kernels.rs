@@ -20,7 +20,7 @@
 mod kernel_support;
 
 use kernel_support::manager_with;
-use umm::backends::skip_or_fail;
+use umm::backends::testing::skip_or_fail;
 use umm::{AllocOptions, Api, DeviceSelector, Placement, UniversalBuffer, UniversalMemoryManager};
 
 /// Elements per buffer: odd, so no workgroup or alignment divides it.

@@ -5,7 +5,7 @@
 
 use std::sync::mpsc;
 use std::time::Duration;
-use umm::backends::skip_or_fail;
+use umm::backends::testing::skip_or_fail;
 use umm::overlap::{OverlapOptions, PrefetchError};
 use umm::{Api, DeviceSelector, Error, Limit, PoolKind, UniversalMemoryManager};
 

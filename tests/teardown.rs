@@ -9,7 +9,7 @@
 //! simulated device with virtual memory (pages mapped into reservations); plus the host's own pool.
 
 use std::sync::{Arc, Mutex};
-use umm::backends::fault::{FaultHandle, FaultyBackend};
+use umm::backends::testing::fault::{FaultHandle, FaultyBackend};
 use umm::backends::{HostBackend, MemoryPool, Pool, PoolConfig, SimBackend};
 use umm::{AllocOptions, Device, DeviceSelector, Placement, StreamId, UniversalBuffer, UniversalMemoryManager};
 

@@ -17,7 +17,6 @@ pub mod device;
 mod device_copy;
 pub mod engine;
 pub mod error;
-pub mod fault;
 pub mod host;
 mod host_ptr;
 pub mod host_store;
@@ -29,6 +28,8 @@ pub mod plan;
 pub mod pool;
 pub mod sim;
 pub mod stats;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 /// The wgpu backend. Named `wgpu_backend`, not `wgpu`, so that `wgpu::` in this crate's paths names the wgpu
 /// crate without ambiguity.
 #[cfg(feature = "wgpu")]
@@ -68,11 +69,4 @@ pub fn backend_required(backend: &str) -> bool {
     std::env::var("UMM_REQUIRE_BACKENDS").is_ok_and(|list| {
         list.split(',').map(str::trim).any(|b| b.eq_ignore_ascii_case(backend) || b.eq_ignore_ascii_case("all"))
     })
-}
-
-/// For tests: prints why `backend` is skipped, or panics with that reason if [`backend_required`] says it must
-/// be present.
-pub fn skip_or_fail(backend: &str, reason: &str) {
-    assert!(!backend_required(backend), "{backend} is required by UMM_REQUIRE_BACKENDS but unavailable: {reason}");
-    eprintln!("skipping {backend} test: {reason}");
 }

@@ -20,8 +20,9 @@ use umm_backends::cuda::cudarc::driver::{
     CudaContext, CudaFunction, DevicePtr, DeviceSlice, LaunchConfig, PushKernelArg,
 };
 use umm_backends::cuda::{self, CudaBuffer, CudaDevice, CudaPool, CudaPoolExt};
+use umm_backends::testing::skip_or_fail;
 use umm_backends::{
-    skip_or_fail, Api, Backend, DeviceKind, Error, Limit, PoolConfig, PoolPlacement, SegmentMode, Strategy, StreamId,
+    Api, Backend, DeviceKind, Error, Limit, PoolConfig, PoolPlacement, SegmentMode, Strategy, StreamId,
 };
 
 const KERNELS: &str = r#"

@@ -8,9 +8,8 @@
 use std::sync::Arc;
 use umm_backends::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 use umm_backends::cuda::{self, CudaDevice, CudaPool};
-use umm_backends::{
-    skip_or_fail, Backend, BlockHandle, MemoryPool, PoolConfig, PoolPlacement, SegmentMode, SleepAction, StreamId,
-};
+use umm_backends::testing::skip_or_fail;
+use umm_backends::{Backend, BlockHandle, MemoryPool, PoolConfig, PoolPlacement, SegmentMode, SleepAction, StreamId};
 
 mod cycles;
 

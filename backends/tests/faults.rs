@@ -18,7 +18,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use umm_backends::fault::{is_injected, FaultHandle, FaultKind, FaultyBackend};
+use umm_backends::testing::fault::{is_injected, FaultHandle, FaultKind, FaultyBackend};
 use umm_backends::{
     BlockHandle, Error, HostBackend, Limit, MemoryPool, OwnedBlock, Pool, PoolConfig, SegmentMode, SimBackend, StreamId,
 };

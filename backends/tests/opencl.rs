@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 use umm_backends::opencl::{
     self, cl_sub_buffer, fill_block_async, read_block_async, write_block_async, OpenClBackend, OpenClDevice,
 };
+use umm_backends::testing::skip_or_fail;
 use umm_backends::{
-    skip_or_fail, Api, Backend, DeviceKind, Error, MemoryPool, OwnedBlock, Pool, PoolConfig, PoolPlacement, StreamId,
+    Api, Backend, DeviceKind, Error, MemoryPool, OwnedBlock, Pool, PoolConfig, PoolPlacement, StreamId,
 };
 
 const S0: StreamId = StreamId(0);

@@ -2,7 +2,7 @@
 //! goes back to the device, every block keeps its address, offloaded bytes come back, discarded ones do not, a
 //! sleeping pool refuses allocations and accesses, and a wake the device cannot serve changes nothing.
 
-use umm_backends::fault::{FaultHandle, FaultKind, FaultyBackend};
+use umm_backends::testing::fault::{FaultHandle, FaultKind, FaultyBackend};
 use umm_backends::{BlockHandle, Error, MemoryPool, Pool, PoolConfig, SegmentMode, SimBackend, SleepAction, StreamId};
 
 mod cycles;
@@ -311,7 +311,7 @@ fn a_copy_that_fails_during_a_sleep_leaves_the_pool_awake_with_its_bytes() {
     // The second piece's copy fails, after the first piece was copied and (on the other thread) unmapped.
     faults.fail_nth(FaultKind::Copy, faults.calls(FaultKind::Copy) + 2);
     let e = pool.sleep(SleepAction::Offload).unwrap_err();
-    assert!(umm_backends::fault::is_injected(&e), "{e}");
+    assert!(umm_backends::testing::fault::is_injected(&e), "{e}");
     assert_eq!(pool.sleeping(), None, "awake again");
     assert_eq!(pool.reserved_bytes(), reserved);
     for (block, bytes) in &blocks {

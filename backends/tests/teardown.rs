@@ -10,7 +10,7 @@
 //! (`dropping_a_pool_with_a_pending_free_waits_for_its_stream`).
 
 use std::sync::{Arc, Barrier};
-use umm_backends::fault::{FaultHandle, FaultyBackend};
+use umm_backends::testing::fault::{FaultHandle, FaultyBackend};
 use umm_backends::{BlockHandle, Pool, PoolConfig, SegmentMode, SimBackend, StreamId};
 
 const KIB: u64 = 1 << 10;

@@ -4,8 +4,9 @@
 //! adapter the tests skip, unless `UMM_REQUIRE_BACKENDS` names wgpu.
 #![cfg(feature = "wgpu")]
 
+use umm_backends::testing::skip_or_fail;
 use umm_backends::wgpu_backend::{self, discover, WgpuBackend, WgpuDevice, WgpuPoolKind};
-use umm_backends::{skip_or_fail, DeviceKind, Error, Pool, PoolConfig, PoolPlacement, Strategy, StreamId};
+use umm_backends::{DeviceKind, Error, Pool, PoolConfig, PoolPlacement, Strategy, StreamId};
 
 const S0: StreamId = StreamId(0);
 

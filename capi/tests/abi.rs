@@ -8,7 +8,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr;
 use std::sync::{Arc, Barrier, Mutex};
-use umm_backends::skip_or_fail;
+use umm_backends::testing::skip_or_fail;
 use umm_capi::*;
 
 /// Held by the tests that allocate on device 0: its statistics are process-wide, and a test that checks that

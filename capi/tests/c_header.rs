@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use umm_backends::skip_or_fail;
+use umm_backends::testing::skip_or_fail;
 
 fn shared_library_dir() -> Option<PathBuf> {
     // Integration tests run from <target>/<profile>/deps; the cdylib is built into deps and <profile>.

@@ -11,7 +11,7 @@ use std::ffi::{c_void, CStr};
 use std::io::Read;
 use std::ptr;
 use std::sync::mpsc;
-use umm_backends::skip_or_fail;
+use umm_backends::testing::skip_or_fail;
 use umm_capi::*;
 
 fn last_error() -> String {

@@ -1,6 +1,6 @@
 //! What the kernel suites share: a manager that sees one API's devices.
 
-use umm::backends::skip_or_fail;
+use umm::backends::testing::skip_or_fail;
 use umm::{Api, UniversalMemoryManager};
 
 /// A manager that sees `api`'s devices, or `None` (after a skip notice) when there are none.

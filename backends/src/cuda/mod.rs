@@ -22,14 +22,13 @@
 
 mod backend;
 mod buffer;
-mod cache;
 mod host_store;
 mod interop;
 mod marks;
 pub(crate) mod peer;
+mod pool;
 mod raw;
 mod scope;
-mod streams;
 mod transfer;
 
 /// The cudarc this crate was built with, so that callers launch kernels with the same version.
@@ -37,13 +36,12 @@ pub use cudarc;
 
 pub use backend::{CudaBackend, CudaSegment};
 pub use buffer::CudaBuffer;
-pub use cache::{allocate_batch, warm_up};
 pub use interop::{block_view, block_view_mut, BlockView, BlockViewMut, CudaPoolExt};
 pub use peer::{copy_block, enable_peer_access};
+pub use pool::CudaPool;
 pub use raw::stream_ids::stream_id;
 pub use raw::{foreign_stream, ForeignDeviceMemory};
 pub use scope::ContextScope;
-pub use streams::CudaPool;
 pub use transfer::{upload_block_async, PinnedUploadBaseline};
 
 use crate::{Api, DeviceInfo, DeviceKind, Discovery, Error, Pool, PoolConfig, PoolPlacement, Result};

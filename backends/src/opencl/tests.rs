@@ -67,7 +67,7 @@ fn uuids_format_like_cuda_and_all_zero_is_none() {
 fn bad_sub_buffer_ranges_are_errors() {
     let found = super::discover();
     if found.devices.is_empty() {
-        crate::skip_or_fail("opencl", &format!("no OpenCL device: {}", found.skipped.join("; ")));
+        crate::testing::skip_or_fail("opencl", &format!("no OpenCL device: {}", found.skipped.join("; ")));
     }
     for d in found.devices {
         let p = d.pool(crate::PoolPlacement::DeviceLocal, crate::PoolConfig::default()).unwrap();

@@ -249,6 +249,20 @@ impl<B: Backend> Pool<B> {
         Ok(blocks)
     }
 
+    /// Pre-populates the cache of `stream`: allocates `count` blocks of each `(size, count)`, then frees them all,
+    /// so later requests of those sizes on `stream` are cache hits (the segments stay until released). Sizes are
+    /// allocated largest first, so small blocks do not split the segments large ones need.
+    pub fn warm_up(&self, sizes: &[(u64, usize)], stream: StreamId) -> Result<()> {
+        let mut order: Vec<(u64, usize)> = sizes.to_vec();
+        order.sort_by_key(|&(size, _)| std::cmp::Reverse(size));
+        let flat: Vec<u64> = order.iter().flat_map(|&(size, count)| std::iter::repeat_n(size, count)).collect();
+        let blocks = self.allocate_batch(&flat, stream)?;
+        for block in &blocks {
+            self.free(block)?;
+        }
+        Ok(())
+    }
+
     /// Gives back every block of a batch that could not be completed.
     fn free_all(&self, blocks: &[BlockHandle]) {
         for block in blocks {

@@ -4,7 +4,7 @@
 //! a device call, and no page is unmapped while mapped a second time.
 
 use super::*;
-use crate::fault::{FaultHandle, FaultKind, FaultyBackend};
+use crate::testing::fault::{FaultHandle, FaultKind, FaultyBackend};
 use crate::{BlockHandle, SimBackend, StreamId};
 use std::collections::BTreeMap;
 

@@ -1,7 +1,7 @@
 //! Pool tests: limits, retry, trim, statistics, strategies and concurrency, on the sim and host backends.
 
 use super::*;
-use crate::fault::FaultyBackend;
+use crate::testing::fault::FaultyBackend;
 use crate::{BlockHandle, HostBackend, MemoryPool, SimBackend, StreamId};
 use std::sync::Arc;
 

@@ -1,6 +1,6 @@
 //! Discovery of wgpu adapters on every backend the platform has, and opening one device per adapter.
 
-use super::io::DeviceShared;
+use super::device::DeviceShared;
 use super::{WgpuBackend, WgpuPoolKind};
 use crate::adopt::Ownership;
 use crate::{

@@ -34,9 +34,9 @@
 //! thread waited for within the same bound, so a driver that never returns there becomes an error or a skipped
 //! backend instead of a hung program. [`set_watchdog`] (`UMM_WGPU_WATCHDOG`) reports calls in flight too long.
 
+mod device;
 mod discover;
 mod interop;
-mod io;
 mod segment;
 mod watch;
 
@@ -52,7 +52,7 @@ pub use wgpu;
 
 use crate::adopt::{Adoption, Ownership};
 use crate::{Api, Backend, Error, PoolPlacement, Result};
-use io::DeviceShared;
+use device::DeviceShared;
 use std::sync::Arc;
 use wgpu::BufferUsages;
 

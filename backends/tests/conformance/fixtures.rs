@@ -174,7 +174,8 @@ mod cuda {
     use super::*;
     use umm_backends::cuda::cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
     use umm_backends::cuda::{self as umm_cuda, CudaDevice, CudaPool};
-    use umm_backends::{skip_or_fail, PoolPlacement};
+    use umm_backends::testing::skip_or_fail;
+    use umm_backends::PoolPlacement;
 
     const SOURCE: &str = r#"
 extern "C" __global__ void three_x_minus_mirror(const float* x, float* y, int n) {
@@ -284,7 +285,8 @@ mod opencl {
     use opencl3::program::Program;
     use opencl3::types::cl_int;
     use umm_backends::opencl::{self as umm_opencl, cl_sub_buffer, OpenClBackend, OpenClDevice};
-    use umm_backends::{skip_or_fail, PoolPlacement};
+    use umm_backends::testing::skip_or_fail;
+    use umm_backends::PoolPlacement;
 
     const SOURCE: &str = r#"
 __kernel void three_x_minus_mirror(__global const float* x, __global float* y, int n) {
@@ -375,8 +377,9 @@ pub use self::wgpu_fixtures::*;
 #[cfg(feature = "wgpu")]
 mod wgpu_fixtures {
     use super::*;
+    use umm_backends::testing::skip_or_fail;
     use umm_backends::wgpu_backend::{self, WgpuBackend, WgpuDevice, WgpuPoolKind};
-    use umm_backends::{skip_or_fail, PoolPlacement};
+    use umm_backends::PoolPlacement;
 
     const SOURCE: &str = r#"
 // x and y may lie in one pooled buffer: WebGPU forbids read and read-write use of one buffer in a dispatch, so

@@ -4,7 +4,7 @@
 //! it keeps and whether it serves the next request.
 //!
 //! ```
-//! use umm_backends::fault::{FaultKind, FaultyBackend};
+//! use umm_backends::testing::fault::{FaultKind, FaultyBackend};
 //! use umm_backends::{Pool, PoolConfig, SegmentMode, SimBackend, StreamId};
 //!
 //! let (backend, faults) = FaultyBackend::new(SimBackend::plain("sim0", 1 << 30));

@@ -16,8 +16,8 @@
 //!   round, after an allocation too big for a remembered placement (a sixteenth of the device's free memory
 //!   or more), and after an allocation that ran out of memory; never on every allocation.
 
+use crate::device::Device;
 use crate::profiler::Profiler;
-use crate::registry::Device;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};

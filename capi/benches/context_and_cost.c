@@ -1,6 +1,6 @@
 /* On a CUDA machine: checks that umm_alloc/umm_free leave the caller's current context alone (a context of the
  * caller's own, not umm's primary one), then times cached alloc+free pairs through the C ABI. Build and run:
- *   cc -O2 -I capi/include -I capi/tests capi/gpu/context_and_cost.c -L DIR -lumm_capi -lcuda -Wl,-rpath,DIR -o ctx && ./ctx
+ *   cc -O2 -I capi/include -I capi/tests capi/benches/context_and_cost.c -L DIR -lumm_capi -lcuda -Wl,-rpath,DIR -o ctx && ./ctx
  * Exit code 0 on success. Prints ns per alloc+free pair for a few sizes. */
 #include "check.h"
 #include "umm.h"

@@ -16,13 +16,13 @@ impl StreamPool<CudaBackend> {
     /// Allocates one block per size in `sizes` on `stream` with one pass over the pending frees; on failure
     /// frees what it allocated and returns the error.
     pub fn allocate_batch(&self, sizes: &[u64], stream: StreamId) -> Result<Vec<BlockHandle>> {
-        self.allocate_with(|p| super::cache::allocate_batch(p, sizes, stream))
+        self.allocate_with(|p| p.allocate_batch(sizes, stream))
     }
 
     /// Pre-populates the cache: allocates `count` blocks of each `(size, count)` on `stream`, then frees them
     /// all, so that later requests of those sizes on that stream are cache hits.
     pub fn warm_up(&self, sizes: &[(u64, usize)], stream: StreamId) -> Result<()> {
-        self.allocate_with(|p| super::cache::warm_up(p, sizes, stream))
+        self.allocate_with(|p| p.warm_up(sizes, stream))
     }
 
     /// Device address of a live block's first byte (for pinned memory, its device-mapped address).
