@@ -163,12 +163,12 @@ impl UniversalMemoryManager {
         let (device, api, kind, block): (Arc<Device>, Api, PoolKind, OwnedBlock) = match source.source {
             Source::Vec(data) => {
                 let device = self.host_device();
-                let block = umm_backends::host::adopt_vec("host", self.inner.host.total_memory, data)?;
+                let block = umm_backends::host::adopt_vec("host", self.inner.host.total_bytes, data)?;
                 (device, Api::Host, PoolKind::Host, block)
             }
             Source::Static(data) => {
                 let device = self.host_device();
-                let block = umm_backends::host::adopt_static("host", self.inner.host.total_memory, data)?;
+                let block = umm_backends::host::adopt_static("host", self.inner.host.total_bytes, data)?;
                 (device, Api::Host, PoolKind::Host, block)
             }
             #[cfg(feature = "wgpu")]

@@ -257,7 +257,7 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
     #[cold]
     fn not_host_addressable(&self) -> Error {
         let pool = self.block.as_ref().map(|b| b.pool());
-        let why = match pool.map(|p| p.kind()) {
+        let why = match pool.map(|p| p.api()) {
             Some(umm_placement::Api::Cuda) => {
                 "device memory of a CUDA device, which the host reaches only through copies"
             }

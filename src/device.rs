@@ -7,7 +7,7 @@ use crate::UmmConfig;
 use parking_lot::Mutex;
 use std::fmt;
 use std::sync::{Arc, Weak};
-use umm_backends::{DeviceInfo, HostBackend, MemoryPool, Pool, PoolConfig, PoolPlacement, SegmentMode, SimBackend};
+use umm_backends::{DeviceInfo, HostBackend, MemoryPool, Pool, PoolConfig, SegmentMode, SimBackend};
 use umm_placement::{Api, DeviceKind, DeviceView, PoolKind};
 
 /// The pool of an adopted buffer, held weakly: it lives as long as its buffer.
@@ -26,7 +26,7 @@ pub struct Device {
     name: String,
     kind: DeviceKind,
     shares_memory_with_host: bool,
-    total_memory: u64,
+    total_bytes: u64,
     pci_bus_id: Option<String>,
     apis: Vec<ApiEntry>,
     pools: Mutex<Vec<DevicePool>>,
@@ -59,8 +59,8 @@ impl Device {
         self.shares_memory_with_host
     }
     /// Total memory in bytes.
-    pub fn total_memory(&self) -> u64 {
-        self.total_memory
+    pub fn total_bytes(&self) -> u64 {
+        self.total_bytes
     }
     /// PCI bus id (`dddd:bb:dd.f`), when any API reports it.
     pub fn pci_bus_id(&self) -> Option<&str> {
@@ -72,16 +72,16 @@ impl Device {
     }
 
     /// Free memory now: the lowest figure among the device's pools and its discovery report.
-    pub fn free_memory(&self) -> u64 {
+    pub fn free_bytes(&self) -> u64 {
         let pools = self.pools.lock();
         // Pinned pools report host memory: only device-memory pools speak for an accelerator.
         let from_pools = pools
             .iter()
             .filter(|(_, kind, _)| self.kind == DeviceKind::Host || *kind != PoolKind::HostPinned)
-            .map(|(_, _, p)| p.free_memory())
+            .map(|(_, _, p)| p.free_bytes())
             .min();
-        let from_info = self.apis.iter().filter_map(|a| a.info.free_memory).min();
-        from_pools.or(from_info).unwrap_or(self.total_memory)
+        let from_info = self.apis.iter().filter_map(|a| a.info.free_bytes).min();
+        from_pools.or(from_info).unwrap_or(self.total_bytes)
     }
 
     /// The pools created so far, with their API and kind, then the tagged pools
@@ -113,8 +113,7 @@ impl Device {
     pub fn pool_kinds(&self) -> Vec<PoolKind> {
         let mut kinds: Vec<PoolKind> = Vec::new();
         for entry in &self.apis {
-            for &p in &entry.placements {
-                let kind = pool_kind(p);
+            for &kind in &entry.placements {
                 if !kinds.contains(&kind) {
                     kinds.push(kind);
                 }
@@ -134,8 +133,8 @@ impl Device {
             kind: self.kind,
             apis: self.apis(),
             shares_memory_with_host: self.shares_memory_with_host,
-            total_bytes: self.total_memory,
-            free_bytes: self.free_memory(),
+            total_bytes: self.total_bytes,
+            free_bytes: self.free_bytes(),
             cached_bytes: 0,
             pools: self.pool_kinds(),
             max_allocation: self.apis.iter().map(|a| a.info.max_allocation).max().unwrap_or(0),
@@ -194,12 +193,8 @@ impl Device {
     }
 
     /// The API entry that offers pools of `kind` (through `api`, if named), and the placement its factory makes.
-    fn entry_for(&self, kind: PoolKind, api: Option<Api>) -> crate::Result<(&ApiEntry, PoolPlacement)> {
-        let placement = match kind {
-            PoolKind::Host | PoolKind::HostPinned => PoolPlacement::HostPinned,
-            PoolKind::DeviceLocal => PoolPlacement::DeviceLocal,
-            PoolKind::ReadOnly => PoolPlacement::ReadOnly,
-        };
+    fn entry_for(&self, kind: PoolKind, api: Option<Api>) -> crate::Result<(&ApiEntry, PoolKind)> {
+        let placement = kind.on_device();
         let entry = self
             .apis
             .iter()
@@ -253,7 +248,7 @@ impl fmt::Display for Device {
             self.name,
             self.kind,
             apis.join("+"),
-            self.total_memory as f64 / f64::from(1u32 << 30),
+            self.total_bytes as f64 / f64::from(1u32 << 30),
             if self.shares_memory_with_host && self.kind != DeviceKind::Host { "; shares host memory" } else { "" }
         )
     }
@@ -262,14 +257,6 @@ impl fmt::Display for Device {
 impl fmt::Debug for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{self}")
-    }
-}
-
-pub(crate) fn pool_kind(p: PoolPlacement) -> PoolKind {
-    match p {
-        PoolPlacement::DeviceLocal => PoolKind::DeviceLocal,
-        PoolPlacement::HostPinned => PoolKind::HostPinned,
-        PoolPlacement::ReadOnly => PoolKind::ReadOnly,
     }
 }
 
@@ -284,7 +271,7 @@ pub(crate) fn discover(config: &UmmConfig, host: &HostInfo, test_devices: &[Test
     let mut entries: Vec<ApiEntry> = Vec::new();
     let mut skipped = Vec::new();
     let host_alignment = host.preferred_alignment();
-    let host_capacity = host.total_memory;
+    let host_capacity = host.total_bytes;
     entries.push(ApiEntry {
         api: Api::Host,
         info: DeviceInfo {
@@ -293,16 +280,16 @@ pub(crate) fn discover(config: &UmmConfig, host: &HostInfo, test_devices: &[Test
             name: "host".into(),
             vendor: host.cpu_vendor.clone().unwrap_or_default(),
             kind: DeviceKind::Host,
-            total_memory: host.total_memory,
-            free_memory: Some(host.available_memory),
+            total_bytes: host.total_bytes,
+            free_bytes: Some(host.available_bytes),
             shares_memory_with_host: true,
             alignment: host_alignment,
-            max_allocation: host.total_memory,
+            max_allocation: host.total_bytes,
             pci_bus_id: None,
             uuid: None,
             details: host.cpu_brand.iter().map(|b| ("cpu".to_string(), b.clone())).collect(),
         },
-        placements: vec![PoolPlacement::HostPinned],
+        placements: vec![PoolKind::HostPinned],
         factory: Box::new(move |_, config| {
             let backend = HostBackend::new("host", host_capacity).with_alignment(host_alignment)?;
             Ok(Arc::new(Pool::new(backend, config.clone())?) as Arc<dyn MemoryPool>)
@@ -337,7 +324,7 @@ pub(crate) fn discover(config: &UmmConfig, host: &HostInfo, test_devices: &[Test
 /// Makes the pool of one placement of a test device from the pool's name, its placement and its configuration
 /// (see [`crate::Builder::simulated_device_with_pools`]).
 pub(crate) type TestPoolFactory =
-    dyn Fn(&str, PoolPlacement, &PoolConfig) -> umm_backends::Result<Arc<dyn MemoryPool>> + Send + Sync;
+    dyn Fn(&str, PoolKind, &PoolConfig) -> umm_backends::Result<Arc<dyn MemoryPool>> + Send + Sync;
 
 /// A simulated device whose pools a test makes (see [`crate::Builder::simulated_device_with_pools`]).
 #[derive(Clone)]
@@ -358,7 +345,7 @@ fn simulated_entry(
     ordinal: usize,
     capacity: u64,
     note: &str,
-    make: impl Fn(&str, PoolPlacement, &PoolConfig) -> umm_backends::Result<Arc<dyn MemoryPool>> + Send + Sync + 'static,
+    make: impl Fn(&str, PoolKind, &PoolConfig) -> umm_backends::Result<Arc<dyn MemoryPool>> + Send + Sync + 'static,
 ) -> ApiEntry {
     let name = format!("sim{ordinal}");
     ApiEntry {
@@ -369,8 +356,8 @@ fn simulated_entry(
             name: name.clone(),
             vendor: "umm".into(),
             kind: DeviceKind::Simulated,
-            total_memory: capacity,
-            free_memory: Some(capacity),
+            total_bytes: capacity,
+            free_bytes: Some(capacity),
             shares_memory_with_host: false,
             alignment: SimBackend::ALIGNMENT,
             max_allocation: capacity,
@@ -378,7 +365,7 @@ fn simulated_entry(
             uuid: None,
             details: vec![("note".into(), note.into())],
         },
-        placements: vec![PoolPlacement::DeviceLocal, PoolPlacement::ReadOnly],
+        placements: vec![PoolKind::DeviceLocal, PoolKind::ReadOnly],
         factory: Box::new(move |placement, config| make(&format!("{name}/{placement}"), placement, config)),
         handle: ApiHandle::Plain,
     }
@@ -408,7 +395,7 @@ fn merge(entries: Vec<ApiEntry>) -> Vec<Arc<Device>> {
                 name: first.name.clone(),
                 kind: first.kind,
                 shares_memory_with_host: apis.iter().any(|a| a.info.shares_memory_with_host),
-                total_memory: apis.iter().map(|a| a.info.total_memory).max().unwrap_or(0),
+                total_bytes: apis.iter().map(|a| a.info.total_bytes).max().unwrap_or(0),
                 pci_bus_id: apis.iter().find_map(|a| a.info.pci_bus_id.clone()),
                 apis,
                 pools: Mutex::new(Vec::new()),

@@ -3,18 +3,18 @@
 
 use crate::UmmConfig;
 use std::sync::Arc;
-use umm_backends::{DeviceInfo, MemoryPool, PoolConfig, PoolPlacement};
+use umm_backends::{DeviceInfo, MemoryPool, PoolConfig, PoolKind};
 use umm_placement::Api;
 
 /// Makes a pool of one placement on one device through one API.
 pub(crate) type PoolFactory =
-    Box<dyn Fn(PoolPlacement, &PoolConfig) -> umm_backends::Result<Arc<dyn MemoryPool>> + Send + Sync>;
+    Box<dyn Fn(PoolKind, &PoolConfig) -> umm_backends::Result<Arc<dyn MemoryPool>> + Send + Sync>;
 
 /// One device as one API sees it, with the means to make its pools.
 pub(crate) struct ApiEntry {
     pub(crate) api: Api,
     pub(crate) info: DeviceInfo,
-    pub(crate) placements: Vec<PoolPlacement>,
+    pub(crate) placements: Vec<PoolKind>,
     pub(crate) factory: PoolFactory,
     /// The backend's own device object, for kernels and adoption.
     #[cfg_attr(not(any(feature = "cuda", feature = "opencl", feature = "wgpu")), allow(dead_code))]
@@ -47,7 +47,7 @@ pub(crate) fn discover_all(config: &UmmConfig, entries: &mut Vec<ApiEntry>, skip
                 api: Api::Cuda,
                 handle,
                 info: device.info().clone(),
-                placements: vec![PoolPlacement::DeviceLocal, PoolPlacement::HostPinned, PoolPlacement::ReadOnly],
+                placements: vec![PoolKind::DeviceLocal, PoolKind::HostPinned, PoolKind::ReadOnly],
                 factory: Box::new(move |placement, config| {
                     Ok(device.caching_pool(placement, config.clone())? as Arc<dyn MemoryPool>)
                 }),
@@ -64,9 +64,9 @@ pub(crate) fn discover_all(config: &UmmConfig, entries: &mut Vec<ApiEntry>, skip
             // a discrete device it is reached through copies, which would break HostPinned's promise that the
             // host reads in place. There the device offers no pinned pool through OpenCL.
             let placements = if device.info().shares_memory_with_host {
-                vec![PoolPlacement::DeviceLocal, PoolPlacement::HostPinned, PoolPlacement::ReadOnly]
+                vec![PoolKind::DeviceLocal, PoolKind::HostPinned, PoolKind::ReadOnly]
             } else {
-                vec![PoolPlacement::DeviceLocal, PoolPlacement::ReadOnly]
+                vec![PoolKind::DeviceLocal, PoolKind::ReadOnly]
             };
             entries.push(ApiEntry {
                 api: Api::OpenCl,
@@ -93,7 +93,7 @@ pub(crate) fn discover_all(config: &UmmConfig, entries: &mut Vec<ApiEntry>, skip
                 // No pinned pool: a wgpu buffer is mapped only for a copy and never lends the host an address, so
                 // it would break HostPinned's promise that the host reads in place. HostPinned on a GPU seen only
                 // through wgpu is the host's pinned memory, or an error where a selector keeps it off the host.
-                placements: vec![PoolPlacement::DeviceLocal, PoolPlacement::ReadOnly],
+                placements: vec![PoolKind::DeviceLocal, PoolKind::ReadOnly],
                 factory: Box::new(move |placement, config| {
                     Ok(Arc::new(device.pool(placement, config.clone())?) as Arc<dyn MemoryPool>)
                 }),

@@ -6,9 +6,9 @@ use serde::Serialize;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HostInfo {
     /// Total physical memory in bytes.
-    pub total_memory: u64,
+    pub total_bytes: u64,
     /// Memory available to new allocations, in bytes, when discovered.
-    pub available_memory: u64,
+    pub available_bytes: u64,
     /// Logical processors.
     pub logical_cpus: usize,
     /// Processor vendor ("GenuineIntel", "AuthenticAMD"), when the CPU reports it.
@@ -25,10 +25,10 @@ impl HostInfo {
     /// Reads the host now. Never fails: unknown facts are `None` or conservative defaults.
     pub fn discover() -> Self {
         // Unknown (zero) memory on a platform sysinfo cannot read, rather than a failed discovery.
-        let (total_memory, available_memory) = umm_backends::host_memory().unwrap_or((0, 0));
+        let (total_bytes, available_bytes) = umm_backends::host_memory().unwrap_or((0, 0));
         let logical_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let (cpu_vendor, cpu_brand, cache_line_bytes, simd) = cpu_identity();
-        Self { total_memory, available_memory, logical_cpus, cpu_vendor, cpu_brand, cache_line_bytes, simd }
+        Self { total_bytes, available_bytes, logical_cpus, cpu_vendor, cpu_brand, cache_line_bytes, simd }
     }
 
     /// The alignment host blocks should honour: the cache line, and 64 bytes for AVX-512 loads at least.

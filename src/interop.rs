@@ -29,7 +29,7 @@ use umm_placement::Api;
 impl<T: bytemuck::Pod> UniversalBuffer<T> {
     /// The API whose memory holds the buffer (`None` for an empty buffer).
     pub fn api(&self) -> Option<Api> {
-        self.block.as_ref().map(|b| b.pool().kind())
+        self.block.as_ref().map(|b| b.pool().api())
     }
 
     /// The buffer's block, checked to be memory of `wanted`.
@@ -38,7 +38,7 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
         let Some(block) = &self.block else {
             return Err(Error::EmptyBuffer { op, label: self.meta.owned_label() });
         };
-        let found = block.pool().kind();
+        let found = block.pool().api();
         if found != wanted {
             return Err(Error::WrongApi { op, wanted, found, label: self.meta.owned_label() });
         }

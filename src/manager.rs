@@ -239,7 +239,7 @@ impl Builder {
         capacity: u64,
         factory: impl Fn(
                 &str,
-                umm_backends::PoolPlacement,
+                umm_backends::PoolKind,
                 &umm_backends::PoolConfig,
             ) -> umm_backends::Result<Arc<dyn umm_backends::MemoryPool>>
             + Send

@@ -71,18 +71,18 @@ fn a_buffer_like_the_last_asks_no_device_and_takes_nothing_from_the_heap() {
         for _ in 0..64 {
             drop(mm.allocate_universal_with::<f32>(1024, options.clone()).unwrap());
         }
-        let queries = SimBackend::free_memory_queries();
+        let queries = SimBackend::free_bytes_queries();
         let heap = HEAP_ALLOCATIONS.load(Ordering::Relaxed);
         const N: u64 = 10_000;
         for _ in 0..N {
             let buffer = mm.allocate_universal_with::<f32>(1024, options.clone()).unwrap();
             assert_eq!(buffer.len(), 1024);
         }
-        assert_eq!(SimBackend::free_memory_queries() - queries, 0, "{options:?}: device queries in {N} buffers");
+        assert_eq!(SimBackend::free_bytes_queries() - queries, 0, "{options:?}: device queries in {N} buffers");
         assert_eq!(HEAP_ALLOCATIONS.load(Ordering::Relaxed) - heap, 0, "{options:?}: heap allocations in {N} buffers");
     }
     // A cleanup round refreshes the figures: the device is asked again.
-    let queries = SimBackend::free_memory_queries();
+    let queries = SimBackend::free_bytes_queries();
     mm.cleanup();
-    assert!(SimBackend::free_memory_queries() > queries);
+    assert!(SimBackend::free_bytes_queries() > queries);
 }

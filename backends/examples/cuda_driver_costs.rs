@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 use umm_backends::cuda::{self, CudaDevice};
-use umm_backends::{Pool, PoolConfig, PoolPlacement, SegmentMode, Strategy, StreamId};
+use umm_backends::{Pool, PoolConfig, PoolKind, SegmentMode, Strategy, StreamId};
 
 const MIB: u64 = 1 << 20;
 const S0: StreamId = StreamId(0);
@@ -75,7 +75,7 @@ fn main() {
 }
 
 fn pool(dev: &CudaDevice, config: PoolConfig) -> Pool<umm_backends::cuda::CudaBackend> {
-    dev.pool(PoolPlacement::DeviceLocal, config).expect("pool")
+    dev.pool(PoolKind::DeviceLocal, config).expect("pool")
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -57,7 +57,7 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
     fn name(&self) -> &str;
 
     /// What kind of memory this is.
-    fn kind(&self) -> Api;
+    fn api(&self) -> Api;
 
     /// Alignment (bytes, a power of two) every block start must honour: CUDA 256, OpenCL the device's base address
     /// alignment, wgpu the storage-buffer offset alignment, host 64 or more.
@@ -76,7 +76,7 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
     fn capacity(&self) -> u64;
 
     /// Free memory the device reports now, in bytes.
-    fn free_memory(&self) -> u64;
+    fn free_bytes(&self) -> u64;
 
     /// Creates a segment of exactly `size` bytes (already rounded to the granularity).
     fn create_segment(&self, size: u64) -> Result<Self::Segment>;

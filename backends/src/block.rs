@@ -102,13 +102,13 @@ pub trait MemoryPool: sealed::Sealed + Send + Sync + 'static {
     /// Pool name (device and placement).
     fn name(&self) -> &str;
     /// Kind of memory.
-    fn kind(&self) -> Api;
+    fn api(&self) -> Api;
     /// Block alignment in bytes.
     fn alignment(&self) -> u64;
     /// Device capacity in bytes.
     fn capacity(&self) -> u64;
     /// Device free memory in bytes, as the device reports it.
-    fn free_memory(&self) -> u64;
+    fn free_bytes(&self) -> u64;
     /// See [`Pool::allocate`].
     fn allocate(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle>;
     /// See [`Pool::allocate_zeroed`].
@@ -191,8 +191,8 @@ impl MemoryPool for PoolLease {
     fn name(&self) -> &str {
         self.0.name()
     }
-    fn kind(&self) -> Api {
-        self.0.kind()
+    fn api(&self) -> Api {
+        self.0.api()
     }
     fn alignment(&self) -> u64 {
         self.0.alignment()
@@ -200,8 +200,8 @@ impl MemoryPool for PoolLease {
     fn capacity(&self) -> u64 {
         self.0.capacity()
     }
-    fn free_memory(&self) -> u64 {
-        self.0.free_memory()
+    fn free_bytes(&self) -> u64 {
+        self.0.free_bytes()
     }
     fn allocate(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
         self.0.allocate(bytes, stream)
@@ -280,8 +280,8 @@ impl<B: Backend> MemoryPool for Pool<B> {
     fn name(&self) -> &str {
         self.backend().name()
     }
-    fn kind(&self) -> Api {
-        self.backend().kind()
+    fn api(&self) -> Api {
+        self.backend().api()
     }
     fn alignment(&self) -> u64 {
         self.backend().alignment()
@@ -289,8 +289,8 @@ impl<B: Backend> MemoryPool for Pool<B> {
     fn capacity(&self) -> u64 {
         self.backend().capacity()
     }
-    fn free_memory(&self) -> u64 {
-        self.backend().free_memory()
+    fn free_bytes(&self) -> u64 {
+        self.backend().free_bytes()
     }
     fn allocate(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
         Pool::allocate(self, bytes, stream)

@@ -4,23 +4,6 @@
 use serde::Serialize;
 use umm_placement::{Api, DeviceKind};
 
-/// The kind of pool a device's API makes for a placement.
-///
-/// The pools a backend can make, which is one fewer than where a placement decision can land
-/// ([`umm_placement::PoolKind`] adds pageable host memory, which no device API makes: it is the host backend's).
-/// Spelled as `PoolKind` spells the same pools (`device_local`, `host_pinned`, `read_only`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, strum::Display, strum::EnumIter)]
-#[strum(serialize_all = "snake_case")]
-#[serde(rename_all = "snake_case")]
-pub enum PoolPlacement {
-    /// Device memory, read-write.
-    DeviceLocal,
-    /// Host memory the device can reach (page-locked, mapped, or mappable buffers).
-    HostPinned,
-    /// Device memory filled once at allocation and read-only afterwards.
-    ReadOnly,
-}
-
 /// One device as one API sees it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DeviceInfo {
@@ -35,9 +18,9 @@ pub struct DeviceInfo {
     /// What sort of device it is.
     pub kind: DeviceKind,
     /// Total memory in bytes.
-    pub total_memory: u64,
+    pub total_bytes: u64,
     /// Free memory in bytes when discovered (None when the API cannot tell).
-    pub free_memory: Option<u64>,
+    pub free_bytes: Option<u64>,
     /// Whether device memory is host memory (integrated GPUs, CPU devices).
     pub shares_memory_with_host: bool,
     /// Block alignment the pools use, in bytes.

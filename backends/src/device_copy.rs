@@ -55,9 +55,9 @@ fn downcast<P: 'static>(block: &OwnedBlock) -> Option<&P> {
 #[cfg(feature = "cuda")]
 fn cuda(src: &OwnedBlock, dst: &mut OwnedBlock, len: u64) -> Result<Option<DevicePath>> {
     use crate::cuda::CudaPool;
-    use crate::PoolPlacement;
+    use crate::PoolKind;
     let (Some(from), Some(to)) = (downcast::<CudaPool>(src), downcast::<CudaPool>(dst)) else { return Ok(None) };
-    if to.backend().placement() == PoolPlacement::ReadOnly {
+    if to.backend().placement() == PoolKind::ReadOnly {
         return Ok(None);
     }
     crate::cuda::peer::copy_owned_or_device(from.pool(), src.handle(), to.pool(), dst.handle(), len)?;
@@ -86,7 +86,7 @@ fn wgpu(src: &OwnedBlock, dst: &mut OwnedBlock, len: u64) -> Result<Option<Devic
         return Ok(None);
     };
     let (a, b) = (from.backend(), to.backend());
-    // COPY_SRC on the source, COPY_DST on a target that is not read-only (see WgpuPoolKind::usages; adopted
+    // COPY_SRC on the source, COPY_DST on a target that is not read-only (see WgpuUsage::usages; adopted
     // buffers have their own usages).
     let copy_src = a.usage().contains(BufferUsages::COPY_SRC);
     let copy_dst = b.usage().contains(BufferUsages::COPY_DST) && !b.is_read_only();

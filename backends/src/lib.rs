@@ -38,7 +38,7 @@ pub mod wgpu_backend;
 pub use adopt::Ownership;
 pub use backend::{Backend, HostPtr, PoolAccess, StreamMark, VirtualMemory};
 pub use block::{BlockHandle, BlockInfo, MemoryPool, OwnedBlock, PoolLease};
-pub use device::{DeviceInfo, Discovery, PoolPlacement};
+pub use device::{DeviceInfo, Discovery};
 pub use device_copy::DevicePath;
 pub use error::{Error, Result};
 pub use host::{host_memory, HostBackend};
@@ -55,7 +55,7 @@ pub use sim::{SimBackend, SimStreamLog};
 pub use stats::{PoolStats, ReservedGroup, Stat};
 /// The vocabulary shared with the placement crate: which API a pool or device is reached through, and what sort
 /// of device it is.
-pub use umm_placement::{Api, DeviceKind};
+pub use umm_placement::{Api, DeviceKind, PoolKind};
 
 /// Identifies a stream (CUDA stream, OpenCL queue, wgpu queue) that blocks are allocated and freed on.
 /// `StreamId(0)` is the default stream. Blocks freed on a stream are reused at once on that stream only.

@@ -21,9 +21,7 @@ use umm_backends::cuda::cudarc::driver::{
 };
 use umm_backends::cuda::{self, CudaBuffer, CudaDevice, CudaPool, CudaPoolExt};
 use umm_backends::testing::skip_or_fail;
-use umm_backends::{
-    Api, Backend, DeviceKind, Error, Limit, PoolConfig, PoolPlacement, SegmentMode, Strategy, StreamId,
-};
+use umm_backends::{Api, Backend, DeviceKind, Error, Limit, PoolConfig, PoolKind, SegmentMode, Strategy, StreamId};
 
 const KERNELS: &str = r#"
 // Waits until the host sets *flag (pinned host memory, read through its device-mapped address), then writes
@@ -128,7 +126,7 @@ struct HostFlag {
 
 impl HostFlag {
     fn new(dev: &CudaDevice) -> Self {
-        let pool = dev.caching_pool(PoolPlacement::HostPinned, PoolConfig::default()).unwrap();
+        let pool = dev.caching_pool(PoolKind::HostPinned, PoolConfig::default()).unwrap();
         let block = pool.allocate(256, StreamId(0)).unwrap();
         let host = pool.pool().host_ptr(&block).expect("pinned memory has a host address").as_ptr() as usize;
         let device = pool.device_ptr(&block).unwrap();
@@ -222,8 +220,8 @@ fn discovery_reports_device_facts() {
     let info = dev.info();
     println!("{info:#?}");
     assert_eq!(info.api, Api::Cuda);
-    assert!(!info.name.is_empty() && info.total_memory > 0);
-    assert!(info.free_memory.is_some_and(|f| f > 0 && f <= info.total_memory));
+    assert!(!info.name.is_empty() && info.total_bytes > 0);
+    assert!(info.free_bytes.is_some_and(|f| f > 0 && f <= info.total_bytes));
     assert_eq!(info.alignment, 256);
     let pci = info.pci_bus_id.as_deref().expect("PCI bus id");
     let ok = pci.len() == 12
@@ -245,7 +243,7 @@ fn synchronize_pending_returns_a_block_recorded_on_another_stream() {
     let Some(dev) = gpu() else { return };
     let ctx = dev.context().clone();
     let (s1, s2) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
-    let pool = dev.caching_pool(PoolPlacement::DeviceLocal, PoolConfig::default()).unwrap();
+    let pool = dev.caching_pool(PoolKind::DeviceLocal, PoolConfig::default()).unwrap();
     let b = CudaBuffer::allocate(&pool, 4096, cuda::stream_id(&s1)).unwrap();
     b.record_stream(cuda::stream_id(&s2)).unwrap();
     drop(b);
@@ -264,7 +262,7 @@ fn record_stream_defers_reuse_while_the_other_stream_waits_for_a_host_flag() {
     let (s1, s2) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
     let id1 = cuda::stream_id(&s1);
     let flag = HostFlag::new(&dev);
-    let pool = dev.caching_pool(PoolPlacement::DeviceLocal, PoolConfig::default()).unwrap();
+    let pool = dev.caching_pool(PoolKind::DeviceLocal, PoolConfig::default()).unwrap();
     let mut buf = CudaBuffer::allocate(&pool, 1 << 20, id1).unwrap();
     let original = buf.device_ptr();
     {
@@ -312,7 +310,7 @@ fn dropping_a_pool_with_a_pending_free_waits_for_its_stream() {
             continue;
         }
         flag.atomic().store(0, Ordering::SeqCst);
-        let pool = dev.caching_pool(PoolPlacement::DeviceLocal, config(mode)).unwrap();
+        let pool = dev.caching_pool(PoolKind::DeviceLocal, config(mode)).unwrap();
         let live = pool.allocate(3 << 20, id1).unwrap();
         let pending = pool.allocate(8 << 20, id1).unwrap();
         pool.record_stream(&pending, cuda::stream_id(&s2)).unwrap();
@@ -347,8 +345,8 @@ fn pinned_memory_is_a_host_slice_and_usable_by_kernels() {
     let Some(k) = kernels(&ctx) else { return };
     let stream = ctx.new_stream().unwrap();
     let s = cuda::stream_id(&stream);
-    let pinned = dev.caching_pool(PoolPlacement::HostPinned, PoolConfig::default()).unwrap();
-    let device = dev.caching_pool(PoolPlacement::DeviceLocal, PoolConfig::default()).unwrap();
+    let pinned = dev.caching_pool(PoolKind::HostPinned, PoolConfig::default()).unwrap();
+    let device = dev.caching_pool(PoolKind::DeviceLocal, PoolConfig::default()).unwrap();
     let n = 100_003usize;
     let data: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
     let mut host = CudaBuffer::allocate(&pinned, n as u64 * 4, s).unwrap();
@@ -434,8 +432,7 @@ fn pinned_memory_is_a_host_slice_and_usable_by_kernels() {
 #[test]
 fn read_only_memory_is_filled_once_and_refuses_writes() {
     let Some(dev) = gpu() else { return };
-    let ro =
-        dev.caching_pool(PoolPlacement::ReadOnly, PoolConfig { zero_on_alloc: true, ..PoolConfig::default() }).unwrap();
+    let ro = dev.caching_pool(PoolKind::ReadOnly, PoolConfig { zero_on_alloc: true, ..PoolConfig::default() }).unwrap();
     let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
     let mut buf = CudaBuffer::from_bytes(&ro, &data, StreamId(0)).unwrap();
     assert!(buf.is_read_only());
@@ -469,10 +466,10 @@ fn read_only_memory_is_filled_once_and_refuses_writes() {
 fn device_exhaustion_releases_the_cache_and_reports_the_driver() {
     let Some(dev) = gpu() else { return };
     const MIB: u64 = 1 << 20;
-    let pool = dev.pool(PoolPlacement::DeviceLocal, config(SegmentMode::Plain)).unwrap();
+    let pool = dev.pool(PoolKind::DeviceLocal, config(SegmentMode::Plain)).unwrap();
     let keep = pool.allocate(256 * MIB, StreamId(0)).unwrap();
     pool.free(&keep).unwrap();
-    let total = dev.info().total_memory;
+    let total = dev.info().total_bytes;
     match pool.allocate(total, StreamId(0)) {
         Err(Error::OutOfMemory { requested, free, limit, .. }) => {
             assert!(requested >= total && free < total);
@@ -502,7 +499,7 @@ fn unmapping_pages_waits_for_their_stream_and_no_other() {
     let (s1, s2) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
     let id1 = cuda::stream_id(&s1);
     let config = PoolConfig { page_size: Some(2 * MIB), mapped_slack: None, ..config(SegmentMode::Virtual) };
-    let pool = dev.caching_pool(PoolPlacement::DeviceLocal, config).unwrap();
+    let pool = dev.caching_pool(PoolKind::DeviceLocal, config).unwrap();
     // `keep` stays live, so the reservation never empties: an empty one is destroyed, which waits for the device.
     let keep = pool.allocate(8 * MIB, id1).unwrap();
     let trim = |what: &str| {
@@ -557,7 +554,7 @@ fn trims_move_free_pages_to_new_blocks_and_leave_live_data_alone() {
     const MIB: u64 = 1 << 20;
     // Without a limit and a page size, 32 MiB pages; under a limit, the device's own 2 MiB.
     let page_of = |config: PoolConfig| {
-        let pool = dev.pool(PoolPlacement::DeviceLocal, config).unwrap();
+        let pool = dev.pool(PoolKind::DeviceLocal, config).unwrap();
         pool.backend().virtual_memory().expect("virtual memory").page_size
     };
     assert_eq!(page_of(config(SegmentMode::Virtual)), umm_backends::DEFAULT_PAGE_UNLIMITED);
@@ -567,7 +564,7 @@ fn trims_move_free_pages_to_new_blocks_and_leave_live_data_alone() {
         // No slack: any mapping above the live set first unmaps free pages (which the backend then maps again);
         // with stitching, the free pages are mapped a second time instead, where they lie.
         let config = PoolConfig { mapped_slack: Some(0.0), page_size, stitch, ..config(SegmentMode::Virtual) };
-        let pool = dev.pool(PoolPlacement::DeviceLocal, config).unwrap();
+        let pool = dev.pool(PoolKind::DeviceLocal, config).unwrap();
         let page = pool.backend().virtual_memory().expect("virtual memory").page_size;
         assert_eq!(Some(page), page_size);
         let s = StreamId(0);
@@ -606,7 +603,7 @@ fn trims_move_free_pages_to_new_blocks_and_leave_live_data_alone() {
 #[test]
 fn warm_up_and_batch_allocation_serve_from_cache() {
     let Some(dev) = gpu() else { return };
-    let pool = dev.caching_pool(PoolPlacement::DeviceLocal, PoolConfig::default()).unwrap();
+    let pool = dev.caching_pool(PoolKind::DeviceLocal, PoolConfig::default()).unwrap();
     let s = StreamId(0);
     const MIB: u64 = 1 << 20;
     pool.warm_up(&[(MIB, 4), (8 * MIB, 2), (40 * MIB, 1)], s).unwrap();
@@ -630,8 +627,8 @@ fn warm_up_and_batch_allocation_serve_from_cache() {
 #[test]
 fn copies_between_host_and_device_and_device_and_device() {
     let Some(dev) = gpu() else { return };
-    let plain = dev.caching_pool(PoolPlacement::DeviceLocal, config(SegmentMode::Plain)).unwrap();
-    let other = dev.caching_pool(PoolPlacement::DeviceLocal, PoolConfig::default()).unwrap();
+    let plain = dev.caching_pool(PoolKind::DeviceLocal, config(SegmentMode::Plain)).unwrap();
+    let other = dev.caching_pool(PoolKind::DeviceLocal, PoolConfig::default()).unwrap();
     let s = StreamId(0);
     let data: Vec<u8> = (0..5_000_017u32).map(|i| (i % 253) as u8).collect();
     let mut a = CudaBuffer::allocate(&plain, data.len() as u64, s).unwrap();
@@ -672,7 +669,7 @@ fn planted_out_of_bounds_write_for_the_sanitizer() {
     let Some(k) = kernels(&ctx) else { return };
     let stream = ctx.new_stream().unwrap();
     let pool = dev
-        .pool(PoolPlacement::DeviceLocal, PoolConfig { strategy: Strategy::Direct, ..config(SegmentMode::Plain) })
+        .pool(PoolKind::DeviceLocal, PoolConfig { strategy: Strategy::Direct, ..config(SegmentMode::Plain) })
         .unwrap();
     let x = pool.allocate(4096, cuda::stream_id(&stream)).unwrap();
     let ptr = pool.device_ptr(&x).unwrap();
@@ -692,8 +689,8 @@ fn a_host_slice_waits_for_copies_queued_into_its_memory_earlier() {
     let Some(dev) = gpu() else { return };
     let stream = dev.context().new_stream().unwrap();
     let s = cuda::stream_id(&stream);
-    let pinned = dev.caching_pool(PoolPlacement::HostPinned, PoolConfig::default()).unwrap();
-    let device = dev.caching_pool(PoolPlacement::DeviceLocal, PoolConfig::default()).unwrap();
+    let pinned = dev.caching_pool(PoolKind::HostPinned, PoolConfig::default()).unwrap();
+    let device = dev.caching_pool(PoolKind::DeviceLocal, PoolConfig::default()).unwrap();
     const LEN: u64 = 256 << 20; // long enough (tens of ms over PCIe) for an early slice to see it unfinished
     let mut source = CudaBuffer::allocate(&device, LEN, s).unwrap();
     source.write(0, &vec![0xAB; LEN as usize]).unwrap();
@@ -719,7 +716,7 @@ fn a_host_slice_waits_for_copies_queued_into_its_memory_earlier() {
 #[test]
 fn only_live_registered_streams_reach_the_driver() {
     let Some(dev) = gpu() else { return };
-    let pool = dev.caching_pool(PoolPlacement::DeviceLocal, PoolConfig::default()).unwrap();
+    let pool = dev.caching_pool(PoolKind::DeviceLocal, PoolConfig::default()).unwrap();
     let block = pool.allocate(4096, StreamId(0)).unwrap();
     let refused = |r: Result<(), Error>, why: &str| {
         assert!(matches!(r, Err(Error::Unsupported { ref what, .. }) if what.contains(why)), "{why}: {r:?}");

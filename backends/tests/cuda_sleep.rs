@@ -9,7 +9,7 @@ use std::sync::Arc;
 use umm_backends::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 use umm_backends::cuda::{self, CudaDevice, CudaPool};
 use umm_backends::testing::skip_or_fail;
-use umm_backends::{Backend, BlockHandle, MemoryPool, PoolConfig, PoolPlacement, SegmentMode, SleepAction, StreamId};
+use umm_backends::{Backend, BlockHandle, MemoryPool, PoolConfig, PoolKind, SegmentMode, SleepAction, StreamId};
 
 mod cycles;
 
@@ -42,7 +42,7 @@ fn device() -> Option<(CudaDevice, std::sync::MutexGuard<'static, ()>)> {
 /// A tagged pool on virtual reservations, or a skip where the device has no virtual memory management.
 fn tagged(dev: &CudaDevice, tag: &str) -> Option<Arc<CudaPool>> {
     let config = PoolConfig { segment_mode: SegmentMode::Virtual, ..PoolConfig::default() }.tagged(tag);
-    match dev.caching_pool(PoolPlacement::DeviceLocal, config) {
+    match dev.caching_pool(PoolKind::DeviceLocal, config) {
         Ok(pool) => Some(pool),
         Err(e) => {
             skip_or_fail("cuda-vmm", &format!("no virtual memory management: {e}"));
@@ -51,8 +51,8 @@ fn tagged(dev: &CudaDevice, tag: &str) -> Option<Arc<CudaPool>> {
     }
 }
 
-fn free_memory(pool: &CudaPool) -> u64 {
-    pool.pool().backend().free_memory()
+fn free_bytes(pool: &CudaPool) -> u64 {
+    pool.pool().backend().free_bytes()
 }
 
 #[test]
@@ -71,11 +71,11 @@ fn the_device_gets_its_memory_back_and_the_bytes_return_at_the_same_addresses() 
             (block, bytes, address)
         })
         .collect();
-    let (free_awake, reserved) = (free_memory(&pool), pool.reserved_bytes());
+    let (free_awake, reserved) = (free_bytes(&pool), pool.reserved_bytes());
     let report = pool.sleep(SleepAction::Offload).unwrap();
     assert!(report.pinned, "offloaded into page-locked memory");
     assert_eq!(pool.reserved_bytes(), 0);
-    let given_back = free_memory(&pool) - free_awake;
+    let given_back = free_bytes(&pool) - free_awake;
     // The driver's figure moves in its own granules; the pool's pages are at least what it reserved.
     assert!(given_back + 2 * MIB >= reserved, "{given_back} of {reserved} reserved bytes went back");
     eprintln!(
@@ -151,12 +151,12 @@ fn a_kernel_given_the_old_address_reads_the_restored_bytes() {
 fn a_hundred_cycles_under_four_threads_lose_no_byte_and_leak_nothing() {
     let Some((dev, _turn)) = device() else { return };
     let Some(pool) = tagged(&dev, "cycles") else { return };
-    let baseline = free_memory(&pool);
+    let baseline = free_bytes(&pool);
     cycles::work_through_cycles(&*pool, 4, 1, [512, 40_000, 3 * MIB], 100);
     let stats = pool.stats();
     assert_eq!((stats.active_blocks.current, stats.asleep_bytes), (0, 0));
     pool.release_cached();
     assert_eq!((pool.reserved_bytes(), pool.stats().host_store_bytes), (0, 0));
-    let now = free_memory(&pool);
+    let now = free_bytes(&pool);
     assert!(now + 4 * MIB >= baseline, "the device's free memory is back: {now} of {baseline}");
 }

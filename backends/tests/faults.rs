@@ -32,7 +32,7 @@ const TRACE_KINDS: [FaultKind; 5] = [
     FaultKind::CreateSegment,
     FaultKind::ReserveVirtual,
     FaultKind::MapPages,
-    FaultKind::FreeMemory,
+    FaultKind::FreeBytes,
     FaultKind::AliasPages,
 ];
 
@@ -234,7 +234,7 @@ fn call_names(kind: FaultKind) -> &'static [&'static str] {
         FaultKind::ReserveVirtual => &["reserve_virtual"],
         FaultKind::MapPages => &["map_pages"],
         FaultKind::Settle => &["settle"],
-        FaultKind::FreeMemory => &["free_memory"],
+        FaultKind::FreeBytes => &["free_bytes"],
         FaultKind::AliasPages => &["alias_pages"],
     }
 }
@@ -442,7 +442,7 @@ fn sweep(verbose: bool, pick: impl Fn(u64) -> Vec<u64> + Sync) -> Totals {
                 // A fault on a stitched block's calls (its range's reservation, its second mappings) is not the
                 // request's: the pool maps new pages instead, and the request may succeed.
                 let stitch_may_absorb = matches!(fault.kind, FaultKind::ReserveVirtual | FaultKind::AliasPages);
-                if fault.persistent && strict && fault.kind != FaultKind::FreeMemory && !stitch_may_absorb {
+                if fault.persistent && strict && fault.kind != FaultKind::FreeBytes && !stitch_may_absorb {
                     assert_eq!(outcome.failed, 1, "{} {scenario:?} {fault:?}: the request did not fail", trace.name);
                 } else if fault.persistent && strict && stitch_may_absorb {
                     assert!(outcome.failed <= 1, "{} {scenario:?} {fault:?}: {} failed", trace.name, outcome.failed);
@@ -632,7 +632,7 @@ fn conformance_workload_on_the_simulated_device_survives_every_fault() {
     }
 }
 
-/// The device query: a faulted `free_memory` reports 0 bytes free, and the out-of-memory error a limit causes
+/// The device query: a faulted `free_bytes` reports 0 bytes free, and the out-of-memory error a limit causes
 /// says so without the statistics moving.
 #[test]
 fn a_faulted_free_memory_query_reports_nothing_free() {
@@ -640,12 +640,12 @@ fn a_faulted_free_memory_query_reports_nothing_free() {
     let config = PoolConfig { limit: Some(Limit::Bytes(64 * MIB)), ..PoolConfig::default() };
     let pool = Pool::new(backend, config).unwrap();
     let a = pool.allocate(40 * MIB, StreamId(0)).unwrap();
-    faults.fail_next(FaultKind::FreeMemory);
+    faults.fail_next(FaultKind::FreeBytes);
     match pool.allocate(40 * MIB, StreamId(0)).unwrap_err() {
         Error::OutOfMemory { free, cause, .. } => assert_eq!((free, cause), (0, None)),
         other => panic!("expected out of memory, got {other}"),
     }
-    assert_eq!(faults.injected(FaultKind::FreeMemory), 1);
+    assert_eq!(faults.injected(FaultKind::FreeBytes), 1);
     match pool.allocate(40 * MIB, StreamId(0)).unwrap_err() {
         Error::OutOfMemory { free, .. } => assert!(free > 0),
         other => panic!("expected out of memory, got {other}"),

@@ -16,9 +16,7 @@ use umm_backends::opencl::{
     self, cl_sub_buffer, fill_block_async, read_block_async, write_block_async, OpenClBackend, OpenClDevice,
 };
 use umm_backends::testing::skip_or_fail;
-use umm_backends::{
-    Api, Backend, DeviceKind, Error, MemoryPool, OwnedBlock, Pool, PoolConfig, PoolPlacement, StreamId,
-};
+use umm_backends::{Api, Backend, DeviceKind, Error, MemoryPool, OwnedBlock, Pool, PoolConfig, PoolKind, StreamId};
 
 const S0: StreamId = StreamId(0);
 
@@ -35,7 +33,7 @@ fn devices() -> Vec<OpenClDevice> {
     found.devices
 }
 
-fn pool(device: &OpenClDevice, placement: PoolPlacement) -> Pool<OpenClBackend> {
+fn pool(device: &OpenClDevice, placement: PoolKind) -> Pool<OpenClBackend> {
     device.pool(placement, PoolConfig::default()).expect("pool")
 }
 
@@ -47,7 +45,7 @@ fn discovery_lists_devices_with_sensible_fields() {
         assert_eq!(info.api, Api::OpenCl);
         assert_eq!(info.ordinal, i);
         assert!(!info.name.is_empty());
-        assert!(info.total_memory > 0);
+        assert!(info.total_bytes > 0);
         assert!(info.alignment.is_power_of_two() && info.alignment >= 4, "alignment {}", info.alignment);
         let bits: u64 = info.details.iter().find(|(k, _)| k == "mem_base_addr_align_bits").unwrap().1.parse().unwrap();
         assert_eq!(info.alignment, (bits / 8).max(4).next_power_of_two());
@@ -183,7 +181,7 @@ fn host_pinned_blocks_are_zero_copy_on_host_shared_devices() {
         skip_or_fail("opencl-shared-memory", &reason);
     }
     for d in shared {
-        let p: Arc<dyn MemoryPool> = Arc::new(pool(&d, PoolPlacement::HostPinned));
+        let p: Arc<dyn MemoryPool> = Arc::new(pool(&d, PoolKind::HostPinned));
         let mut block = OwnedBlock::allocate(Arc::clone(&p), 1000, S0, false).unwrap();
         let data = pattern(1000, 7);
         block.host_bytes_mut().expect("mapped").copy_from_slice(&data);
@@ -199,7 +197,7 @@ fn host_pinned_blocks_are_zero_copy_on_host_shared_devices() {
 #[test]
 fn non_blocking_copies_and_fills_complete_in_queue_order() {
     for d in devices() {
-        let p = pool(&d, PoolPlacement::DeviceLocal);
+        let p = pool(&d, PoolKind::DeviceLocal);
         let b = p.allocate(1 << 20, S0).unwrap();
         let data = pattern(1 << 20, 3);
         let w = write_block_async(&p, &b, 0, data.clone()).unwrap();
@@ -320,9 +318,9 @@ fn kernels_read_read_only_and_host_pinned_pool_buffers() {
         let mm = Matmul::build(&d);
         let (a, b, c0) = matrices();
         let fresh = mm.fresh(&d, &a, &b, &c0, false);
-        let weights: Arc<dyn MemoryPool> = Arc::new(pool(&d, PoolPlacement::ReadOnly));
-        let staging: Arc<dyn MemoryPool> = Arc::new(pool(&d, PoolPlacement::HostPinned));
-        let out_pool: Arc<dyn MemoryPool> = Arc::new(pool(&d, PoolPlacement::DeviceLocal));
+        let weights: Arc<dyn MemoryPool> = Arc::new(pool(&d, PoolKind::ReadOnly));
+        let staging: Arc<dyn MemoryPool> = Arc::new(pool(&d, PoolKind::HostPinned));
+        let out_pool: Arc<dyn MemoryPool> = Arc::new(pool(&d, PoolKind::DeviceLocal));
         // Garbage first, then the operands at non-zero origins of reused memory, filled once.
         let mut junk = OwnedBlock::allocate(Arc::clone(&weights), 4096, S0, false).unwrap();
         junk.fill(0, 4096, 0xFF).unwrap();
@@ -356,7 +354,7 @@ fn kernels_read_read_only_and_host_pinned_pool_buffers() {
 #[test]
 fn requests_over_the_max_allocation_are_refused() {
     for d in devices() {
-        let p = pool(&d, PoolPlacement::DeviceLocal);
+        let p = pool(&d, PoolKind::DeviceLocal);
         let max = d.info().max_allocation;
         assert_eq!(p.backend().max_segment_size(), max);
         match p.allocate(max + 1, S0) {
@@ -378,8 +376,8 @@ fn requests_over_the_max_allocation_are_refused() {
 #[test]
 fn plain_handles_get_no_asynchronous_transfers_on_host_mapped_memory() {
     for d in devices() {
-        let p = pool(&d, PoolPlacement::HostPinned);
-        let device = pool(&d, PoolPlacement::DeviceLocal);
+        let p = pool(&d, PoolKind::HostPinned);
+        let device = pool(&d, PoolKind::DeviceLocal);
         let (b, on_device) = (p.allocate(4096, S0).unwrap(), device.allocate(4096, S0).unwrap());
         let mapped = p.host_ptr(&b).is_some();
         assert_eq!(mapped, d.info().shares_memory_with_host, "HostPinned is mapped exactly on host-unified devices");
@@ -410,13 +408,13 @@ fn plain_handles_get_no_asynchronous_transfers_on_host_mapped_memory() {
 #[test]
 fn pools_of_one_device_share_its_memory_count() {
     for d in devices() {
-        let p = pool(&d, PoolPlacement::DeviceLocal);
-        let q = pool(&d, PoolPlacement::HostPinned);
-        let before = q.backend().free_memory();
+        let p = pool(&d, PoolKind::DeviceLocal);
+        let q = pool(&d, PoolKind::HostPinned);
+        let before = q.backend().free_bytes();
         let b = p.allocate(3 << 20, S0).unwrap();
-        assert!(q.backend().free_memory() < before, "segments of one pool count against the device for all");
+        assert!(q.backend().free_bytes() < before, "segments of one pool count against the device for all");
         p.free(&b).unwrap();
         p.release_cached();
-        assert_eq!(q.backend().free_memory(), before);
+        assert_eq!(q.backend().free_bytes(), before);
     }
 }

@@ -5,8 +5,8 @@
 #![cfg(feature = "wgpu")]
 
 use umm_backends::testing::skip_or_fail;
-use umm_backends::wgpu_backend::{self, discover, WgpuBackend, WgpuDevice, WgpuPoolKind};
-use umm_backends::{DeviceKind, Error, Pool, PoolConfig, PoolPlacement, Strategy, StreamId};
+use umm_backends::wgpu_backend::{self, discover, WgpuBackend, WgpuDevice, WgpuUsage};
+use umm_backends::{DeviceKind, Error, Pool, PoolConfig, PoolKind, Strategy, StreamId};
 
 const S0: StreamId = StreamId(0);
 
@@ -50,7 +50,7 @@ fn discovery_describes_every_adapter() {
         assert_eq!(info.ordinal, i);
         assert!(info.alignment.is_power_of_two() && info.alignment >= 4);
         assert_eq!(info.max_allocation, d.limits().max_buffer_size);
-        assert!(info.total_memory > 0);
+        assert!(info.total_bytes > 0);
         for key in ["backend", "vendor_id", "device_id", "driver", "max_storage_buffer_binding_size"] {
             assert!(detail(d, key).is_some(), "{key} missing from {:?}", info.details);
         }
@@ -77,11 +77,11 @@ fn every_placement_has_a_pool_kind_aligned_for_bindings() {
     for dev in devices() {
         eprintln!("on {}", dev.info().name);
         let mut kinds =
-            vec![WgpuPoolKind::DeviceLocal, WgpuPoolKind::ReadOnly, WgpuPoolKind::Upload, WgpuPoolKind::Readback];
+            vec![WgpuUsage::DeviceLocal, WgpuUsage::ReadOnly, WgpuUsage::Upload, WgpuUsage::Readback];
         if dev.has_shared_buffers() {
-            kinds.push(WgpuPoolKind::Shared);
+            kinds.push(WgpuUsage::Shared);
         }
-        for placement in [PoolPlacement::DeviceLocal, PoolPlacement::HostPinned, PoolPlacement::ReadOnly] {
+        for placement in [PoolKind::DeviceLocal, PoolKind::HostPinned, PoolKind::ReadOnly] {
             assert!(kinds.contains(&dev.kind_for(placement)));
             assert_eq!(dev.kind_for(placement).placement(), placement);
             dev.pool(placement, PoolConfig::default()).expect("pool for every placement");
@@ -101,7 +101,7 @@ fn every_placement_has_a_pool_kind_aligned_for_bindings() {
 fn sealed_read_only_blocks_refuse_writes_until_unsealed() {
     for dev in devices() {
         eprintln!("on {}", dev.info().name);
-        let constants = dev.pool(PoolPlacement::ReadOnly, PoolConfig::default()).unwrap();
+        let constants = dev.pool(PoolKind::ReadOnly, PoolConfig::default()).unwrap();
         let filler = constants.allocate(40, S0).unwrap();
         let p = constants.allocate(72, S0).unwrap();
         assert_eq!(p.offset(), 0, "every block is a buffer of its own");
@@ -131,8 +131,8 @@ fn device_copies_between_blocks() {
 }
 
 fn device_copies_between_blocks_on(dev: &WgpuDevice) {
-    let pool = dev.pool(PoolPlacement::DeviceLocal, PoolConfig::default()).unwrap();
-    let readback = dev.pool_of(WgpuPoolKind::Readback, PoolConfig::default()).unwrap();
+    let pool = dev.pool(PoolKind::DeviceLocal, PoolConfig::default()).unwrap();
+    let readback = dev.pool_of(WgpuUsage::Readback, PoolConfig::default()).unwrap();
     let a = pool.allocate(4096, S0).unwrap();
     let b = pool.allocate(4096, S0).unwrap();
     let r = readback.allocate(4096, S0).unwrap();
@@ -163,7 +163,7 @@ fn bad_requests_give_clear_errors() {
 
 fn bad_requests_give_clear_errors_on(dev: &WgpuDevice) {
     let limits = dev.limits().clone();
-    let pool = dev.pool(PoolPlacement::DeviceLocal, PoolConfig::default()).unwrap();
+    let pool = dev.pool(PoolKind::DeviceLocal, PoolConfig::default()).unwrap();
 
     // Above max_buffer_size: refused before touching the device.
     let err = pool.allocate(limits.max_buffer_size + 1, S0).unwrap_err();
@@ -173,7 +173,7 @@ fn bad_requests_give_clear_errors_on(dev: &WgpuDevice) {
     assert!(err.to_string().contains(&max.to_string()), "{err}");
 
     // A block larger than a uniform binding may span.
-    let constants = dev.pool(PoolPlacement::ReadOnly, PoolConfig::default()).unwrap();
+    let constants = dev.pool(PoolKind::ReadOnly, PoolConfig::default()).unwrap();
     let uniform_max = limits.max_uniform_buffer_binding_size;
     let big = constants.allocate(uniform_max + 4, S0).unwrap();
     let err = wgpu_backend::uniform_binding(&constants, &big).unwrap_err();
@@ -192,7 +192,7 @@ fn bad_requests_give_clear_errors_on(dev: &WgpuDevice) {
     }
 
     // Mappable upload buffers are not bindable; freed blocks are unknown.
-    let upload = dev.pool_of(WgpuPoolKind::Upload, PoolConfig::default()).unwrap();
+    let upload = dev.pool_of(WgpuUsage::Upload, PoolConfig::default()).unwrap();
     let u = upload.allocate(64, S0).unwrap();
     assert!(matches!(wgpu_backend::binding(&upload, &u), Err(Error::Unsupported { .. })));
     upload.free(&u).unwrap();
@@ -206,9 +206,8 @@ fn bad_requests_give_clear_errors_on(dev: &WgpuDevice) {
 #[test]
 fn lost_device_errors_without_panicking() {
     let Some(dev) = device() else { return };
-    let pool: Pool<WgpuBackend> = dev
-        .pool(PoolPlacement::DeviceLocal, PoolConfig { strategy: Strategy::Direct, ..PoolConfig::default() })
-        .unwrap();
+    let pool: Pool<WgpuBackend> =
+        dev.pool(PoolKind::DeviceLocal, PoolConfig { strategy: Strategy::Direct, ..PoolConfig::default() }).unwrap();
     let block = pool.allocate(1000, S0).unwrap();
     pool.write(&block, 0, &[7; 1000]).unwrap();
     pool.backend().device().destroy();

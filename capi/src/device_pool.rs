@@ -79,7 +79,7 @@ impl<B: Backend> DevicePool for StreamPool<B> {
         self.pool().uses_virtual_memory()
     }
     fn device_free(&self) -> u64 {
-        self.backend().free_memory()
+        self.backend().free_bytes()
     }
     fn sleep(&self, action: SleepAction) -> Result<SleepReport> {
         StreamPool::sleep(self, action)

@@ -8,7 +8,7 @@
 //! ```
 //!
 //! The header is `capi/include/umm.h`. Devices are discovered on the first call; each gets one stream-aware
-//! caching pool of device memory (`CudaDevice::caching_pool(PoolPlacement::DeviceLocal, ..)`, a
+//! caching pool of device memory (`CudaDevice::caching_pool(PoolKind::DeviceLocal, ..)`, a
 //! [`umm_backends::pool::StreamPool`]), so the CUDA backend's reuse rules hold: a block freed on the stream it was allocated on is reused at once on that
 //! stream and never handed to another stream while cached.
 //!

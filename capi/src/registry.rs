@@ -20,8 +20,8 @@ use std::sync::{Arc, OnceLock};
 use umm_backends::cuda::{self, ContextScope};
 use umm_backends::pool::StreamPool;
 use umm_backends::{
-    BlockHandle, Error, Limit, Pool, PoolConfig, PoolPlacement, PoolStats, ReservedGroup, SegmentMode, SimBackend,
-    Strategy, StreamId,
+    BlockHandle, Error, Limit, Pool, PoolConfig, PoolKind, PoolStats, ReservedGroup, SegmentMode, SimBackend, Strategy,
+    StreamId,
 };
 use umm_placement::units::human_bytes as human;
 
@@ -47,7 +47,7 @@ struct Live {
 /// One device's pools, or why it has none.
 pub(crate) struct Slot {
     pub(crate) name: String,
-    total_memory: u64,
+    total_bytes: u64,
     pool: Result<Arc<dyn DevicePool>, String>,
     /// Plain segments for requests of at least `huge_min` bytes (only next to a virtual main pool).
     huge: Option<Arc<dyn DevicePool>>,
@@ -67,19 +67,19 @@ impl Slot {
     /// A device's slot with its pools.
     fn new(
         name: String,
-        total_memory: u64,
+        total_bytes: u64,
         (pool, huge): (Result<SharedPool, String>, Option<SharedPool>),
         reserved: Arc<ReservedGroup>,
         make_tagged: Option<MakeTagged>,
     ) -> Self {
         let (limited, tagged) = (AtomicBool::new(false), RwLock::new(Vec::new()));
-        Slot { name, total_memory, pool, huge, limited, reserved, tagged, make_tagged }
+        Slot { name, total_bytes, pool, huge, limited, reserved, tagged, make_tagged }
     }
 
     fn missing(name: String, reason: String) -> Self {
         Slot {
             name,
-            total_memory: 0,
+            total_bytes: 0,
             pool: Err(reason),
             huge: None,
             limited: AtomicBool::new(false),
@@ -295,7 +295,7 @@ impl Registry {
             let reserved = ReservedGroup::new();
             let pool = |config: PoolConfig| {
                 let config = PoolConfig { reserved_group: Some(Arc::clone(&reserved)), ..config };
-                device.caching_pool(PoolPlacement::DeviceLocal, config).map(|p| p as Arc<dyn DevicePool>).map_err(fail)
+                device.caching_pool(PoolKind::DeviceLocal, config).map(|p| p as Arc<dyn DevicePool>).map_err(fail)
             };
             let (pool, huge) = match &config {
                 Ok((config, huge_min)) => Self::pools(*huge_min, config, pool),
@@ -310,9 +310,9 @@ impl Registry {
                         ..config.tagged(tag)
                     };
                     // Virtual reservations where the device has them; plain segments, which cannot sleep, else.
-                    let pool = device.caching_pool(PoolPlacement::DeviceLocal, config.clone()).or_else(|_| {
+                    let pool = device.caching_pool(PoolKind::DeviceLocal, config.clone()).or_else(|_| {
                         device.caching_pool(
-                            PoolPlacement::DeviceLocal,
+                            PoolKind::DeviceLocal,
                             PoolConfig { segment_mode: SegmentMode::Auto, ..config },
                         )
                     });
@@ -323,7 +323,7 @@ impl Registry {
                 let missing = devices.len();
                 devices.push(Slot::missing(String::new(), format!("umm: CUDA device {missing} could not be opened")));
             }
-            devices.push(Slot::new(info.name.clone(), info.total_memory, (pool, huge), reserved, make_tagged));
+            devices.push(Slot::new(info.name.clone(), info.total_bytes, (pool, huge), reserved, make_tagged));
         }
         Registry { devices, simulated: false, huge_min, skipped: found.skipped, live: Mutex::new(LiveMap::default()) }
     }
@@ -576,7 +576,7 @@ pub(crate) fn stats_json(device: i64) -> Result<String, String> {
     if let Some(map) = value.as_object_mut() {
         map.insert("device".into(), device.into());
         map.insert("device_name".into(), slot.name.clone().into());
-        map.insert("device_total_bytes".into(), slot.total_memory.into());
+        map.insert("device_total_bytes".into(), slot.total_bytes.into());
         map.insert("virtual_memory".into(), pool.uses_virtual_memory().into());
         map.insert("simulated".into(), reg.simulated.into());
         map.insert("live_pointers".into(), live_pointers.into());

@@ -75,6 +75,15 @@ pub enum PoolKind {
 }
 
 impl PoolKind {
+    /// The pool a device API makes for this kind: a device has no pageable host memory of its own, so `Host`
+    /// asks for its pinned host memory; every other kind is itself.
+    pub fn on_device(self) -> PoolKind {
+        match self {
+            PoolKind::Host => PoolKind::HostPinned,
+            kind => kind,
+        }
+    }
+
     /// The memory this pool kind holds, in words ("pinned host memory").
     pub fn describe(self) -> &'static str {
         match self {

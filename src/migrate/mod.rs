@@ -295,7 +295,7 @@ fn pinned_chunk(src: &OwnedBlock, dst: &OwnedBlock, len: u64, staging: &Staging<
     if len < PINNED_STAGING_MIN {
         return None;
     }
-    let is_cuda = |pool: &Arc<dyn MemoryPool>| pool.kind() == Api::Cuda;
+    let is_cuda = |pool: &Arc<dyn MemoryPool>| pool.api() == Api::Cuda;
     let device = if is_cuda(src.pool()) {
         staging.src_device
     } else if is_cuda(dst.pool()) {

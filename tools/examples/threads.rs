@@ -489,20 +489,20 @@ fn sim_subject(need: u64) -> Subject<Pool<SimBackend>> {
 /// reports the reason.
 #[cfg(feature = "cuda")]
 fn cuda_subject() -> Result<Subject<umm::backends::cuda::CudaPool>, String> {
-    use umm::backends::{cuda, PoolPlacement};
+    use umm::backends::{cuda, PoolKind};
     let found = cuda::discover();
     let Some(device) = found.devices.into_iter().next() else {
         return Err(if found.skipped.is_empty() { "no CUDA device".into() } else { found.skipped.join("; ") });
     };
     let name = device.info().name.clone();
-    println!("CUDA device: {name} ({:.1} GiB)", device.info().total_memory as f64 / GIB);
+    println!("CUDA device: {name} ({:.1} GiB)", device.info().total_bytes as f64 / GIB);
     Ok(Subject {
         pool: "cuda",
         device: name,
-        memory: Some(device.info().total_memory),
+        memory: Some(device.info().total_bytes),
         make: Box::new(move || {
             // `caching_pool` gives an `Arc<CudaPool>`: the pool with record-stream semantics, as users get it.
-            device.caching_pool(PoolPlacement::DeviceLocal, pool_config()).expect("CUDA device pool")
+            device.caching_pool(PoolKind::DeviceLocal, pool_config()).expect("CUDA device pool")
         }),
         reset: Box::new(|_| {}),
     })
@@ -524,7 +524,7 @@ fn sim_wgpu_subject(need: u64) -> Subject<Pool<SimBackend>> {
 /// The device-local pool of the first wgpu adapter, preferring one that is not a CPU (lavapipe, llvmpipe).
 #[cfg(feature = "wgpu")]
 fn wgpu_subject() -> Result<Subject<Pool<umm::backends::wgpu_backend::WgpuBackend>>, String> {
-    use umm::backends::{wgpu_backend, PoolPlacement};
+    use umm::backends::{wgpu_backend, PoolKind};
     let found = wgpu_backend::discover();
     let mut devices = found.devices;
     devices.sort_by_key(|d| d.adapter_info().device_type == wgpu_backend::wgpu::DeviceType::Cpu);
@@ -536,8 +536,8 @@ fn wgpu_subject() -> Result<Subject<Pool<umm::backends::wgpu_backend::WgpuBacken
     Ok(Subject {
         pool: "wgpu",
         device: name,
-        memory: Some(device.info().total_memory),
-        make: Box::new(move || Arc::new(device.pool(PoolPlacement::DeviceLocal, pool_config()).expect("wgpu pool"))),
+        memory: Some(device.info().total_bytes),
+        make: Box::new(move || Arc::new(device.pool(PoolKind::DeviceLocal, pool_config()).expect("wgpu pool"))),
         reset: Box::new(|_| {}),
     })
 }
@@ -560,7 +560,7 @@ fn universal_subject(wgpu: bool) -> Result<Subject<Universal>, String> {
     }
     .map_err(|e| e.to_string())?;
     let device = probe.device().name().to_string();
-    let memory = probe.device().total_memory();
+    let memory = probe.device().total_bytes();
     let pool = if wgpu { "universal-wgpu" } else { "universal" };
     println!("{pool}: Placement::DeviceLocal lands on {device} ({} pool)", probe.placement());
     drop(probe);
@@ -591,7 +591,7 @@ fn main() {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let max_threads = args.max_threads.map_or(cores.max(16), |m| m as usize);
     let counts = thread_counts(cores, max_threads);
-    let host_memory = HostInfo::discover().total_memory;
+    let host_memory = HostInfo::discover().total_bytes;
     let need = args.workloads.iter().map(|w| w.worst_case_bytes(max_threads)).max().unwrap_or(0);
 
     println!("CPU: {} ({cores} cores)", cpu_model());

@@ -35,9 +35,9 @@ pub struct DeviceRow {
     /// APIs it is seen through, preferred first.
     pub apis: Vec<Api>,
     /// Total memory in bytes.
-    pub total_memory: u64,
+    pub total_bytes: u64,
     /// Free memory in bytes now.
-    pub free_memory: u64,
+    pub free_bytes: u64,
     /// Whether device memory is host memory.
     pub shares_memory_with_host: bool,
     /// Block alignment per API, in the order of `apis`.
@@ -77,8 +77,8 @@ impl DeviceTable {
                     name: d.name().to_string(),
                     kind: d.kind(),
                     apis: d.apis(),
-                    total_memory: d.total_memory(),
-                    free_memory: d.free_memory(),
+                    total_bytes: d.total_bytes(),
+                    free_bytes: d.free_bytes(),
                     shares_memory_with_host: d.shares_memory_with_host(),
                     alignment: infos.iter().map(|i| i.alignment).collect(),
                     max_allocation: infos.iter().map(|i| i.max_allocation).collect(),
@@ -145,8 +145,8 @@ impl fmt::Display for DeviceTable {
                     d.name.clone(),
                     d.kind.to_string(),
                     d.apis.iter().map(Api::to_string).collect::<Vec<_>>().join("+"),
-                    human_bytes(d.total_memory),
-                    human_bytes(d.free_memory),
+                    human_bytes(d.total_bytes),
+                    human_bytes(d.free_bytes),
                     if d.shares_memory_with_host { "yes" } else { "no" }.into(),
                     per_api(&d.alignment, |v| v.to_string()),
                     per_api(&d.max_allocation, human_bytes),

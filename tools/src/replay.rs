@@ -247,7 +247,7 @@ pub fn replay_on(backend: &str, trace: &Trace, opts: ReplayOptions<'_>) -> Resul
         #[cfg(feature = "cuda")]
         "cuda" => {
             let device = first_device(backend, umm_backends::cuda::discover(), trace)?;
-            let pool = device.pool(umm_backends::PoolPlacement::DeviceLocal, config).map_err(pool_error)?;
+            let pool = device.pool(umm_backends::PoolKind::DeviceLocal, config).map_err(pool_error)?;
             // A trace of one stream keeps the null stream; several get a CUDA stream each, kept alive here.
             let cuda_error = |e: umm_backends::cuda::cudarc::driver::DriverError| {
                 pool_error(umm_backends::Error::Driver {
@@ -269,13 +269,13 @@ pub fn replay_on(backend: &str, trace: &Trace, opts: ReplayOptions<'_>) -> Resul
         #[cfg(feature = "opencl")]
         "opencl" => {
             let device = first_device(backend, umm_backends::opencl::discover(), trace)?;
-            let pool = device.pool(umm_backends::PoolPlacement::DeviceLocal, config).map_err(pool_error)?;
+            let pool = device.pool(umm_backends::PoolKind::DeviceLocal, config).map_err(pool_error)?;
             replay(trace, &pool, backend, &device.info().name, opts)
         }
         #[cfg(feature = "wgpu")]
         "wgpu" => {
             let device = first_device(backend, umm_backends::wgpu_backend::discover(), trace)?;
-            let pool = device.pool(umm_backends::PoolPlacement::DeviceLocal, config).map_err(pool_error)?;
+            let pool = device.pool(umm_backends::PoolKind::DeviceLocal, config).map_err(pool_error)?;
             replay(trace, &pool, backend, &device.info().name, opts)
         }
         other => Err(ReplayError::UnknownBackend {

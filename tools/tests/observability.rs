@@ -446,7 +446,7 @@ fn cli_devices_snapshot_and_plot() {
     let devices = table["devices"].as_array().unwrap();
     assert_eq!(devices[0]["kind"], "host");
     let sim = devices.iter().find(|d| d["kind"] == "simulated").expect("the simulated device");
-    assert_eq!(sim["total_memory"], 2u64 << 30);
+    assert_eq!(sim["total_bytes"], 2u64 << 30);
     assert!(sim["alignment"][0].as_u64().unwrap() > 0);
     let text = umm(&["devices", "--sim", "2GiB"]);
     assert!(text.contains("align") && text.contains("sim0") && text.contains("2.00 GiB"), "{text}");

@@ -15,7 +15,7 @@
 use super::raw::{self, Failure};
 use crate::adopt::{Adoption, Keeper, Ownership};
 use crate::HostPtr;
-use crate::{Api, Backend, Error, PoolPlacement, Result, StreamId, VirtualMemory};
+use crate::{Api, Backend, Error, PoolKind, Result, StreamId, VirtualMemory};
 use cudarc::driver::CudaContext;
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -56,7 +56,7 @@ pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     ordinal: i32,
     name: String,
-    placement: PoolPlacement,
+    placement: PoolKind,
     capacity: u64,
     /// Page size of virtual memory management, when the device supports it and the placement uses device memory.
     vmm: Option<VirtualMemory>,
@@ -86,24 +86,25 @@ impl CudaBackend {
     pub(super) fn new(
         ctx: Arc<CudaContext>,
         device_name: &str,
-        placement: PoolPlacement,
+        placement: PoolKind,
         device_memory: u64,
         vmm_page: Option<u64>,
         peers: &[i32],
     ) -> Self {
+        let placement = placement.on_device();
         let ordinal = ctx.ordinal() as i32;
         let capacity = match placement {
-            PoolPlacement::HostPinned => crate::host::host_memory().map_or(device_memory, |(total, _)| total),
+            PoolKind::HostPinned => crate::host::host_memory().map_or(device_memory, |(total, _)| total),
             _ => device_memory,
         };
         let vmm = match (placement, vmm_page) {
-            (PoolPlacement::HostPinned, _) | (_, None) => None,
+            (PoolKind::HostPinned, _) | (_, None) => None,
             (_, Some(page)) => {
                 Some(VirtualMemory { page_size: page, max_reservation: device_memory.div_ceil(page) * page })
             }
         };
         let granularity = match (placement, vmm) {
-            (PoolPlacement::HostPinned, _) => Self::HOST_GRANULARITY,
+            (PoolKind::HostPinned, _) => Self::HOST_GRANULARITY,
             (_, Some(vm)) => vm.page_size,
             _ => Self::DEVICE_GRANULARITY,
         };
@@ -144,7 +145,7 @@ impl CudaBackend {
     }
 
     /// Which placement this backend's pool serves.
-    pub fn placement(&self) -> PoolPlacement {
+    pub fn placement(&self) -> PoolKind {
         self.placement
     }
 
@@ -192,7 +193,7 @@ impl CudaBackend {
     }
 
     fn refuse_read_only(&self, what: &str) -> Result<()> {
-        if self.placement == PoolPlacement::ReadOnly {
+        if self.placement == PoolKind::ReadOnly {
             return Err(Error::Unsupported {
                 backend: self.name.clone(),
                 what: format!("{what}: read-only memory is filled once, when it is allocated"),
@@ -307,7 +308,7 @@ impl Backend for CudaBackend {
         &self.name
     }
 
-    fn kind(&self) -> Api {
+    fn api(&self) -> Api {
         Api::Cuda
     }
 
@@ -331,8 +332,8 @@ impl Backend for CudaBackend {
     }
 
     /// Free device memory (cuMemGetInfo), or available host memory for the pinned pool. 0 when it cannot be read.
-    fn free_memory(&self) -> u64 {
-        if self.placement == PoolPlacement::HostPinned {
+    fn free_bytes(&self) -> u64 {
+        if self.placement == PoolKind::HostPinned {
             return crate::host::host_memory().map_or(0, |(_, available)| available);
         }
         if self.bind().is_err() {
@@ -346,7 +347,7 @@ impl Backend for CudaBackend {
             return adoption.take(&self.name);
         }
         self.bind()?;
-        if self.placement == PoolPlacement::HostPinned {
+        if self.placement == PoolKind::HostPinned {
             let (host, device) = raw::host_alloc(size).map_err(|f| self.error(f))?;
             return Ok(CudaSegment { device_ptr: device, size, host_addr: Some(host), pages: None });
         }
@@ -664,6 +665,6 @@ impl Backend for CudaBackend {
         (offset < segment.size).then(|| unsafe { raw::pinned_host_ptr(host, offset as usize) }).flatten()
     }
     fn may_be_host_addressable(&self) -> bool {
-        self.placement == PoolPlacement::HostPinned
+        self.placement == PoolKind::HostPinned
     }
 }

@@ -3,7 +3,7 @@
 
 use super::interop::{self, BlockView, BlockViewMut};
 use super::{raw, stream_id, CudaPool};
-use crate::{Backend, BlockHandle, BlockInfo, Error, PoolPlacement, Result, StreamId};
+use crate::{Backend, BlockHandle, BlockInfo, Error, PoolKind, Result, StreamId};
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
 
@@ -85,7 +85,7 @@ impl CudaBuffer {
 
     /// Whether this is read-only memory.
     pub fn is_read_only(&self) -> bool {
-        self.pool.backend().placement() == PoolPlacement::ReadOnly
+        self.pool.backend().placement() == PoolKind::ReadOnly
     }
 
     /// Marks the buffer as used on `stream` (see [`CudaPool::record_stream`]); nothing for its own stream.

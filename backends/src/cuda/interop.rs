@@ -8,7 +8,7 @@
 
 use super::backend::CudaBackend;
 use super::raw;
-use crate::{Backend, BlockHandle, Error, OwnedBlock, Pool, PoolPlacement, Result, StreamId};
+use crate::{Backend, BlockHandle, Error, OwnedBlock, Pool, PoolKind, Result, StreamId};
 use cudarc::driver::{sys, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
@@ -227,7 +227,7 @@ impl CudaPoolExt for Pool<CudaBackend> {
 
 /// Refuses views of a plain handle on pinned memory (see [`CudaPoolExt::view`]).
 fn refuse_pinned(pool: &Pool<CudaBackend>) -> Result<()> {
-    if pool.backend().placement() == PoolPlacement::HostPinned {
+    if pool.backend().placement() == PoolKind::HostPinned {
         return Err(Error::Unsupported {
             backend: pool.backend().name().to_string(),
             what: "a view of pinned memory through a plain handle (it could outlive the block): use CudaBuffer::view"
@@ -254,7 +254,7 @@ pub(super) fn view_mut<'a, T>(
     block: &BlockHandle,
     stream: &'a Arc<CudaStream>,
 ) -> Result<BlockViewMut<'a, T>> {
-    if pool.backend().placement() == PoolPlacement::ReadOnly {
+    if pool.backend().placement() == PoolKind::ReadOnly {
         return Err(Error::Unsupported {
             backend: pool.backend().name().to_string(),
             what: "a writable view of read-only memory".into(),

@@ -2,7 +2,7 @@
 //! (or without a GPU) [`discover`] returns no devices and a reason, and prints nothing.
 //!
 //! - [`discover`] lists the devices; each [`CudaDevice`] holds the device's primary context, shared by its pools.
-//! - [`CudaDevice::pool`] makes a `Pool<CudaBackend>` for a [`PoolPlacement`]: device memory (plain cuMemAlloc
+//! - [`CudaDevice::pool`] makes a `Pool<CudaBackend>` for a [`PoolKind`]: device memory (plain cuMemAlloc
 //!   segments, or with `SegmentMode::Auto`/`Virtual` an address reservation mapped in 2 MiB pages), pinned host
 //!   memory, or read-only device memory.
 //! - [`CudaPool`] wraps such a pool with PyTorch's `record_stream` semantics: a block used on extra streams is
@@ -44,7 +44,7 @@ pub use raw::{foreign_stream, ForeignDeviceMemory};
 pub use scope::ContextScope;
 pub use transfer::{upload_block_async, PinnedUploadBaseline};
 
-use crate::{Api, DeviceInfo, DeviceKind, Discovery, Error, Pool, PoolConfig, PoolPlacement, Result};
+use crate::{Api, DeviceInfo, DeviceKind, Discovery, Error, Pool, PoolConfig, PoolKind, Result};
 use cudarc::driver::{sys::CUdevice_attribute as Attr, CudaContext};
 use std::sync::Arc;
 
@@ -148,8 +148,8 @@ impl CudaDevice {
             name,
             vendor: "NVIDIA".into(),
             kind: if integrated { DeviceKind::IntegratedGpu } else { DeviceKind::DiscreteGpu },
-            total_memory: total,
-            free_memory: free,
+            total_bytes: total,
+            free_bytes: free,
             shares_memory_with_host: integrated,
             alignment: CudaBackend::ALIGNMENT,
             max_allocation: total,
@@ -176,12 +176,12 @@ impl CudaDevice {
     }
 
     /// The backend of a pool for `placement` (for callers that build `Pool`s themselves).
-    pub fn backend(&self, placement: PoolPlacement) -> CudaBackend {
+    pub fn backend(&self, placement: PoolKind) -> CudaBackend {
         CudaBackend::new(
             self.ctx.clone(),
             &self.info.name,
             placement,
-            self.info.total_memory,
+            self.info.total_bytes,
             self.vmm_page,
             &self.peers,
         )
@@ -193,8 +193,8 @@ impl CudaDevice {
     /// data they are created with ([`CudaPoolExt::upload_read_only`]), and every later write is refused.
     /// Errors on an invalid configuration (`SegmentMode::Virtual` for pinned memory or on a device without
     /// virtual memory management).
-    pub fn pool(&self, placement: PoolPlacement, mut config: PoolConfig) -> Result<Pool<CudaBackend>> {
-        if placement == PoolPlacement::ReadOnly {
+    pub fn pool(&self, placement: PoolKind, mut config: PoolConfig) -> Result<Pool<CudaBackend>> {
+        if placement == PoolKind::ReadOnly {
             config.zero_on_alloc = false;
             config.poison_on_free = false;
         }
@@ -234,7 +234,7 @@ impl CudaDevice {
         keeper: Option<crate::adopt::Keeper>,
         ownership: crate::Ownership,
     ) -> Result<crate::OwnedBlock> {
-        let backend = self.backend(PoolPlacement::DeviceLocal).adopting(ptr, bytes, keeper, ownership);
+        let backend = self.backend(PoolKind::DeviceLocal).adopting(ptr, bytes, keeper, ownership);
         if bytes == 0 {
             return Err(Error::ZeroSize { device: crate::Backend::name(&backend).to_string() });
         }
@@ -243,7 +243,7 @@ impl CudaDevice {
     }
 
     /// A stream-safe caching pool ([`CudaPool`]) of this device for `placement`.
-    pub fn caching_pool(&self, placement: PoolPlacement, config: PoolConfig) -> Result<Arc<CudaPool>> {
+    pub fn caching_pool(&self, placement: PoolKind, config: PoolConfig) -> Result<Arc<CudaPool>> {
         Ok(Arc::new(CudaPool::new(self.pool(placement, config)?)))
     }
 }

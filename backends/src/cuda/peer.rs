@@ -5,7 +5,7 @@
 
 use super::backend::CudaBackend;
 use super::{interop, raw};
-use crate::{Backend, BlockHandle, Error, Pool, PoolPlacement, Result};
+use crate::{Backend, BlockHandle, Error, Pool, PoolKind, Result};
 use parking_lot::Mutex;
 
 /// Pairs of contexts (as addresses) for which peer access has been tried, whatever the outcome.
@@ -25,7 +25,7 @@ pub fn copy_block(
     len: u64,
 ) -> Result<()> {
     for pool in [src, dst] {
-        if pool.backend().placement() == PoolPlacement::HostPinned {
+        if pool.backend().placement() == PoolKind::HostPinned {
             return Err(Error::Unsupported {
                 backend: pool.backend().name().to_string(),
                 what: "a device copy of pinned memory through a plain handle: use an owned block".into(),
@@ -46,7 +46,7 @@ pub(crate) fn copy_owned_or_device(
     len: u64,
 ) -> Result<()> {
     let (from, to) = (src.backend(), dst.backend());
-    if to.placement() == PoolPlacement::ReadOnly {
+    if to.placement() == PoolKind::ReadOnly {
         return Err(Error::Unsupported {
             backend: to.name().to_string(),
             what: "a device copy into read-only memory: it is filled once, when it is allocated".into(),

@@ -56,7 +56,7 @@ impl StreamPool<CudaBackend> {
     }
 
     fn refuse_read_only(&self) -> Result<()> {
-        if self.pool().backend().placement() == crate::PoolPlacement::ReadOnly {
+        if self.pool().backend().placement() == crate::PoolKind::ReadOnly {
             return Err(Error::Unsupported {
                 backend: self.pool().backend().name().to_string(),
                 what: "write: read-only memory is filled once, when it is allocated".into(),
@@ -72,7 +72,7 @@ impl MemoryPool for CudaPool {
     fn name(&self) -> &str {
         self.pool().backend().name()
     }
-    fn kind(&self) -> Api {
+    fn api(&self) -> Api {
         Api::Cuda
     }
     fn alignment(&self) -> u64 {
@@ -81,8 +81,8 @@ impl MemoryPool for CudaPool {
     fn capacity(&self) -> u64 {
         MemoryPool::capacity(self.pool())
     }
-    fn free_memory(&self) -> u64 {
-        MemoryPool::free_memory(self.pool())
+    fn free_bytes(&self) -> u64 {
+        MemoryPool::free_bytes(self.pool())
     }
     fn allocate(&self, bytes: u64, stream: StreamId) -> Result<BlockHandle> {
         StreamPool::allocate(self, bytes, stream)

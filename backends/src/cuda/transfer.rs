@@ -7,7 +7,7 @@
 
 use super::backend::CudaBackend;
 use super::{raw, CudaDevice, CudaPool};
-use crate::{Backend, Error, MemoryPool, OwnedBlock, PoolPlacement, Result};
+use crate::{Backend, Error, MemoryPool, OwnedBlock, PoolKind, Result};
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
 
@@ -37,10 +37,10 @@ pub fn upload_block_async(src: &OwnedBlock, dst: &mut OwnedBlock, len: u64, stre
     let (from, to) = (cuda_pool(src, "source")?, cuda_pool(dst, "target")?);
     let backend = to.backend();
     let refuse = |what: String| Err(Error::Unsupported { backend: backend.name().to_string(), what });
-    if from.backend().placement() != PoolPlacement::HostPinned {
+    if from.backend().placement() != PoolKind::HostPinned {
         return refuse(format!("an asynchronous upload from {} (the source must be pinned memory)", from.name()));
     }
-    if backend.placement() != PoolPlacement::DeviceLocal {
+    if backend.placement() != PoolKind::DeviceLocal {
         return refuse("an asynchronous upload into memory other than device-local memory".into());
     }
     if from.backend().context().cu_ctx() != backend.context().cu_ctx() {
@@ -92,7 +92,7 @@ impl PinnedUploadBaseline {
     /// Allocates both sides on `device` and fills the host side with a byte pattern. Refuses zero bytes.
     #[allow(unsafe_code)] // Discharges `raw::host_free`'s and `raw::host_copy_in`'s contracts.
     pub fn new(device: &CudaDevice, bytes: u64) -> Result<Self> {
-        let backend = device.backend(PoolPlacement::DeviceLocal);
+        let backend = device.backend(PoolKind::DeviceLocal);
         if bytes == 0 {
             return Err(Error::ZeroSize { device: backend.name().to_string() });
         }

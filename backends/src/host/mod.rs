@@ -96,7 +96,7 @@ impl Backend for HostBackend {
     fn name(&self) -> &str {
         &self.name
     }
-    fn kind(&self) -> Api {
+    fn api(&self) -> Api {
         Api::Host
     }
     fn alignment(&self) -> u64 {
@@ -115,7 +115,7 @@ impl Backend for HostBackend {
     fn capacity(&self) -> u64 {
         self.capacity
     }
-    fn free_memory(&self) -> u64 {
+    fn free_bytes(&self) -> u64 {
         self.capacity.saturating_sub(self.held.load(Ordering::Relaxed))
     }
     fn create_segment(&self, size: u64) -> Result<HostSegment> {
@@ -233,7 +233,7 @@ mod tests {
             for size in [alignment, 3 * alignment, 8 << 20] {
                 let segment = backend.create_segment(size).unwrap();
                 assert_eq!(segment.addr % alignment as usize, 0, "alignment {alignment}, size {size}");
-                assert_eq!(backend.free_memory(), CAPACITY - size);
+                assert_eq!(backend.free_bytes(), CAPACITY - size);
                 let mut bytes = vec![0xFF; size as usize];
                 backend.read(&segment, 0, &mut bytes).unwrap();
                 assert!(bytes.iter().all(|&b| b == 0), "a fresh segment of {size} bytes reads as zeros");
@@ -246,7 +246,7 @@ mod tests {
                 assert!(matches!(backend.write(&segment, size, &[7]), Err(Error::OutOfBounds(_))));
                 assert!(matches!(backend.fill(&segment, 1, size, 0), Err(Error::OutOfBounds(_))));
                 backend.destroy_segment(segment, crate::backend::PoolAccess::new());
-                assert_eq!(backend.free_memory(), CAPACITY);
+                assert_eq!(backend.free_bytes(), CAPACITY);
             }
         }
     }

@@ -33,9 +33,7 @@ pub use raw::{ClEvent, ClFailure, PendingRead, PendingWrite};
 
 use crate::adopt::{Adoption, Ownership};
 use crate::HostPtr;
-use crate::{
-    Api, Backend, BlockHandle, DeviceInfo, Error, MemoryPool, OwnedBlock, Pool, PoolConfig, PoolPlacement, Result,
-};
+use crate::{Api, Backend, BlockHandle, DeviceInfo, Error, MemoryPool, OwnedBlock, Pool, PoolConfig, PoolKind, Result};
 use opencl3::command_queue::CommandQueue;
 use opencl3::context::Context;
 use opencl3::device::Device;
@@ -116,7 +114,8 @@ impl OpenClDevice {
     }
 
     /// A backend for `placement` on this device (pools usually come from [`OpenClDevice::pool`]).
-    pub fn backend(&self, placement: PoolPlacement) -> OpenClBackend {
+    pub fn backend(&self, placement: PoolKind) -> OpenClBackend {
+        let placement = placement.on_device();
         let d = &self.shared;
         OpenClBackend {
             name: format!("opencl:{} {placement} ({})", d.ordinal, d.name),
@@ -167,7 +166,7 @@ impl OpenClDevice {
         let backend = OpenClBackend {
             name,
             device: Arc::clone(d),
-            placement: PoolPlacement::DeviceLocal,
+            placement: PoolKind::DeviceLocal,
             adoption: Some(Adoption::new(segment, None, ownership)),
         };
         let pool: Arc<dyn MemoryPool> = Arc::new(Pool::new(backend, crate::adopt::pool_config())?);
@@ -176,7 +175,7 @@ impl OpenClDevice {
 
     /// A pool of `placement` memory on this device. Pools of one device share its context and queue, so blocks
     /// of different pools can be arguments of one kernel.
-    pub fn pool(&self, placement: PoolPlacement, config: PoolConfig) -> Result<Pool<OpenClBackend>> {
+    pub fn pool(&self, placement: PoolKind, config: PoolConfig) -> Result<Pool<OpenClBackend>> {
         Pool::new(self.backend(placement), config)
     }
 }
@@ -260,7 +259,7 @@ impl SubBuffer {
 pub struct OpenClBackend {
     name: String,
     device: Arc<DeviceShared>,
-    placement: PoolPlacement,
+    placement: PoolKind,
     /// For the backend of an adopted buffer: that buffer (see [`crate::adopt`]).
     adoption: Option<Adoption<OpenClSegment>>,
 }
@@ -273,7 +272,7 @@ impl std::fmt::Debug for OpenClBackend {
 
 impl OpenClBackend {
     /// The placement this backend's segments are made for.
-    pub fn placement(&self) -> PoolPlacement {
+    pub fn placement(&self) -> PoolKind {
         self.placement
     }
 
@@ -294,9 +293,9 @@ impl OpenClBackend {
 
     fn flags(&self) -> cl_mem_flags {
         match self.placement {
-            PoolPlacement::DeviceLocal => CL_MEM_READ_WRITE,
-            PoolPlacement::HostPinned => CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR,
-            PoolPlacement::ReadOnly => CL_MEM_READ_ONLY,
+            PoolKind::DeviceLocal => CL_MEM_READ_WRITE,
+            PoolKind::Host | PoolKind::HostPinned => CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR,
+            PoolKind::ReadOnly => CL_MEM_READ_ONLY,
         }
     }
 
@@ -371,7 +370,7 @@ impl Backend for OpenClBackend {
     fn name(&self) -> &str {
         &self.name
     }
-    fn kind(&self) -> Api {
+    fn api(&self) -> Api {
         Api::OpenCl
     }
     fn alignment(&self) -> u64 {
@@ -393,7 +392,7 @@ impl Backend for OpenClBackend {
     fn capacity(&self) -> u64 {
         self.device.capacity
     }
-    fn free_memory(&self) -> u64 {
+    fn free_bytes(&self) -> u64 {
         // OpenCL has no free-memory query: report what this process has not taken.
         self.device.capacity.saturating_sub(self.device.held.load(Ordering::Relaxed))
     }
@@ -414,7 +413,7 @@ impl Backend for OpenClBackend {
         }
         let len = usize::try_from(size).map_err(|_| Error::SizeOverflow { what: format!("{size} bytes as usize") })?;
         let mem = MemObject::create(&self.device.context, self.flags(), len).map_err(|e| self.err(e))?;
-        let mapped = if self.placement == PoolPlacement::HostPinned && self.device.host_mappable {
+        let mapped = if self.placement == PoolKind::HostPinned && self.device.host_mappable {
             Some(raw::map(&self.device.queue, &mem, len).map_err(|e| self.err(e))?.as_ptr() as usize)
         } else {
             None

@@ -70,7 +70,7 @@ fn bad_sub_buffer_ranges_are_errors() {
         crate::testing::skip_or_fail("opencl", &format!("no OpenCL device: {}", found.skipped.join("; ")));
     }
     for d in found.devices {
-        let p = d.pool(crate::PoolPlacement::DeviceLocal, crate::PoolConfig::default()).unwrap();
+        let p = d.pool(crate::PoolKind::DeviceLocal, crate::PoolConfig::default()).unwrap();
         let b = p.allocate(10_000, crate::StreamId(0)).unwrap();
         let (seg, off) = p.segment_of(&b).unwrap();
         let align = d.info().alignment;

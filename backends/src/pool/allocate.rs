@@ -600,7 +600,7 @@ impl<B: Backend> Pool<B> {
         Error::OutOfMemory {
             device: self.backend.name().to_string(),
             requested: size,
-            free: self.backend.free_memory(),
+            free: self.backend.free_bytes(),
             cached: reserved - allocated,
             reserved,
             limit: state.stats.limit_bytes,

@@ -70,7 +70,7 @@ static FREE_MEMORY_QUERIES: AtomicU64 = AtomicU64::new(0);
 
 impl SimBackend {
     /// Free-memory queries answered by every simulated device in this process so far.
-    pub fn free_memory_queries() -> u64 {
+    pub fn free_bytes_queries() -> u64 {
         FREE_MEMORY_QUERIES.load(Ordering::Relaxed)
     }
 
@@ -294,7 +294,7 @@ impl Backend for SimBackend {
     fn name(&self) -> &str {
         &self.name
     }
-    fn kind(&self) -> Api {
+    fn api(&self) -> Api {
         Api::Sim
     }
     fn alignment(&self) -> u64 {
@@ -320,7 +320,7 @@ impl Backend for SimBackend {
     fn capacity(&self) -> u64 {
         self.capacity
     }
-    fn free_memory(&self) -> u64 {
+    fn free_bytes(&self) -> u64 {
         FREE_MEMORY_QUERIES.fetch_add(1, Ordering::Relaxed);
         self.capacity - self.physical.load(Ordering::Relaxed)
     }

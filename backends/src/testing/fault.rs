@@ -30,7 +30,7 @@
 //!   `call` is the backend call that failed and whose message says the fault was injected and which call of its
 //!   kind it was ([`is_injected`] recognises it, also inside the out-of-memory error a pool reports after its
 //!   retry).
-//! - [`FaultKind::FreeMemory`], the device query, cannot fail ([`Backend::free_memory`] returns a number): a
+//! - [`FaultKind::FreeBytes`], the device query, cannot fail ([`Backend::free_bytes`] returns a number): a
 //!   faulted call reports 0 bytes free, as a device that has run out would.
 //! - Unmapping pages and destroying segments cannot fail either ([`Backend::unmap_pages`] and
 //!   [`Backend::destroy_segment`] return nothing); the wrapper counts them and checks them against its ledger.
@@ -65,8 +65,8 @@ pub enum FaultKind {
     Copy,
     /// [`Backend::settle`].
     Settle,
-    /// [`Backend::free_memory`], the device query: a faulted call reports 0 bytes free.
-    FreeMemory,
+    /// [`Backend::free_bytes`], the device query: a faulted call reports 0 bytes free.
+    FreeBytes,
     /// [`Backend::alias_pages`].
     AliasPages,
 }
@@ -79,7 +79,7 @@ impl FaultKind {
         FaultKind::MapPages,
         FaultKind::Copy,
         FaultKind::Settle,
-        FaultKind::FreeMemory,
+        FaultKind::FreeBytes,
         FaultKind::AliasPages,
     ];
 
@@ -91,7 +91,7 @@ impl FaultKind {
             FaultKind::MapPages => "map_pages",
             FaultKind::Copy => "copy",
             FaultKind::Settle => "settle",
-            FaultKind::FreeMemory => "free_memory",
+            FaultKind::FreeBytes => "free_bytes",
             FaultKind::AliasPages => "alias_pages",
         }
     }
@@ -441,8 +441,8 @@ impl<B: Backend> Backend for FaultyBackend<B> {
     fn name(&self) -> &str {
         self.inner.name()
     }
-    fn kind(&self) -> Api {
-        self.inner.kind()
+    fn api(&self) -> Api {
+        self.inner.api()
     }
     fn alignment(&self) -> u64 {
         self.inner.alignment()
@@ -456,9 +456,9 @@ impl<B: Backend> Backend for FaultyBackend<B> {
     fn capacity(&self) -> u64 {
         self.inner.capacity()
     }
-    fn free_memory(&self) -> u64 {
-        let free = self.inner.free_memory();
-        match self.shared.call(FaultKind::FreeMemory) {
+    fn free_bytes(&self) -> u64 {
+        let free = self.inner.free_bytes();
+        match self.shared.call(FaultKind::FreeBytes) {
             Some(_) => 0,
             None => free,
         }

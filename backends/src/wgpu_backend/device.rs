@@ -60,7 +60,7 @@ impl DeviceShared {
         self.lost.lock().clone()
     }
 
-    pub(crate) fn free_memory(&self) -> u64 {
+    pub(crate) fn free_bytes(&self) -> u64 {
         let held = self.held.load(Ordering::Relaxed);
         if self.shares_memory_with_host {
             if let Some(available) = crate::host::host_memory().map(|m| m.1) {

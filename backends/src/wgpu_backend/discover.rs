@@ -1,11 +1,10 @@
 //! Discovery of wgpu adapters on every backend the platform has, and opening one device per adapter.
 
 use super::device::DeviceShared;
-use super::{WgpuBackend, WgpuPoolKind};
+use super::{WgpuBackend, WgpuUsage};
 use crate::adopt::Ownership;
 use crate::{
-    Api, DeviceInfo, DeviceKind, Discovery, Error, MemoryPool, OwnedBlock, Pool, PoolConfig, PoolPlacement, Result,
-    StreamId,
+    Api, DeviceInfo, DeviceKind, Discovery, Error, MemoryPool, OwnedBlock, Pool, PoolConfig, PoolKind, Result, StreamId,
 };
 use parking_lot::Mutex;
 use std::sync::{Arc, OnceLock};
@@ -224,8 +223,8 @@ fn device_info(
         name: format!("{} ({})", a.name, a.backend),
         vendor: vendor_name(a.vendor),
         kind,
-        total_memory,
-        free_memory: None,
+        total_bytes: total_memory,
+        free_bytes: None,
         shares_memory_with_host: shares,
         alignment: u64::from(limits.min_storage_buffer_offset_alignment),
         max_allocation: limits.max_buffer_size,
@@ -256,33 +255,33 @@ impl WgpuDevice {
         &self.adapter
     }
 
-    /// Whether host-pinned pools get [`WgpuPoolKind::Shared`] buffers (mappable and bindable): the adapter offers
+    /// Whether host-pinned pools get [`WgpuUsage::Shared`] buffers (mappable and bindable): the adapter offers
     /// `MAPPABLE_PRIMARY_BUFFERS` and shares memory with the host.
     pub fn has_shared_buffers(&self) -> bool {
         self.features.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS) && self.info.shares_memory_with_host
     }
 
     /// The pool kind that serves `placement`: DeviceLocal and ReadOnly as named; HostPinned is
-    /// [`WgpuPoolKind::Shared`] where [`WgpuDevice::has_shared_buffers`], else [`WgpuPoolKind::Upload`] (use
-    /// [`WgpuDevice::pool_of`] with [`WgpuPoolKind::Readback`] for read-back buffers).
-    pub fn kind_for(&self, placement: PoolPlacement) -> WgpuPoolKind {
-        match placement {
-            PoolPlacement::DeviceLocal => WgpuPoolKind::DeviceLocal,
-            PoolPlacement::ReadOnly => WgpuPoolKind::ReadOnly,
-            PoolPlacement::HostPinned if self.has_shared_buffers() => WgpuPoolKind::Shared,
-            PoolPlacement::HostPinned => WgpuPoolKind::Upload,
+    /// [`WgpuUsage::Shared`] where [`WgpuDevice::has_shared_buffers`], else [`WgpuUsage::Upload`] (use
+    /// [`WgpuDevice::pool_of`] with [`WgpuUsage::Readback`] for read-back buffers).
+    pub fn kind_for(&self, placement: PoolKind) -> WgpuUsage {
+        match placement.on_device() {
+            PoolKind::DeviceLocal => WgpuUsage::DeviceLocal,
+            PoolKind::ReadOnly => WgpuUsage::ReadOnly,
+            PoolKind::HostPinned if self.has_shared_buffers() => WgpuUsage::Shared,
+            PoolKind::Host | PoolKind::HostPinned => WgpuUsage::Upload,
         }
     }
 
     /// A pool for `placement` (see [`WgpuDevice::kind_for`]). Opens the device on first use.
-    pub fn pool(&self, placement: PoolPlacement, config: PoolConfig) -> Result<Pool<WgpuBackend>> {
+    pub fn pool(&self, placement: PoolKind, config: PoolConfig) -> Result<Pool<WgpuBackend>> {
         self.pool_of(self.kind_for(placement), config)
     }
 
     /// A pool whose buffers are of `kind`. Errors if the kind needs a feature the adapter lacks, or the device
     /// cannot be opened.
-    pub fn pool_of(&self, kind: WgpuPoolKind, config: PoolConfig) -> Result<Pool<WgpuBackend>> {
-        if kind == WgpuPoolKind::Shared && !self.has_shared_buffers() {
+    pub fn pool_of(&self, kind: WgpuUsage, config: PoolConfig) -> Result<Pool<WgpuBackend>> {
+        if kind == WgpuUsage::Shared && !self.has_shared_buffers() {
             return Err(Error::Unsupported {
                 backend: self.info.name.clone(),
                 what: "shared (mappable and bindable) buffers: the adapter lacks MAPPABLE_PRIMARY_BUFFERS or does \
@@ -365,7 +364,7 @@ impl WgpuDevice {
             &self.info.name,
             device,
             queue,
-            self.info.total_memory,
+            self.info.total_bytes,
             self.info.shares_memory_with_host,
         ));
         *opened = Some(Arc::clone(&shared));

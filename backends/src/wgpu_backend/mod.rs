@@ -51,20 +51,20 @@ pub use watch::{in_flight, parse_seconds, set_wait_limit, set_watchdog, wait_lim
 pub use wgpu;
 
 use crate::adopt::{Adoption, Ownership};
-use crate::{Api, Backend, Error, PoolPlacement, Result};
+use crate::{Api, Backend, Error, PoolKind, Result};
 use device::DeviceShared;
 use std::sync::Arc;
 use wgpu::BufferUsages;
 
 /// What a wgpu pool's buffers are for, which fixes their usages. [`WgpuDevice::pool`] maps each
-/// [`PoolPlacement`] to one of these; [`WgpuDevice::pool_of`] takes one directly.
+/// [`PoolKind`] to one of these; [`WgpuDevice::pool_of`] takes one directly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::Display, strum::EnumIter)]
 #[strum(serialize_all = "kebab-case")]
-pub enum WgpuPoolKind {
+pub enum WgpuUsage {
     /// `STORAGE | UNIFORM | VERTEX | INDEX | INDIRECT | COPY_SRC | COPY_DST`: device memory a kernel or a draw
     /// may use every way a non-mapped buffer can be used.
     DeviceLocal,
-    /// The same usages as [`WgpuPoolKind::DeviceLocal`]: filled at allocation and bound read-only (storage
+    /// The same usages as [`WgpuUsage::DeviceLocal`]: filled at allocation and bound read-only (storage
     /// `read`, uniform, vertex, index, indirect, copy source); the facade refuses writes after the fill.
     ReadOnly,
     /// `MAP_WRITE | COPY_SRC`: host-written staging for uploads; written by mapping, read through a copy.
@@ -76,7 +76,7 @@ pub enum WgpuPoolKind {
     Shared,
 }
 
-impl WgpuPoolKind {
+impl WgpuUsage {
     /// The buffer usages of this kind's segments.
     pub fn usages(self) -> BufferUsages {
         match self {
@@ -102,20 +102,20 @@ impl WgpuPoolKind {
     }
 
     /// The placement this kind serves.
-    pub fn placement(self) -> PoolPlacement {
+    pub fn placement(self) -> PoolKind {
         match self {
-            Self::DeviceLocal => PoolPlacement::DeviceLocal,
-            Self::ReadOnly => PoolPlacement::ReadOnly,
-            Self::Upload | Self::Readback | Self::Shared => PoolPlacement::HostPinned,
+            Self::DeviceLocal => PoolKind::DeviceLocal,
+            Self::ReadOnly => PoolKind::ReadOnly,
+            Self::Upload | Self::Readback | Self::Shared => PoolKind::HostPinned,
         }
     }
 }
 
-/// The backend of one wgpu pool: one device (shared by the device's pools) and one [`WgpuPoolKind`]. Every block
+/// The backend of one wgpu pool: one device (shared by the device's pools) and one [`WgpuUsage`]. Every block
 /// is a buffer of its own ([`Backend::segment_per_block`]).
 pub struct WgpuBackend {
     name: String,
-    kind: WgpuPoolKind,
+    kind: WgpuUsage,
     usage: BufferUsages,
     alignment: u64,
     shared: Arc<DeviceShared>,
@@ -137,7 +137,7 @@ impl std::fmt::Debug for WgpuBackend {
 }
 
 impl WgpuBackend {
-    fn new(name: String, kind: WgpuPoolKind, shared: Arc<DeviceShared>) -> Self {
+    fn new(name: String, kind: WgpuUsage, shared: Arc<DeviceShared>) -> Self {
         // Every block starts its own buffer, so no binding offset alignment applies: sizes are kept to whole
         // mapping units (8 bytes), so that any block can be mapped or copied to its end.
         let alignment = wgpu::MAP_ALIGNMENT.max(wgpu::COPY_BUFFER_ALIGNMENT);
@@ -147,14 +147,14 @@ impl WgpuBackend {
 
     /// The backend of a pool holding one adopted buffer, with that buffer's own usages. Its one block starts at
     /// offset 0, so no binding alignment applies; the alignment is wgpu's copy alignment (4), so that the block
-    /// spans whole words. Reported as [`WgpuPoolKind::DeviceLocal`]; [`WgpuBackend::usage`] tells what it allows.
+    /// spans whole words. Reported as [`WgpuUsage::DeviceLocal`]; [`WgpuBackend::usage`] tells what it allows.
     fn adopting(name: String, shared: Arc<DeviceShared>, buffer: wgpu::Buffer, ownership: Ownership) -> Self {
         let usage = buffer.usage();
         let mappable = usage.intersects(BufferUsages::MAP_READ | BufferUsages::MAP_WRITE);
         let segment = WgpuSegment::new(buffer, mappable);
         Self {
             name,
-            kind: WgpuPoolKind::DeviceLocal,
+            kind: WgpuUsage::DeviceLocal,
             usage,
             alignment: wgpu::COPY_BUFFER_ALIGNMENT,
             shared,
@@ -184,7 +184,7 @@ impl WgpuBackend {
     }
 
     /// What this pool's buffers are for.
-    pub fn pool_kind(&self) -> WgpuPoolKind {
+    pub fn pool_kind(&self) -> WgpuUsage {
         self.kind
     }
 
@@ -197,7 +197,7 @@ impl WgpuBackend {
     /// that hand blocks out (the facade) refuse writes after the fill, or [`seal`] the block so that this backend
     /// refuses them.
     pub fn is_read_only(&self) -> bool {
-        self.kind == WgpuPoolKind::ReadOnly
+        self.kind == WgpuUsage::ReadOnly
     }
 
     /// Why the device was lost, once it has been (destroyed, driver reset); `None` while it works.
@@ -241,7 +241,7 @@ impl Backend for WgpuBackend {
     fn name(&self) -> &str {
         &self.name
     }
-    fn kind(&self) -> Api {
+    fn api(&self) -> Api {
         Api::Wgpu
     }
     fn alignment(&self) -> u64 {
@@ -255,8 +255,8 @@ impl Backend for WgpuBackend {
     fn capacity(&self) -> u64 {
         self.shared.capacity
     }
-    fn free_memory(&self) -> u64 {
-        self.shared.free_memory()
+    fn free_bytes(&self) -> u64 {
+        self.shared.free_bytes()
     }
     fn segment_per_block(&self) -> bool {
         true
@@ -409,10 +409,10 @@ mod tests {
     #[test]
     fn usages_are_valid_webgpu_combinations() {
         use strum::IntoEnumIterator;
-        for kind in WgpuPoolKind::iter() {
+        for kind in WgpuUsage::iter() {
             let u = kind.usages();
             // Without MAPPABLE_PRIMARY_BUFFERS, MAP_READ goes only with COPY_DST and MAP_WRITE only with COPY_SRC.
-            if kind != WgpuPoolKind::Shared {
+            if kind != WgpuUsage::Shared {
                 if u.contains(BufferUsages::MAP_READ) {
                     assert_eq!(u, BufferUsages::MAP_READ | BufferUsages::COPY_DST);
                 }
@@ -421,7 +421,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(WgpuPoolKind::Upload.placement(), PoolPlacement::HostPinned);
-        assert_eq!(WgpuPoolKind::ReadOnly.to_string(), "read-only");
+        assert_eq!(WgpuUsage::Upload.placement(), PoolKind::HostPinned);
+        assert_eq!(WgpuUsage::ReadOnly.to_string(), "read-only");
     }
 }

@@ -125,7 +125,7 @@ impl Fixture {
             assert_eq!(after.segments.current, 0, "{label}: segments after release_cached: {after:?}");
             assert_eq!(after.inactive_split_bytes.current, 0, "{label}: split bytes after release_cached: {after:?}");
             if self.exclusive {
-                assert_eq!(pool.free_memory(), pool.capacity(), "{label}: the device has all its memory back");
+                assert_eq!(pool.free_bytes(), pool.capacity(), "{label}: the device has all its memory back");
             }
         }
     }
@@ -175,7 +175,7 @@ mod cuda {
     use umm_backends::cuda::cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
     use umm_backends::cuda::{self as umm_cuda, CudaDevice, CudaPool};
     use umm_backends::testing::skip_or_fail;
-    use umm_backends::PoolPlacement;
+    use umm_backends::PoolKind;
 
     const SOURCE: &str = r#"
 extern "C" __global__ void three_x_minus_mirror(const float* x, float* y, int n) {
@@ -219,7 +219,7 @@ extern "C" __global__ void three_x_minus_mirror(const float* x, float* y, int n)
         first
     }
 
-    fn fixture(placement: PoolPlacement, mode: SegmentMode) -> Vec<Fixture> {
+    fn fixture(placement: PoolKind, mode: SegmentMode) -> Vec<Fixture> {
         let Some(dev) = device() else { return Vec::new() };
         if mode == SegmentMode::Virtual && !dev.supports_virtual_memory() {
             // `UMM_REQUIRE_BACKENDS=cuda-vmm` makes a device without it a failure.
@@ -228,7 +228,7 @@ extern "C" __global__ void three_x_minus_mirror(const float* x, float* y, int n)
         }
         let ctx = dev.context().clone();
         let (s1, s2) = (ctx.new_stream().expect("stream"), ctx.new_stream().expect("stream"));
-        let maker = |dev: CudaDevice, placement: PoolPlacement| -> MakePool {
+        let maker = |dev: CudaDevice, placement: PoolKind| -> MakePool {
             Box::new(move |config| Ok(dev.caching_pool(placement, config)? as Arc<dyn MemoryPool>))
         };
         let kernel_ctx = ctx.clone();
@@ -244,9 +244,9 @@ extern "C" __global__ void three_x_minus_mirror(const float* x, float* y, int n)
         };
         let label = format!("{} {placement} {mode}", dev.info().name);
         vec![Fixture {
-            device_local: Some(maker(dev.clone(), PoolPlacement::DeviceLocal)),
-            host_writes: placement != PoolPlacement::ReadOnly,
-            read_only: placement == PoolPlacement::ReadOnly,
+            device_local: Some(maker(dev.clone(), PoolKind::DeviceLocal)),
+            host_writes: placement != PoolKind::ReadOnly,
+            read_only: placement == PoolKind::ReadOnly,
             streams: [umm_cuda::stream_id(&s1), umm_cuda::stream_id(&s2)],
             kernel: Some(Box::new(kernel)),
             _keep: Box::new((s1, s2)),
@@ -256,22 +256,22 @@ extern "C" __global__ void three_x_minus_mirror(const float* x, float* y, int n)
 
     /// CUDA device memory in plain segments (one cuMemAlloc each).
     pub fn cuda_device_local_plain() -> Vec<Fixture> {
-        fixture(PoolPlacement::DeviceLocal, SegmentMode::Plain)
+        fixture(PoolKind::DeviceLocal, SegmentMode::Plain)
     }
 
     /// CUDA device memory in virtual reservations mapped page by page.
     pub fn cuda_device_local_virtual() -> Vec<Fixture> {
-        fixture(PoolPlacement::DeviceLocal, SegmentMode::Virtual)
+        fixture(PoolKind::DeviceLocal, SegmentMode::Virtual)
     }
 
     /// CUDA pinned host memory.
     pub fn cuda_pinned() -> Vec<Fixture> {
-        fixture(PoolPlacement::HostPinned, SegmentMode::Plain)
+        fixture(PoolKind::HostPinned, SegmentMode::Plain)
     }
 
     /// CUDA read-only memory: filled once at allocation, host writes refused.
     pub fn cuda_read_only() -> Vec<Fixture> {
-        fixture(PoolPlacement::ReadOnly, SegmentMode::Plain)
+        fixture(PoolKind::ReadOnly, SegmentMode::Plain)
     }
 }
 
@@ -286,7 +286,7 @@ mod opencl {
     use opencl3::types::cl_int;
     use umm_backends::opencl::{self as umm_opencl, cl_sub_buffer, OpenClBackend, OpenClDevice};
     use umm_backends::testing::skip_or_fail;
-    use umm_backends::PoolPlacement;
+    use umm_backends::PoolKind;
 
     const SOURCE: &str = r#"
 __kernel void three_x_minus_mirror(__global const float* x, __global float* y, int n) {
@@ -325,7 +325,7 @@ __kernel void three_x_minus_mirror(__global const float* x, __global float* y, i
         }
     }
 
-    fn fixtures(placement: PoolPlacement) -> Vec<Fixture> {
+    fn fixtures(placement: PoolKind) -> Vec<Fixture> {
         let found = umm_opencl::discover();
         if found.devices.is_empty() {
             skip_or_fail("opencl", &format!("no OpenCL device: {}", found.skipped.join("; ")));
@@ -334,7 +334,7 @@ __kernel void three_x_minus_mirror(__global const float* x, __global float* y, i
             .devices
             .into_iter()
             .map(|dev| {
-                let maker = |dev: OpenClDevice, placement: PoolPlacement| -> MakePool {
+                let maker = |dev: OpenClDevice, placement: PoolKind| -> MakePool {
                     Box::new(move |config| Ok(Arc::new(dev.pool(placement, config)?) as Arc<dyn MemoryPool>))
                 };
                 let kernel_dev = dev.clone();
@@ -346,8 +346,8 @@ __kernel void three_x_minus_mirror(__global const float* x, __global float* y, i
                 };
                 let label = format!("{} {placement}", dev.info().name);
                 Fixture {
-                    device_local: Some(maker(dev.clone(), PoolPlacement::DeviceLocal)),
-                    read_only: placement == PoolPlacement::ReadOnly,
+                    device_local: Some(maker(dev.clone(), PoolKind::DeviceLocal)),
+                    read_only: placement == PoolKind::ReadOnly,
                     kernel: Some(Box::new(kernel)),
                     ..Fixture::new(label, SegmentMode::Auto, maker(dev, placement))
                 }
@@ -357,17 +357,17 @@ __kernel void three_x_minus_mirror(__global const float* x, __global float* y, i
 
     /// OpenCL device memory (READ_WRITE buffers).
     pub fn opencl_device_local() -> Vec<Fixture> {
-        fixtures(PoolPlacement::DeviceLocal)
+        fixtures(PoolKind::DeviceLocal)
     }
 
     /// OpenCL host-reachable memory (ALLOC_HOST_PTR; mapped on devices that share host memory).
     pub fn opencl_pinned() -> Vec<Fixture> {
-        fixtures(PoolPlacement::HostPinned)
+        fixtures(PoolKind::HostPinned)
     }
 
     /// OpenCL READ_ONLY buffers (kernels only read them; the host writes them).
     pub fn opencl_read_only() -> Vec<Fixture> {
-        fixtures(PoolPlacement::ReadOnly)
+        fixtures(PoolKind::ReadOnly)
     }
 }
 
@@ -378,8 +378,8 @@ pub use self::wgpu_fixtures::*;
 mod wgpu_fixtures {
     use super::*;
     use umm_backends::testing::skip_or_fail;
-    use umm_backends::wgpu_backend::{self, WgpuBackend, WgpuDevice, WgpuPoolKind};
-    use umm_backends::PoolPlacement;
+    use umm_backends::wgpu_backend::{self, WgpuBackend, WgpuDevice, WgpuUsage};
+    use umm_backends::PoolKind;
 
     const SOURCE: &str = r#"
 // x and y may lie in one pooled buffer: WebGPU forbids read and read-write use of one buffer in a dispatch, so
@@ -450,13 +450,13 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
         devices
     }
 
-    fn fixtures(kind: impl Fn(&WgpuDevice) -> WgpuPoolKind) -> Vec<Fixture> {
+    fn fixtures(kind: impl Fn(&WgpuDevice) -> WgpuUsage) -> Vec<Fixture> {
         devices()
             .into_iter()
             .map(|dev| {
                 let dev = Arc::new(dev);
                 let kind = kind(&dev);
-                let maker = |dev: Arc<WgpuDevice>, kind: WgpuPoolKind| -> MakePool {
+                let maker = |dev: Arc<WgpuDevice>, kind: WgpuUsage| -> MakePool {
                     Box::new(move |config| Ok(Arc::new(dev.pool_of(kind, config)?) as Arc<dyn MemoryPool>))
                 };
                 // Shaders bind storage buffers: device-local, read-only and shared (mappable and bindable) ones.
@@ -480,8 +480,8 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
                 };
                 let label = format!("{} ({:?}) {kind}", dev.info().name, dev.adapter_info().backend);
                 Fixture {
-                    device_local: Some(maker(Arc::clone(&dev), WgpuPoolKind::DeviceLocal)),
-                    read_only: kind == WgpuPoolKind::ReadOnly,
+                    device_local: Some(maker(Arc::clone(&dev), WgpuUsage::DeviceLocal)),
+                    read_only: kind == WgpuUsage::ReadOnly,
                     segment_per_block: true,
                     kernel: bindable.then(|| Box::new(kernel) as MakeKernel),
                     ..Fixture::new(label, SegmentMode::Auto, maker(dev, kind))
@@ -492,26 +492,26 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
 
     /// wgpu storage buffers.
     pub fn wgpu_device_local() -> Vec<Fixture> {
-        fixtures(|_| WgpuPoolKind::DeviceLocal)
+        fixtures(|_| WgpuUsage::DeviceLocal)
     }
 
     /// wgpu host-pinned memory: shared buffers where the adapter maps and binds them, upload buffers elsewhere.
     pub fn wgpu_pinned() -> Vec<Fixture> {
-        fixtures(|dev| dev.kind_for(PoolPlacement::HostPinned))
+        fixtures(|dev| dev.kind_for(PoolKind::HostPinned))
     }
 
     /// wgpu read-only storage (and uniform) buffers.
     pub fn wgpu_read_only() -> Vec<Fixture> {
-        fixtures(|_| WgpuPoolKind::ReadOnly)
+        fixtures(|_| WgpuUsage::ReadOnly)
     }
 
     /// wgpu upload buffers (MAP_WRITE | COPY_SRC).
     pub fn wgpu_upload() -> Vec<Fixture> {
-        fixtures(|_| WgpuPoolKind::Upload)
+        fixtures(|_| WgpuUsage::Upload)
     }
 
     /// wgpu read-back buffers (MAP_READ | COPY_DST).
     pub fn wgpu_readback() -> Vec<Fixture> {
-        fixtures(|_| WgpuPoolKind::Readback)
+        fixtures(|_| WgpuUsage::Readback)
     }
 }
