@@ -33,7 +33,8 @@ mod error;
 pub mod ffi;
 mod history;
 mod registry;
-mod tags;
+mod sleep;
+mod tag;
 mod trace;
 
 pub use error::last_error_message;

@@ -37,7 +37,7 @@ struct Live {
     stream: StreamId,
     /// Whether it came from the device's huge pool.
     huge: bool,
-    /// The tagged pool it came from, if any ([`crate::tags`]).
+    /// The tagged pool it came from, if any ([`crate::tag`]).
     tagged: Option<SharedPool>,
     block: BlockHandle,
     /// Its ID in the `UMM_TRACE` recording (`None`: not recording).
@@ -55,7 +55,7 @@ pub(crate) struct Slot {
     limited: AtomicBool,
     /// The device's pools' reserved bytes together: the true peak where there are two.
     reserved: Arc<ReservedGroup>,
-    /// Pools of tagged requests, one per tag, made on first use by `make_tagged` ([`crate::tags`]).
+    /// Pools of tagged requests, one per tag, made on first use by `make_tagged` ([`crate::tag`]).
     pub(crate) tagged: RwLock<Vec<(Arc<str>, SharedPool)>>,
     pub(crate) make_tagged: Option<MakeTagged>,
 }
@@ -74,6 +74,24 @@ impl Slot {
     ) -> Self {
         let (limited, tagged) = (AtomicBool::new(false), RwLock::new(Vec::new()));
         Slot { name, total_bytes, pool, huge, limited, reserved, tagged, make_tagged }
+    }
+
+    /// The pool of `tag` on this device, made on first use. A sleeping tag refuses.
+    pub(crate) fn tagged_pool(&self, tag: &Arc<str>) -> Result<SharedPool, String> {
+        if let Some((_, pool)) = self.tagged.read().iter().find(|(t, _)| t == tag) {
+            return Ok(Arc::clone(pool));
+        }
+        if let Some(action) = crate::tag::ASLEEP.lock().get(&**tag) {
+            return Err(format!("tag {tag} is asleep ({action}): allocation refused until it wakes"));
+        }
+        let make = self.make_tagged.as_ref().ok_or_else(|| format!("device {} has no pools", self.name))?;
+        let mut tagged = self.tagged.write();
+        if let Some((_, pool)) = tagged.iter().find(|(t, _)| t == tag) {
+            return Ok(Arc::clone(pool));
+        }
+        let pool = make(tag, tagged.len())?;
+        tagged.push((Arc::clone(tag), Arc::clone(&pool)));
+        Ok(pool)
     }
 
     fn missing(name: String, reason: String) -> Self {
@@ -433,8 +451,8 @@ pub(crate) fn alloc(size: i64, device: i64, stream: StreamId) -> Result<u64, Str
     }
     let reg = registry();
     let (slot, main) = reg.pool(device)?;
-    let tagged = match crate::tags::current() {
-        Some(tag) => Some(crate::tags::pool_of(slot, &tag).map_err(|e| format!("umm_alloc: {e}"))?),
+    let tagged = match crate::tag::current() {
+        Some(tag) => Some(slot.tagged_pool(&tag).map_err(|e| format!("umm_alloc: {e}"))?),
         None => None,
     };
     let (pool, huge) = match &tagged {

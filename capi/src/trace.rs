@@ -62,7 +62,7 @@ pub(crate) fn start(var: impl Fn(&str) -> Option<String>) -> Result<(), String> 
     let started = TRACE.get_or_init(|| {
         let recorder = Recorder::create(&value)?;
         // Without the handler the last lines wait for `umm_trace_flush`; a refusal changes nothing else.
-        crate::ffi::flush_trace_at_exit();
+        crate::ffi::exit::at_exit(flush_on_exit);
         Ok(recorder)
     });
     started.as_ref().map(|_| ()).map_err(Clone::clone)
@@ -111,8 +111,13 @@ pub(crate) fn flush() -> Result<(), String> {
     }
 }
 
+/// The process is exiting: the last lines are written out. Never unwinds (a panic stops at `catch_unwind`).
+extern "C" fn flush_on_exit() {
+    let _ = std::panic::catch_unwind(flush_at_exit);
+}
+
 /// The exit handler's flush: waits at most [`EXIT_WAIT`] for a thread that is recording, so that exit never hangs.
-pub(crate) fn flush_at_exit() {
+fn flush_at_exit() {
     if let Some(recorder) = recorder() {
         if let Some(mut state) = recorder.state.try_lock_for(EXIT_WAIT) {
             let _ = recorder.write_out(&mut state);

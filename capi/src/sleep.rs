@@ -1,69 +1,14 @@
-//! Tags, sleep and wake behind the C ABI (`umm_set_tag`, `umm_sleep`, `umm_wake`): a thread's allocations
-//! under a tag go to that tag's pool on their device, and a tag sleeps and wakes as a whole, its blocks keeping
-//! their addresses (see `umm_backends::Pool::sleep`), so that CUDA graphs captured before a sleep replay after
-//! the wake.
+//! Sleep and wake behind the C ABI (`umm_sleep`, `umm_wake`, `umm_sleeping_json`): a tag sleeps and wakes as a
+//! whole, on every device, its blocks keeping their addresses (see `umm_backends::Pool::sleep`), so that CUDA graphs
+//! captured before a sleep replay after the wake. The thread's tag and the set of tags asleep are [`crate::tag`]'s.
 
-use crate::registry::{registry, SharedPool, Slot};
-use parking_lot::Mutex;
+use crate::registry::{registry, SharedPool};
+use crate::tag::ASLEEP;
 use serde::Serialize;
-use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use umm_backends::cuda::ContextScope;
 use umm_backends::pool::check_tag;
 use umm_backends::{SleepAction, SleepReport, WakeReport};
-
-thread_local! {
-    /// The calling thread's tag (`umm_set_tag`).
-    static CURRENT: RefCell<Option<Arc<str>>> = const { RefCell::new(None) };
-    /// Whether `CURRENT` holds a tag: a plain flag (no destructor to register, no borrow to count), which is all
-    /// an untagged allocation reads.
-    static TAGGED: Cell<bool> = const { Cell::new(false) };
-}
-
-/// The sleeping tags; held through a whole sleep or wake, so that two never interleave.
-static ASLEEP: Mutex<BTreeMap<String, SleepAction>> = Mutex::new(BTreeMap::new());
-
-/// The calling thread's tag: one thread-local load when it has none.
-#[inline(always)]
-pub(crate) fn current() -> Option<Arc<str>> {
-    if !TAGGED.with(Cell::get) {
-        return None;
-    }
-    CURRENT.with(|c| c.borrow().clone())
-}
-
-/// Sets the calling thread's tag (`None` or empty: no tag). A bad tag is refused and the tag stays.
-pub(crate) fn set_current(tag: Option<&str>) -> Result<(), String> {
-    let tag = match tag.filter(|t| !t.is_empty()) {
-        Some(tag) => {
-            check_tag(tag).map_err(|e| format!("umm_set_tag: {e}"))?;
-            Some(Arc::from(tag))
-        }
-        None => None,
-    };
-    TAGGED.with(|t| t.set(tag.is_some()));
-    CURRENT.with(|c| *c.borrow_mut() = tag);
-    Ok(())
-}
-
-/// The pool of `tag` on the device of `slot`, made on first use. A sleeping tag refuses.
-pub(crate) fn pool_of(slot: &Slot, tag: &Arc<str>) -> Result<SharedPool, String> {
-    if let Some((_, pool)) = slot.tagged.read().iter().find(|(t, _)| t == tag) {
-        return Ok(Arc::clone(pool));
-    }
-    if let Some(action) = ASLEEP.lock().get(&**tag) {
-        return Err(format!("tag {tag} is asleep ({action}): allocation refused until it wakes"));
-    }
-    let make = slot.make_tagged.as_ref().ok_or_else(|| format!("device {} has no pools", slot.name))?;
-    let mut tagged = slot.tagged.write();
-    if let Some((_, pool)) = tagged.iter().find(|(t, _)| t == tag) {
-        return Ok(Arc::clone(pool));
-    }
-    let pool = make(tag, tagged.len())?;
-    tagged.push((Arc::clone(tag), Arc::clone(&pool)));
-    Ok(pool)
-}
 
 /// A comma-separated list of tags (spaces around each ignored, empty entries skipped), each checked.
 pub(crate) fn parse_list(what: &str, list: &str) -> Result<Vec<String>, String> {

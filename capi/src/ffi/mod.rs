@@ -4,7 +4,9 @@
 //! message for [`umm_last_error`]. The work itself is in the safe [`crate::registry`].
 #![allow(unsafe_code)]
 
-use crate::{error, registry, tags, trace};
+pub(crate) mod exit;
+
+use crate::{error, registry, sleep, tag, trace};
 use std::ffi::CStr;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -221,7 +223,7 @@ pub unsafe extern "C" fn umm_set_tag(tag: *const c_char) -> c_int {
     guarded("umm_set_tag", -1, || {
         // SAFETY: this function's contract is `text_arg`'s.
         let tag = unsafe { text_arg("umm_set_tag", tag) }?;
-        tags::set_current(tag).map(|()| 0)
+        tag::set_current(tag).map(|()| 0)
     })
 }
 
@@ -240,9 +242,9 @@ pub unsafe extern "C" fn umm_sleep(offload: *const c_char, discard: *const c_cha
     json_string("umm_sleep", || {
         // SAFETY: this function's contract is `text_arg`'s.
         let (offload, discard) = unsafe { (text_arg("umm_sleep", offload)?, text_arg("umm_sleep", discard)?) };
-        let offload = tags::parse_list("umm_sleep", offload.unwrap_or(""))?;
-        let discard = tags::parse_list("umm_sleep", discard.unwrap_or(""))?;
-        tags::sleep(&offload, &discard)
+        let offload = sleep::parse_list("umm_sleep", offload.unwrap_or(""))?;
+        let discard = sleep::parse_list("umm_sleep", discard.unwrap_or(""))?;
+        sleep::sleep(&offload, &discard)
     })
 }
 
@@ -259,29 +261,12 @@ pub unsafe extern "C" fn umm_wake(tags: *const c_char) -> *mut c_char {
     json_string("umm_wake", || {
         // SAFETY: this function's contract is `text_arg`'s.
         let list = unsafe { text_arg("umm_wake", tags) }?;
-        tags::wake(&tags::parse_list("umm_wake", list.unwrap_or(""))?)
+        sleep::wake(&sleep::parse_list("umm_wake", list.unwrap_or(""))?)
     })
 }
 
 /// The sleeping tags as a JSON object, tag → `"offload"` or `"discard"`, to free with [`umm_string_free`].
 #[no_mangle]
 pub extern "C" fn umm_sleeping_json() -> *mut c_char {
-    json_string("umm_sleeping_json", || Ok(tags::sleeping_json()))
-}
-
-extern "C" {
-    /// C's `atexit`. glibc links it from `libc_nonshared.a` as `__cxa_atexit` with this library's DSO handle, so
-    /// a `dlclose` of the library runs the handler then instead of leaving it to call unmapped code at exit.
-    fn atexit(callback: extern "C" fn()) -> c_int;
-}
-
-/// Registers the trace's last write-out to run at process exit; false if the C library refused.
-pub(crate) fn flush_trace_at_exit() -> bool {
-    extern "C" fn at_exit() {
-        let _ = catch_unwind(trace::flush_at_exit);
-    }
-    // SAFETY: `atexit` only stores the function pointer. `at_exit` is a function of this library with the C ABI
-    // that takes and returns nothing and never unwinds (a panic stops at `catch_unwind`); it locks the trace with
-    // a timeout, so an exit while another thread records cannot hang.
-    unsafe { atexit(at_exit) == 0 }
+    json_string("umm_sleeping_json", || Ok(sleep::sleeping_json()))
 }
