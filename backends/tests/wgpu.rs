@@ -76,8 +76,7 @@ fn discovery_describes_every_adapter() {
 fn every_placement_has_a_pool_kind_aligned_for_bindings() {
     for dev in devices() {
         eprintln!("on {}", dev.info().name);
-        let mut kinds =
-            vec![WgpuUsage::DeviceLocal, WgpuUsage::ReadOnly, WgpuUsage::Upload, WgpuUsage::Readback];
+        let mut kinds = vec![WgpuUsage::DeviceLocal, WgpuUsage::ReadOnly, WgpuUsage::Upload, WgpuUsage::Readback];
         if dev.has_shared_buffers() {
             kinds.push(WgpuUsage::Shared);
         }

@@ -16,7 +16,7 @@ use super::raw::{self, Failure};
 use crate::adopt::{Adoption, Keeper, Ownership};
 use crate::HostPtr;
 use crate::{Api, Backend, Error, PoolKind, Result, StreamId, VirtualMemory};
-use cudarc::driver::CudaContext;
+use cudarc::driver::{CudaContext, CudaEvent};
 use parking_lot::Mutex;
 use std::sync::Arc;
 
@@ -54,25 +54,40 @@ impl CudaSegment {
 #[derive(Debug)]
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
-    ordinal: i32,
-    name: String,
+    pub(super) ordinal: i32,
+    pub(super) name: String,
     placement: PoolKind,
     capacity: u64,
     /// Page size of virtual memory management, when the device supports it and the placement uses device memory.
-    vmm: Option<VirtualMemory>,
+    pub(super) vmm: Option<VirtualMemory>,
     /// What plain segments round to: the device's own page even when reservations map larger pages.
     granularity: u64,
     /// Physical pages unmapped during the current pool operation, kept for its next mapping: moving a page
     /// costs cuMemUnmap + cuMemMap, while freeing and creating one adds cuMemRelease + cuMemCreate.
-    spare_pages: Mutex<Vec<u64>>,
+    pub(super) spare_pages: Mutex<Vec<u64>>,
     /// Stream marks (events) the pool recorded to share free memory across streams.
-    pub(super) marks: Mutex<super::marks::Marks>,
+    pub(super) marks: Mutex<Marks>,
     /// The devices granted access to mapped pages: this one, then every device that can reach its memory as a
     /// peer. A reservation's pages are reachable only from the devices `cuMemSetAccess` names, so without the
     /// peers a GPU→GPU copy from virtual segments would be staged by the driver (a tenth of NVLink's speed).
-    access: Vec<i32>,
+    pub(super) access: Vec<i32>,
     /// For the backend of an adopted allocation: that allocation (see [`crate::adopt`]).
     adoption: Option<Adoption<CudaSegment>>,
+}
+
+/// The backend's stream marks (see `marks.rs`): recorded events by id, and spare ones.
+#[derive(Default)]
+pub(super) struct Marks {
+    pub(super) recorded: Vec<Option<CudaEvent>>,
+    pub(super) free_ids: Vec<usize>,
+    pub(super) spare: Vec<CudaEvent>,
+}
+
+impl std::fmt::Debug for Marks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let live = self.recorded.iter().flatten().count();
+        f.debug_struct("Marks").field("live", &live).field("spare", &self.spare.len()).finish()
+    }
 }
 
 impl CudaBackend {
@@ -117,7 +132,7 @@ impl CudaBackend {
             vmm,
             granularity,
             spare_pages: Mutex::new(Vec::new()),
-            marks: Mutex::new(super::marks::Marks::default()),
+            marks: Mutex::new(Marks::default()),
             access: std::iter::once(ordinal).chain(peers.iter().copied().filter(|&p| p != ordinal)).collect(),
             adoption: None,
         }
@@ -182,7 +197,7 @@ impl CudaBackend {
         raw::ctx_synchronize().map_err(|f| self.error(f))
     }
 
-    fn check(&self, segment: &CudaSegment, offset: u64, len: u64) -> Result<()> {
+    pub(super) fn check(&self, segment: &CudaSegment, offset: u64, len: u64) -> Result<()> {
         match offset.checked_add(len) {
             Some(end) if end <= segment.size => Ok(()),
             _ => Err(Error::OutOfBounds(format!(
@@ -223,70 +238,6 @@ impl CudaBackend {
         unsafe { raw::copy_htod(segment.device_ptr + offset, src) }.map_err(|f| self.error(f))?;
         // A copy from pageable memory may return before its DMA lands; other streams must see the bytes.
         raw::ctx_synchronize().map_err(|f| self.error(f))
-    }
-
-    /// Unmaps every mapped page of a reservation and frees its memory (used before freeing it).
-    ///
-    /// # Safety
-    /// As for [`Self::unmap_range`], for the whole reservation.
-    #[allow(unsafe_code)] // A contract passed on to `unmap_range`.
-    unsafe fn unmap_all(&self, segment: &CudaSegment, page: u64) {
-        // SAFETY: this function's contract is `unmap_range`'s.
-        unsafe { self.unmap_range(segment, 0, segment.size, page, false) };
-    }
-
-    /// Unmaps the mapped pages of `[offset, offset + len)`; their memory is kept in `spare_pages` (`keep`) or
-    /// freed.
-    ///
-    /// # Safety
-    /// No work queued before this call still uses the range (the caller waited for every stream that may use
-    /// it), and no live block lies over it.
-    #[allow(unsafe_code)] // Discharges `raw::mem_unmap`'s and `raw::mem_release`'s contracts.
-    unsafe fn unmap_range(&self, segment: &CudaSegment, offset: u64, len: u64, page: u64, keep: bool) {
-        let Some(pages) = segment.pages.as_ref() else { return };
-        let mut table = pages.lock();
-        let first = (offset / page) as usize;
-        let end = (offset + len).div_ceil(page).min(table.len() as u64) as usize;
-        let mut spare = self.spare_pages.lock();
-        for i in first..end {
-            let handle = std::mem::take(&mut table[i]);
-            if handle == 0 {
-                continue;
-            }
-            // SAFETY: a non-zero page table entry is exactly one mapping of one page made by `map_pages` or
-            // `alias_pages`, taken out of the table here so it is unmapped once; by this function's contract nothing
-            // uses it any more.
-            if let Err(f) = unsafe { raw::mem_unmap(segment.device_ptr + i as u64 * page, page) } {
-                log::error!("{}: {}", self.name, self.error(f));
-            }
-            if keep {
-                spare.push(handle);
-                continue;
-            }
-            // SAFETY: `handle` is the table's reference (from `raw::mem_create`, or from `raw::retain_handle` for a
-            // second mapping), which the table no longer holds, released once, here.
-            if let Err(f) = unsafe { raw::mem_release(handle) } {
-                log::error!("{}: {}", self.name, self.error(f));
-            }
-        }
-    }
-}
-
-/// Unmaps the pages of a reservation at `base` whose table entries are `entries` (page `first` onward), releases
-/// the reference each entry holds and clears it: undoing the mappings of a `map_pages` or `alias_pages` call that
-/// failed part-way.
-///
-/// # Safety
-/// Each entry is one whole mapping of one page made by the failing call, under the one reference the entry holds,
-/// and nothing uses those pages yet.
-#[allow(unsafe_code)] // Discharges `raw::mem_unmap`'s and `raw::mem_release`'s contracts.
-unsafe fn undo_mappings(base: u64, entries: &mut [u64], first: usize, page: u64) {
-    for (i, entry) in entries.iter_mut().enumerate() {
-        // SAFETY: by this function's contract the page is one mapping nothing uses; unmapped once (cleared below).
-        let _ = unsafe { raw::mem_unmap(base + (first + i) as u64 * page, page) };
-        // SAFETY: by this function's contract the entry holds one reference, released once (cleared below).
-        let _ = unsafe { raw::mem_release(*entry) };
-        *entry = 0;
     }
 }
 
@@ -417,61 +368,8 @@ impl Backend for CudaBackend {
     /// Creates one physical allocation per page (so that any page can be unmapped on its own later), maps each,
     /// then grants read-write access to the whole range in one call, to this device and its peers. On failure
     /// nothing stays mapped.
-    #[allow(unsafe_code)] // Discharges `raw::mem_map`'s, `raw::mem_unmap`'s and `raw::mem_release`'s contracts.
     fn map_pages(&self, segment: &CudaSegment, offset: u64, len: u64) -> Result<()> {
-        let (Some(vm), Some(pages)) = (self.vmm, segment.pages.as_ref()) else {
-            return Err(Error::Unsupported { backend: self.name.clone(), what: "page mapping".into() });
-        };
-        let page = vm.page_size;
-        if !offset.is_multiple_of(page) || !len.is_multiple_of(page) {
-            return Err(Error::OutOfBounds(format!("page mapping of {len} bytes at {offset}: not {page}-aligned")));
-        }
-        self.check(segment, offset, len)?;
-        self.bind()?;
-        let mut table = pages.lock();
-        let first = (offset / page) as usize;
-        let count = (len / page) as usize;
-        if let Some(i) = (first..first + count).find(|&i| table[i] != 0) {
-            return Err(Error::InvalidConfig(format!("page {i} of a reservation of {} is mapped twice", self.name)));
-        }
-        let mut done = 0;
-        let mut failure = None;
-        let mut spare = self.spare_pages.lock();
-        for i in first..first + count {
-            let at = segment.device_ptr + i as u64 * page;
-            let created = match spare.pop() {
-                Some(h) => Ok(h),
-                None => raw::mem_create(page, self.ordinal),
-            };
-            let handle = match created {
-                Ok(h) => h,
-                Err(f) => {
-                    failure = Some(f);
-                    break;
-                }
-            };
-            // SAFETY: the page at `at` lies inside `segment`'s live reservation (the range was checked above) and
-            // is not mapped (its table entry is 0, checked under the table's lock, which is held); `handle` is a
-            // live allocation of exactly `page` bytes, fresh from `raw::mem_create` or a spare page of this size.
-            if let Err(f) = unsafe { raw::mem_map(at, page, handle) } {
-                // SAFETY: `handle` is in neither the table nor the spares, so this is its one release.
-                let _ = unsafe { raw::mem_release(handle) };
-                failure = Some(f);
-                break;
-            }
-            table[i] = handle;
-            done += 1;
-        }
-        if failure.is_none() {
-            match raw::set_access(segment.device_ptr + offset, len, &self.access) {
-                Ok(()) => return Ok(()),
-                Err(f) => failure = Some(f),
-            }
-        }
-        // SAFETY: pages `first..first + done` were mapped by this call, each under the reference its entry holds
-        // (from `raw::mem_create` or the spares), and no block uses them yet.
-        unsafe { undo_mappings(segment.device_ptr, &mut table[first..first + done], first, page) };
-        Err(self.error(failure.expect("a failure ended the loop")))
+        self.map_new_pages(segment, offset, len)
     }
 
     fn can_alias_pages(&self) -> bool {
@@ -482,7 +380,6 @@ impl Backend for CudaBackend {
     /// (`cuMemRetainAllocationHandle`), so that the destination's table releases it like any page when the range
     /// is destroyed, and the memory lives until both mappings are gone. Then grants access to the range as
     /// [`Backend::map_pages`] does. On failure nothing of this call stays mapped.
-    #[allow(unsafe_code)] // Discharges `raw::mem_map`'s, `raw::mem_unmap`'s and `raw::mem_release`'s contracts.
     fn alias_pages(
         &self,
         dst: &CudaSegment,
@@ -491,58 +388,7 @@ impl Backend for CudaBackend {
         src_offset: u64,
         len: u64,
     ) -> Result<()> {
-        let (Some(vm), Some(pages), true) = (self.vmm, dst.pages.as_ref(), src.is_virtual()) else {
-            return Err(Error::Unsupported { backend: self.name.clone(), what: "mapping pages twice".into() });
-        };
-        let page = vm.page_size;
-        if ![dst_offset, src_offset, len].iter().all(|v| v.is_multiple_of(page)) {
-            return Err(Error::OutOfBounds(format!(
-                "second mapping of {len} bytes at {src_offset} to {dst_offset}: not {page}-aligned"
-            )));
-        }
-        self.check(dst, dst_offset, len)?;
-        self.check(src, src_offset, len)?;
-        self.bind()?;
-        let mut table = pages.lock();
-        let first = (dst_offset / page) as usize;
-        let count = (len / page) as usize;
-        if let Some(i) = (first..first + count).find(|&i| table[i] != 0) {
-            return Err(Error::InvalidConfig(format!("page {i} of a reservation of {} is mapped twice", self.name)));
-        }
-        let mut done = 0;
-        let mut failure = None;
-        for j in 0..count {
-            let handle = match raw::retain_handle(src.device_ptr + src_offset + j as u64 * page) {
-                Ok(h) => h,
-                Err(f) => {
-                    failure = Some(f);
-                    break;
-                }
-            };
-            let at = dst.device_ptr + (first + j) as u64 * page;
-            // SAFETY: the page at `at` lies inside `dst`'s live reservation (checked above) and is not mapped (its
-            // table entry is 0, under the table's lock, which is held); `handle` is a live physical allocation of
-            // exactly `page` bytes (every page of a reservation is one `raw::mem_create` of the page size), under
-            // the reference just retained.
-            if let Err(f) = unsafe { raw::mem_map(at, page, handle) } {
-                // SAFETY: the reference retained just above, in neither table: its one release.
-                let _ = unsafe { raw::mem_release(handle) };
-                failure = Some(f);
-                break;
-            }
-            table[first + j] = handle;
-            done += 1;
-        }
-        if failure.is_none() {
-            match raw::set_access(dst.device_ptr + dst_offset, len, &self.access) {
-                Ok(()) => return Ok(()),
-                Err(f) => failure = Some(f),
-            }
-        }
-        // SAFETY: pages `first..first + done` were mapped by this call, each under the reference it retained, and
-        // nothing uses them yet.
-        unsafe { undo_mappings(dst.device_ptr, &mut table[first..first + done], first, page) };
-        Err(self.error(failure.expect("a failure ended the loop")))
+        self.map_pages_again(dst, dst_offset, src, src_offset, len)
     }
 
     #[allow(unsafe_code)] // Discharges `unmap_range`'s contract.

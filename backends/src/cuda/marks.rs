@@ -5,22 +5,7 @@
 use super::backend::CudaBackend;
 use super::raw;
 use crate::{Backend, Error, Result, StreamId, StreamMark};
-use cudarc::driver::{sys, CudaEvent};
-
-/// The backend's marks: recorded events by id, and spare ones.
-#[derive(Default)]
-pub(super) struct Marks {
-    recorded: Vec<Option<CudaEvent>>,
-    free_ids: Vec<usize>,
-    spare: Vec<CudaEvent>,
-}
-
-impl std::fmt::Debug for Marks {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let live = self.recorded.iter().flatten().count();
-        f.debug_struct("Marks").field("live", &live).field("spare", &self.spare.len()).finish()
-    }
-}
+use cudarc::driver::sys;
 
 impl CudaBackend {
     /// Records a mark on `stream`: an event at the current end of its queue.

@@ -25,6 +25,7 @@ mod buffer;
 mod host_store;
 mod interop;
 mod marks;
+mod pages;
 pub(crate) mod peer;
 mod pool;
 mod raw;
