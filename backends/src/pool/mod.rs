@@ -30,6 +30,7 @@
 //! - [`config`], [`streams`]: the configuration and the stream → arena map.
 
 mod allocate;
+mod books;
 mod config;
 mod free;
 mod io;
@@ -49,11 +50,12 @@ mod streams;
 mod thread_cache;
 mod trim;
 
+pub use books::sleep::SleepAction;
+pub use books::steps::{StepOutcome, StepReport, MAX_STEP_EVENTS, MISSES_TO_DROP, REPEATS_TO_PLAN};
 pub use config::{CrossStream, Limit, PoolConfig, SegmentMode, Strategy};
 pub use recorded::StreamPool;
-pub use sleep::{check_tag, SleepAction, SleepReport, WakeReport, MAX_TAG_LEN};
+pub use sleep::{check_tag, SleepReport, WakeReport, MAX_TAG_LEN};
 pub use snapshot::{BlockSnapshot, PoolSnapshot, SegmentSnapshot};
-pub use steps::{StepOutcome, StepReport, MAX_STEP_EVENTS, MISSES_TO_DROP, REPEATS_TO_PLAN};
 pub use trim::TrimReport;
 
 use crate::backend::PoolAccess;

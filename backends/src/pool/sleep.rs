@@ -13,6 +13,7 @@
 //! allocations and every access to its blocks ([`crate::Error::Asleep`]), and frees are bookkeeping only.
 //! Waking maps new pages over the same ranges and copies the offloaded bytes back, all or nothing.
 
+use super::books::sleep::{SleepAction, Sleeping, SleepingRange};
 use super::state::State;
 use super::Pool;
 use crate::engine::SegmentId;
@@ -33,17 +34,6 @@ pub fn check_tag(tag: &str) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// What happens to the bytes of a sleeping pool's live blocks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::Display)]
-#[strum(serialize_all = "lowercase")]
-#[serde(rename_all = "lowercase")]
-pub enum SleepAction {
-    /// Copied to host memory and copied back at wake (model weights).
-    Offload,
-    /// Dropped: the blocks come back at wake with undefined contents (a KV cache, recomputed).
-    Discard,
 }
 
 /// What a [`Pool::sleep`] did.
@@ -89,37 +79,6 @@ mod seconds {
     }
 }
 
-/// A sleeping pool's books: the ranges it unmapped and, when offloaded, where their bytes are.
-pub(super) struct Sleeping {
-    pub(super) action: SleepAction,
-    ranges: Vec<SleepingRange>,
-    /// The bytes of `ranges`, back to back, when offloaded.
-    store: Option<HostStore>,
-    /// Sum of the ranges' lengths.
-    pub(super) bytes: u64,
-}
-
-impl Sleeping {
-    /// The sleeping ranges by (arena, segment), as (offset, length) in address order.
-    pub(super) fn ranges_by_segment(&self) -> std::collections::HashMap<(usize, SegmentId), Vec<(u64, u64)>> {
-        let mut by_segment: std::collections::HashMap<_, Vec<_>> = std::collections::HashMap::new();
-        for r in &self.ranges {
-            by_segment.entry((r.arena, r.segment)).or_default().push((r.offset, r.len));
-        }
-        by_segment.values_mut().for_each(|ranges| ranges.sort_unstable());
-        by_segment
-    }
-
-    /// Bytes held on the host for the wake.
-    pub(super) fn offloaded_bytes(&self) -> u64 {
-        if self.store.is_some() {
-            self.bytes
-        } else {
-            0
-        }
-    }
-}
-
 impl<S> State<S> {
     /// Host memory held for offloading: a sleeping pool's store, or the one kept after a wake.
     pub(super) fn host_store_bytes(&self) -> u64 {
@@ -142,14 +101,6 @@ struct Piece<S> {
     len: u64,
     /// Where its bytes lie in the host store.
     at: usize,
-}
-
-/// A mapped range of a reservation that was unmapped by sleep.
-struct SleepingRange {
-    arena: usize,
-    segment: SegmentId,
-    offset: u64,
-    len: u64,
 }
 
 /// Copies of live blocks' device memory that let go of the pool's lock ([`Pool::write`], [`Pool::read`],

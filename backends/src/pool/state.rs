@@ -10,9 +10,9 @@
 //! figure cannot drift from what the engines hold. Virtual arenas, whose free pages are counted as mapped
 //! bytes, are changed through [`State::virtual_engine`] and never count as empty.
 
+use super::books::steps::Steps;
+use super::books::stitch::Stitcher;
 use super::quick::QuickCache;
-use super::steps::Steps;
-use super::stitch::Stitcher;
 use super::streams::StreamArenas;
 use super::thread_cache::Returned;
 use crate::engine::{Allocation, BlockId, Engine, Freed, SegmentId};
@@ -143,10 +143,10 @@ pub(super) struct State<S> {
     /// The stitched blocks of each virtual arena that has some ([`super::stitch`]).
     pub(super) stitchers: Vec<Stitcher>,
     /// Kept stitched ranges forgotten to make room for new ones since the last full release (see
-    /// [`super::stitch::MAX_STITCH_EVICTIONS`]).
+    /// [`super::books::stitch::MAX_STITCH_EVICTIONS`]).
     pub(super) stitch_evictions: u64,
     /// While the pool sleeps: what it unmapped and where the bytes went ([`super::sleep`]).
-    pub(super) sleep: Option<super::sleep::Sleeping>,
+    pub(super) sleep: Option<super::books::sleep::Sleeping>,
     /// Host memory that held offloaded bytes, kept for the next sleep ([`crate::Pool::wake`]).
     pub(super) host_store: Option<crate::HostStore>,
 }

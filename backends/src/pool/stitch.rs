@@ -20,55 +20,12 @@
 //! alive by mapping (CUDA: the second mapping holds its own reference to each page), even a mistake there would
 //! leak memory, not hand it out twice.
 
+use super::books::stitch::{Run, Stitch, Stitcher, MAX_KEPT_STITCHES, MAX_STITCH_EVICTIONS};
 use super::state::{Arena, ArenaClass, SegmentEntry, State};
 use super::{Pool, ARENA_BITS};
 use crate::backend::PoolAccess;
 use crate::engine::{Allocation, BlockId, SegmentId};
 use crate::{Backend, BlockHandle, Result};
-
-/// Stitched ranges an arena holds, in use or kept; past it the least recently used kept one goes. A repeating
-/// workload needs one per distinct large request that its free pieces serve.
-pub(super) const MAX_KEPT_STITCHES: usize = 64;
-
-/// Kept ranges forgotten to make room for new ones after which no new range is made (until a full release of
-/// cached memory): past it the workload does not repeat the requests its ranges serve, and every new range would
-/// cost device calls to save memory only for a moment. Such a pool then maps pages, and settles. On the shared
-/// `pressure` trace without a limit (`umm replay --backend sim`), making ranges without this bound kept reserved
-/// memory at 1.198 × live instead of 1.719, but at 81,472 device calls in three warm passes (652 ns per op).
-pub(super) const MAX_STITCH_EVICTIONS: u64 = MAX_KEPT_STITCHES as u64;
-
-/// The stitched blocks of one virtual arena.
-pub(super) struct Stitcher {
-    /// The virtual arena whose pages they map.
-    pub(super) source: usize,
-    /// The arena of class [`ArenaClass::Stitched`] holding their address ranges.
-    pub(super) arena: usize,
-    /// By segment of `arena`.
-    stitches: Vec<Option<Stitch>>,
-    /// Advanced at every use: orders kept ranges by their last use.
-    clock: u64,
-}
-
-/// One stitched address range.
-struct Stitch {
-    /// Its length: whole pages.
-    capacity: u64,
-    /// The reservation pages it maps, in its order.
-    runs: Vec<Run>,
-    /// The holder blocks in the source arena while a block of this range is live; empty while it is kept.
-    holders: Vec<BlockId>,
-    last_used: u64,
-}
-
-/// Whole pages of one reservation, mapped consecutively in a stitched range.
-#[derive(Clone, Copy)]
-struct Run {
-    segment: SegmentId,
-    offset: u64,
-    len: u64,
-    /// Where the free block covering the run was last seen (see [`crate::engine::Engine::allocate_range`]).
-    hint: Option<u32>,
-}
 
 impl<B: Backend> Pool<B> {
     /// On a miss in virtual `arena` for `size` bytes (rounded), before new pages are mapped: a kept stitched

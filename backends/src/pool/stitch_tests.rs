@@ -262,7 +262,7 @@ fn random_workloads_never_put_two_live_blocks_on_one_byte() {
 
 #[test]
 fn a_pool_that_keeps_replacing_kept_ranges_stops_making_new_ones_until_a_full_release() {
-    use super::stitch::{MAX_KEPT_STITCHES, MAX_STITCH_EVICTIONS};
+    use super::books::stitch::{MAX_KEPT_STITCHES, MAX_STITCH_EVICTIONS};
     let (pool, faults) = pool(true, None);
     // 200 free pages, each between two live ones.
     let blocks: Vec<_> = (0..400).map(|_| pool.allocate(PAGE, S0).unwrap()).collect();
