@@ -10,9 +10,10 @@
 
 use crate::buffer::{BufferMeta, UniversalBuffer};
 use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::manager::UniversalMemoryManager;
 use crate::placement_cache::Placed;
 use crate::profiler::AllocEvent;
-use crate::{Error, Result, UniversalMemoryManager};
 use std::sync::Arc;
 use umm_backends::{OwnedBlock, Ownership, StreamId};
 use umm_placement::{AccessPattern, Api, Decision, DeviceSelector, Placement, PoolKind, SizeClass};

@@ -2,9 +2,9 @@
 //! usage tracker.
 
 use crate::device::Device;
-use crate::migrate::path::MigrationPath;
+use crate::error::{Error, Result};
+use crate::migration_path::MigrationPath;
 use crate::placement_cache::Placed;
-use crate::{Error, Result};
 use std::marker::PhantomData;
 use std::sync::Arc;
 use umm_backends::{BlockInfo, MemoryPool, OwnedBlock};

@@ -36,8 +36,8 @@
 //! refused (`none` turns every accelerator API off). A variable named `UMM_...` that umm does not read draws a
 //! warning, once per process, naming the closest known variable ([`warn_unknown_env_vars`]).
 
+use crate::error::{Error, Result};
 use crate::profiler::ProfilerConfig;
-use crate::{Error, Result};
 use serde::Serialize;
 use umm_backends::{Limit, PoolConfig, SegmentMode, Strategy};
 use umm_placement::DecisionConfig;

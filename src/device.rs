@@ -1,9 +1,9 @@
 //! The device registry: every device discovered through every API, merged so that one physical GPU seen through
 //! two APIs is one [`Device`] with two APIs. Pools are created on first use.
 
+use crate::config::UmmConfig;
 use crate::discovery::{ApiEntry, ApiHandle};
 use crate::host_info::HostInfo;
-use crate::UmmConfig;
 use parking_lot::Mutex;
 use std::fmt;
 use std::sync::{Arc, Weak};
@@ -154,7 +154,7 @@ impl Device {
         kind: PoolKind,
         api: Option<Api>,
         config: &PoolConfig,
-    ) -> crate::Result<Arc<dyn MemoryPool>> {
+    ) -> crate::error::Result<Arc<dyn MemoryPool>> {
         let kind = if self.kind == DeviceKind::Host { PoolKind::Host } else { kind };
         let api = match api {
             Some(api) => api,
@@ -179,7 +179,7 @@ impl Device {
         kind: PoolKind,
         api: Option<Api>,
         config: &PoolConfig,
-    ) -> crate::Result<Arc<dyn MemoryPool>> {
+    ) -> crate::error::Result<Arc<dyn MemoryPool>> {
         // On the host, pinned requests share the host pool: without an accelerator there is nothing to pin for.
         let kind = if self.kind == DeviceKind::Host { PoolKind::Host } else { kind };
         let (entry, _) = self.entry_for(kind, api)?;
@@ -193,7 +193,7 @@ impl Device {
     }
 
     /// The API entry that offers pools of `kind` (through `api`, if named), and the placement its factory makes.
-    fn entry_for(&self, kind: PoolKind, api: Option<Api>) -> crate::Result<(&ApiEntry, PoolKind)> {
+    fn entry_for(&self, kind: PoolKind, api: Option<Api>) -> crate::error::Result<(&ApiEntry, PoolKind)> {
         let placement = kind.on_device();
         let entry = self
             .apis
@@ -201,7 +201,7 @@ impl Device {
             .filter(|e| api.is_none_or(|a| a == e.api))
             .find(|e| self.kind == DeviceKind::Host || e.placements.contains(&placement))
             .ok_or_else(|| {
-                crate::Error::InvalidConfig(format!(
+                crate::error::Error::InvalidConfig(format!(
                     "device {} offers no {kind} pool through {}",
                     self.name,
                     api.map_or_else(|| "any API".to_string(), |a| a.to_string())
@@ -216,7 +216,7 @@ impl Device {
         kind: PoolKind,
         api: Option<Api>,
         config: &PoolConfig,
-    ) -> crate::Result<(Api, Arc<dyn MemoryPool>)> {
+    ) -> crate::error::Result<(Api, Arc<dyn MemoryPool>)> {
         let (entry, placement) = self.entry_for(kind, api)?;
         let pool = match (entry.factory)(placement, config) {
             // `virtual` asks for reservations where the device has them (`UMM_SEGMENT_MODE`'s documentation): the

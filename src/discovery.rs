@@ -1,7 +1,7 @@
 //! Discovery of the optional backends (CUDA, OpenCL, wgpu), each behind its cargo feature and its config switch.
 //! A backend that finds no runtime or no device adds a reason to `skipped` and nothing else: no panic, no output.
 
-use crate::UmmConfig;
+use crate::config::UmmConfig;
 use std::sync::Arc;
 use umm_backends::{DeviceInfo, MemoryPool, PoolConfig, PoolKind};
 use umm_placement::Api;

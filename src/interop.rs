@@ -20,8 +20,9 @@
 //! specification requires of buffers one kernel reads and writes. An adopted buffer is its own segment, at
 //! offset 0.
 
+use crate::buffer::UniversalBuffer;
 use crate::discovery::ApiHandle;
-use crate::{Error, Result, UniversalBuffer};
+use crate::error::{Error, Result};
 #[allow(unused_imports)]
 use umm_backends::OwnedBlock;
 use umm_placement::Api;
@@ -307,7 +308,7 @@ mod cuda_view {
     }
 }
 
-impl crate::Device {
+impl crate::device::Device {
     /// The device as CUDA sees it (its context, for streams, modules and kernels), when it is a CUDA device.
     #[cfg(feature = "cuda")]
     pub fn cuda(&self) -> Option<&umm_backends::cuda::CudaDevice> {

@@ -31,6 +31,7 @@ mod host_info;
 pub mod interop;
 mod manager;
 mod migrate;
+mod migration_path;
 mod notice;
 pub mod observe;
 pub mod overlap;
@@ -38,6 +39,7 @@ mod placement_cache;
 pub mod profiler;
 mod sleep;
 mod stats;
+mod tags;
 pub mod trace;
 
 pub use adopt::{AdoptOptions, Adoptable};
@@ -51,8 +53,9 @@ pub use manager::{AllocOptions, Builder, PoolStep, UniversalMemoryManager};
 pub use migrate::{MigrateError, MigrateTo, MigrationPath};
 pub use observe::Snapshot;
 pub use profiler::{CallSite, Event, EventKind, LeakReport, LiveAllocation, Profiler, ProfilerConfig};
-pub use sleep::{check_tag, SleepPolicy, SleepSummary, TagPoolReport, TagScope, WakeSummary, MAX_TAG_LEN};
+pub use sleep::{SleepPolicy, SleepSummary, TagPoolReport, WakeSummary};
 pub use stats::{DeviceStats, GlobalMemoryStats, PoolStatsEntry};
+pub use tags::{check_tag, TagScope, MAX_TAG_LEN};
 
 pub use umm_backends::{
     BlockInfo, Limit, Ownership, PoolStats, SegmentMode, SleepAction, SleepReport, StepOutcome, StepReport, Strategy,

@@ -3,13 +3,14 @@
 
 use crate::buffer::{BufferMeta, UniversalBuffer};
 use crate::cleanup::{CleanupGuard, CleanupReport, DeviceCleanup};
+use crate::config::UmmConfig;
 use crate::device::{self, Device};
+use crate::error::{Error, Result};
 use crate::figures::{self, RefreshState, Signature};
 use crate::host_info::HostInfo;
 use crate::placement_cache::{self, Epoch, Key, Placed};
 use crate::profiler::{AllocEvent, Profiler};
 use crate::stats::{DeviceStats, GlobalMemoryStats, PoolStatsEntry};
-use crate::{Error, Result, UmmConfig};
 use parking_lot::{Mutex, RwLock};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -125,7 +126,7 @@ pub(crate) struct Inner {
     /// The current device's index, where explicit placements without a selector go; [`NO_DEVICE`] for none.
     current: AtomicUsize,
     /// The sleeping tags ([`crate::sleep`]).
-    pub(crate) sleepers: crate::sleep::Sleepers,
+    pub(crate) sleepers: crate::tags::Sleepers,
 }
 
 /// [`Inner::current`] when there is no current device.
@@ -329,7 +330,7 @@ impl Builder {
                 several_accelerators,
                 placed: Mutex::new(Vec::new()),
                 current: AtomicUsize::new(current),
-                sleepers: crate::sleep::Sleepers::default(),
+                sleepers: crate::tags::Sleepers::default(),
             }),
         })
     }
@@ -483,7 +484,7 @@ impl UniversalMemoryManager {
         }
         let (mut placed, mut cached, mut big) = self.placement(bytes, options, true)?;
         let own = options.extras.as_ref().and_then(|e| e.tag.as_ref());
-        let tag = crate::sleep::tag_of(&self.inner.sleepers, own)?;
+        let tag = crate::tags::tag_of(&self.inner.sleepers, own)?;
         let block = if bytes == 0 {
             None
         } else {

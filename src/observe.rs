@@ -5,14 +5,17 @@
 //! segments with their blocks (offset, size, free or live, label, call site) and the event history, as serde
 //! JSON that `umm plot` turns into a timeline.
 
+use crate::buffer::UniversalBuffer;
+use crate::error::{Error, Result};
+use crate::manager::{AllocOptions, UniversalMemoryManager};
 use crate::profiler::{CallSite, Event, LeakReport, Profiler};
 use crate::trace::{Op, Trace};
-use crate::{AllocOptions, DeviceSelector, Error, Placement, Result, UniversalBuffer, UniversalMemoryManager};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::Arc;
 use umm_backends::{MemoryPool, StreamId};
 use umm_placement::{Api, DeviceKind, PoolKind};
+use umm_placement::{DeviceSelector, Placement};
 
 /// The `format` field of every snapshot this version writes.
 pub const SNAPSHOT_FORMAT: &str = "umm-snapshot v1";

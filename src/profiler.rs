@@ -14,8 +14,8 @@
 //! `UMM_TRACE=path` (or [`crate::Builder::record_trace`]) additionally writes every allocation and free as an
 //! `umm-trace v1` file, so a user's own workload can be replayed with `umm replay` and compared.
 
+use crate::error::Error;
 use crate::trace::{TraceFile, TraceWriter};
-use crate::Error;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
@@ -394,7 +394,7 @@ fn pool_address(pool: &Arc<dyn MemoryPool>) -> usize {
 
 impl Profiler {
     /// A profiler as `config` says; opens the trace file if one is asked for.
-    pub(crate) fn new(config: &ProfilerConfig) -> crate::Result<Self> {
+    pub(crate) fn new(config: &ProfilerConfig) -> crate::error::Result<Self> {
         let mut profiler = Self::with_capacity(config.enabled, config.capacity);
         profiler.live_table = config.live_table;
         if let Some(path) = &config.trace_path {
@@ -685,7 +685,7 @@ struct TraceRecorder {
 static TRACE_PATHS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
 impl TraceRecorder {
-    fn create(asked: &Path) -> crate::Result<Self> {
+    fn create(asked: &Path) -> crate::error::Result<Self> {
         let path = unique_trace_path(asked);
         // Named as the user asked for it: the variable or the builder call is what they can change.
         let io_error = |source| Error::Io {

@@ -1,7 +1,9 @@
 //! [`DoubleBuffer`]: a front buffer kernels read, a back buffer the next batch uploads into.
 
 use super::{Lane, OverlapOptions};
-use crate::{Error, Result, UniversalBuffer, UniversalMemoryManager};
+use crate::buffer::UniversalBuffer;
+use crate::error::{Error, Result};
+use crate::manager::UniversalMemoryManager;
 
 /// One of the two buffers, with its upload lane and the length of the batch it holds.
 struct Slot<T: bytemuck::Pod> {

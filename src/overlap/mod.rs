@@ -17,7 +17,11 @@ mod prefetch;
 pub use double_buffer::{DoubleBuffer, Front};
 pub use prefetch::{DeviceBatch, Prefetch, PrefetchError, Prefetcher};
 
-use crate::{AllocOptions, Result, UniversalBuffer, UniversalMemoryManager};
+use crate::buffer::UniversalBuffer;
+
+use crate::error::Result;
+
+use crate::manager::{AllocOptions, UniversalMemoryManager};
 use std::sync::Arc;
 #[allow(unused_imports)] // Used by the match arms of the enabled backends.
 use umm_placement::Api;
@@ -291,7 +295,7 @@ mod cuda {
     //! The CUDA route: pinned staging from the device's pinned pool, a copy stream, events.
 
     use super::*;
-    use crate::Error;
+    use crate::error::Error;
     use umm_backends::cuda::cudarc::driver::{CudaEvent, CudaStream, DriverError};
     use umm_backends::{MemoryPool, OwnedBlock, StreamId};
     use umm_placement::PoolKind;

@@ -1,7 +1,9 @@
 //! [`Prefetcher`]: worker threads that upload the batches of an iterator ahead of the loop that consumes them.
 
 use super::{Lane, OverlapOptions};
-use crate::{AllocOptions, Error, Result, UniversalBuffer, UniversalMemoryManager};
+use crate::buffer::UniversalBuffer;
+use crate::error::{Error, Result};
+use crate::manager::{AllocOptions, UniversalMemoryManager};
 use parking_lot::{Condvar, Mutex};
 use std::collections::BTreeMap;
 use std::convert::Infallible;

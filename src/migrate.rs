@@ -17,12 +17,11 @@
 //!
 //! Failure keeps the source: [`UniversalBuffer::migrate`] hands the buffer back inside [`MigrateError`].
 
-pub(crate) mod path;
-
 use crate::buffer::UniversalBuffer;
+use crate::error::{Error, Result};
+use crate::manager::AllocOptions;
 use crate::manager::UniversalMemoryManager;
-use crate::{AllocOptions, Error, Result};
-pub use path::MigrationPath;
+pub use crate::migration_path::MigrationPath;
 use std::sync::Arc;
 use umm_backends::{MemoryPool, OwnedBlock, StreamId};
 use umm_placement::{Api, DeviceSelector, Placement, PoolKind};
