@@ -29,7 +29,7 @@ case $area in
   trace)
     # The reader's suites only (in umm, and in umm-tools, whose oracle runs the `umm` command); without the
     # accelerator backends, which it does not touch.
-    run trace -p umm -f src/trace.rs --test-package umm,umm-tools --no-default-features \
+    run trace -p umm -f src/trace/mod.rs --test-package umm,umm-tools --no-default-features \
       -- --lib --test trace --test trace_oracle --test fuzz_inputs
     ;;
   capi)

@@ -21,6 +21,7 @@
 
 mod adopt;
 mod buffer;
+mod builder;
 mod cleanup;
 pub mod config;
 mod device;
@@ -34,6 +35,7 @@ mod migrate;
 mod migration_path;
 mod notice;
 pub mod observe;
+mod options;
 pub mod overlap;
 mod placement_cache;
 pub mod profiler;
@@ -44,14 +46,16 @@ pub mod trace;
 
 pub use adopt::{AdoptOptions, Adoptable};
 pub use buffer::UniversalBuffer;
+pub use builder::Builder;
 pub use cleanup::{CleanupGuard, CleanupReport, DeviceCleanup};
 pub use config::UmmConfig;
 pub use device::Device;
 pub use error::{Error, Result};
 pub use host_info::HostInfo;
-pub use manager::{AllocOptions, Builder, PoolStep, UniversalMemoryManager};
+pub use manager::{PoolStep, UniversalMemoryManager};
 pub use migrate::{MigrateError, MigrateTo, MigrationPath};
 pub use observe::Snapshot;
+pub use options::AllocOptions;
 pub use profiler::{CallSite, Event, EventKind, LeakReport, LiveAllocation, Profiler, ProfilerConfig};
 pub use sleep::{SleepPolicy, SleepSummary, TagPoolReport, WakeSummary};
 pub use stats::{DeviceStats, GlobalMemoryStats, PoolStatsEntry};

@@ -8,6 +8,7 @@ use crate::device::{self, Device};
 use crate::error::{Error, Result};
 use crate::figures::{self, RefreshState, Signature};
 use crate::host_info::HostInfo;
+use crate::options::AllocOptions;
 use crate::placement_cache::{self, Epoch, Key, Placed};
 use crate::profiler::{AllocEvent, Profiler};
 use crate::stats::{DeviceStats, GlobalMemoryStats, PoolStatsEntry};
@@ -15,87 +16,14 @@ use parking_lot::{Mutex, RwLock};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use umm_backends::{MemoryPool, OwnedBlock, PoolStats, StreamId};
+use umm_backends::{MemoryPool, OwnedBlock, PoolStats};
 use umm_placement::{
     AccessPattern, Api, Decider, Decision, DeviceKind, DeviceSelector, DeviceView, Placement, Recommendations, Request,
-    SizeClass, Spread, UsageTracker,
+    SizeClass, UsageTracker,
 };
 
 /// Numbers managers, so that a thread's placements (see [`placement_cache`]) name the manager they belong to.
 static NEXT_MANAGER_ID: AtomicU64 = AtomicU64::new(1);
-
-/// Options of one allocation: placement, access pattern, device selector, zeroing, label, stream.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct AllocOptions {
-    pub(crate) placement: Placement,
-    pub(crate) access: AccessPattern,
-    pub(crate) selector: DeviceSelector,
-    pub(crate) zeroed: bool,
-    pub(crate) stream: StreamId,
-    /// The label and the tag, boxed: most requests have neither, and a smaller struct is cheaper to build, move
-    /// and drop on every allocation.
-    pub(crate) extras: Option<Box<Extras>>,
-}
-
-/// The rarer options of a request.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct Extras {
-    pub(crate) label: Option<String>,
-    pub(crate) tag: Option<Arc<str>>,
-}
-
-impl AllocOptions {
-    /// The label, if one was given.
-    pub(crate) fn label_text(&self) -> Option<&str> {
-        self.extras.as_ref().and_then(|e| e.label.as_deref())
-    }
-
-    /// `Placement::Auto`, unknown access pattern, any device, not zeroed, no label, default stream.
-    pub fn new() -> Self {
-        Self::default()
-    }
-    /// Where the buffer should live.
-    pub fn placement(mut self, placement: Placement) -> Self {
-        self.placement = placement;
-        self
-    }
-    /// How the buffer will be used.
-    pub fn access(mut self, access: AccessPattern) -> Self {
-        self.access = access;
-        self
-    }
-    /// Which device (or API) to use.
-    pub fn device(mut self, selector: DeviceSelector) -> Self {
-        self.selector = selector;
-        self
-    }
-    /// Zero the buffer's bytes before returning it.
-    pub fn zeroed(mut self, zeroed: bool) -> Self {
-        self.zeroed = zeroed;
-        self
-    }
-    /// A label shown in errors, statistics and leak reports.
-    pub fn label(mut self, label: impl Into<String>) -> Self {
-        self.extras.get_or_insert_with(Box::default).label = Some(label.into());
-        self
-    }
-    /// A tag (`"weights"`, `"kv_cache"`): the buffer goes to the pool of its tag on the device chosen, which
-    /// sleeps and wakes as a whole ([`UniversalMemoryManager::sleep`]). Without one, the thread's
-    /// [`UniversalMemoryManager::tag_scope`] applies, if open. Checked at allocation ([`crate::check_tag`]).
-    pub fn tag(mut self, tag: &str) -> Self {
-        self.extras.get_or_insert_with(Box::default).tag = Some(Arc::from(tag));
-        self
-    }
-    /// The stream (CUDA stream, OpenCL queue) the buffer is allocated and freed on.
-    pub fn stream(mut self, stream: StreamId) -> Self {
-        self.stream = stream;
-        self
-    }
-    /// The stream set with [`stream`](Self::stream).
-    pub fn stream_id(&self) -> StreamId {
-        self.stream
-    }
-}
 
 pub(crate) struct Inner {
     pub(crate) config: UmmConfig,
@@ -158,162 +86,25 @@ pub struct UniversalMemoryManager {
     pub(crate) inner: Arc<Inner>,
 }
 
-/// Builds a [`UniversalMemoryManager`] with non-default configuration.
-#[derive(Debug, Clone, Default)]
-pub struct Builder {
-    config: UmmConfig,
-    read_env: bool,
-    /// Simulated devices whose pools a test makes ([`Builder::simulated_device_with_pools`]).
-    test_devices: Vec<device::TestDevice>,
-}
-
-impl Builder {
-    /// Starts from [`UmmConfig::default`], not reading the environment unless [`Builder::from_env`] is called.
-    pub fn new() -> Self {
-        Self::default()
-    }
-    /// Replaces the whole configuration.
-    pub fn config(mut self, config: UmmConfig) -> Self {
-        self.config = config;
-        self
-    }
-    /// Applies `UMM_*` environment variables at [`Builder::build`] (they override builder values).
-    pub fn from_env(mut self) -> Self {
-        self.read_env = true;
-        self
-    }
-    /// Caps every pool's reserved bytes.
-    pub fn limit(mut self, limit: umm_backends::Limit) -> Self {
-        self.config.pool.limit = Some(limit);
-        self
-    }
-    /// Pooled (default) or direct allocation.
-    pub fn strategy(mut self, strategy: umm_backends::Strategy) -> Self {
-        self.config.pool.strategy = strategy;
-        self
-    }
-    /// Page size of virtual reservations (`UMM_PAGE_SIZE`): a power of two of at least the device's own page.
-    /// Larger pages remap with fewer driver calls, at some memory; see [`umm_backends::PoolConfig::page_size`].
-    pub fn page_size(mut self, bytes: u64) -> Self {
-        self.config.pool.page_size = Some(bytes);
-        self
-    }
-    /// Zero every allocation.
-    pub fn zero_on_alloc(mut self, on: bool) -> Self {
-        self.config.pool.zero_on_alloc = on;
-        self
-    }
-    /// Poison every freed block (debugging reuse).
-    pub fn poison_on_free(mut self, on: bool) -> Self {
-        self.config.pool.poison_on_free = on;
-        self
-    }
-    /// Size-class thresholds of the decision table.
-    pub fn thresholds(mut self, small_max: u64, medium_max: u64) -> Self {
-        self.config.decision.thresholds.small_max = small_max;
-        self.config.decision.thresholds.medium_max = medium_max;
-        self
-    }
-    /// Used share of a device above which Auto avoids it.
-    pub fn pressure_threshold(mut self, fraction: f64) -> Self {
-        self.config.decision.pressure_threshold = fraction;
-        self
-    }
-    /// Which optional APIs to probe.
-    pub fn backends(mut self, cuda: bool, opencl: bool, wgpu: bool) -> Self {
-        (self.config.cuda, self.config.opencl, self.config.wgpu) = (cuda, opencl, wgpu);
-        self
-    }
-    /// Adds a simulated device of `capacity` bytes (a stand-in GPU that holds no bytes).
-    pub fn simulated_device(mut self, capacity: u64) -> Self {
-        self.config.simulated_devices.push(capacity);
-        self
-    }
-    /// Test kit (the `testing` feature): adds a simulated device of `capacity` bytes whose pools `factory`
-    /// makes, given each pool's name, placement and configuration, so that a test can put a backend of its choice
-    /// under the manager, typically a [`umm_backends::testing::fault::FaultyBackend`] whose handle it keeps to
-    /// fail the k-th copy of a migration and read the ledger of what the pool holds. The device is numbered after
-    /// the [`Builder::simulated_device`]s.
-    #[cfg(feature = "testing")]
-    pub fn simulated_device_with_pools(
-        mut self,
-        capacity: u64,
-        factory: impl Fn(
-                &str,
-                umm_backends::PoolKind,
-                &umm_backends::PoolConfig,
-            ) -> umm_backends::Result<Arc<dyn umm_backends::MemoryPool>>
-            + Send
-            + Sync
-            + 'static,
-    ) -> Self {
-        self.test_devices.push(device::TestDevice { capacity, factory: Arc::new(factory) });
-        self
-    }
-    /// Records allocation, free and segment events from the start (`UMM_PROFILE=1`); see [`crate::Profiler`].
-    pub fn profile(mut self, on: bool) -> Self {
-        self.config.profiler.enabled = on;
-        self
-    }
-    /// Events the profiler's ring keeps (`UMM_PROFILE_CAPACITY`).
-    pub fn profile_capacity(mut self, events: usize) -> Self {
-        self.config.profiler.capacity = events;
-        self
-    }
-    /// Whether dropping the manager while buffers are alive warns, listing them (`UMM_LEAK_WARNING`, default
-    /// on); see [`crate::ProfilerConfig::leak_warning`].
-    pub fn leak_warning(mut self, on: bool) -> Self {
-        self.config.profiler.leak_warning = on;
-        self
-    }
-    /// Whether the profiler keeps its table of live buffers (`UMM_LIVE_TABLE`, default on); see
-    /// [`crate::ProfilerConfig::live_table`].
-    pub fn live_table(mut self, on: bool) -> Self {
-        self.config.profiler.live_table = on;
-        self
-    }
-    /// How Auto chooses among several GPUs (`UMM_SPREAD`; see [`Spread`]).
-    pub fn spread(mut self, spread: Spread) -> Self {
-        self.config.decision.spread = spread;
-        self
-    }
-    /// How old the device figures placement decisions use may get (see [`UmmConfig::device_refresh`]).
-    pub fn device_refresh(mut self, interval: Duration) -> Self {
-        self.config.device_refresh = interval;
-        self
-    }
-    /// Writes every allocation and free to an `umm-trace v1` file at `path` (`UMM_TRACE`).
-    pub fn record_trace(mut self, path: impl Into<std::path::PathBuf>) -> Self {
-        self.config.profiler.trace_path = Some(path.into());
-        self
-    }
-    /// Discovers devices and builds the manager. `UMM_PROFILE`, `UMM_PROFILE_CAPACITY`, `UMM_TRACE` and
-    /// `UMM_LEAK_WARNING` are read even without [`Builder::from_env`], so any program can be profiled or traced
-    /// without changing it. `UMM_*` variables that umm does not read draw a warning, once per process
-    /// ([`crate::config::warn_unknown_env_vars`]).
-    pub fn build(mut self) -> Result<UniversalMemoryManager> {
-        crate::config::warn_unknown_env_vars();
-        if self.read_env {
-            self.config.apply_env()?;
-        } else {
-            self.config.apply_profiler_vars(crate::config::env_var)?;
-        }
-        self.config.validate()?;
+impl UniversalMemoryManager {
+    /// The manager over `config` (already read from the environment and checked: [`Builder::build`]): discovers
+    /// the devices and measures them.
+    pub(crate) fn assemble(mut config: UmmConfig, test_devices: &[device::TestDevice]) -> Result<Self> {
         // Every pool of the manager counts its reserved bytes in one group: the true peak of their sum.
-        self.config.pool.reserved_group.get_or_insert_with(umm_backends::ReservedGroup::new);
+        config.pool.reserved_group.get_or_insert_with(umm_backends::ReservedGroup::new);
         let host = HostInfo::discover();
-        let found = device::discover(&self.config, &host, &self.test_devices);
-        let decider = Decider::new(self.config.decision)?;
-        let tracker = Arc::new(UsageTracker::new(self.config.decision.thresholds)?);
-        let profiler = Arc::new(Profiler::new(&self.config.profiler)?);
+        let found = device::discover(&config, &host, test_devices);
+        let decider = Decider::new(config.decision)?;
+        let tracker = Arc::new(UsageTracker::new(config.decision.thresholds)?);
+        let profiler = Arc::new(Profiler::new(&config.profiler)?);
         let (views, baselines) = figures::measure(&found.devices);
-        let signature = Signature::of(&views, self.config.decision.pressure_threshold, None);
+        let signature = Signature::of(&views, config.decision.pressure_threshold, None);
         let current = best_real_device(&views).unwrap_or(NO_DEVICE);
         // Software devices do not count: Auto shuns them while the host is there.
         let several_accelerators = views.iter().filter(|v| v.is_accelerator() && v.kind != DeviceKind::Cpu).count() > 1;
         Ok(UniversalMemoryManager {
             inner: Arc::new(Inner {
-                config: self.config,
+                config,
                 host,
                 devices: found.devices,
                 skipped: found.skipped,
@@ -333,18 +124,6 @@ impl Builder {
                 sleepers: crate::tags::Sleepers::default(),
             }),
         })
-    }
-}
-
-impl UniversalMemoryManager {
-    /// Discovers every device with the default configuration and the `UMM_*` environment variables.
-    pub fn new() -> Result<Self> {
-        Builder::new().from_env().build()
-    }
-
-    /// A builder for non-default configuration.
-    pub fn builder() -> Builder {
-        Builder::new()
     }
 
     /// The configuration in force.

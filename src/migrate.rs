@@ -19,9 +19,9 @@
 
 use crate::buffer::UniversalBuffer;
 use crate::error::{Error, Result};
-use crate::manager::AllocOptions;
 use crate::manager::UniversalMemoryManager;
 pub use crate::migration_path::MigrationPath;
+use crate::options::AllocOptions;
 use std::sync::Arc;
 use umm_backends::{MemoryPool, OwnedBlock, StreamId};
 use umm_placement::{Api, DeviceSelector, Placement, PoolKind};

@@ -7,7 +7,8 @@
 
 use crate::buffer::UniversalBuffer;
 use crate::error::{Error, Result};
-use crate::manager::{AllocOptions, UniversalMemoryManager};
+use crate::manager::UniversalMemoryManager;
+use crate::options::AllocOptions;
 use crate::profiler::{CallSite, Event, LeakReport, Profiler};
 use crate::trace::{Op, Trace};
 use serde::{Deserialize, Serialize};

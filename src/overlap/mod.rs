@@ -21,7 +21,8 @@ use crate::buffer::UniversalBuffer;
 
 use crate::error::Result;
 
-use crate::manager::{AllocOptions, UniversalMemoryManager};
+use crate::manager::UniversalMemoryManager;
+use crate::options::AllocOptions;
 use std::sync::Arc;
 #[allow(unused_imports)] // Used by the match arms of the enabled backends.
 use umm_placement::Api;

@@ -3,7 +3,8 @@
 use super::{Lane, OverlapOptions};
 use crate::buffer::UniversalBuffer;
 use crate::error::{Error, Result};
-use crate::manager::{AllocOptions, UniversalMemoryManager};
+use crate::manager::UniversalMemoryManager;
+use crate::options::AllocOptions;
 use parking_lot::{Condvar, Mutex};
 use std::collections::BTreeMap;
 use std::convert::Infallible;
