@@ -36,10 +36,8 @@ const FIT_SCAN_LIMIT: usize = 8;
 
 /// In an engine of whole blocks, the most a free segment may exceed the request it serves, as a fraction
 /// (`1 / 2^WHOLE_FIT_SLACK_SHIFT` = 1/4): a larger one would hand out memory nobody asked for, and a new segment
-/// of the request's size is made instead. Requests whose shapes vary reuse each other's segments: with 1/8,
-/// `umm replay --backend sim-wgpu` made 2.3 times the segments in a warm pass of `variable` (79.0 against 34.1
-/// per 1,000 ops) and 1.3 times on `resnet50_train` and `pressure`, at the same reserved memory except on
-/// `pressure` (1.147 of peak live against 1.195 with 1/4).
+/// of the request's size is made instead. A smaller slack makes requests whose shapes vary miss each other's
+/// segments and make new ones (the figures behind 1/4: docs/PERFORMANCE.md, "Figures behind the code").
 pub const WHOLE_FIT_SLACK_SHIFT: u32 = 2;
 
 /// [`WHOLE_FIT_SLACK_SHIFT`] as a fraction, for documentation and reports.
@@ -56,9 +54,8 @@ pub struct SegmentId(pub u32);
 ///
 /// Slot index and generation are packed in one `u64` (index in the low half) so that an id is always written and
 /// read as one 8-byte word. As two `u32` fields, an id returned through memory (an `Allocation` from a call that
-/// is not inlined) was stored as two 4-byte halves and read back as one 8-byte load, which the CPU cannot forward
-/// from the store buffer: a stall on every allocation (criterion, same_size_4kib: 3.7 ms per pass before, 2.7
-/// after, with the change to `Freed`).
+/// is not inlined) would be stored as two 4-byte halves and read back as one 8-byte load, which the CPU cannot
+/// forward from the store buffer: a stall on every allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BlockId(u64);
 
@@ -487,8 +484,8 @@ impl Engine {
     ///
     /// Returns `None` (and changes nothing) for a block that is neither: never handed out, already freed, or
     /// a stale id whose slot now holds another block.
-    // Always inlined: as a call, its Freed came back through memory and the call's register saves cost more
-    // than the rest of a same-size free (alternating in one process: 12.3 -> 10.3 ns per op).
+    // Always inlined: as a call, its Freed comes back through memory and the call's register saves cost more
+    // than the rest of a same-size free.
     #[inline(always)]
     pub fn free(&mut self, id: BlockId) -> Option<Freed> {
         let node = self.nodes.get(id.index())?;

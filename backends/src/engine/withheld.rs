@@ -55,13 +55,11 @@ struct Best {
 /// leaves the fewest bytes to restore, `size - free` rounded up to whole granules (the range starts and ends on a
 /// granule, so its offset drops out). When that is more than the range holds, the whole range comes back and joins
 /// the free blocks on both sides, if together they hold the request. Weighing the free block after as well as the
-/// one before restored a quarter fewer pages on `pressure` (sim, 2 GiB limit: 972,109 -> 738,747 pages mapped
-/// over a cold pass and three warm ones).
+/// one before restores fewer pages on a miss (docs/PERFORMANCE.md, "Figures behind the code").
 ///
 /// Every choice is a select the compiler must not turn into a branch: which case applies to a range is
-/// something a branch predictor cannot learn, and a miss weighs every range (cachegrind's branch model put 12
-/// mispredicts on each call of `find_withheld` when this branched; plain `if`s and `min`s were compiled back
-/// into branches).
+/// something a branch predictor cannot learn, and a miss weighs every range (plain `if`s and `min`s compile
+/// back into branches).
 #[inline(always)]
 fn restore_key(nodes: &[Node], index: u32, size: u64, granule: u64) -> u64 {
     let Some(w) = nodes.get(index as usize) else { return u64::MAX };
@@ -91,8 +89,8 @@ fn free_around(nodes: &[Node], w: &Node) -> (u64, u64) {
 }
 
 /// The range of `ranges` (at most [`WEIGH_CHUNK`]) with the smallest [`restore_key`], the first on a tie. Not
-/// inlined: on its own its two loops keep their values in registers, where the caller's chunk loop made the
-/// first spill (callgrind, `pressure`: 829 -> 722 instructions per search).
+/// inlined: on its own its two loops keep their values in registers, where the caller's chunk loop would make the
+/// first spill.
 #[inline(never)]
 fn best_of(nodes: &[Node], ranges: &[u32], size: u64, granule: u64) -> Best {
     let mut keys = [u64::MAX; WEIGH_CHUNK];
@@ -213,14 +211,12 @@ impl Engine {
         }
         let mut best = Best { index: NIL, key: u64::MAX };
         // Any range can be the best: a large one with a large free block before it needs few new pages, and so
-        // can a small one between two free blocks. Weighing only the classes around the request's and the
-        // first small range that served restored 49 pages per miss on `pressure` where 39 would do (H100, two
-        // runs each: pressure 620/570 -> 432/395 us per op, bert_infer_varlen 7.6/6.9 -> 5.2/5.4). So every
-        // range is weighed, a chunk at a time: the keys first, then the smallest, two loops each with few enough
-        // live values to stay in registers (one loop spilled and shuffled them).
+        // can a small one between two free blocks, so weighing only some ranges restores more pages per miss than
+        // needed. Every range is weighed, a chunk at a time: the keys first, then the smallest, two loops each
+        // with few enough live values to stay in registers (one loop would spill and shuffle them).
         let nodes = self.nodes.as_slice();
-        // Chunks are combined as the ranges inside one are (passing `best` into `best_of` instead cost 3.8
-        // instructions per op on `pressure`: it went through memory).
+        // Chunks are combined as the ranges inside one are (passing `best` into `best_of` would send it through
+        // memory).
         for ranges in self.withheld_flat.chunks(WEIGH_CHUNK) {
             let chunk = best_of(nodes, ranges, size, granule);
             let better = chunk.key < best.key;

@@ -71,10 +71,9 @@ use thread_cache::{DrainOnExit, ThreadCache};
 pub(crate) use thread_cache::Lent;
 
 /// The page size of virtual reservations in a pool without a limit, unless its configuration names one. Creating
-/// and mapping a physical allocation costs about the same whatever its size (on an H100, 2 MiB and 32 MiB pages
-/// both about 20 µs: a cold pass of a GPT-2 training step's trace took 21-33 µs per op with 2 MiB pages and
-/// 1.4-1.6 with 32 MiB), while larger pages leave more of the pages at the ends of live blocks unused (reserved
-/// over live +0-5% on the shared traces). Under a limit the device's own page stays: there pages are given back to
+/// and mapping a physical allocation costs about the same whatever its size, so small pages make a cold pass many
+/// times slower, while larger pages leave more of the pages at the ends of live blocks unused (the figures:
+/// docs/PERFORMANCE.md, "Figures behind the code"). Under a limit the device's own page stays: there pages are given back to
 /// fit, and coarse pages would fail requests that fine ones serve.
 pub const DEFAULT_PAGE_UNLIMITED: u64 = 32 << 20;
 

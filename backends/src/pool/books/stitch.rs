@@ -9,9 +9,8 @@ pub(in crate::pool) const MAX_KEPT_STITCHES: usize = 64;
 
 /// Kept ranges forgotten to make room for new ones after which no new range is made (until a full release of
 /// cached memory): past it the workload does not repeat the requests its ranges serve, and every new range would
-/// cost device calls to save memory only for a moment. Such a pool then maps pages, and settles. On the shared
-/// `pressure` trace without a limit (`umm replay --backend sim`), making ranges without this bound kept reserved
-/// memory at 1.198 × live instead of 1.719, but at 81,472 device calls in three warm passes (652 ns per op).
+/// cost device calls to save memory only for a moment. Such a pool then maps pages, and settles (what the bound
+/// trades: docs/PERFORMANCE.md, "Figures behind the code").
 pub(in crate::pool) const MAX_STITCH_EVICTIONS: u64 = MAX_KEPT_STITCHES as u64;
 
 /// The stitched blocks of one virtual arena.
