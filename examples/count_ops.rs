@@ -25,20 +25,32 @@ fn main() {
         }
     };
     if what == "manager" {
-        let mm = UniversalMemoryManager::builder()
-            .backends(false, false, false)
-            .simulated_device(1 << 34)
-            .build()
-            .expect("a manager over a simulated device");
-        for _ in 0..WARM_UP + pairs {
-            let buffer = mm.allocate_universal::<u8>(4096, Placement::DeviceLocal).expect("room on the device");
-            drop(std::hint::black_box(buffer));
-        }
+        manager_pairs(pairs);
     } else {
-        let pool = Pool::new(SimBackend::new("sim", 1 << 34), PoolConfig::default()).expect("a pool");
-        for _ in 0..WARM_UP + pairs {
-            let block = pool.allocate(std::hint::black_box(4096), StreamId(0)).expect("room on the device");
-            pool.free(&block).expect("a live block");
-        }
+        pool_pairs(pairs);
+    }
+}
+
+/// Each setting in a function of its own, not inlined into `main`: what the compiler does with one cannot move
+/// the other's count.
+#[inline(never)]
+fn manager_pairs(pairs: usize) {
+    let mm = UniversalMemoryManager::builder()
+        .backends(false, false, false)
+        .simulated_device(1 << 34)
+        .build()
+        .expect("a manager over a simulated device");
+    for _ in 0..WARM_UP + pairs {
+        let buffer = mm.allocate_universal::<u8>(4096, Placement::DeviceLocal).expect("room on the device");
+        drop(std::hint::black_box(buffer));
+    }
+}
+
+#[inline(never)]
+fn pool_pairs(pairs: usize) {
+    let pool = Pool::new(SimBackend::new("sim", 1 << 34), PoolConfig::default()).expect("a pool");
+    for _ in 0..WARM_UP + pairs {
+        let block = pool.allocate(std::hint::black_box(4096), StreamId(0)).expect("room on the device");
+        pool.free(&block).expect("a live block");
     }
 }
