@@ -28,12 +28,14 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod config;
 mod device_pool;
 mod error;
 pub mod ffi;
 mod history;
 mod registry;
 mod sleep;
+mod snapshot;
 mod tag;
 mod trace;
 

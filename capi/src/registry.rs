@@ -11,6 +11,7 @@
 //! Everything here is safe Rust over plain integers (addresses and stream handles as `u64`); [`crate::ffi`]
 //! converts the C types.
 
+use crate::config::{env_var, huge_min, pool_config, simulated_base, simulated_devices, simulated_tag_base};
 use crate::device_pool::DevicePool;
 use crate::history::{self, Action};
 use crate::trace;
@@ -20,41 +21,37 @@ use std::sync::{Arc, OnceLock};
 use umm_backends::cuda::{self, ContextScope};
 use umm_backends::pool::StreamPool;
 use umm_backends::{
-    BlockHandle, Error, Limit, Pool, PoolConfig, PoolKind, PoolStats, ReservedGroup, SegmentMode, SimBackend, Strategy,
-    StreamId,
+    BlockHandle, Error, Limit, Pool, PoolConfig, PoolKind, PoolStats, ReservedGroup, SegmentMode, SimBackend, StreamId,
 };
 use umm_placement::units::human_bytes as human;
 
-/// Default of `UMM_HUGE_MIN`: 0, no huge pool.
-const DEFAULT_HUGE_MIN: u64 = 0;
-
 /// A block handed out through the ABI.
-struct Live {
-    device: usize,
+pub(crate) struct Live {
+    pub(crate) device: usize,
     /// The bytes asked for.
-    requested: u64,
+    pub(crate) requested: u64,
     /// The stream it was allocated on (its pool arena).
-    stream: StreamId,
+    pub(crate) stream: StreamId,
     /// Whether it came from the device's huge pool.
-    huge: bool,
+    pub(crate) huge: bool,
     /// The tagged pool it came from, if any ([`crate::tag`]).
-    tagged: Option<SharedPool>,
-    block: BlockHandle,
+    pub(crate) tagged: Option<SharedPool>,
+    pub(crate) block: BlockHandle,
     /// Its ID in the `UMM_TRACE` recording (`None`: not recording).
-    trace_id: Option<u64>,
+    pub(crate) trace_id: Option<u64>,
 }
 
 /// One device's pools, or why it has none.
 pub(crate) struct Slot {
     pub(crate) name: String,
-    total_bytes: u64,
-    pool: Result<Arc<dyn DevicePool>, String>,
+    pub(crate) total_bytes: u64,
+    pub(crate) pool: Result<Arc<dyn DevicePool>, String>,
     /// Plain segments for requests of at least `huge_min` bytes (only next to a virtual main pool).
-    huge: Option<Arc<dyn DevicePool>>,
+    pub(crate) huge: Option<Arc<dyn DevicePool>>,
     /// Set while a limit is in force: every request then goes to the main pool, which holds the limit.
-    limited: AtomicBool,
+    pub(crate) limited: AtomicBool,
     /// The device's pools' reserved bytes together: the true peak where there are two.
-    reserved: Arc<ReservedGroup>,
+    pub(crate) reserved: Arc<ReservedGroup>,
     /// Pools of tagged requests, one per tag, made on first use by `make_tagged` ([`crate::tag`]).
     pub(crate) tagged: RwLock<Vec<(Arc<str>, SharedPool)>>,
     pub(crate) make_tagged: Option<MakeTagged>,
@@ -122,7 +119,7 @@ impl Slot {
 
     /// Statistics of the main pool plus the huge and tagged pools. Peaks add, so the peaks are upper bounds of
     /// the true peaks of the sum, but for reserved bytes, whose true peak the device's group keeps.
-    fn stats(&self, main: &dyn DevicePool) -> PoolStats {
+    pub(crate) fn stats(&self, main: &dyn DevicePool) -> PoolStats {
         let mut stats = main.stats();
         let others: Vec<SharedPool> =
             self.huge.iter().cloned().chain(self.tagged.read().iter().map(|(_, p)| Arc::clone(p))).collect();
@@ -136,7 +133,7 @@ impl Slot {
     }
 
     /// The main pool, the huge pool and the tagged pools.
-    fn pools(&self) -> Vec<SharedPool> {
+    pub(crate) fn pools(&self) -> Vec<SharedPool> {
         let fixed = self.pool.as_ref().ok().into_iter().chain(self.huge.as_ref()).cloned();
         fixed.chain(self.tagged.read().iter().map(|(_, p)| Arc::clone(p))).collect()
     }
@@ -146,13 +143,13 @@ pub(crate) struct Registry {
     /// Indexed by CUDA ordinal (or simulated device number).
     pub(crate) devices: Vec<Slot>,
     /// Whether the devices are simulated (`UMM_CAPI_SIM`).
-    simulated: bool,
+    pub(crate) simulated: bool,
     /// Requests of at least this many bytes go to a device's huge pool (`UMM_HUGE_MIN`; 0: no huge pools).
-    huge_min: u64,
+    pub(crate) huge_min: u64,
     /// Why discovery found nothing, or skipped devices (empty when all went well).
     skipped: Vec<String>,
     /// Device address → block. One lock: PyTorch calls from its main and autograd threads, few at once.
-    live: Mutex<LiveMap>,
+    pub(crate) live: Mutex<LiveMap>,
 }
 
 /// Live blocks by device address.
@@ -169,115 +166,6 @@ pub(crate) fn registry() -> &'static Registry {
         let _scope = ContextScope::enter_saving();
         Registry::discover()
     })
-}
-
-/// The pool configuration: PyTorch's segment policy (the default), with `UMM_SEGMENT_MODE` (auto, plain,
-/// virtual), `UMM_MAPPED_SLACK` and `UMM_SEGMENT_SLACK` (a fraction or off), `UMM_CROSS_STREAM` (off, completed,
-/// wait), `UMM_PLAN_STEPS` (on, off), `UMM_PAGE_SIZE` (a power of two of
-/// bytes: the page size of virtual reservations) and `UMM_STRATEGY` (pooled, direct) read through `var` (the
-/// environment). An error names the variable and its value.
-fn pool_config(var: impl Fn(&str) -> Option<String>) -> Result<PoolConfig, String> {
-    let mut config = PoolConfig::default();
-    if let Some(v) = var("UMM_SEGMENT_MODE") {
-        config.segment_mode = v
-            .parse::<SegmentMode>()
-            .map_err(|_| format!("UMM_SEGMENT_MODE={v:?} is not one of auto, plain, virtual"))?;
-    }
-    if let Some(v) = var("UMM_MAPPED_SLACK") {
-        config.mapped_slack = PoolConfig::parse_slack(&v)
-            .ok_or_else(|| format!("UMM_MAPPED_SLACK={v:?} is not a fraction >= 0 (0.03) or off"))?;
-    }
-    if let Some(v) = var("UMM_SEGMENT_SLACK") {
-        config.segment_slack = PoolConfig::parse_slack(&v)
-            .ok_or_else(|| format!("UMM_SEGMENT_SLACK={v:?} is not a fraction >= 0 (0.1) or off"))?;
-    }
-    if let Some(v) = var("UMM_CROSS_STREAM") {
-        config.cross_stream =
-            v.trim().parse().map_err(|_| format!("UMM_CROSS_STREAM={v:?} is not one of off, completed, wait"))?;
-    }
-    if let Some(v) = var("UMM_PAGE_SIZE") {
-        config.page_size = Some(match umm_placement::units::parse_size(&v) {
-            Ok(page) if page.is_power_of_two() => page,
-            Ok(page) => return Err(format!("UMM_PAGE_SIZE={v:?} is not a power of two of bytes (8MiB): {page} bytes")),
-            Err(e) => return Err(format!("UMM_PAGE_SIZE={v:?} is not a power of two of bytes (8MiB): {e}")),
-        });
-    }
-    if let Some(v) = var("UMM_PLAN_STEPS") {
-        config.plan_steps = match v.trim().to_ascii_lowercase().as_str() {
-            "on" | "1" | "true" | "yes" => true,
-            "off" | "0" | "false" | "no" => false,
-            _ => return Err(format!("UMM_PLAN_STEPS={v:?} is not one of on, off (1/0, true/false, yes/no)")),
-        };
-    }
-    if let Some(v) = var("UMM_STITCH") {
-        config.stitch = match v.trim().to_ascii_lowercase().as_str() {
-            "on" | "1" | "true" | "yes" => true,
-            "off" | "0" | "false" | "no" => false,
-            _ => return Err(format!("UMM_STITCH={v:?} is not one of on, off (1/0, true/false, yes/no)")),
-        };
-    }
-    if let Some(v) = var("UMM_STRATEGY") {
-        config.strategy =
-            v.parse::<Strategy>().map_err(|_| format!("UMM_STRATEGY={v:?} is not one of pooled, direct"))?;
-    }
-    Ok(config)
-}
-
-/// `UMM_HUGE_MIN` read through `var`: a byte count, 0 (the default) for no huge pool.
-fn huge_min(var: impl Fn(&str) -> Option<String>) -> Result<u64, String> {
-    match var("UMM_HUGE_MIN") {
-        Some(v) => v
-            .trim()
-            .parse::<u64>()
-            .map_err(|_| format!("UMM_HUGE_MIN={v:?} is not a byte count (an integer such as 1073741824; 0 disables)")),
-        None => Ok(DEFAULT_HUGE_MIN),
-    }
-}
-
-/// The environment variable `name`; a value that is not Unicode comes back lossily converted, so that it is
-/// reported as invalid rather than ignored.
-fn env_var(name: &str) -> Option<String> {
-    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
-}
-
-/// `UMM_CAPI_SIM` read through `var`: `None` (unset: CUDA devices), or the simulated devices' count and bytes
-/// each, from `16GiB` (one device) or `2x16GiB`.
-fn simulated_devices(var: impl Fn(&str) -> Option<String>) -> Option<Result<(usize, u64), String>> {
-    let value = var("UMM_CAPI_SIM")?;
-    let refuse =
-        |why: String| format!("UMM_CAPI_SIM={value:?} is not a size (16GiB) or a count and a size (2x16GiB): {why}");
-    let text = value.trim();
-    let (count, size) = match text.split_once(['x', 'X']) {
-        Some((count, size)) if !count.is_empty() && count.bytes().all(|b| b.is_ascii_digit()) => (count, size),
-        _ => ("1", text),
-    };
-    let parsed = count
-        .parse::<usize>()
-        .map_err(|e| refuse(format!("count: {e}")))
-        .and_then(|n| if (1..=64).contains(&n) { Ok(n) } else { Err(refuse(format!("{n} devices is not 1 to 64"))) })
-        .and_then(|n| match umm_placement::units::parse_size(size) {
-            Ok(bytes) if bytes >= SimBackend::PAGE => Ok((n, bytes)),
-            Ok(bytes) => Err(refuse(format!("{bytes} bytes is below one 2 MiB page"))),
-            Err(e) => Err(refuse(e)),
-        });
-    Some(parsed)
-}
-
-/// Where simulated device `index`'s addresses begin: 1 TiB apart, none at 0.
-fn simulated_base(index: usize) -> u64 {
-    (index as u64 + 1) << 40
-}
-
-/// Tagged pools a simulated device can have.
-const SIMULATED_TAGS: usize = 256;
-
-/// Where the addresses of simulated device `index`'s tagged pool `number` begin: 1 TiB apart, above every
-/// device's main and huge pools (devices are at most 64).
-fn simulated_tag_base(index: usize, number: usize) -> Result<u64, umm_backends::Error> {
-    if number >= SIMULATED_TAGS {
-        return Err(Error::InvalidConfig(format!("a simulated device has at most {SIMULATED_TAGS} tags")));
-    }
-    Ok((128 + (index * SIMULATED_TAGS + number) as u64) << 40)
 }
 
 impl Registry {
@@ -411,7 +299,7 @@ impl Registry {
     }
 
     /// The device's slot and main pool.
-    fn pool(&self, device: i64) -> Result<(&Slot, &SharedPool), String> {
+    pub(crate) fn pool(&self, device: i64) -> Result<(&Slot, &SharedPool), String> {
         let slot = usize::try_from(device).ok().and_then(|d| self.devices.get(d));
         match slot {
             Some(slot @ Slot { pool: Ok(pool), .. }) => Ok((slot, pool)),
@@ -429,7 +317,7 @@ impl Registry {
     }
 
     /// The devices to act on, with their main pools: one (`device >= 0`) or all (`device == -1`).
-    fn targets(&self, device: i64) -> Result<Vec<(&Slot, &SharedPool)>, String> {
+    pub(crate) fn targets(&self, device: i64) -> Result<Vec<(&Slot, &SharedPool)>, String> {
         if device == -1 {
             return Ok(self.devices.iter().filter_map(|s| s.pool.as_ref().ok().map(|p| (s, p))).collect());
         }
@@ -563,7 +451,7 @@ pub(crate) fn free(ptr: u64, device: i64, stream: StreamId) -> Result<(), String
     Ok(())
 }
 
-fn live_pool<'a>(reg: &'a Registry, live: &'a Live) -> Result<&'a SharedPool, String> {
+pub(crate) fn live_pool<'a>(reg: &'a Registry, live: &'a Live) -> Result<&'a SharedPool, String> {
     if let Some(pool) = &live.tagged {
         return Ok(pool);
     }
@@ -584,135 +472,12 @@ pub(crate) fn record_stream(ptr: u64, stream: StreamId) -> Result<(), String> {
     pool.record_stream(&entry.block, stream).map_err(|e| format!("umm_record_stream: {e}"))
 }
 
-/// The device's pool statistics as one JSON object (names as in `torch.cuda.memory_stats()`).
-pub(crate) fn stats_json(device: i64) -> Result<String, String> {
-    let reg = registry();
-    let (slot, pool) = reg.pool(device)?;
-    let stats = slot.stats(pool.as_ref());
-    let live_pointers = reg.live.lock().values().filter(|l| l.device == device as usize).count();
-    let mut value = serde_json::to_value(&stats).map_err(|e| format!("umm_stats_json: {e}"))?;
-    if let Some(map) = value.as_object_mut() {
-        map.insert("device".into(), device.into());
-        map.insert("device_name".into(), slot.name.clone().into());
-        map.insert("device_total_bytes".into(), slot.total_bytes.into());
-        map.insert("virtual_memory".into(), pool.uses_virtual_memory().into());
-        map.insert("simulated".into(), reg.simulated.into());
-        map.insert("live_pointers".into(), live_pointers.into());
-        map.insert("pending_frees".into(), slot.pools().iter().map(|p| p.pending_frees()).sum::<usize>().into());
-        map.insert("huge_pool_min_bytes".into(), slot.huge.as_ref().map(|_| reg.huge_min).into());
-        if let Some(huge) = &slot.huge {
-            let main_stats = serde_json::to_value(pool.stats()).map_err(|e| format!("umm_stats_json: {e}"))?;
-            let huge_stats = serde_json::to_value(huge.stats()).map_err(|e| format!("umm_stats_json: {e}"))?;
-            map.insert("pools".into(), serde_json::json!({"main": main_stats, "huge": huge_stats}));
-        }
-        map.insert("hit_rate".into(), stats.hit_rate().into());
-        map.insert("fragmentation_ratio".into(), stats.fragmentation_ratio().into());
-    }
-    Ok(value.to_string())
-}
-
 /// Starts recording the last `max_entries` allocation events of every device for [`snapshot_json`]'s
 /// `device_traces` (dropping what was recorded before); 0 stops and keeps them.
 pub(crate) fn record_history(max_entries: i64) -> Result<(), String> {
     let entries = u64::try_from(max_entries)
         .map_err(|_| format!("umm_record_history: {max_entries} entries: a count is 0 (stop) or above"))?;
     history::record(entries)
-}
-
-/// The memory of `device` (or every device for -1) in the shape of PyTorch's `torch.cuda.memory._snapshot()`:
-/// `segments`, each with its `blocks`, and `device_traces` (one list per device, see [`record_history`]), so
-/// that PyTorch's memory visualizer draws it. A virtual reservation shows as one expandable segment of its
-/// mapped bytes: its live blocks, then its mapped free bytes as one inactive block, so that every segment's
-/// size adds up to the reserved bytes of the statistics and its active blocks to the allocated bytes.
-pub(crate) fn snapshot_json(device: i64) -> Result<String, String> {
-    let reg = registry();
-    let targets = reg.targets(device).map_err(|e| format!("umm_snapshot_json: {e}"))?;
-    // Requested bytes of live blocks by (pool, block key).
-    let requested: std::collections::HashMap<(usize, u64), u64> = reg
-        .live
-        .lock()
-        .values()
-        .filter_map(|l| Some(((pool_id(live_pool(reg, l).ok()?), l.block.key()), l.requested)))
-        .collect();
-    let mut segments = Vec::new();
-    for (slot, _) in &targets {
-        let index = reg.devices.iter().position(|s| std::ptr::eq(s, *slot)).expect("a slot of the registry");
-        for pool in slot.pools() {
-            for segment in pool.snapshot().segments {
-                segments.push(segment_json(index, pool_id(&pool), &segment, &requested));
-            }
-        }
-    }
-    let devices = reg.devices.len();
-    let value = serde_json::json!({
-        "segments": segments,
-        "device_traces": history::events(devices),
-        "allocator_settings": {"allocator": "umm", "simulated": reg.simulated, "huge_pool_min_bytes": reg.huge_min},
-    });
-    Ok(value.to_string())
-}
-
-/// What names a pool in [`snapshot_json`]'s table of requested sizes: its address.
-fn pool_id(pool: &SharedPool) -> usize {
-    Arc::as_ptr(pool) as *const () as usize
-}
-
-/// One segment of [`snapshot_json`].
-fn segment_json(
-    device: usize,
-    pool: usize,
-    segment: &umm_backends::SegmentSnapshot,
-    requested: &std::collections::HashMap<(usize, u64), u64>,
-) -> serde_json::Value {
-    let base = segment.address.unwrap_or(0);
-    let mut blocks = Vec::new();
-    let (mut allocated, mut requested_total, mut free_mapped, mut first_free) = (0, 0, 0, None);
-    for block in &segment.blocks {
-        let address = base + block.offset;
-        if block.free {
-            first_free.get_or_insert(address);
-            free_mapped += block.size;
-            if !segment.virtual_reservation {
-                blocks.push(serde_json::json!({
-                    "address": address, "size": block.size, "requested_size": 0, "state": "inactive", "frames": [],
-                }));
-            }
-            continue;
-        }
-        // A block of the pool's own (a stitched range's piece, a plan) has no live pointer: its size stands.
-        let asked = block.key.and_then(|k| requested.get(&(pool, k)).copied()).unwrap_or(block.size);
-        allocated += block.size;
-        requested_total += asked;
-        blocks.push(serde_json::json!({
-            "address": address, "size": block.size, "requested_size": asked, "state": "active_allocated",
-            "frames": [],
-        }));
-    }
-    let total = if segment.virtual_reservation { segment.physical_bytes } else { segment.size };
-    if segment.virtual_reservation {
-        // Mapped free bytes; the rest of a free run is unmapped address space, which holds no memory.
-        let mapped_free = total.saturating_sub(allocated).min(free_mapped);
-        if mapped_free > 0 {
-            blocks.push(serde_json::json!({
-                "address": first_free.unwrap_or(base), "size": mapped_free, "requested_size": 0,
-                "state": "inactive", "frames": [],
-            }));
-        }
-    }
-    serde_json::json!({
-        "device": device,
-        "address": base,
-        "total_size": total,
-        "allocated_size": allocated,
-        "active_size": allocated,
-        "requested_size": requested_total,
-        "stream": segment.stream.0,
-        "segment_type": if segment.class == "small" { "small" } else { "large" },
-        "segment_pool_id": [0, 0],
-        "is_expandable": segment.virtual_reservation,
-        "frames": [],
-        "blocks": blocks,
-    })
 }
 
 /// Gives cached memory of `device` (or every device for -1) back to the driver. Returns the bytes released.
@@ -790,69 +555,6 @@ pub(crate) fn reset_peaks(device: i64) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    fn vars(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |name| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
-    }
-
-    /// Valid values set the field they name; a page size must be a power of two.
-    #[test]
-    fn each_variable_sets_its_field() {
-        let config = pool_config(vars(&[
-            ("UMM_SEGMENT_MODE", "plain"),
-            ("UMM_PLAN_STEPS", "off"),
-            ("UMM_STITCH", "no"),
-            ("UMM_PAGE_SIZE", "8MiB"),
-            ("UMM_STRATEGY", "direct"),
-            ("UMM_CROSS_STREAM", "wait"),
-            ("UMM_MAPPED_SLACK", "0.05"),
-            ("UMM_SEGMENT_SLACK", "off"),
-        ]))
-        .unwrap();
-        assert_eq!(config.segment_mode, SegmentMode::Plain);
-        assert!(!config.plan_steps && !config.stitch);
-        assert_eq!(config.page_size, Some(8 << 20));
-        assert_eq!(config.strategy, Strategy::Direct);
-        assert_eq!(config.cross_stream, umm_backends::CrossStream::Wait);
-        assert_eq!((config.mapped_slack, config.segment_slack), (Some(0.05), None));
-        for on in ["on", "1", "true", "yes"] {
-            let lookup = move |name: &str| (name == "UMM_PLAN_STEPS" || name == "UMM_STITCH").then(|| on.to_string());
-            let config = pool_config(lookup).unwrap();
-            assert!(config.plan_steps && config.stitch, "{on}");
-        }
-        for off in ["off", "0", "false", "no"] {
-            let lookup = move |name: &str| (name == "UMM_PLAN_STEPS" || name == "UMM_STITCH").then(|| off.to_string());
-            let config = pool_config(lookup).unwrap();
-            assert!(!config.plan_steps && !config.stitch, "{off}");
-        }
-        let err = pool_config(vars(&[("UMM_PAGE_SIZE", "3MiB")])).unwrap_err();
-        assert!(err.contains("not a power of two") && err.contains("3145728 bytes"), "{err}");
-        assert_eq!(pool_config(vars(&[])).unwrap(), PoolConfig::default());
-        assert_eq!(huge_min(vars(&[("UMM_HUGE_MIN", "1073741824")])), Ok(1 << 30));
-        assert_eq!(huge_min(vars(&[])), Ok(0));
-    }
-
-    /// `UMM_CAPI_SIM`: a size, or a count and a size; at least one page; 1 to 64 devices.
-    #[test]
-    fn simulated_devices_are_read_from_a_size_or_a_count_and_a_size() {
-        let read = |v: &'static str| simulated_devices(move |name: &str| (name == "UMM_CAPI_SIM").then(|| v.into()));
-        assert_eq!(read("16GiB"), Some(Ok((1, 16 << 30))));
-        assert_eq!(read("2x16GiB"), Some(Ok((2, 16 << 30))));
-        assert_eq!(read(" 3X2MiB "), Some(Ok((3, 2 << 20))), "one page is enough");
-        for (bad, why) in [
-            ("x16GiB", "UMM_CAPI_SIM=\"x16GiB\""),
-            ("2x", "UMM_CAPI_SIM=\"2x\""),
-            ("1x1MiB", "below one 2 MiB page"),
-            ("65x1GiB", "65 devices"),
-            ("0x1GiB", "0 devices"),
-        ] {
-            let err = read(bad).expect("set").unwrap_err();
-            assert!(err.contains(why), "{bad}: {err}");
-        }
-        assert_eq!(simulated_devices(|_: &str| None), None, "unset: CUDA's devices");
-    }
-
-    /// Simulated devices start 1 TiB apart, none at 0; a huge pool next to a virtual main pool takes the
-    /// requests of at least its size until a limit is set, at addresses of its own.
     #[test]
     fn simulated_devices_route_huge_requests_to_their_own_pool() {
         assert_eq!((simulated_base(0), simulated_base(1)), (1 << 40, 2 << 40));
@@ -880,73 +582,5 @@ mod tests {
         main.free(&small).unwrap();
         let plain_only = Registry::simulated(1, 1 << 30, Ok((PoolConfig::default(), 0)));
         assert!(plain_only.devices[0].huge.is_none(), "no huge pool without UMM_HUGE_MIN");
-    }
-
-    /// Random values for every variable the C ABI reads: `Ok`, or an error that names the variable and quotes
-    /// its value; never a panic. 10,000 cases (`UMM_FUZZ_CASES` overrides).
-    #[test]
-    fn fuzzed_variables_are_read_or_refused_by_name() {
-        let cases: u64 = std::env::var("UMM_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
-        const VARS: [&str; 8] = [
-            "UMM_CROSS_STREAM",
-            "UMM_PLAN_STEPS",
-            "UMM_SEGMENT_MODE",
-            "UMM_MAPPED_SLACK",
-            "UMM_SEGMENT_SLACK",
-            "UMM_PAGE_SIZE",
-            "UMM_STRATEGY",
-            "UMM_HUGE_MIN",
-        ];
-        const VALUES: [&str; 28] = [
-            "wait",
-            "on",
-            "True",
-            "Completed",
-            "",
-            " ",
-            "0",
-            "1",
-            "-1",
-            "0.1",
-            "NaN",
-            "inf",
-            "off",
-            "none",
-            "auto",
-            "plain",
-            "virtual",
-            "VIRTUAL",
-            "pooled",
-            "direct",
-            "8MiB",
-            "3MiB",
-            "1e30B",
-            "99999999999999999999",
-            "18446744073709551615",
-            "2 MiB",
-            "µ",
-            "\u{0}",
-        ];
-        let mut state = 0x1234_5678_u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
-        for _ in 0..cases {
-            let name = VARS[(next() % 6) as usize];
-            let value = if next() % 4 == 0 {
-                (0..next() % 8).map(|_| char::from_u32((next() % 0x3000) as u32).unwrap_or('?')).collect()
-            } else {
-                format!("{}{}", VALUES[(next() % 24) as usize], ["", "MiB", " ", "%"][(next() % 4) as usize])
-            };
-            let lookup = |k: &str| (k == name).then(|| value.clone());
-            for result in [pool_config(lookup).map(|_| ()), huge_min(lookup).map(|_| ())] {
-                if let Err(e) = result {
-                    assert!(e.contains(&format!("{name}={value:?}")), "{name}={value:?}: {e}");
-                }
-            }
-        }
     }
 }

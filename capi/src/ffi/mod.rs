@@ -6,7 +6,7 @@
 
 pub(crate) mod exit;
 
-use crate::{error, registry, sleep, tag, trace};
+use crate::{error, registry, sleep, snapshot, tag, trace};
 use std::ffi::CStr;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -110,7 +110,7 @@ pub extern "C" fn umm_clear_error() {
 /// NULL with a message if umm has no pool for `device`.
 #[no_mangle]
 pub extern "C" fn umm_stats_json(device: c_int) -> *mut c_char {
-    json_string("umm_stats_json", || registry::stats_json(i64::from(device)))
+    json_string("umm_stats_json", || snapshot::stats_json(i64::from(device)))
 }
 
 /// The memory of `device` (or every device for -1) as a JSON object in the shape of PyTorch's
@@ -121,7 +121,7 @@ pub extern "C" fn umm_stats_json(device: c_int) -> *mut c_char {
 /// for `device`.
 #[no_mangle]
 pub extern "C" fn umm_snapshot_json(device: c_int) -> *mut c_char {
-    json_string("umm_snapshot_json", || registry::snapshot_json(i64::from(device)))
+    json_string("umm_snapshot_json", || snapshot::snapshot_json(i64::from(device)))
 }
 
 /// A JSON text from `make` as a C string the caller frees with [`umm_string_free`]; NULL with a message on failure.
