@@ -19,6 +19,7 @@
 //!
 //! The files, by concern:
 //! - [`allocate`]: the allocation policy, from the thread cache to new memory, the retry and out of memory;
+//! - [`batch`]: several blocks under one lock, and a cache warmed with them;
 //! - [`free`]: freeing into a thread cache, the quick cache or the engine, and poisoning;
 //! - [`paging`]: virtual reservations, mapping withheld pages and unmapping free ones;
 //! - [`trim`]: giving memory back (cleanup rounds, `release_cached`, the slack budgets);
@@ -26,10 +27,12 @@
 //! - [`slots`]: the pool's side of the thread caches ([`thread_cache`], [`quick`] for the arenas' own);
 //! - [`snapshot`]: statistics and snapshots; [`io`]: bytes in and out of live blocks;
 //! - [`share`]: free memory of one stream serving another's miss ([`CrossStream`]);
-//! - [`steps`]: repeating steps served from a plan ([`Pool::mark_step`]);
+//! - [`steps`]: repeating steps served from a plan ([`Pool::mark_step`]); [`stitch`]: stitched blocks;
+//!   [`sleep`]: sleep and wake; [`books`]: the records of those three that the state keeps;
 //! - [`config`], [`streams`]: the configuration and the stream → arena map.
 
 mod allocate;
+mod batch;
 mod books;
 mod config;
 mod free;
