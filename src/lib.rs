@@ -43,6 +43,7 @@ mod sleep;
 mod stats;
 mod tags;
 pub mod trace;
+mod upkeep;
 
 pub use adopt::{AdoptOptions, Adoptable};
 pub use buffer::UniversalBuffer;
@@ -52,7 +53,7 @@ pub use config::UmmConfig;
 pub use device::Device;
 pub use error::{Error, Result};
 pub use host_info::HostInfo;
-pub use manager::{PoolStep, UniversalMemoryManager};
+pub use manager::UniversalMemoryManager;
 pub use migrate::{MigrateError, MigrateTo, MigrationPath};
 pub use observe::Snapshot;
 pub use options::AllocOptions;
@@ -60,6 +61,7 @@ pub use profiler::{CallSite, Event, EventKind, LeakReport, LiveAllocation, Profi
 pub use sleep::{SleepPolicy, SleepSummary, TagPoolReport, WakeSummary};
 pub use stats::{DeviceStats, GlobalMemoryStats, PoolStatsEntry};
 pub use tags::{check_tag, TagScope, MAX_TAG_LEN};
+pub use upkeep::PoolStep;
 
 pub use umm_backends::{
     BlockInfo, Limit, Ownership, PoolStats, SegmentMode, SleepAction, SleepReport, StepOutcome, StepReport, Strategy,

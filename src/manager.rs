@@ -2,7 +2,6 @@
 //! per-device pools, and reports statistics and recommendations.
 
 use crate::buffer::{BufferMeta, UniversalBuffer};
-use crate::cleanup::{CleanupGuard, CleanupReport, DeviceCleanup};
 use crate::config::UmmConfig;
 use crate::device::{self, Device};
 use crate::error::{Error, Result};
@@ -11,12 +10,11 @@ use crate::host_info::HostInfo;
 use crate::options::AllocOptions;
 use crate::placement_cache::{self, Epoch, Key, Placed};
 use crate::profiler::{AllocEvent, Profiler};
-use crate::stats::{DeviceStats, GlobalMemoryStats, PoolStatsEntry};
 use parking_lot::{Mutex, RwLock};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use umm_backends::{MemoryPool, OwnedBlock, PoolStats};
+use std::time::Instant;
+use umm_backends::{MemoryPool, OwnedBlock};
 use umm_placement::{
     AccessPattern, Api, Decider, Decision, DeviceKind, DeviceSelector, DeviceView, Placement, Recommendations, Request,
     SizeClass, UsageTracker,
@@ -465,116 +463,9 @@ impl UniversalMemoryManager {
     pub fn usage_tracker(&self) -> &UsageTracker {
         &self.inner.tracker
     }
-
-    /// A cleanup round: releases cached segments that sat unused for `cleanup_idle_rounds` rounds, and lets old
-    /// usage evidence decay. Reports bytes and segments released per device and the time taken. Each pool is
-    /// locked only while its own segments are released.
-    pub fn cleanup(&self) -> CleanupReport {
-        self.inner.cleanup(self.inner.config.cleanup_idle_rounds)
-    }
-
-    /// Marks the end of a training or inference step, and the start of the next, in every pool. Call it at the
-    /// same point of every step (after the optimizer's step, or after a request is answered). Once two steps in a
-    /// row make the same allocations and frees, the buffers that live within a step are placed at planned offsets
-    /// of one segment per pool, of the step's peak size, with no device call; a step that does something else is
-    /// served as before, and a plan whose steps keep deviating is dropped (see `umm_backends::Pool::mark_step`).
-    /// The plan's segment counts in every statistic. `UMM_PLAN_STEPS=off` ([`umm_backends::PoolConfig`]'s
-    /// `plan_steps`) only counts steps. Recorded in the trace of [`Builder::record_trace`] as an `s` line.
-    pub fn mark_step(&self) -> Vec<PoolStep> {
-        self.inner.profiler.trace_step();
-        let mut steps = Vec::new();
-        for device in &self.inner.devices {
-            for (api, kind, pool) in device.pools() {
-                steps.push(PoolStep { device: device.index(), api, kind, report: pool.mark_step() });
-            }
-        }
-        steps
-    }
-
-    /// Releases every cached byte in every pool now (PyTorch's `empty_cache`).
-    pub fn release_all_cached(&self) -> CleanupReport {
-        self.inner.cleanup(0)
-    }
-
-    /// Runs [`UniversalMemoryManager::cleanup`] every `interval` on a background thread until the returned guard
-    /// is dropped. An interval below [`CleanupGuard::MIN_INTERVAL`] (1 ms; `Duration::ZERO` included) is raised
-    /// to it, with a warning, since rounds back to back would spin a core and empty the caches as fast as they
-    /// fill.
-    pub fn start_periodic_cleanup(&self, interval: Duration) -> CleanupGuard {
-        let manager = Arc::downgrade(&self.inner);
-        // A round while the manager lives; `None` once it is gone, which ends the cleaner.
-        let round = move || manager.upgrade().map(|inner| inner.cleanup(inner.config.cleanup_idle_rounds));
-        CleanupGuard::start(round, interval)
-    }
-
-    /// [`GlobalMemoryStats::summary`] of [`UniversalMemoryManager::global_memory_stats`]: a table of every pool's
-    /// memory, like `torch.cuda.memory_summary()`.
-    pub fn memory_summary(&self) -> String {
-        self.inner.memory_stats().summary()
-    }
-
-    /// Sets every pool's peaks to their current values (`torch.cuda.reset_peak_memory_stats()`), so that later
-    /// peaks are those of the work that follows.
-    pub fn reset_peak_stats(&self) {
-        for device in &self.inner.devices {
-            for (_, _, pool) in device.pools() {
-                pool.reset_peaks();
-            }
-        }
-        if let Some(group) = &self.inner.config.pool.reserved_group {
-            group.reset_peak();
-        }
-    }
-
-    /// Statistics of every pool, per device and in total (serde-serialisable).
-    pub fn global_memory_stats(&self) -> GlobalMemoryStats {
-        self.inner.memory_stats()
-    }
-
-    /// Sets (or clears) the cap on reserved bytes of every pool created so far. Pools created later take the
-    /// configured limit ([`Builder::limit`], `UMM_LIMIT`).
-    pub fn set_limit(&self, limit: Option<umm_backends::Limit>) -> Result<()> {
-        for device in &self.inner.devices {
-            for (_, _, pool) in device.pools() {
-                pool.set_limit(limit)?;
-            }
-        }
-        Ok(())
-    }
 }
 
 impl Inner {
-    /// Every pool's statistics, per device and in total (see [`UniversalMemoryManager::global_memory_stats`]).
-    fn memory_stats(&self) -> GlobalMemoryStats {
-        let mut total = PoolStats { name: "total".into(), limit_bytes: Some(0), ..PoolStats::default() };
-        let mut devices = Vec::new();
-        for device in &self.devices {
-            let mut device_total =
-                PoolStats { name: device.name().to_string(), limit_bytes: Some(0), ..PoolStats::default() };
-            let mut pools = Vec::new();
-            for (api, kind, pool) in device.pools() {
-                let stats = pool.stats();
-                device_total.accumulate(&stats);
-                pools.push(PoolStatsEntry { api, kind, stats });
-            }
-            if pools.is_empty() {
-                device_total.limit_bytes = None;
-            }
-            total.accumulate(&device_total);
-            devices.push(DeviceStats {
-                index: device.index(),
-                name: device.name().to_string(),
-                pools,
-                total: device_total,
-            });
-        }
-        if devices.iter().all(|d| d.pools.is_empty()) {
-            total.limit_bytes = None;
-        }
-        let peak_reserved_at_once = self.config.pool.reserved_group.as_ref().map_or(0, |g| g.peak());
-        GlobalMemoryStats { devices, total, peak_reserved_at_once }
-    }
-
     /// Refreshes the device figures and the evidence if the last refresh is older than
     /// [`UmmConfig::device_refresh`].
     fn refresh_if_due(&self) {
@@ -588,7 +479,7 @@ impl Inner {
     /// Asks every device for its free memory and the tracker for its evidence, and moves the epoch when what
     /// decisions depend on changed. One thread at a time; a thread that finds another refreshing goes on with
     /// the figures it has.
-    fn refresh(&self) {
+    pub(crate) fn refresh(&self) {
         let Some(mut state) = self.refresh.try_lock() else { return };
         let (views, baselines) = figures::measure(&self.devices);
         let evidence = self.tracker.recommendations();
@@ -616,31 +507,6 @@ impl Inner {
         if state.signature != fresh {
             state.signature = fresh;
             self.epoch.advance();
-        }
-    }
-
-    pub(crate) fn cleanup(&self, idle_rounds: u64) -> CleanupReport {
-        let start = Instant::now();
-        let mut devices = Vec::new();
-        for device in &self.devices {
-            let mut entry =
-                DeviceCleanup { index: device.index(), name: device.name().to_string(), ..Default::default() };
-            for (_, _, pool) in device.pools() {
-                let report = pool.cleanup(idle_rounds);
-                entry.bytes_released += report.bytes_released;
-                entry.segments_released += report.segments_released;
-                entry.pages_unmapped += report.pages_unmapped;
-            }
-            devices.push(entry);
-        }
-        // Halve the weight of old evidence each round so recommendations follow the current workload.
-        let _ = self.tracker.decay(0.5);
-        self.refresh();
-        CleanupReport {
-            bytes_released: devices.iter().map(|d| d.bytes_released).sum(),
-            segments_released: devices.iter().map(|d| d.segments_released).sum(),
-            devices,
-            elapsed: start.elapsed(),
         }
     }
 }
@@ -683,17 +549,4 @@ fn _assert_send_sync() {
     fn is<T: Send + Sync>() {}
     is::<UniversalMemoryManager>();
     is::<UniversalBuffer<f32>>();
-}
-
-/// One pool's end of a step ([`UniversalMemoryManager::mark_step`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct PoolStep {
-    /// The device's index.
-    pub device: usize,
-    /// The pool's API.
-    pub api: umm_placement::Api,
-    /// The kind of pool.
-    pub kind: umm_placement::PoolKind,
-    /// What the pool did.
-    pub report: umm_backends::StepReport,
 }

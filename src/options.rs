@@ -60,8 +60,8 @@ impl AllocOptions {
         self
     }
     /// A tag (`"weights"`, `"kv_cache"`): the buffer goes to the pool of its tag on the device chosen, which
-    /// sleeps and wakes as a whole ([`UniversalMemoryManager::sleep`]). Without one, the thread's
-    /// [`UniversalMemoryManager::tag_scope`] applies, if open. Checked at allocation ([`crate::check_tag`]).
+    /// sleeps and wakes as a whole ([`UniversalMemoryManager::sleep`](crate::UniversalMemoryManager::sleep)). Without one, the thread's
+    /// [`UniversalMemoryManager::tag_scope`](crate::UniversalMemoryManager::tag_scope) applies, if open. Checked at allocation ([`crate::check_tag`]).
     pub fn tag(mut self, tag: &str) -> Self {
         self.extras.get_or_insert_with(Box::default).tag = Some(Arc::from(tag));
         self

@@ -10,7 +10,7 @@ pub use umm_backends::pool::{check_tag, MAX_TAG_LEN};
 use umm_backends::SleepAction;
 
 thread_local! {
-    /// The calling thread's tag ([`UniversalMemoryManager::tag_scope`]).
+    /// The calling thread's tag ([`UniversalMemoryManager::tag_scope`](crate::UniversalMemoryManager::tag_scope)).
     static CURRENT_TAG: RefCell<Option<Arc<str>>> = const { RefCell::new(None) };
     /// Whether `CURRENT_TAG` holds a tag: a plain flag (no destructor to register, no borrow to count), which is
     /// all an untagged allocation reads.
@@ -45,7 +45,7 @@ fn set_current(tag: Option<Arc<str>>) -> Option<Arc<str>> {
 }
 
 /// While it lives, the calling thread's allocations without a tag of their own carry its tag
-/// ([`UniversalMemoryManager::tag_scope`]). Scopes nest: dropping one restores the tag before it. Not `Send`:
+/// ([`UniversalMemoryManager::tag_scope`](crate::UniversalMemoryManager::tag_scope)). Scopes nest: dropping one restores the tag before it. Not `Send`:
 /// the tag is the thread's.
 #[must_use = "the tag applies while the scope lives"]
 pub struct TagScope {

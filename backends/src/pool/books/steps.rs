@@ -20,7 +20,7 @@ pub const MISSES_TO_DROP: u32 = 2;
 /// there.
 pub const MAX_STEP_EVENTS: usize = 1 << 20;
 
-/// What [`Pool::mark_step`] found at the end of the step.
+/// What [`Pool::mark_step`](crate::Pool::mark_step) found at the end of the step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -44,7 +44,7 @@ pub enum StepOutcome {
     Off,
 }
 
-/// The end of one step, as [`Pool::mark_step`] reports it.
+/// The end of one step, as [`Pool::mark_step`](crate::Pool::mark_step) reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct StepReport {
     /// Steps marked so far, this one included.
