@@ -294,6 +294,7 @@ impl OpenClBackend {
     fn flags(&self) -> cl_mem_flags {
         match self.placement {
             PoolKind::DeviceLocal => CL_MEM_READ_WRITE,
+            // `backend` stores `placement.on_device()`, so `Host` never reaches here; it would mean pinned memory.
             PoolKind::Host | PoolKind::HostPinned => CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR,
             PoolKind::ReadOnly => CL_MEM_READ_ONLY,
         }

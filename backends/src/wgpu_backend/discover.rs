@@ -265,10 +265,11 @@ impl WgpuDevice {
     /// [`WgpuUsage::Shared`] where [`WgpuDevice::has_shared_buffers`], else [`WgpuUsage::Upload`] (use
     /// [`WgpuDevice::pool_of`] with [`WgpuUsage::Readback`] for read-back buffers).
     pub fn kind_for(&self, placement: PoolKind) -> WgpuUsage {
-        match placement.on_device() {
+        // A device has no pageable host memory of its own: `Host` is served as `HostPinned` (`PoolKind::on_device`).
+        match placement {
             PoolKind::DeviceLocal => WgpuUsage::DeviceLocal,
             PoolKind::ReadOnly => WgpuUsage::ReadOnly,
-            PoolKind::HostPinned if self.has_shared_buffers() => WgpuUsage::Shared,
+            PoolKind::Host | PoolKind::HostPinned if self.has_shared_buffers() => WgpuUsage::Shared,
             PoolKind::Host | PoolKind::HostPinned => WgpuUsage::Upload,
         }
     }
