@@ -32,10 +32,10 @@ impl BlockId {
     }
 }
 
-/// A block handed out by [`Engine::allocate`].
+/// A block handed out by [`Engine::allocate`](super::Engine::allocate).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Allocation {
-    /// The block, for [`Engine::free`].
+    /// The block, for [`Engine::free`](super::Engine::free).
     pub block: BlockId,
     /// The segment it lies in.
     pub segment: SegmentId,
@@ -47,7 +47,7 @@ pub struct Allocation {
     pub segment_was_empty: bool,
 }
 
-/// What [`Engine::free`] did.
+/// What [`Engine::free`](super::Engine::free) did.
 ///
 /// It carries no offset: copying a block's offset and size, adjacent in the node, the compiler would load both
 /// with one 16-byte load, and when the block was carved just before (an allocation freed at once) that load spans
@@ -62,7 +62,7 @@ pub struct Freed {
     pub segment_now_empty: bool,
 }
 
-/// A block inside a segment, as reported by [`Engine::blocks_in`]: where it lies and whether it is free (what a
+/// A block inside a segment, as reported by [`Engine::blocks_in`](super::Engine::blocks_in): where it lies and whether it is free (what a
 /// snapshot draws). Not [`crate::BlockInfo`], which describes a live block a pool handed out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SegmentBlock {
