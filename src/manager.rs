@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use umm_backends::{MemoryPool, OwnedBlock};
 use umm_placement::{
-    AccessPattern, Api, Decider, Decision, DeviceKind, DeviceSelector, DeviceView, Placement, Recommendations, Request,
+    AccessPattern, Api, Decider, Decision, DeviceKind, DeviceSelector, DeviceView, Placement, Recommendations,
     SizeClass, UsageTracker,
 };
 
@@ -152,11 +152,7 @@ impl UniversalMemoryManager {
     /// Where a request would go, and why, without allocating. Decided on the device figures of the last refresh
     /// (at most a few milliseconds old while allocations go on; see [`UniversalMemoryManager::cleanup`]).
     pub fn decide(&self, bytes: u64, options: &AllocOptions) -> Result<Decision> {
-        let request = Request::new(bytes)
-            .placement(options.placement)
-            .access(options.access)
-            .selector(options.selector)
-            .current(self.current_device());
+        let request = options.request(bytes).current(self.current_device());
         let evidence = self.evidence();
         let views = Arc::clone(&self.inner.views.read());
         Ok(self.inner.decider.decide_shared(&request, &views, evidence.as_deref())?)

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 use umm_backends::StreamId;
-use umm_placement::{AccessPattern, DeviceSelector, Placement};
+use umm_placement::{AccessPattern, DeviceSelector, Placement, Request};
 
 /// Options of one allocation: placement, access pattern, device selector, zeroing, label, stream.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -70,6 +70,11 @@ impl AllocOptions {
     pub fn stream(mut self, stream: StreamId) -> Self {
         self.stream = stream;
         self
+    }
+    /// The decider's [`Request`] for `bytes` bytes with these options: placement, access pattern and device, the
+    /// setters of the same names. The current device is the manager's to add.
+    pub fn request(&self, bytes: u64) -> Request {
+        Request::new(bytes).placement(self.placement).access(self.access).device(self.selector)
     }
     /// The stream set with [`stream`](Self::stream).
     pub fn stream_id(&self) -> StreamId {

@@ -152,7 +152,7 @@ fn host_only_machine_resolves_everything_to_the_host() {
         }
     }
     let err = Decider::default()
-        .decide(&Request::new(MEDIUM).selector(DeviceSelector::Api(Api::Cuda)), &devices, None)
+        .decide(&Request::new(MEDIUM).device(DeviceSelector::Api(Api::Cuda)), &devices, None)
         .unwrap_err();
     assert!(matches!(err, Error::NoDevice { .. }), "{err}");
 }
@@ -184,7 +184,7 @@ fn devices_sharing_memory_prefer_pinned_memory_they_read_in_place() {
     let mut cpu = igpu(1);
     cpu.kind = umm_placement::DeviceKind::Cpu;
     cpu.pools = vec![PoolKind::DeviceLocal];
-    let d = decide(auto(MEDIUM, AccessPattern::Unknown).selector(DeviceSelector::Index(1)), &[host(0), cpu]);
+    let d = decide(auto(MEDIUM, AccessPattern::Unknown).device(DeviceSelector::Index(1)), &[host(0), cpu]);
     assert_eq!((d.device, d.pool), (1, PoolKind::DeviceLocal));
     assert!(d.reason().contains("offers no pinned pool"), "{}", d.reason());
 }
@@ -328,12 +328,12 @@ fn selectors_choose_and_explain() {
     let mut cuda = gpu(1, 80 * GIB, 70 * GIB);
     cuda.apis = vec![Api::Cuda];
     let devices = [host(0), cuda, cl];
-    let d = decide(Request::new(MEDIUM).selector(DeviceSelector::Api(Api::OpenCl)), &devices);
+    let d = decide(Request::new(MEDIUM).device(DeviceSelector::Api(Api::OpenCl)), &devices);
     assert_eq!(d.device, 2);
-    let d = decide(Request::new(MEDIUM).selector(DeviceSelector::Index(2)), &devices);
+    let d = decide(Request::new(MEDIUM).device(DeviceSelector::Index(2)), &devices);
     assert_eq!(d.device, 2);
     for selector in [DeviceSelector::Host, DeviceSelector::Index(0), DeviceSelector::Api(Api::Host)] {
-        let d = decide(Request::new(MEDIUM).selector(selector), &devices);
+        let d = decide(Request::new(MEDIUM).device(selector), &devices);
         assert_eq!((d.device, d.pool), (0, PoolKind::HostPinned), "{selector}");
         assert!(d.reason().contains("selects no accelerator"), "{}", d.reason());
     }
@@ -342,7 +342,7 @@ fn selectors_choose_and_explain() {
 #[test]
 fn selector_errors_name_what_was_asked_and_what_exists() {
     let decider = Decider::default();
-    let err = decider.decide(&Request::new(MEDIUM).selector(DeviceSelector::Index(7)), &machine(), None).unwrap_err();
+    let err = decider.decide(&Request::new(MEDIUM).device(DeviceSelector::Index(7)), &machine(), None).unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, Error::NoDevice { .. }));
     for needle in [
@@ -355,14 +355,14 @@ fn selector_errors_name_what_was_asked_and_what_exists() {
     let mut cl_only = machine();
     cl_only[1].apis = vec![Api::OpenCl];
     let msg = decider
-        .decide(&Request::new(MEDIUM).selector(DeviceSelector::Api(Api::Cuda)), &cl_only, None)
+        .decide(&Request::new(MEDIUM).device(DeviceSelector::Api(Api::Cuda)), &cl_only, None)
         .unwrap_err()
         .to_string();
     assert!(msg.contains("no device matches a device with the cuda API") && msg.contains("opencl"), "{msg}");
     let msg = decider.decide(&Request::new(MEDIUM), &[], None).unwrap_err().to_string();
     assert!(msg.contains("available: no devices"), "{msg}");
     let msg = decider
-        .decide(&Request::new(MEDIUM).selector(DeviceSelector::Host), &[gpu(0, GIB, GIB)], None)
+        .decide(&Request::new(MEDIUM).device(DeviceSelector::Host), &[gpu(0, GIB, GIB)], None)
         .unwrap_err()
         .to_string();
     assert!(msg.contains("no device matches the host"), "{msg}");
@@ -442,11 +442,11 @@ fn no_placement_without_a_selector_picks_a_software_device_while_host_memory_exi
     let d = decide(Request::new(MEDIUM).placement(Placement::HostPinned), &devices);
     assert_eq!((d.device, d.pool), (0, PoolKind::HostPinned), "{}", d.reason());
     // Named by a selector, it serves.
-    let d = decide(auto(MEDIUM, AccessPattern::Unknown).selector(DeviceSelector::Index(1)), &devices);
+    let d = decide(auto(MEDIUM, AccessPattern::Unknown).device(DeviceSelector::Index(1)), &devices);
     assert_eq!(d.device, 1, "{}", d.reason());
-    let d = decide(auto(MEDIUM, AccessPattern::Unknown).selector(DeviceSelector::Api(Api::Wgpu)), &devices);
+    let d = decide(auto(MEDIUM, AccessPattern::Unknown).device(DeviceSelector::Api(Api::Wgpu)), &devices);
     assert_eq!(d.device, 1, "{}", d.reason());
-    let d = decide(Request::new(MEDIUM).placement(Placement::DeviceLocal).selector(DeviceSelector::Index(1)), &devices);
+    let d = decide(Request::new(MEDIUM).placement(Placement::DeviceLocal).device(DeviceSelector::Index(1)), &devices);
     assert_eq!((d.device, d.pool), (1, PoolKind::DeviceLocal), "{}", d.reason());
     // A current device that is a software one still serves explicit placements: the caller named it.
     let d = decide(Request::new(MEDIUM).placement(Placement::DeviceLocal).current(Some(1)), &devices);
@@ -524,7 +524,7 @@ fn explicit_placements_without_a_selector_go_to_the_current_device() {
     let d = decide(Request::new(MEDIUM).current(Some(1)), &devices);
     assert_eq!(d.device, 2, "{}", d.reason());
     let d = decide(
-        Request::new(MEDIUM).placement(Placement::DeviceLocal).current(Some(1)).selector(DeviceSelector::Index(2)),
+        Request::new(MEDIUM).placement(Placement::DeviceLocal).current(Some(1)).device(DeviceSelector::Index(2)),
         &devices,
     );
     assert_eq!(d.device, 2, "{}", d.reason());
@@ -551,7 +551,7 @@ fn a_selector_naming_a_device_keeps_the_request_there() {
     let devices = [host(0), no_pinned, gpu(2, 80 * GIB, 70 * GIB)];
     // Auto's small buffers go to pinned memory by the table: through the named device where it offers it, and
     // in its device-local memory where it does not, never to the host the selector did not name.
-    let small = |selector| decide(auto(SMALL, AccessPattern::Unknown).selector(selector), &devices);
+    let small = |selector| decide(auto(SMALL, AccessPattern::Unknown).device(selector), &devices);
     let d = small(DeviceSelector::Index(2));
     assert_eq!((d.device, d.pool), (2, PoolKind::HostPinned), "{}", d.reason());
     let d = small(DeviceSelector::Index(1));
@@ -565,7 +565,7 @@ fn a_selector_naming_a_device_keeps_the_request_there() {
     // Pinned memory asked for explicitly on a device without it is impossible, not moved to the host.
     let err = Decider::default()
         .decide(
-            &Request::new(SMALL).placement(Placement::HostPinned).selector(DeviceSelector::Index(1)),
+            &Request::new(SMALL).placement(Placement::HostPinned).device(DeviceSelector::Index(1)),
             &devices,
             None,
         )
@@ -625,17 +625,17 @@ fn read_only_data_falls_back_to_read_only_memory_on_the_selected_device() {
     let d = Decider::default();
     // Under pressure everywhere: the fallback keeps read-only data on the named device's read-only pool.
     let devices = [host(0), read_only_gpu(1, GIB)];
-    let got = d.decide(&auto(MEDIUM, AccessPattern::ReadOnly).selector(selected), &devices, None).unwrap();
+    let got = d.decide(&auto(MEDIUM, AccessPattern::ReadOnly).device(selected), &devices, None).unwrap();
     assert_eq!((got.device, got.pool), (1, PoolKind::ReadOnly), "{}", got.reason());
     // Evidence sends read-only data to pinned memory, which the named device does not offer: the fallback
     // still finds its read-only pool, for data declared read-only.
     let pinned = evidence_for(Subject::ReadOnlyData, Placement::HostPinned, true);
     let devices = [host(0), read_only_gpu(1, 70 * GIB)];
-    let req = auto(MEDIUM, AccessPattern::ReadOnly).selector(selected);
+    let req = auto(MEDIUM, AccessPattern::ReadOnly).device(selected);
     let got = d.decide(&req, &devices, Some(&pinned)).unwrap();
     assert_eq!((got.device, got.pool), (1, PoolKind::ReadOnly), "{}", got.reason());
     // Data not declared read-only never lands in read-only memory: with nothing else there, no placement.
-    let err = d.decide(&auto(MEDIUM, AccessPattern::Random).selector(selected), &devices, None).unwrap_err();
+    let err = d.decide(&auto(MEDIUM, AccessPattern::Random).device(selected), &devices, None).unwrap_err();
     assert!(matches!(err, Error::ImpossiblePlacement { .. }), "{err}");
 }
 
