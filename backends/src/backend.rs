@@ -3,7 +3,7 @@
 //! [`crate::Pool`], shared by every backend.
 
 pub use crate::host_ptr::HostPtr;
-use crate::{Result, StreamId};
+use crate::{DevicePath, Result, StreamId};
 use umm_placement::Api;
 
 /// A backend that can reserve address space and map physical pages into it on demand (CUDA's
@@ -267,6 +267,28 @@ pub trait Backend: sealed::Sealed + Send + Sync + 'static {
     fn device_address(&self, segment: &Self::Segment) -> Option<u64> {
         let _ = segment;
         None
+    }
+
+    /// Copies `len` bytes on the device(s) from `src_segment` of `src` at `src_offset` into `segment` at `offset`,
+    /// and waits for the copy, where the two backends' memory is joined by a device path (one CUDA process, one
+    /// OpenCL context, one wgpu device whose buffers have the copy usages): `Ok(Some(path))` with the path taken,
+    /// `Ok(None)` where none joins them (another device or context, a target the path cannot write), and the
+    /// caller moves the bytes through the host. Ranges outside their segments are [`crate::Error::OutOfBounds`].
+    ///
+    /// Called by [`crate::OwnedBlock::copy_on_device_from`] through the pools, without their locks (a device copy
+    /// waits for queued work): both ranges lie inside live blocks that the caller's borrows keep live and free of
+    /// host slices for the call. None by default.
+    fn copy_on_device(
+        &self,
+        segment: &Self::Segment,
+        offset: u64,
+        src: &Self,
+        src_segment: &Self::Segment,
+        src_offset: u64,
+        len: u64,
+    ) -> Result<Option<DevicePath>> {
+        let _ = (segment, offset, src, src_segment, src_offset, len);
+        Ok(None)
     }
 
     /// Whether every block needs a segment of its own. wgpu tracks usage per buffer: within one dispatch a buffer

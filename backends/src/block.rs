@@ -2,7 +2,7 @@
 //! and [`OwnedBlock`], which frees its block when dropped.
 
 use crate::engine::{BlockId, SegmentId};
-use crate::{Api, Backend, Limit, Pool, PoolStats, Result, StreamId, TrimReport};
+use crate::{Api, Backend, DevicePath, Limit, Pool, PoolStats, Result, StreamId, TrimReport};
 use std::any::Any;
 use std::sync::Arc;
 
@@ -159,6 +159,16 @@ pub trait MemoryPool: sealed::Sealed + Send + Sync + 'static {
     fn wake(&self) -> Result<crate::pool::WakeReport>;
     /// See [`Pool::sleeping`].
     fn sleeping(&self) -> Option<crate::pool::SleepAction>;
+    /// Copies the first `len` bytes of `src_block` (of `src`) into `block` on the device(s), where `src` is a
+    /// pool of the same kind and the backends join them ([`Backend::copy_on_device`]); `Ok(None)` otherwise.
+    /// For [`OwnedBlock::copy_on_device_from`], whose borrows keep both blocks live and free of host slices.
+    fn copy_on_device_from(
+        &self,
+        block: &BlockHandle,
+        src: &dyn MemoryPool,
+        src_block: &BlockHandle,
+        len: u64,
+    ) -> Result<Option<DevicePath>>;
     /// The concrete pool, for backend-specific interop (`downcast_ref::<Pool<CudaBackend>>()`).
     fn as_any(&self) -> &dyn Any;
     /// What names the pool: its address, the same through every [`PoolLease`] of it.
@@ -266,6 +276,15 @@ impl MemoryPool for PoolLease {
     fn sleeping(&self) -> Option<crate::pool::SleepAction> {
         self.0.sleeping()
     }
+    fn copy_on_device_from(
+        &self,
+        block: &BlockHandle,
+        src: &dyn MemoryPool,
+        src_block: &BlockHandle,
+        len: u64,
+    ) -> Result<Option<DevicePath>> {
+        self.0.copy_on_device_from(block, src, src_block, len)
+    }
     fn as_any(&self) -> &dyn Any {
         self.0.as_any()
     }
@@ -352,6 +371,18 @@ impl<B: Backend> MemoryPool for Pool<B> {
     fn sleeping(&self) -> Option<crate::pool::SleepAction> {
         Pool::sleeping(self)
     }
+    fn copy_on_device_from(
+        &self,
+        block: &BlockHandle,
+        src: &dyn MemoryPool,
+        src_block: &BlockHandle,
+        len: u64,
+    ) -> Result<Option<DevicePath>> {
+        match src.as_any().downcast_ref::<Pool<B>>() {
+            Some(src) => Pool::copy_on_device_from(self, block, src, src_block, len),
+            None => Ok(None),
+        }
+    }
     fn as_any(&self) -> &dyn Any {
         self
     }
@@ -408,7 +439,6 @@ impl OwnedBlock {
     }
 
     /// The block's handle, for this crate's interop only (see the type's documentation for why it stays here).
-    #[cfg_attr(not(any(feature = "cuda", feature = "opencl", feature = "wgpu")), allow(dead_code))]
     pub(crate) fn handle(&self) -> &BlockHandle {
         &self.handle
     }

@@ -15,7 +15,7 @@
 use super::raw::{self, Failure};
 use crate::adopt::{Adoption, Keeper, Ownership};
 use crate::HostPtr;
-use crate::{Api, Backend, Error, PoolKind, Result, StreamId, VirtualMemory};
+use crate::{Api, Backend, DevicePath, Error, PoolKind, Result, StreamId, VirtualMemory};
 use cudarc::driver::{CudaContext, CudaEvent};
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -434,6 +434,31 @@ impl Backend for CudaBackend {
 
     fn device_address(&self, segment: &CudaSegment) -> Option<u64> {
         Some(segment.device_ptr)
+    }
+
+    /// Any two CUDA pools of the process are joined: a copy within one context, a peer copy between two. A
+    /// read-only target is filled once, at allocation, so no path writes it.
+    #[allow(unsafe_code)] // Discharges `copy_between`'s contract.
+    fn copy_on_device(
+        &self,
+        segment: &CudaSegment,
+        offset: u64,
+        src: &Self,
+        src_segment: &CudaSegment,
+        src_offset: u64,
+        len: u64,
+    ) -> Result<Option<DevicePath>> {
+        if self.placement() == PoolKind::ReadOnly {
+            return Ok(None);
+        }
+        self.check(segment, offset, len)?;
+        src.check(src_segment, src_offset, len)?;
+        // SAFETY: both ranges were just checked against their segments, which hold them inside live blocks that
+        // the caller keeps live and free of host slices for the call (the trait's contract).
+        let path = unsafe {
+            super::peer::copy_between(src, src_segment.device_ptr + src_offset, self, segment.device_ptr + offset, len)
+        }?;
+        Ok(Some(path))
     }
 
     #[allow(unsafe_code)] // Discharges `raw::mem_release`'s contract.

@@ -5,7 +5,7 @@
 
 use super::backend::CudaBackend;
 use super::{interop, raw};
-use crate::{Backend, BlockHandle, Error, Pool, PoolKind, Result};
+use crate::{Backend, BlockHandle, DevicePath, Error, Pool, PoolKind, Result};
 use parking_lot::Mutex;
 
 /// Pairs of contexts (as addresses) for which peer access has been tried, whatever the outcome.
@@ -32,20 +32,19 @@ pub fn copy_block(
             });
         }
     }
-    copy_owned_or_device(src, src_block, dst, dst_block, len)
+    copy_live_blocks(src, src_block, dst, dst_block, len)
 }
 
-/// [`copy_block`] without its refusal of pinned blocks: for owned blocks, whose borrows keep the memory theirs
-/// for the whole copy.
-#[allow(unsafe_code)] // Discharges `raw::copy`'s and `raw::copy_peer`'s contracts.
-pub(crate) fn copy_owned_or_device(
+/// [`copy_block`] without its refusal of pinned blocks.
+#[allow(unsafe_code)] // Discharges `copy_between`'s contract.
+fn copy_live_blocks(
     src: &Pool<CudaBackend>,
     src_block: &BlockHandle,
     dst: &Pool<CudaBackend>,
     dst_block: &BlockHandle,
     len: u64,
 ) -> Result<()> {
-    let (from, to) = (src.backend(), dst.backend());
+    let to = dst.backend();
     if to.placement() == PoolKind::ReadOnly {
         return Err(Error::Unsupported {
             backend: to.name().to_string(),
@@ -54,26 +53,47 @@ pub(crate) fn copy_owned_or_device(
     }
     let (src_ptr, _) = interop::range(src, src_block, 0, len)?;
     let (dst_ptr, _) = interop::range(dst, dst_block, 0, len)?;
+    // SAFETY: `interop::range` put `[src_ptr, src_ptr + len)` inside the live `src_block` and
+    // `[dst_ptr, dst_ptr + len)` inside the live `dst_block` (it looked them up in their pools); neither is pinned
+    // memory (`copy_block` refused it), and device memory is never lent as a host slice.
+    unsafe { copy_between(src.backend(), src_ptr, to, dst_ptr, len) }.map(drop)
+}
+
+/// Copies `len` bytes from `src_ptr` (memory of `from`'s context) to `dst_ptr` (memory of `to`'s) and waits:
+/// within one context a plain copy, between two a peer copy after enabling peer access once per pair. Waits for
+/// all work queued in the source context first, so the copy sees what kernels wrote. Returns the path taken.
+///
+/// # Safety
+/// `[src_ptr, src_ptr + len)` lies in live memory of `from`'s context and `[dst_ptr, dst_ptr + len)` in live
+/// memory of `to`'s, and no host slice of either range is in use for the call.
+#[allow(unsafe_code)] // Discharges `raw::copy`'s and `raw::copy_peer`'s contracts.
+pub(super) unsafe fn copy_between(
+    from: &CudaBackend,
+    src_ptr: u64,
+    to: &CudaBackend,
+    dst_ptr: u64,
+    len: u64,
+) -> Result<DevicePath> {
+    let (src_ctx, dst_ctx) = (from.context(), to.context());
+    let same_context = src_ctx.cu_ctx() == dst_ctx.cu_ctx();
+    let path = if same_context { DevicePath::CudaDevice } else { DevicePath::CudaPeer };
     if len == 0 {
-        return Ok(());
+        return Ok(path);
     }
     from.synchronize()?;
-    let (src_ctx, dst_ctx) = (from.context(), to.context());
-    // For both copies: `interop::range` put `[src_ptr, src_ptr + len)` inside the live `src_block` and
-    // `[dst_ptr, dst_ptr + len)` inside the live `dst_block` (it looked them up in their pools), and no host slice
-    // of either is in use: pinned blocks come here only as owned blocks, borrowed by the caller for the copy
-    // (mutably for the destination), and device memory is never lent as a host slice.
-    if src_ctx.cu_ctx() == dst_ctx.cu_ctx() {
-        // SAFETY: as said above; both blocks are of the context that `synchronize` bound.
+    if same_context {
+        // SAFETY: the caller's contract; both ranges are of the context that `synchronize` bound.
         unsafe { raw::copy(dst_ptr, src_ptr, len) }.map_err(|f| to.error(f))?;
-        return raw::ctx_synchronize().map_err(|f| to.error(f));
+        raw::ctx_synchronize().map_err(|f| to.error(f))?;
+        return Ok(path);
     }
     to.synchronize()?;
     enable_peer_access_once(from, to);
     to.bind()?;
-    // SAFETY: as said above; the source block is of `src_ctx`, the destination of `dst_ctx`.
+    // SAFETY: the caller's contract; the source range is of `src_ctx`, the destination's of `dst_ctx`.
     unsafe { raw::copy_peer(dst_ptr, dst_ctx, src_ptr, src_ctx, len) }.map_err(|f| to.error(f))?;
-    raw::ctx_synchronize().map_err(|f| to.error(f))
+    raw::ctx_synchronize().map_err(|f| to.error(f))?;
+    Ok(path)
 }
 
 /// Enables peer access from each context to the other, once per pair. Failures only cost speed: they are

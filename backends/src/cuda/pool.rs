@@ -148,6 +148,18 @@ impl MemoryPool for CudaPool {
     fn sleeping(&self) -> Option<crate::pool::SleepAction> {
         self.pool().sleeping()
     }
+    fn copy_on_device_from(
+        &self,
+        block: &BlockHandle,
+        src: &dyn MemoryPool,
+        src_block: &BlockHandle,
+        len: u64,
+    ) -> Result<Option<crate::DevicePath>> {
+        match src.as_any().downcast_ref::<CudaPool>() {
+            Some(src) => self.pool().copy_on_device_from(block, src.pool(), src_block, len),
+            None => Ok(None),
+        }
+    }
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }

@@ -3,7 +3,7 @@
 
 use super::raw::{self, ClEvent, PendingRead, PendingWrite};
 use super::{OpenClBackend, OpenClSegment, SubBuffer};
-use crate::{BlockHandle, Error, MemoryPool, OwnedBlock, Pool, Result};
+use crate::{Backend, BlockHandle, Error, OwnedBlock, Pool, Result};
 use std::sync::Arc;
 
 /// The sub-buffer of a live block of `pool`, covering the bytes that were asked for, for use as a kernel
@@ -141,12 +141,11 @@ pub fn copy_block(
 ) -> Result<()> {
     device_memory(src_pool, src_block, "a device copy")?;
     device_memory(dst_pool, dst_block, "a device copy")?;
-    copy_owned_or_device(src_pool, src_block, dst_pool, dst_block, len)
+    copy_live_blocks(src_pool, src_block, dst_pool, dst_block, len)
 }
 
-/// [`copy_block`] without its refusal of host-mapped blocks: for owned blocks, whose borrows keep the memory
-/// theirs for the whole copy, and for blocks already checked to be device memory.
-pub(crate) fn copy_owned_or_device(
+/// [`copy_block`] without its refusal of host-mapped blocks.
+fn copy_live_blocks(
     src_pool: &Pool<OpenClBackend>,
     src_block: &BlockHandle,
     dst_pool: &Pool<OpenClBackend>,
@@ -164,8 +163,23 @@ pub(crate) fn copy_owned_or_device(
     check_in_block(dst_block, 0, len)?;
     let (src_segment, src_base) = live(src_pool, src_block)?;
     let (dst_segment, dst_base) = live(dst_pool, dst_block)?;
-    let (src_offset, n) = src.range(&src_segment, src_base, len)?;
-    let (dst_offset, _) = dst.range(&dst_segment, dst_base, len)?;
+    copy_segments(src, &src_segment, src_base, dst, &dst_segment, dst_base, len)
+}
+
+/// Copies `len` bytes from `src_segment` at `src_offset` to `dst_segment` at `dst_offset` with
+/// `clEnqueueCopyBuffer` on the destination's queue, and waits. Both backends are of one device (one context and
+/// queue); ranges outside their segments are [`Error::OutOfBounds`].
+pub(super) fn copy_segments(
+    src: &OpenClBackend,
+    src_segment: &OpenClSegment,
+    src_offset: u64,
+    dst: &OpenClBackend,
+    dst_segment: &OpenClSegment,
+    dst_offset: u64,
+    len: u64,
+) -> Result<()> {
+    let (src_offset, n) = src.range(src_segment, src_offset, len)?;
+    let (dst_offset, _) = dst.range(dst_segment, dst_offset, len)?;
     if n == 0 {
         return Ok(());
     }

@@ -27,7 +27,6 @@ mod blocks;
 mod discover;
 mod raw;
 
-pub(crate) use blocks::copy_owned_or_device;
 pub use blocks::{
     block_sub_buffer, block_sub_buffer_range, cl_sub_buffer, copy_block, fill_block_async, read_block_async,
     write_block_async, write_owned_block_async,
@@ -39,7 +38,7 @@ pub use raw::{ClEvent, ClFailure, PendingRead, PendingWrite};
 
 use crate::adopt::{Adoption, Ownership};
 use crate::HostPtr;
-use crate::{Api, Backend, BlockHandle, DeviceInfo, Error, MemoryPool, OwnedBlock, Pool, PoolConfig, PoolKind, Result};
+use crate::{Api, Backend, DeviceInfo, DevicePath, Error, MemoryPool, OwnedBlock, Pool, PoolConfig, PoolKind, Result};
 use opencl3::command_queue::CommandQueue;
 use opencl3::context::Context;
 use opencl3::device::Device;
@@ -483,6 +482,23 @@ impl Backend for OpenClBackend {
     }
     fn may_be_host_addressable(&self) -> bool {
         true
+    }
+
+    /// Pools of one device share its context and queue: `clEnqueueCopyBuffer` joins them.
+    fn copy_on_device(
+        &self,
+        segment: &OpenClSegment,
+        offset: u64,
+        src: &Self,
+        src_segment: &OpenClSegment,
+        src_offset: u64,
+        len: u64,
+    ) -> Result<Option<DevicePath>> {
+        if !Arc::ptr_eq(&src.device, &self.device) {
+            return Ok(None);
+        }
+        blocks::copy_segments(src, src_segment, src_offset, self, segment, offset, len)?;
+        Ok(Some(DevicePath::OpenClDevice))
     }
 }
 

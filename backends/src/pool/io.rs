@@ -2,7 +2,7 @@
 //! inside it, and holds the pool's lock through the copy where the memory is host-addressable.
 
 use super::Pool;
-use crate::{Backend, BlockHandle, Error, HostPtr, Result};
+use crate::{Backend, BlockHandle, DevicePath, Error, HostPtr, Result};
 
 impl<B: Backend> Pool<B> {
     /// The backend segment holding `block`, and the block's offset in it; `None` if the block is not live.
@@ -10,6 +10,29 @@ impl<B: Backend> Pool<B> {
         let _cache = self.lock_lender(block)?;
         let state = self.state().lock();
         Some((state.live_entry(block)?.handle.clone(), block.offset))
+    }
+
+    /// Copies the first `len` bytes of `src_block` (of `src`) into `block` on the device(s), where the backends
+    /// join them ([`Backend::copy_on_device`]); `Ok(None)` where they do not. `len` must lie inside both blocks.
+    pub(crate) fn copy_on_device_from(
+        &self,
+        block: &BlockHandle,
+        src: &Pool<B>,
+        src_block: &BlockHandle,
+        len: u64,
+    ) -> Result<Option<DevicePath>> {
+        for (pool, block) in [(self, block), (src, src_block)] {
+            if len > block.size() {
+                return Err(Error::OutOfBounds(format!(
+                    "a device copy of {len} bytes from a block of {} bytes of {}",
+                    block.size(),
+                    pool.backend().name()
+                )));
+            }
+        }
+        let (segment, offset) = self.awake_segment_of(block)?;
+        let (src_segment, src_offset) = src.awake_segment_of(src_block)?;
+        self.backend().copy_on_device(&segment, offset, src.backend(), &src_segment, src_offset, len)
     }
 
     /// [`Pool::segment_of`] for an access to the block's memory (a kernel's view): [`Error::Asleep`] while the

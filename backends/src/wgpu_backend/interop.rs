@@ -220,9 +220,34 @@ pub fn copy_block(
     }
     let (src_segment, src_base) = live_segment(src_pool, src_block)?;
     let (dst_segment, dst_base) = live_segment(dst_pool, dst_block)?;
+    copy_segments(src, &src_segment, src_base + src_offset, dst, &dst_segment, dst_base + dst_offset, len)
+}
+
+/// Copies `len` bytes from `src_segment` at `from` to `dst_segment` at `to` with `copy_buffer_to_buffer` on the
+/// destination's device, and waits: offsets and `len` multiples of 4, within one buffer through a temporary one,
+/// ranges outside their buffers [`Error::OutOfBounds`]. Holds the turns of mappable segments until the copy is
+/// done.
+pub(super) fn copy_segments(
+    src: &WgpuBackend,
+    src_segment: &WgpuSegment,
+    from: u64,
+    dst: &WgpuBackend,
+    dst_segment: &WgpuSegment,
+    to: u64,
+    len: u64,
+) -> Result<()> {
+    let name = dst.name().to_string();
     let (src_buffer, dst_buffer) = (src_segment.buffer(), dst_segment.buffer());
-    let (from, to) = (src_base + src_offset, dst_base + dst_offset);
-    if from % 4 != 0 || to % 4 != 0 || !len.is_multiple_of(4) {
+    for (backend, buffer, at) in [(src, src_buffer, from), (dst, dst_buffer, to)] {
+        if at.checked_add(len).is_none_or(|end| end > buffer.size()) {
+            return Err(Error::OutOfBounds(format!(
+                "copy of {len} bytes at {at} in a buffer of {} bytes of {}",
+                buffer.size(),
+                backend.name()
+            )));
+        }
+    }
+    if !from.is_multiple_of(4) || !to.is_multiple_of(4) || !len.is_multiple_of(4) {
         return Err(Error::Unsupported {
             backend: name,
             what: format!(
@@ -235,7 +260,7 @@ pub fn copy_block(
         return Ok(());
     }
     let shared = &dst.shared;
-    let _turns = WgpuSegment::both_turns(&src_segment, &dst_segment);
+    let _turns = WgpuSegment::both_turns(src_segment, dst_segment);
     shared.scoped(&name, "copy_buffer_to_buffer", || {
         let mut encoder = shared.device.create_command_encoder(&Default::default());
         if src_buffer == dst_buffer {

@@ -51,7 +51,7 @@ pub use watch::{in_flight, parse_seconds, set_wait_limit, set_watchdog, wait_lim
 pub use wgpu;
 
 use crate::adopt::{Adoption, Ownership};
-use crate::{Api, Backend, Error, PoolKind, Result};
+use crate::{Api, Backend, DevicePath, Error, PoolKind, Result};
 use device::DeviceShared;
 use std::sync::Arc;
 use wgpu::BufferUsages;
@@ -260,6 +260,28 @@ impl Backend for WgpuBackend {
     }
     fn segment_per_block(&self) -> bool {
         true
+    }
+    /// Pools of one device whose buffers have the copy usages (COPY_SRC on the source, COPY_DST on a target that
+    /// is not read-only; adopted buffers have their own usages) are joined by `copy_buffer_to_buffer`. wgpu
+    /// copies whole words: blocks start on the pool's alignment and span whole words, so `len` rounded up to one
+    /// stays inside both blocks.
+    fn copy_on_device(
+        &self,
+        segment: &WgpuSegment,
+        offset: u64,
+        src: &Self,
+        src_segment: &WgpuSegment,
+        src_offset: u64,
+        len: u64,
+    ) -> Result<Option<DevicePath>> {
+        let copy_src = src.usage().contains(BufferUsages::COPY_SRC);
+        let copy_dst = self.usage().contains(BufferUsages::COPY_DST) && !self.is_read_only();
+        if src.device() != self.device() || !copy_src || !copy_dst {
+            return Ok(None);
+        }
+        let words = len.next_multiple_of(4);
+        interop::copy_segments(src, src_segment, src_offset, self, segment, offset, words)?;
+        Ok(Some(DevicePath::WgpuDevice))
     }
     fn create_segment(&self, size: u64) -> Result<WgpuSegment> {
         if let Some(adoption) = &self.adoption {

@@ -387,6 +387,17 @@ impl<B: Backend> Backend for FaultyBackend<B> {
     fn segment_per_block(&self) -> bool {
         self.inner.segment_per_block()
     }
+    fn copy_on_device(
+        &self,
+        segment: &Self::Segment,
+        offset: u64,
+        src: &Self,
+        src_segment: &Self::Segment,
+        src_offset: u64,
+        len: u64,
+    ) -> Result<Option<crate::DevicePath>> {
+        self.inner.copy_on_device(&segment.inner, offset, &src.inner, &src_segment.inner, src_offset, len)
+    }
 }
 
 #[cfg(test)]
