@@ -564,11 +564,7 @@ fn a_selector_naming_a_device_keeps_the_request_there() {
     assert_eq!((d.device, d.pool), (0, PoolKind::HostPinned), "{}", d.reason());
     // Pinned memory asked for explicitly on a device without it is impossible, not moved to the host.
     let err = Decider::default()
-        .decide(
-            &Request::new(SMALL).placement(Placement::HostPinned).device(DeviceSelector::Index(1)),
-            &devices,
-            None,
-        )
+        .decide(&Request::new(SMALL).placement(Placement::HostPinned).device(DeviceSelector::Index(1)), &devices, None)
         .unwrap_err();
     assert!(matches!(err, umm_placement::Error::ImpossiblePlacement { .. }), "{err}");
     assert!(err.to_string().contains("device index 1"), "{err}");
