@@ -1,53 +1,56 @@
-//! `CudaBuffer`: an owned block of a [`CudaPool`], freed (stream-safely) when dropped, with blocking and
-//! stream-ordered copies and cudarc views that mark the stream they are used on.
+//! `CudaBuffer`: an [`OwnedBlock`] of a [`CudaPool`] with what only CUDA memory has: its device address, the
+//! stream it belongs to, blocking and stream-ordered copies, and cudarc views that mark the stream they are used
+//! on. The block goes back to its pool (stream-safely) when the owned block drops, as every owned block does.
 
 use super::interop::{self, BlockView, BlockViewMut};
 use super::{raw, stream_id, CudaPool};
-use crate::{Backend, BlockHandle, BlockInfo, Error, PoolKind, Result, StreamId};
+use crate::{Backend, BlockHandle, BlockInfo, Error, MemoryPool, OwnedBlock, PoolKind, Result, StreamId};
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
 
-/// A block of a [`CudaPool`] that returns itself to the pool when dropped; its handle does not leave this crate
-/// (see [`CudaBuffer::info`]). The block belongs to the stream it
-/// was allocated on; using it on another stream (a view or an async copy on that stream) marks that stream with
-/// [`CudaPool::record_stream`], so the block is not reused before that stream's work is done.
+/// An [`OwnedBlock`] of a [`CudaPool`], returned to the pool when dropped; its handle does not leave this crate
+/// (see [`CudaBuffer::info`]). The block belongs to the stream it was allocated on; using it on another stream (a
+/// view or an async copy on that stream) marks that stream with [`CudaPool::record_stream`], so the block is
+/// not reused before that stream's work is done.
 pub struct CudaBuffer {
+    block: OwnedBlock,
     pool: Arc<CudaPool>,
-    handle: BlockHandle,
     ptr: u64,
     host: Option<usize>,
     stream: StreamId,
 }
 
 impl CudaBuffer {
-    fn wrap(pool: &Arc<CudaPool>, handle: BlockHandle, stream: StreamId) -> Result<Self> {
-        match interop::range(pool.pool(), &handle, 0, 0) {
-            Ok((ptr, host)) => Ok(Self { pool: pool.clone(), handle, ptr, host, stream }),
-            Err(e) => {
-                let _ = pool.free(&handle);
-                Err(e)
-            }
-        }
+    /// Wraps `block`, just allocated from `pool` on `stream`; on an error the block goes back as it drops.
+    fn wrap(pool: &Arc<CudaPool>, block: OwnedBlock, stream: StreamId) -> Result<Self> {
+        let (ptr, host) = interop::range(pool.pool(), block.handle(), 0, 0)?;
+        Ok(Self { block, pool: Arc::clone(pool), ptr, host, stream })
+    }
+
+    fn owned(pool: &Arc<CudaPool>, bytes: u64, stream: StreamId, zeroed: bool) -> Result<Self> {
+        let block = OwnedBlock::allocate(Arc::clone(pool) as Arc<dyn MemoryPool>, bytes, stream, zeroed)?;
+        Self::wrap(pool, block, stream)
+    }
+
+    fn handle(&self) -> &BlockHandle {
+        self.block.handle()
     }
 
     /// `bytes` bytes on `stream`; the contents are whatever the memory held.
     pub fn allocate(pool: &Arc<CudaPool>, bytes: u64, stream: StreamId) -> Result<Self> {
-        let handle = pool.allocate(bytes, stream)?;
-        Self::wrap(pool, handle, stream)
+        Self::owned(pool, bytes, stream, false)
     }
 
     /// `bytes` zero bytes on `stream`.
     pub fn zeroed(pool: &Arc<CudaPool>, bytes: u64, stream: StreamId) -> Result<Self> {
-        let handle = pool.allocate_zeroed(bytes, stream)?;
-        Self::wrap(pool, handle, stream)
+        Self::owned(pool, bytes, stream, true)
     }
 
     /// A buffer on `stream` holding `data` (copied on `stream`, synchronized before return). The only way to
     /// fill a read-only buffer.
     pub fn from_bytes(pool: &Arc<CudaPool>, data: &[u8], stream: StreamId) -> Result<Self> {
-        let handle = pool.allocate(data.len() as u64, stream)?;
-        let buffer = Self::wrap(pool, handle, stream)?;
-        interop::upload(pool.pool(), &buffer.handle, 0, data, stream)?;
+        let buffer = Self::owned(pool, data.len() as u64, stream, false)?;
+        interop::upload(pool.pool(), buffer.handle(), 0, data, stream)?;
         Ok(buffer)
     }
 
@@ -55,7 +58,7 @@ impl CudaBuffer {
     /// an [`crate::OwnedBlock`]'s does: with it, safe code could free or write the block through the pool while a
     /// slice from [`CudaBuffer::host_bytes`] lives.
     pub fn info(&self) -> BlockInfo {
-        self.handle.info()
+        self.block.info()
     }
 
     /// The pool.
@@ -65,12 +68,12 @@ impl CudaBuffer {
 
     /// Bytes asked for.
     pub fn len(&self) -> u64 {
-        self.handle.requested()
+        self.block.len()
     }
 
     /// Always false: pools refuse zero-byte blocks.
     pub fn is_empty(&self) -> bool {
-        self.handle.requested() == 0
+        self.block.is_empty()
     }
 
     /// The stream the block was allocated on.
@@ -93,14 +96,7 @@ impl CudaBuffer {
         if stream == self.stream {
             return Ok(());
         }
-        self.pool.record_stream(&self.handle, stream)
-    }
-
-    fn check(&self, offset: u64, len: u64) -> Result<()> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len() => Ok(()),
-            _ => Err(Error::OutOfBounds(format!("{len} bytes at offset {offset} in a buffer of {} bytes", self.len()))),
-        }
+        self.pool.record_stream(self.handle(), stream)
     }
 
     fn refuse_read_only(&self) -> Result<()> {
@@ -115,14 +111,14 @@ impl CudaBuffer {
 
     /// Blocking copy from the host (ordered after all queued work of the context).
     pub fn write(&mut self, offset: u64, src: &[u8]) -> Result<()> {
-        self.check(offset, src.len() as u64)?;
-        self.pool.pool().write(&self.handle, offset, src)
+        self.block.check_range(offset, src.len() as u64)?;
+        self.pool.pool().write(self.handle(), offset, src)
     }
 
     /// Blocking copy to the host (ordered after all queued work of the context).
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
-        self.check(offset, dst.len() as u64)?;
-        self.pool.pool().read(&self.handle, offset, dst)
+        self.block.check_range(offset, dst.len() as u64)?;
+        self.pool.pool().read(self.handle(), offset, dst)
     }
 
     /// The whole buffer, read back to the host.
@@ -134,17 +130,17 @@ impl CudaBuffer {
 
     /// Copy from the host queued on the buffer's stream, which is then synchronized.
     pub fn write_on_stream(&mut self, offset: u64, src: &[u8]) -> Result<()> {
-        self.check(offset, src.len() as u64)?;
+        self.block.check_range(offset, src.len() as u64)?;
         self.refuse_read_only()?;
-        interop::upload(self.pool.pool(), &self.handle, offset, src, self.stream)
+        interop::upload(self.pool.pool(), self.handle(), offset, src, self.stream)
     }
 
     /// Blocking copy of `len` bytes from `src` at `src_offset` to this buffer at `dst_offset` (device↔device,
     /// pinned↔device, across pools of the same device), ordered after all queued work of the context.
     #[allow(unsafe_code)] // Discharges `raw::copy`'s contract.
     pub fn copy_from(&mut self, dst_offset: u64, src: &CudaBuffer, src_offset: u64, len: u64) -> Result<()> {
-        self.check(dst_offset, len)?;
-        src.check(src_offset, len)?;
+        self.block.check_range(dst_offset, len)?;
+        src.block.check_range(src_offset, len)?;
         self.refuse_read_only()?;
         let backend = self.pool.backend();
         backend.synchronize()?;
@@ -166,8 +162,8 @@ impl CudaBuffer {
         len: u64,
         stream: StreamId,
     ) -> Result<()> {
-        self.check(dst_offset, len)?;
-        src.check(src_offset, len)?;
+        self.block.check_range(dst_offset, len)?;
+        src.block.check_range(src_offset, len)?;
         self.refuse_read_only()?;
         self.record_stream(stream)?;
         src.record_stream(stream)?;
@@ -184,13 +180,13 @@ impl CudaBuffer {
     /// A view of the buffer as `T`s for kernels on `stream`; marks `stream` as a user of the buffer.
     pub fn view<'a, T>(&'a self, stream: &'a Arc<CudaStream>) -> Result<BlockView<'a, T>> {
         self.record_stream(stream_id(stream))?;
-        interop::view(self.pool.pool(), &self.handle, stream)
+        interop::view(self.pool.pool(), self.handle(), stream)
     }
 
     /// A writable view for kernels on `stream`; marks `stream` as a user. Refused for read-only buffers.
     pub fn view_mut<'a, T>(&'a mut self, stream: &'a Arc<CudaStream>) -> Result<BlockViewMut<'a, T>> {
         self.record_stream(stream_id(stream))?;
-        interop::view_mut(self.pool.pool(), &self.handle, stream)
+        interop::view_mut(self.pool.pool(), self.handle(), stream)
     }
 
     /// The bytes as a host slice, for pinned memory; `None` for device memory and when the context cannot be
@@ -214,14 +210,6 @@ impl CudaBuffer {
         let len = self.len() as usize;
         // SAFETY: as in `host_bytes`.
         Some(unsafe { raw::host_slice_mut(self, host, len) })
-    }
-}
-
-impl Drop for CudaBuffer {
-    fn drop(&mut self) {
-        if let Err(e) = self.pool.free(&self.handle) {
-            log::error!("freeing a block of {} failed: {e}", self.pool.backend().name());
-        }
     }
 }
 
