@@ -4,59 +4,20 @@
 
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::{Mutex, MutexGuard, Once};
+use std::ffi::{c_int, c_void};
+use std::sync::{Mutex, MutexGuard};
 use umm_capi::*;
 
-const MIB: isize = 1 << 20;
+mod common;
 
-/// The library reads its environment once, at the first call: set it before any test calls in.
+use common::{alloc, free, json, last_error, stats, stream, MIB};
+
+/// The simulated devices, one test at a time, with no limit and an empty cache.
 fn setup() -> MutexGuard<'static, ()> {
-    static INIT: Once = Once::new();
-    static SERIAL: Mutex<()> = Mutex::new(());
-    INIT.call_once(|| {
-        // Before any thread of this binary calls into the library (every test goes through here first).
-        std::env::set_var("UMM_CAPI_SIM", "2x4GiB");
-        std::env::remove_var("UMM_TRACE");
-    });
-    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let guard = common::simulated();
     assert_eq!(umm_set_limit(-1, 0), 0);
     assert!(umm_empty_cache(-1) >= 0);
     guard
-}
-
-fn stream(id: usize) -> *mut c_void {
-    id as *mut c_void
-}
-
-fn alloc(size: isize, device: c_int, on: usize) -> *mut c_void {
-    // SAFETY: a simulated device queues no work: any stream value is fine.
-    unsafe { umm_alloc(size, device, stream(on)) }
-}
-
-fn free(p: *mut c_void, device: c_int, on: usize) {
-    // SAFETY: as in `alloc`.
-    unsafe { umm_free(p, 0, device, stream(on)) }
-}
-
-fn last_error() -> String {
-    let p: *const c_char = umm_last_error();
-    assert!(!p.is_null(), "a message was left");
-    // SAFETY: NULL was ruled out; the string stays valid until the next failing umm call on this thread.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-}
-
-fn json(p: *mut c_char) -> Value {
-    assert!(!p.is_null(), "{}", last_error());
-    // SAFETY: a string from umm_stats_json/umm_snapshot_json, read once and freed once.
-    let value = serde_json::from_str(&unsafe { CStr::from_ptr(p) }.to_string_lossy()).expect("JSON");
-    // SAFETY: as above.
-    unsafe { umm_string_free(p) };
-    value
-}
-
-fn stats(device: c_int) -> Value {
-    json(umm_stats_json(device))
 }
 
 fn current(stats: &Value, key: &str) -> u64 {
@@ -143,7 +104,7 @@ fn out_of_memory_names_the_figures_and_the_history_records_it() {
     ] {
         assert!(message.contains(part), "{part:?} in {message}");
     }
-    let snapshot = json(umm_snapshot_json(-1));
+    let snapshot = json(umm_snapshot_json(-1)).unwrap();
     let trace = snapshot["device_traces"][0].as_array().expect("device 0's events");
     let kinds: Vec<&str> = trace.iter().map(|e| e["action"].as_str().expect("action")).collect();
     assert_eq!(kinds.iter().filter(|k| **k == "oom").count(), 1, "{kinds:?}");
@@ -165,7 +126,7 @@ fn snapshot_totals_are_the_statistics() {
     // A stream of its own whose one block fills every page its reservation has mapped (pages of 32 MiB): no free
     // bytes to show.
     let whole = alloc(32 * MIB, 1, 5);
-    let snapshot = json(umm_snapshot_json(1));
+    let snapshot = json(umm_snapshot_json(1)).unwrap();
     let s = stats(1);
     let segments = snapshot["segments"].as_array().expect("segments");
     let sum = |key: &str| segments.iter().map(|x| x[key].as_u64().expect(key)).sum::<u64>();

@@ -3,41 +3,19 @@
 //! and refuses allocations, and the wake brings every block back at its address.
 
 use serde_json::Value;
-use std::ffi::{c_char, c_void, CStr, CString};
-use std::sync::{Mutex, MutexGuard, Once};
+use std::ffi::CString;
+use std::sync::MutexGuard;
 use umm_capi::*;
 
-const MIB: isize = 1 << 20;
+mod common;
 
+use common::{alloc, free, json, last_error, stats, MIB};
+
+/// The simulated devices, one test at a time, with no tag set.
 fn setup() -> MutexGuard<'static, ()> {
-    static INIT: Once = Once::new();
-    static SERIAL: Mutex<()> = Mutex::new(());
-    INIT.call_once(|| {
-        std::env::set_var("UMM_CAPI_SIM", "2x4GiB");
-        std::env::remove_var("UMM_TRACE");
-    });
-    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let guard = common::simulated();
     set_tag(None).unwrap();
     guard
-}
-
-fn last_error() -> String {
-    let p: *const c_char = umm_last_error();
-    assert!(!p.is_null(), "a message was left");
-    // SAFETY: NULL was ruled out; the string stays valid until the next failing umm call on this thread.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-}
-
-/// A JSON string from umm, freed; the error message for NULL.
-fn json(p: *mut c_char) -> Result<Value, String> {
-    if p.is_null() {
-        return Err(last_error());
-    }
-    // SAFETY: a string from umm, read once and freed once.
-    let value = serde_json::from_str(&unsafe { CStr::from_ptr(p) }.to_string_lossy()).expect("JSON");
-    // SAFETY: as above.
-    unsafe { umm_string_free(p) };
-    Ok(value)
 }
 
 fn c(text: &str) -> CString {
@@ -67,20 +45,6 @@ fn wake(tags: &str) -> Result<Value, String> {
     json(unsafe { umm_wake(tags.as_ptr()) })
 }
 
-fn alloc(size: isize, device: i32) -> *mut c_void {
-    // SAFETY: a simulated device queues no work: any stream value is fine.
-    unsafe { umm_alloc(size, device, std::ptr::null_mut()) }
-}
-
-fn free(p: *mut c_void, device: i32) {
-    // SAFETY: as in `alloc`.
-    unsafe { umm_free(p, 0, device, std::ptr::null_mut()) }
-}
-
-fn stats(device: i32) -> Value {
-    json(umm_stats_json(device)).unwrap()
-}
-
 /// The addresses and sizes of the device's live blocks, from its snapshot.
 fn live_blocks(device: i32) -> Vec<(u64, u64)> {
     let snapshot = json(umm_snapshot_json(device)).unwrap();
@@ -99,11 +63,11 @@ fn live_blocks(device: i32) -> Vec<(u64, u64)> {
 #[test]
 fn a_tag_sleeps_gives_its_memory_back_and_wakes_at_the_same_addresses() {
     let _serial = setup();
-    let untagged = alloc(3 * MIB, 0);
+    let untagged = alloc(3 * MIB, 0, 0);
     set_tag(Some("weights")).unwrap();
-    let weights: Vec<_> = [5 * MIB, 700_000, 40 * MIB].iter().map(|&n| alloc(n, 0)).collect();
+    let weights: Vec<_> = [5 * MIB, 700_000, 40 * MIB].iter().map(|&n| alloc(n, 0, 0)).collect();
     set_tag(Some("kv_cache")).unwrap();
-    let cache = alloc(64 * MIB, 0);
+    let cache = alloc(64 * MIB, 0, 0);
     set_tag(None).unwrap();
     for p in weights.iter().chain([&cache, &untagged]) {
         assert!(!p.is_null(), "{}", last_error());
@@ -126,28 +90,28 @@ fn a_tag_sleeps_gives_its_memory_back_and_wakes_at_the_same_addresses() {
     // Asleep: the tag refuses, on either device (device 1 has no pool of the tag yet); others allocate.
     for device in [0, 1] {
         set_tag(Some("weights")).unwrap();
-        assert!(alloc(MIB, device).is_null());
+        assert!(alloc(MIB, device, 0).is_null());
         let message = last_error();
         assert!(message.contains("asleep") && message.contains("weights"), "{message}");
     }
     set_tag(None).unwrap();
-    let other = alloc(MIB, 0);
+    let other = alloc(MIB, 0, 0);
     assert!(!other.is_null(), "{}", last_error());
     let message = sleep("weights", "").unwrap_err();
     assert!(message.contains("asleep already"), "{message}");
 
     let report = wake("").unwrap();
     assert_eq!(report["bytes_restored"].as_u64(), Some(offloaded));
-    free(other, 0);
+    free(other, 0, 0);
     assert_eq!(live_blocks(0), before, "every block at its address, with its size");
     assert_eq!(json(umm_sleeping_json()).unwrap(), serde_json::json!({}));
     // The tag serves again; every pointer frees.
     set_tag(Some("weights")).unwrap();
-    let again = alloc(MIB, 0);
+    let again = alloc(MIB, 0, 0);
     assert!(!again.is_null(), "{}", last_error());
     set_tag(None).unwrap();
     for p in weights.into_iter().chain([cache, untagged, again]) {
-        free(p, 0);
+        free(p, 0, 0);
     }
     assert_eq!(stats(0)["allocated_bytes"]["current"].as_u64(), Some(0));
     assert!(umm_empty_cache(-1) >= 0);
@@ -158,20 +122,20 @@ fn a_tag_sleeps_gives_its_memory_back_and_wakes_at_the_same_addresses() {
 fn a_tag_woken_by_name_leaves_the_others_asleep() {
     let _serial = setup();
     set_tag(Some("a")).unwrap();
-    let a = alloc(8 * MIB, 1);
+    let a = alloc(8 * MIB, 1, 0);
     set_tag(Some("b")).unwrap();
-    let b = alloc(8 * MIB, 1);
+    let b = alloc(8 * MIB, 1, 0);
     set_tag(None).unwrap();
     sleep("a,b", "").unwrap();
     wake(" a ").unwrap();
     assert_eq!(json(umm_sleeping_json()).unwrap(), serde_json::json!({"b": "offload"}));
     set_tag(Some("a")).unwrap();
-    let more = alloc(MIB, 1);
+    let more = alloc(MIB, 1, 0);
     assert!(!more.is_null(), "{}", last_error());
     set_tag(None).unwrap();
     wake("b").unwrap();
     for p in [a, b, more] {
-        free(p, 1);
+        free(p, 1, 0);
     }
 }
 
