@@ -13,7 +13,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use umm_backends::pool::check_tag;
+use umm_backends::pool::{check_tag, each_at_once, sleep_all_or_none};
 use umm_backends::{SleepAction, SleepReport, WakeReport};
 use umm_placement::{Api, DeviceKind, PoolKind};
 
@@ -88,25 +88,6 @@ pub struct WakeSummary {
     pub elapsed: Duration,
 }
 
-/// Runs `op` on every item at once, a thread each (one item alone runs on the caller's thread); a panic is an
-/// error.
-fn each_at_once<I: Sync, R: Send>(
-    items: &[I],
-    op: impl Fn(&I) -> umm_backends::Result<R> + Sync,
-) -> Vec<umm_backends::Result<R>> {
-    if items.len() == 1 {
-        return vec![op(&items[0])];
-    }
-    let panicked = || umm_backends::Error::Unsupported {
-        backend: "umm".into(),
-        what: "sleep or wake: a pool's thread panicked".into(),
-    };
-    std::thread::scope(|scope| {
-        let threads: Vec<_> = items.iter().map(|item| scope.spawn(|| op(item))).collect();
-        threads.into_iter().map(|t| t.join().unwrap_or_else(|_| Err(panicked()))).collect()
-    })
-}
-
 impl UniversalMemoryManager {
     /// Tags the calling thread's allocations that carry no tag of their own until the returned scope is
     /// dropped (PyTorch users know this as vLLM's `use_memory_pool(tag=...)`):
@@ -154,34 +135,21 @@ impl UniversalMemoryManager {
                 chosen.push((device.index(), tag, api, kind, pool, action));
             }
         }
-        // Each pool on a thread of its own: one pool's copies to the host run while another's pages are unmapped.
-        let results = each_at_once(&chosen, |(.., pool, action)| pool.sleep(*action));
-        let mut slept = Vec::new();
-        let mut failure = None;
-        for ((device, tag, api, kind, pool, _), result) in chosen.into_iter().zip(results) {
-            match result {
-                Ok(report) => {
-                    summary.bytes_released += report.bytes_released + report.cached_released;
-                    summary.bytes_offloaded += report.bytes_offloaded;
-                    summary.pools.push(TagPoolReport { device, tag: tag.to_string(), api, kind, report });
-                    slept.push(pool);
+        let reports = sleep_all_or_none(&chosen, |(.., pool, action)| pool.sleep(*action), |(.., pool, _)| pool.wake());
+        let reports = match reports {
+            Ok(reports) => reports,
+            Err((_, e)) => {
+                let mut asleep = sleepers.asleep.lock();
+                for (tag, _) in policy.tags() {
+                    asleep.remove(tag);
                 }
-                Err(e) => {
-                    failure.get_or_insert(e);
-                }
+                return Err(e.into());
             }
-        }
-        if let Some(e) = failure {
-            for pool in slept {
-                if let Err(again) = pool.wake() {
-                    log::error!("waking {} after a failed sleep: {again}", pool.name());
-                }
-            }
-            let mut asleep = sleepers.asleep.lock();
-            for (tag, _) in policy.tags() {
-                asleep.remove(tag);
-            }
-            return Err(e.into());
+        };
+        for ((device, tag, api, kind, ..), report) in chosen.into_iter().zip(reports) {
+            summary.bytes_released += report.bytes_released + report.cached_released;
+            summary.bytes_offloaded += report.bytes_offloaded;
+            summary.pools.push(TagPoolReport { device, tag: tag.to_string(), api, kind, report });
         }
         summary.elapsed = start.elapsed();
         Ok(summary)

@@ -7,7 +7,7 @@ use crate::tag::ASLEEP;
 use serde::Serialize;
 use std::sync::Arc;
 use umm_backends::cuda::ContextScope;
-use umm_backends::pool::check_tag;
+use umm_backends::pool::{check_tag, each_at_once, sleep_all_or_none};
 use umm_backends::{SleepAction, SleepReport, WakeReport};
 
 /// A comma-separated list of tags (spaces around each ignored, empty entries skipped), each checked.
@@ -58,29 +58,6 @@ fn tagged_pools(tags: &[String]) -> Vec<(usize, Arc<str>, SharedPool)> {
     pools
 }
 
-/// Runs `op` on every pool at once, a thread each (one pool alone runs on the caller's thread); a panic is an
-/// error.
-fn each_at_once<R: Send>(
-    pools: &[(usize, Arc<str>, SharedPool)],
-    op: impl Fn(&str, &SharedPool) -> umm_backends::Result<R> + Sync,
-) -> Vec<Result<R, String>> {
-    let run = |tag: &str, pool: &SharedPool| {
-        // The caller's context is put back on this thread when it ends.
-        let _scope = ContextScope::enter_saving();
-        op(tag, pool).map_err(|e| e.to_string())
-    };
-    if pools.len() == 1 {
-        return vec![run(&pools[0].1, &pools[0].2)];
-    }
-    std::thread::scope(|scope| {
-        let threads: Vec<_> = pools.iter().map(|(_, tag, pool)| scope.spawn(|| run(tag, pool))).collect();
-        threads
-            .into_iter()
-            .map(|t| t.join().unwrap_or_else(|_| Err("a sleep or wake thread panicked".into())))
-            .collect()
-    })
-}
-
 /// Puts `offload` and `discard` tags to sleep on every device, all or nothing: a pool that cannot sleep wakes
 /// the ones already asleep and its error is returned. Returns the report as JSON.
 pub(crate) fn sleep(offload: &[String], discard: &[String]) -> Result<String, String> {
@@ -96,29 +73,16 @@ pub(crate) fn sleep(offload: &[String], discard: &[String]) -> Result<String, St
     let action = |tag: &str| if offload.iter().any(|t| t == tag) { SleepAction::Offload } else { SleepAction::Discard };
     let all: Vec<String> = offload.iter().chain(discard).cloned().collect();
     let mut summary = SleepSummary::default();
-    let mut slept: Vec<SharedPool> = Vec::new();
     let pools = tagged_pools(&all);
-    // Each pool on a thread of its own: one pool's copies to the host run while another's pages are unmapped.
-    let reports = each_at_once(&pools, |tag, pool| pool.sleep(action(tag)));
-    let mut failure = None;
-    for ((device, tag, pool), result) in pools.into_iter().zip(reports) {
-        match result {
-            Ok(report) => {
-                summary.bytes_released += report.bytes_released + report.cached_released;
-                summary.bytes_offloaded += report.bytes_offloaded;
-                summary.pools.push(PoolPart { device, tag: tag.to_string(), report });
-                slept.push(pool);
-            }
-            Err(e) => {
-                failure.get_or_insert(format!("umm_sleep: tag {tag} on device {device}: {e}"));
-            }
-        }
-    }
-    if let Some(e) = failure {
-        for pool in slept {
-            let _ = pool.wake();
-        }
-        return Err(e);
+    let reports = sleep_all_or_none(&pools, |(_, tag, pool)| pool.sleep(action(tag)), |(_, _, pool)| pool.wake())
+        .map_err(|(failed, e)| {
+            let (device, tag, _) = &pools[failed];
+            format!("umm_sleep: tag {tag} on device {device}: {e}")
+        })?;
+    for ((device, tag, _), report) in pools.iter().zip(reports) {
+        summary.bytes_released += report.bytes_released + report.cached_released;
+        summary.bytes_offloaded += report.bytes_offloaded;
+        summary.pools.push(PoolPart { device: *device, tag: tag.to_string(), report });
     }
     asleep.extend(all.iter().map(|t| (t.clone(), action(t))));
     summary.seconds = start.elapsed().as_secs_f64();
@@ -135,7 +99,7 @@ pub(crate) fn wake(tags: &[String]) -> Result<String, String> {
     let mut summary = WakeSummary::default();
     let mut failure = None;
     let pools: Vec<_> = tagged_pools(&chosen).into_iter().filter(|(_, _, p)| p.sleeping().is_some()).collect();
-    let reports = each_at_once(&pools, |_, pool| pool.wake());
+    let reports = each_at_once(&pools, |(_, _, pool)| pool.wake());
     let mut failed: Vec<Arc<str>> = Vec::new();
     for ((device, tag, _), result) in pools.into_iter().zip(reports) {
         match result {

@@ -51,6 +51,7 @@ mod stitch;
 mod stitch_tests;
 mod streams;
 mod thread_cache;
+mod together;
 mod trim;
 
 pub use books::sleep::SleepAction;
@@ -59,6 +60,7 @@ pub use config::{CrossStream, Limit, PoolConfig, SegmentMode, Strategy};
 pub use recorded::StreamPool;
 pub use sleep::{check_tag, SleepReport, WakeReport, MAX_TAG_LEN};
 pub use snapshot::{BlockSnapshot, PoolSnapshot, SegmentSnapshot};
+pub use together::{each_at_once, sleep_all_or_none};
 pub use trim::TrimReport;
 
 use crate::backend::PoolAccess;
