@@ -438,7 +438,7 @@ impl Backend for CudaBackend {
 
     /// Any two CUDA pools of the process are joined: a copy within one context, a peer copy between two. A
     /// read-only target is filled once, at allocation, so no path writes it.
-    #[allow(unsafe_code)] // Discharges `copy_between`'s contract.
+    #[allow(unsafe_code)] // Discharges `CudaBackend::copy_from`'s contract.
     fn copy_on_device(
         &self,
         segment: &CudaSegment,
@@ -455,9 +455,8 @@ impl Backend for CudaBackend {
         src.check(src_segment, src_offset, len)?;
         // SAFETY: both ranges were just checked against their segments, which hold them inside live blocks that
         // the caller keeps live and free of host slices for the call (the trait's contract).
-        let path = unsafe {
-            super::peer::copy_between(src, src_segment.device_ptr + src_offset, self, segment.device_ptr + offset, len)
-        }?;
+        let path =
+            unsafe { self.copy_from(src, src_segment.device_ptr + src_offset, segment.device_ptr + offset, len) }?;
         Ok(Some(path))
     }
 
@@ -537,5 +536,45 @@ impl Backend for CudaBackend {
     }
     fn may_be_host_addressable(&self) -> bool {
         self.placement == PoolKind::HostPinned
+    }
+}
+
+impl CudaBackend {
+    /// Copies `len` bytes from `src_ptr` (memory of `from`'s context) to `dst_ptr` (memory of this backend's) and waits:
+    /// within one context a plain copy, between two a peer copy after enabling peer access once per pair. Waits for
+    /// all work queued in the source context first, so the copy sees what kernels wrote. Returns the path taken.
+    ///
+    /// # Safety
+    /// `[src_ptr, src_ptr + len)` lies in live memory of `from`'s context and `[dst_ptr, dst_ptr + len)` in live
+    /// memory of this backend's, and no host slice of either range is in use for the call.
+    #[allow(unsafe_code)] // Discharges `raw::copy`'s and `raw::copy_peer`'s contracts.
+    pub(super) unsafe fn copy_from(
+        &self,
+        from: &CudaBackend,
+        src_ptr: u64,
+        dst_ptr: u64,
+        len: u64,
+    ) -> Result<DevicePath> {
+        let to = self;
+        let (src_ctx, dst_ctx) = (from.context(), to.context());
+        let same_context = src_ctx.cu_ctx() == dst_ctx.cu_ctx();
+        let path = if same_context { DevicePath::CudaDevice } else { DevicePath::CudaPeer };
+        if len == 0 {
+            return Ok(path);
+        }
+        from.synchronize()?;
+        if same_context {
+            // SAFETY: the caller's contract; both ranges are of the context that `synchronize` bound.
+            unsafe { raw::copy(dst_ptr, src_ptr, len) }.map_err(|f| to.error(f))?;
+            raw::ctx_synchronize().map_err(|f| to.error(f))?;
+            return Ok(path);
+        }
+        to.synchronize()?;
+        super::peer::enable_peer_access_once((from.name(), src_ctx), (to.name(), dst_ctx));
+        to.bind()?;
+        // SAFETY: the caller's contract; the source range is of `src_ctx`, the destination's of `dst_ctx`.
+        unsafe { raw::copy_peer(dst_ptr, dst_ctx, src_ptr, src_ctx, len) }.map_err(|f| to.error(f))?;
+        raw::ctx_synchronize().map_err(|f| to.error(f))?;
+        Ok(path)
     }
 }

@@ -2,6 +2,8 @@
 //! cudarc's `DeviceSlice`/`DevicePtr`/`DevicePtrMut`, so a pooled block is passed where a `CudaSlice` would be
 //! (`stream.memcpy_htod(&data, &mut view)`, or `let (ptr, _g) = view.device_ptr(&stream); builder.arg(&ptr)`).
 //!
+//! Plain handles of two pools are also copied between here ([`copy_block`]: within one context or to a peer).
+//!
 //! Views carry no events: ordering between streams is the pool's stream rule (a block is used on the stream it
 //! was allocated on) plus `record_stream` for extra streams, which [`super::CudaBuffer`]'s views do by
 //! themselves.
@@ -322,6 +324,54 @@ pub(super) fn upload(
     // `src` can go away.
     unsafe { raw::copy_htod_async(ptr, src, stream) }.map_err(|f| backend.error(f))?;
     raw::stream_synchronize(stream).map_err(|f| backend.error(f))
+}
+
+/// Copies the first `len` bytes of `src_block` (of `src`) to `dst_block` (of `dst`) on the device(s) and waits
+/// for the copy. The pools may belong to one device or to two. Waits for all work queued in the source context
+/// first, so the copy sees what kernels wrote. Read-only destinations are refused (they are filled once, at
+/// allocation); `len` must lie inside both blocks. Pinned blocks are refused: the copy runs without the pools'
+/// locks, so through a plain handle it could land after the block was freed and its memory lent to an owner as
+/// a host slice; owned blocks copy with [`crate::OwnedBlock::copy_on_device_from`].
+pub fn copy_block(
+    src: &Pool<CudaBackend>,
+    src_block: &BlockHandle,
+    dst: &Pool<CudaBackend>,
+    dst_block: &BlockHandle,
+    len: u64,
+) -> Result<()> {
+    for pool in [src, dst] {
+        if pool.backend().placement() == PoolKind::HostPinned {
+            return Err(Error::Unsupported {
+                backend: pool.backend().name().to_string(),
+                what: "a device copy of pinned memory through a plain handle: use an owned block".into(),
+            });
+        }
+    }
+    copy_live_blocks(src, src_block, dst, dst_block, len)
+}
+
+/// [`copy_block`] without its refusal of pinned blocks.
+#[allow(unsafe_code)] // Discharges `CudaBackend::copy_from`'s contract.
+fn copy_live_blocks(
+    src: &Pool<CudaBackend>,
+    src_block: &BlockHandle,
+    dst: &Pool<CudaBackend>,
+    dst_block: &BlockHandle,
+    len: u64,
+) -> Result<()> {
+    let to = dst.backend();
+    if to.placement() == PoolKind::ReadOnly {
+        return Err(Error::Unsupported {
+            backend: to.name().to_string(),
+            what: "a device copy into read-only memory: it is filled once, when it is allocated".into(),
+        });
+    }
+    let (src_ptr, _) = range(src, src_block, 0, len)?;
+    let (dst_ptr, _) = range(dst, dst_block, 0, len)?;
+    // SAFETY: `interop::range` put `[src_ptr, src_ptr + len)` inside the live `src_block` and
+    // `[dst_ptr, dst_ptr + len)` inside the live `dst_block` (it looked them up in their pools); neither is pinned
+    // memory (`copy_block` refused it), and device memory is never lent as a host slice.
+    unsafe { to.copy_from(src.backend(), src_ptr, dst_ptr, len) }.map(drop)
 }
 
 #[cfg(test)]

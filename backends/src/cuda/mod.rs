@@ -37,8 +37,8 @@ pub use cudarc;
 
 pub use backend::{CudaBackend, CudaSegment};
 pub use buffer::CudaBuffer;
-pub use interop::{block_view, block_view_mut, BlockView, BlockViewMut, CudaPoolExt};
-pub use peer::{copy_block, enable_peer_access};
+pub use interop::{block_view, block_view_mut, copy_block, BlockView, BlockViewMut, CudaPoolExt};
+pub use peer::enable_peer_access;
 pub use pool::CudaPool;
 pub use raw::stream_ids::stream_id;
 pub use raw::{foreign_stream, ForeignDeviceMemory};

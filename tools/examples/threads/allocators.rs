@@ -1,6 +1,7 @@
 //! The allocators under test, behind one small trait so that every one runs the same thread loop: the bare
 //! pools, the CUDA device pool and the whole manager.
 
+use std::sync::Arc;
 use umm::backends::{Backend, BlockHandle, Pool, StreamId};
 use umm::{AllocOptions, Placement, UniversalBuffer, UniversalMemoryManager};
 
@@ -98,4 +99,15 @@ impl Allocator for Universal {
     fn allocations_by_device(&self) -> Vec<(String, u64)> {
         self.0.global_memory_stats().devices.into_iter().map(|d| (d.name, d.total.num_allocs)).collect()
     }
+}
+
+/// One allocator to measure: how to make a fresh one per configuration, and what it runs on.
+pub(crate) struct Subject<A> {
+    pub(crate) pool: &'static str,
+    pub(crate) device: String,
+    /// The memory that bounds how much the configuration may hold (`None`: no bound, the sim device).
+    pub(crate) memory: Option<u64>,
+    pub(crate) make: Box<dyn Fn() -> Arc<A>>,
+    /// Run after each configuration (the shared manager gives its cached memory back here).
+    pub(crate) reset: Box<dyn Fn(&A)>,
 }

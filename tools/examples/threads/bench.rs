@@ -1,8 +1,7 @@
 //! Configurations, rows and the table: every configuration of one subject measured in turn, each result a
-//! table row and an object of the JSON file.
+//! table row and an object of the JSON file; a subject made ready to run them.
 
-use crate::allocators::Allocator;
-use crate::subjects::Subject;
+use crate::allocators::{Allocator, Subject};
 use crate::timing::run_threads;
 use crate::{Workload, GIB};
 use serde::Serialize;
@@ -128,4 +127,11 @@ fn print_row(row: &Row) {
         row.device_allocs,
         row.device
     );
+}
+
+/// A subject made ready to run: discovery is done (and its lines printed) before the table starts.
+pub(crate) type Planned = Box<dyn FnOnce(&[Workload], &[usize], Duration) -> Vec<Row>>;
+
+pub(crate) fn planned<A: Allocator>(subject: Subject<A>) -> Planned {
+    Box::new(move |workloads, counts, secs| bench(&subject, workloads, counts, secs))
 }

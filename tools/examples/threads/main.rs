@@ -27,6 +27,7 @@ mod bench;
 mod subjects;
 mod timing;
 
+use bench::{planned, Planned};
 use bench::{print_table_header, Row};
 use clap::{Parser, ValueEnum};
 use std::path::PathBuf;
@@ -35,7 +36,7 @@ use std::time::Duration;
 use subjects::cuda_subject;
 #[cfg(feature = "wgpu")]
 use subjects::wgpu_subject;
-use subjects::{host_subject, planned, sim_subject, sim_wgpu_subject, universal_subject, Planned};
+use subjects::{host_subject, sim_subject, sim_wgpu_subject, universal_subject};
 use umm::HostInfo;
 
 const KIB: u64 = 1 << 10;

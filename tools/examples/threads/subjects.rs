@@ -1,29 +1,16 @@
 //! The subjects, one per pool kind: how each allocator under test is made afresh for every configuration and
-//! what it runs on, and the subject made ready to run.
+//! what it runs on.
 
-use crate::allocators::{Allocator, Universal};
-use crate::bench::{bench, Row};
+use crate::allocators::{Subject, Universal};
 #[cfg(feature = "cuda")]
 use crate::GIB;
-use crate::{Workload, MIB};
+use crate::MIB;
 use std::sync::Arc;
-use std::time::Duration;
 use umm::backends::{HostBackend, Pool, PoolConfig, SimBackend};
 use umm::{AllocOptions, Placement, UniversalMemoryManager};
 
 /// The simulated device's capacity: it holds no bytes, so it may claim far more than any run reserves.
 const SIM_CAPACITY: u64 = 1 << 40;
-
-/// One allocator to measure: how to make a fresh one per configuration, and what it runs on.
-pub(crate) struct Subject<A> {
-    pub(crate) pool: &'static str,
-    pub(crate) device: String,
-    /// The memory that bounds how much the configuration may hold (`None`: no bound, the sim device).
-    pub(crate) memory: Option<u64>,
-    pub(crate) make: Box<dyn Fn() -> Arc<A>>,
-    /// Run after each configuration (the shared manager gives its cached memory back here).
-    pub(crate) reset: Box<dyn Fn(&A)>,
-}
 
 /// The bare pools' configuration: the default, with the `UMM_*` variables applied as the manager applies them
 /// (`UMM_THREAD_CACHE=0` measures a pool without thread caches, say).
@@ -148,11 +135,4 @@ pub(crate) fn universal_subject(wgpu: bool) -> Result<Subject<Universal>, String
             u.0.release_all_cached();
         }),
     })
-}
-
-/// A subject made ready to run: discovery is done (and its lines printed) before the table starts.
-pub(crate) type Planned = Box<dyn FnOnce(&[Workload], &[usize], Duration) -> Vec<Row>>;
-
-pub(crate) fn planned<A: Allocator>(subject: Subject<A>) -> Planned {
-    Box::new(move |workloads, counts, secs| bench(&subject, workloads, counts, secs))
 }
