@@ -418,3 +418,34 @@ fn pools_of_one_device_share_its_memory_count() {
         assert_eq!(q.backend().free_bytes(), before);
     }
 }
+
+/// The pools' device copy (`MemoryPool::copy_on_device_from`): between two pools of one device it is
+/// `clEnqueueCopyBuffer` and names its path; a length past either block is refused before the device sees it; a
+/// pool of another kind is no path (the caller stages through the host).
+#[test]
+fn pools_of_one_device_copy_on_the_device_and_refuse_a_length_past_a_block() {
+    for device in devices() {
+        let (a, b) = (pool(&device, PoolKind::DeviceLocal), pool(&device, PoolKind::DeviceLocal));
+        let data = pattern(4096, 7);
+        let src = a.allocate(4096, S0).unwrap();
+        let dst = b.allocate(4096, S0).unwrap();
+        a.write(&src, 0, &data).unwrap();
+        let path = MemoryPool::copy_on_device_from(&b, &dst, &a, &src, 4096).unwrap();
+        assert_eq!(path, Some(umm_backends::DevicePath::OpenClDevice));
+        let mut back = vec![0; 4096];
+        b.read(&dst, 0, &mut back).unwrap();
+        assert_eq!(back, data);
+
+        let past = MemoryPool::copy_on_device_from(&b, &dst, &a, &src, src.size() + 1).unwrap_err();
+        assert!(matches!(past, Error::OutOfBounds(_)), "{past}");
+
+        let host = Pool::new(umm_backends::HostBackend::new("host", 1 << 30), PoolConfig::default()).unwrap();
+        let on_host = host.allocate(4096, S0).unwrap();
+        assert_eq!(MemoryPool::copy_on_device_from(&b, &dst, &host, &on_host, 4096).unwrap(), None);
+        assert_eq!(MemoryPool::copy_on_device_from(&host, &on_host, &a, &src, 4096).unwrap(), None);
+        for (pool, block) in [(&a, &src), (&b, &dst)] {
+            pool.free(block).unwrap();
+        }
+        host.free(&on_host).unwrap();
+    }
+}
