@@ -2,7 +2,7 @@
 
 use thiserror::Error;
 
-/// Result with [`Error`] as the default error.
+/// Result with [`Error`](enum@Error) as the default error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything the manager, its buffers, the configuration and the trace tools can report. Messages name what was

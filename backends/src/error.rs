@@ -3,7 +3,7 @@
 use thiserror::Error;
 use umm_placement::units::human_bytes as human;
 
-/// Result with [`Error`] as the default error.
+/// Result with [`Error`](enum@Error) as the default error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in the engine, a pool or a backend. Messages name what was asked and what exists.

@@ -135,7 +135,7 @@ impl RawLeanLock {
     }
 }
 
-/// A mutex on [`RawLeanLock`].
+/// A mutex on `RawLeanLock`.
 pub type LeanMutex<T> = parking_lot::lock_api::Mutex<RawLeanLock, T>;
 /// A held [`LeanMutex`].
 pub type LeanGuard<'a, T> = parking_lot::lock_api::MutexGuard<'a, RawLeanLock, T>;

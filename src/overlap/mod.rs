@@ -19,6 +19,8 @@ pub use prefetch::{DeviceBatch, Prefetch, PrefetchError, Prefetcher};
 
 use crate::buffer::UniversalBuffer;
 
+#[cfg(doc)]
+use crate::error::Error;
 use crate::error::Result;
 
 use crate::manager::UniversalMemoryManager;

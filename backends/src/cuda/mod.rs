@@ -45,6 +45,8 @@ pub use raw::{foreign_stream, ForeignDeviceMemory};
 pub use scope::ContextScope;
 pub use transfer::{upload_block_async, PinnedUploadBaseline};
 
+#[cfg(doc)]
+use crate::StreamId;
 use crate::{Api, DeviceInfo, DeviceKind, Discovery, Error, Pool, PoolConfig, PoolKind, Result};
 use cudarc::driver::{sys::CUdevice_attribute as Attr, CudaContext};
 use std::sync::Arc;

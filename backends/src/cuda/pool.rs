@@ -5,6 +5,8 @@
 use super::backend::CudaBackend;
 use super::raw;
 use crate::pool::StreamPool;
+#[cfg(doc)]
+use crate::Pool;
 use crate::{Api, Backend, BlockHandle, Error, Limit, MemoryPool, PoolStats, Result, StreamId, TrimReport};
 use std::ptr::NonNull;
 

@@ -1,7 +1,7 @@
 //! The segment-block engine: places blocks inside segments by offset and size only. It knows nothing of devices
 //! or pointers; a [`crate::Pool`] maps its segments to backend memory.
 //!
-//! Free blocks are indexed by size class in a TLSF-style two-level bitmap ([`bins`]), so finding a fit is O(1) in
+//! Free blocks are indexed by size class in a TLSF-style two-level bitmap (`bins`), so finding a fit is O(1) in
 //! all but one case: the engine looks for the best fit among a bounded number of blocks in the request's own
 //! class, else takes the head of the next non-empty class (every block there fits, within 1/32 of each other).
 //! Only when no larger class has a free block does it walk the rest of the request's own class (O(blocks in that
@@ -13,7 +13,7 @@
 //! serves a request only when it is at most [`WHOLE_FIT_SLACK`] larger (for backends that cannot share one
 //! segment between blocks, such as wgpu, whose buffers each have one usage state per pass).
 //!
-//! Parts of a segment can be *withheld* ([`withheld`]): address ranges with no memory behind them (a virtual
+//! Parts of a segment can be *withheld* (`withheld`): address ranges with no memory behind them (a virtual
 //! reservation's unmapped pages). They sit in the segment between blocks but out of the free index, in a list of
 //! their own, so every block the free index hands out has memory behind it and allocation never has to ask.
 

@@ -52,7 +52,7 @@ pub fn block_sub_buffer_range(block: &OwnedBlock, range: std::ops::Range<u64>) -
 }
 
 /// Non-blocking [`Pool::write`]: enqueues copying `data` into the block at `offset`. Refused for host-mapped
-/// memory (see [`device_memory`]).
+/// memory (see `device_memory`).
 pub fn write_block_async(
     pool: &Pool<OpenClBackend>,
     block: &BlockHandle,
@@ -88,7 +88,7 @@ pub fn write_owned_block_async(block: &mut OwnedBlock, offset: u64, data: Vec<u8
 }
 
 /// Non-blocking [`Pool::read`]: enqueues copying `len` bytes of the block at `offset` into a new host buffer.
-/// Refused for host-mapped memory (see [`device_memory`]).
+/// Refused for host-mapped memory (see `device_memory`).
 pub fn read_block_async(pool: &Pool<OpenClBackend>, block: &BlockHandle, offset: u64, len: u64) -> Result<PendingRead> {
     check_in_block(block, offset, len)?;
     let (segment, base) = device_memory(pool, block, "an asynchronous read")?;
@@ -96,7 +96,7 @@ pub fn read_block_async(pool: &Pool<OpenClBackend>, block: &BlockHandle, offset:
 }
 
 /// Non-blocking [`Pool::fill`]: enqueues setting `len` bytes of the block at `offset` to `value`; the event
-/// completes when the fill has. Refused for host-mapped memory (see [`device_memory`]).
+/// completes when the fill has. Refused for host-mapped memory (see `device_memory`).
 pub fn fill_block_async(
     pool: &Pool<OpenClBackend>,
     block: &BlockHandle,
@@ -130,7 +130,7 @@ fn device_memory(pool: &Pool<OpenClBackend>, block: &BlockHandle, what: &str) ->
 /// Copies `len` bytes from the start of `src_block` to the start of `dst_block` on the device
 /// (clEnqueueCopyBuffer) and waits. Both pools must be of one device (one context and queue); `len` must lie
 /// inside both blocks. Pools of different devices are [`Error::Unsupported`]: move the bytes through the host.
-/// Host-mapped blocks are refused (see [`device_memory`]); owned blocks copy with
+/// Host-mapped blocks are refused (see `device_memory`); owned blocks copy with
 /// [`OwnedBlock::copy_on_device_from`].
 pub fn copy_block(
     src_pool: &Pool<OpenClBackend>,

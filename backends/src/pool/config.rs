@@ -2,6 +2,8 @@
 
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
+#[cfg(doc)]
+use umm_placement::units::parse_size;
 
 /// A cap on the bytes a pool reserves from its device.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

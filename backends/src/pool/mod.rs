@@ -13,23 +13,23 @@
 //! its own arenas, so a block is never handed to another stream while work queued before its free may still
 //! touch it.
 //!
-//! Small blocks go through per-thread caches ([`thread_cache`]): a thread allocates from and frees into a cache
+//! Small blocks go through per-thread caches (`thread_cache`): a thread allocates from and frees into a cache
 //! slot of its own without the pool's lock, and the slots trade batches with the pool. The pool's lock guards
 //! the engine and its books; what still takes it is large blocks, misses, and cleanup.
 //!
 //! The files, by concern:
-//! - [`allocate`]: the allocation policy, from the thread cache to new memory, the retry and out of memory;
-//! - [`batch`]: several blocks under one lock, and a cache warmed with them;
-//! - [`free`]: freeing into a thread cache, the quick cache or the engine, and poisoning;
-//! - [`paging`]: virtual reservations, mapping withheld pages and unmapping free ones;
-//! - [`trim`]: giving memory back (cleanup rounds, `release_cached`, the slack budgets);
-//! - [`state`]: the books behind the pool's lock (arenas, segments, byte counts);
-//! - [`slots`]: the pool's side of the thread caches ([`thread_cache`], [`quick`] for the arenas' own);
-//! - [`snapshot`]: statistics and snapshots; [`io`]: bytes in and out of live blocks;
-//! - [`share`]: free memory of one stream serving another's miss ([`CrossStream`]);
-//! - [`steps`]: repeating steps served from a plan ([`Pool::mark_step`]); [`stitch`]: stitched blocks;
-//!   [`sleep`]: sleep and wake; [`books`]: the records of those three that the state keeps;
-//! - [`config`], [`streams`]: the configuration and the stream → arena map.
+//! - `allocate`: the allocation policy, from the thread cache to new memory, the retry and out of memory;
+//! - `batch`: several blocks under one lock, and a cache warmed with them;
+//! - `free`: freeing into a thread cache, the quick cache or the engine, and poisoning;
+//! - `paging`: virtual reservations, mapping withheld pages and unmapping free ones;
+//! - `trim`: giving memory back (cleanup rounds, `release_cached`, the slack budgets);
+//! - `state`: the books behind the pool's lock (arenas, segments, byte counts);
+//! - `slots`: the pool's side of the thread caches (`thread_cache`, `quick` for the arenas' own);
+//! - `snapshot`: statistics and snapshots; `io`: bytes in and out of live blocks;
+//! - `share`: free memory of one stream serving another's miss ([`CrossStream`]);
+//! - `steps`: repeating steps served from a plan ([`Pool::mark_step`]); `stitch`: stitched blocks;
+//!   `sleep`: sleep and wake; `books`: the records of those three that the state keeps;
+//! - `config`, `streams`: the configuration and the stream → arena map.
 
 mod allocate;
 mod batch;

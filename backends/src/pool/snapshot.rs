@@ -15,7 +15,7 @@ pub struct BlockSnapshot {
     pub size: u64,
     /// Whether the block is free (cached).
     pub free: bool,
-    /// [`BlockHandle::key`] of a live block, to join with side tables (labels, call sites).
+    /// [`BlockHandle::key`](crate::BlockHandle::key) of a live block, to join with side tables (labels, call sites).
     pub key: Option<u64>,
 }
 

@@ -33,6 +33,14 @@
 //! with an error naming the call; creating the instance, enumerating adapters and opening a device run on a helper
 //! thread waited for within the same bound, so a driver that never returns there becomes an error or a skipped
 //! backend instead of a hung program. [`set_watchdog`] (`UMM_WGPU_WATCHDOG`) reports calls in flight too long.
+//!
+//! [`binding`]: crate::wgpu_backend::binding
+//! [`copy_block`]: crate::wgpu_backend::copy_block
+//! [`discover`]: crate::wgpu_backend::discover
+//! [`set_watchdog`]: crate::wgpu_backend::set_watchdog
+//! [`wait_limit`]: crate::wgpu_backend::wait_limit
+//! [`WgpuDevice`]: crate::wgpu_backend::WgpuDevice
+//! [`WgpuSegment`]: crate::wgpu_backend::WgpuSegment
 
 mod device;
 mod discover;

@@ -1,7 +1,7 @@
 //! The exported C functions (declared in `capi/include/umm.h`) and every `unsafe` of the crate.
 //!
 //! Each function catches panics (`catch_unwind`), so none crosses the ABI; failures return NULL or -1 and store a
-//! message for [`umm_last_error`]. The work itself is in the safe [`crate::registry`].
+//! message for [`umm_last_error`]. The work itself is in the safe `crate::registry`.
 #![allow(unsafe_code)]
 
 pub(crate) mod exit;

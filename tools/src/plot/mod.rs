@@ -12,6 +12,8 @@ mod timeline;
 
 pub use svg::{render_svg, write_svg};
 pub use timeline::{Panel, PlotOptions, Span, Timeline, MAX_PIXELS};
+#[cfg(doc)]
+use umm::Snapshot;
 
 #[cfg(test)]
 mod tests;

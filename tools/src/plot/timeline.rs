@@ -1,5 +1,7 @@
 //! What a plot shows: each device's panel of allocation spans over time, from a snapshot or a trace.
 
+#[cfg(doc)]
+use super::render_svg;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use umm::observe::Snapshot;

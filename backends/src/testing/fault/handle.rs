@@ -1,6 +1,10 @@
 //! The kinds of call a [`FaultyBackend`](super::FaultyBackend) fails, and the [`FaultHandle`] a test keeps: when
 //! to fail, and the ledger of what the pool holds and what it did wrong.
 
+#[cfg(doc)]
+use super::FaultyBackend;
+#[cfg(doc)]
+use crate::Backend;
 use crate::{Error, StreamId};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
