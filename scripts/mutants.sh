@@ -24,7 +24,7 @@ run() {
 
 case $area in
   decision)
-    run decision -p umm-placement -f placement/src/decision.rs
+    run decision -p umm-placement -f 'placement/src/decision/*.rs'
     ;;
   trace)
     # The reader's suites only (in umm, and in umm-tools, whose oracle runs the `umm` command); without the
@@ -34,7 +34,7 @@ case $area in
     ;;
   capi)
     run capi-history -p umm-capi -f history.rs -f device_pool.rs
-    run capi-registry -p umm-capi -f registry.rs -f ffi.rs
+    run capi-registry -p umm-capi -f registry.rs -f 'ffi/*.rs' -f tag.rs -f sleep.rs -f snapshot.rs -f config.rs
     ;;
   engine-pool)
     # The backends' suites that run on host memory and the simulated device, with the stress tests' cycles cut
