@@ -81,8 +81,8 @@ fn every_placement_has_a_pool_kind_aligned_for_bindings() {
             kinds.push(WgpuUsage::Shared);
         }
         for placement in [PoolKind::DeviceLocal, PoolKind::HostPinned, PoolKind::ReadOnly] {
-            assert!(kinds.contains(&dev.kind_for(placement)));
-            assert_eq!(dev.kind_for(placement).placement(), placement);
+            assert!(kinds.contains(&dev.usage_for(placement)));
+            assert_eq!(dev.usage_for(placement).placement(), placement);
             dev.pool(placement, PoolConfig::default()).expect("pool for every placement");
         }
         for kind in kinds {

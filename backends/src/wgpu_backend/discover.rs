@@ -264,7 +264,7 @@ impl WgpuDevice {
     /// The pool kind that serves `placement`: DeviceLocal and ReadOnly as named; HostPinned is
     /// [`WgpuUsage::Shared`] where [`WgpuDevice::has_shared_buffers`], else [`WgpuUsage::Upload`] (use
     /// [`WgpuDevice::pool_of`] with [`WgpuUsage::Readback`] for read-back buffers).
-    pub fn kind_for(&self, placement: PoolKind) -> WgpuUsage {
+    pub fn usage_for(&self, placement: PoolKind) -> WgpuUsage {
         // A device has no pageable host memory of its own: `Host` is served as `HostPinned` (`PoolKind::on_device`).
         match placement {
             PoolKind::DeviceLocal => WgpuUsage::DeviceLocal,
@@ -276,7 +276,7 @@ impl WgpuDevice {
 
     /// A pool for `placement` (see [`WgpuDevice::kind_for`]). Opens the device on first use.
     pub fn pool(&self, placement: PoolKind, config: PoolConfig) -> Result<Pool<WgpuBackend>> {
-        self.pool_of(self.kind_for(placement), config)
+        self.pool_of(self.usage_for(placement), config)
     }
 
     /// A pool whose buffers are of `kind`. Errors if the kind needs a feature the adapter lacks, or the device

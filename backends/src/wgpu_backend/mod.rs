@@ -123,7 +123,7 @@ impl WgpuUsage {
 /// is a buffer of its own ([`Backend::segment_per_block`]).
 pub struct WgpuBackend {
     name: String,
-    kind: WgpuUsage,
+    wgpu_usage: WgpuUsage,
     usage: BufferUsages,
     alignment: u64,
     shared: Arc<DeviceShared>,
@@ -137,7 +137,7 @@ impl std::fmt::Debug for WgpuBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WgpuBackend")
             .field("name", &self.name)
-            .field("kind", &self.kind)
+            .field("wgpu_usage", &self.wgpu_usage)
             .field("usage", &self.usage)
             .field("alignment", &self.alignment)
             .finish()
@@ -145,12 +145,12 @@ impl std::fmt::Debug for WgpuBackend {
 }
 
 impl WgpuBackend {
-    fn new(name: String, kind: WgpuUsage, shared: Arc<DeviceShared>) -> Self {
+    fn new(name: String, wgpu_usage: WgpuUsage, shared: Arc<DeviceShared>) -> Self {
         // Every block starts its own buffer, so no binding offset alignment applies: sizes are kept to whole
         // mapping units (8 bytes), so that any block can be mapped or copied to its end.
         let alignment = wgpu::MAP_ALIGNMENT.max(wgpu::COPY_BUFFER_ALIGNMENT);
-        let usage = kind.usages();
-        Self { name, kind, usage, alignment, shared, sealed: parking_lot::Mutex::new(Vec::new()), adoption: None }
+        let usage = wgpu_usage.usages();
+        Self { name, wgpu_usage, usage, alignment, shared, sealed: parking_lot::Mutex::new(Vec::new()), adoption: None }
     }
 
     /// The backend of a pool holding one adopted buffer, with that buffer's own usages. Its one block starts at
@@ -162,7 +162,7 @@ impl WgpuBackend {
         let segment = WgpuSegment::new(buffer, mappable);
         Self {
             name,
-            kind: WgpuUsage::DeviceLocal,
+            wgpu_usage: WgpuUsage::DeviceLocal,
             usage,
             alignment: wgpu::COPY_BUFFER_ALIGNMENT,
             shared,
@@ -192,8 +192,8 @@ impl WgpuBackend {
     }
 
     /// What this pool's buffers are for.
-    pub fn pool_kind(&self) -> WgpuUsage {
-        self.kind
+    pub fn wgpu_usage(&self) -> WgpuUsage {
+        self.wgpu_usage
     }
 
     /// The usages of this pool's buffers.
@@ -205,7 +205,7 @@ impl WgpuBackend {
     /// that hand blocks out (the facade) refuse writes after the fill, or [`seal`] the block so that this backend
     /// refuses them.
     pub fn is_read_only(&self) -> bool {
-        self.kind == WgpuUsage::ReadOnly
+        self.wgpu_usage == WgpuUsage::ReadOnly
     }
 
     /// Why the device was lost, once it has been (destroyed, driver reset); `None` while it works.

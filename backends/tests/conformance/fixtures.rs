@@ -497,7 +497,7 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
 
     /// wgpu host-pinned memory: shared buffers where the adapter maps and binds them, upload buffers elsewhere.
     pub fn wgpu_pinned() -> Vec<Fixture> {
-        fixtures(|dev| dev.kind_for(PoolKind::HostPinned))
+        fixtures(|dev| dev.usage_for(PoolKind::HostPinned))
     }
 
     /// wgpu read-only storage (and uniform) buffers.
