@@ -417,16 +417,17 @@ impl UniversalMemoryManager {
     /// The indices of the devices that can reach device `index`'s memory as peers, as the CUDA driver reports
     /// them (empty for a device without CUDA, or an index that names no device).
     pub fn peers_of(&self, index: usize) -> Vec<usize> {
-        let cuda_ordinal = |d: &Device| d.api_infos().into_iter().find(|i| i.api == Api::Cuda).map(|i| i.ordinal);
+        fn cuda_info(device: &Device) -> Option<&umm_backends::DeviceInfo> {
+            device.api_infos().into_iter().find(|i| i.api == Api::Cuda)
+        }
         let devices = self.devices();
-        let Some(info) = devices.get(index).and_then(|d| d.api_infos().into_iter().find(|i| i.api == Api::Cuda)) else {
-            return Vec::new();
-        };
+        let Some(info) = devices.get(index).and_then(|d| cuda_info(d)) else { return Vec::new() };
         let Some((_, listed)) = info.details.iter().find(|(key, _)| key == "peers") else { return Vec::new() };
         listed
             .split(", ")
             .filter_map(|p| p.strip_prefix("cuda:")?.parse::<usize>().ok())
-            .filter_map(|ordinal| devices.iter().find(|d| cuda_ordinal(d) == Some(ordinal)).map(|d| d.index()))
+            .filter_map(|ordinal| devices.iter().find(|d| cuda_info(d).is_some_and(|i| i.ordinal == ordinal)))
+            .map(|d| d.index())
             .collect()
     }
 

@@ -555,8 +555,7 @@ impl CudaBackend {
         dst_ptr: u64,
         len: u64,
     ) -> Result<DevicePath> {
-        let to = self;
-        let (src_ctx, dst_ctx) = (from.context(), to.context());
+        let (src_ctx, dst_ctx) = (from.context(), self.context());
         let same_context = src_ctx.cu_ctx() == dst_ctx.cu_ctx();
         let path = if same_context { DevicePath::CudaDevice } else { DevicePath::CudaPeer };
         if len == 0 {
@@ -565,16 +564,16 @@ impl CudaBackend {
         from.synchronize()?;
         if same_context {
             // SAFETY: the caller's contract; both ranges are of the context that `synchronize` bound.
-            unsafe { raw::copy(dst_ptr, src_ptr, len) }.map_err(|f| to.error(f))?;
-            raw::ctx_synchronize().map_err(|f| to.error(f))?;
+            unsafe { raw::copy(dst_ptr, src_ptr, len) }.map_err(|f| self.error(f))?;
+            raw::ctx_synchronize().map_err(|f| self.error(f))?;
             return Ok(path);
         }
-        to.synchronize()?;
-        super::peer::enable_peer_access_once((from.name(), src_ctx), (to.name(), dst_ctx));
-        to.bind()?;
+        self.synchronize()?;
+        super::peer::enable_peer_access_once((from.name(), src_ctx), (self.name(), dst_ctx));
+        self.bind()?;
         // SAFETY: the caller's contract; the source range is of `src_ctx`, the destination's of `dst_ctx`.
-        unsafe { raw::copy_peer(dst_ptr, dst_ctx, src_ptr, src_ctx, len) }.map_err(|f| to.error(f))?;
-        raw::ctx_synchronize().map_err(|f| to.error(f))?;
+        unsafe { raw::copy_peer(dst_ptr, dst_ctx, src_ptr, src_ctx, len) }.map_err(|f| self.error(f))?;
+        raw::ctx_synchronize().map_err(|f| self.error(f))?;
         Ok(path)
     }
 }

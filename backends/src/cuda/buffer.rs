@@ -14,7 +14,6 @@ use std::sync::Arc;
 /// not reused before that stream's work is done.
 pub struct CudaBuffer {
     block: OwnedBlock,
-    pool: Arc<CudaPool>,
     ptr: u64,
     host: Option<usize>,
     stream: StreamId,
@@ -24,7 +23,7 @@ impl CudaBuffer {
     /// Wraps `block`, just allocated from `pool` on `stream`; on an error the block goes back as it drops.
     fn wrap(pool: &Arc<CudaPool>, block: OwnedBlock, stream: StreamId) -> Result<Self> {
         let (ptr, host) = interop::range(pool.pool(), block.handle(), 0, 0)?;
-        Ok(Self { block, pool: Arc::clone(pool), ptr, host, stream })
+        Ok(Self { block, ptr, host, stream })
     }
 
     fn owned(pool: &Arc<CudaPool>, bytes: u64, stream: StreamId, zeroed: bool) -> Result<Self> {
@@ -61,9 +60,9 @@ impl CudaBuffer {
         self.block.info()
     }
 
-    /// The pool.
-    pub fn pool(&self) -> &Arc<CudaPool> {
-        &self.pool
+    /// The pool: the owned block's, which the constructors made of a [`CudaPool`].
+    pub fn pool(&self) -> &CudaPool {
+        self.block.pool().as_any().downcast_ref().expect("a CudaBuffer's block comes from a CudaPool")
     }
 
     /// Bytes asked for.
@@ -88,7 +87,7 @@ impl CudaBuffer {
 
     /// Whether this is read-only memory.
     pub fn is_read_only(&self) -> bool {
-        self.pool.backend().placement() == PoolKind::ReadOnly
+        self.pool().backend().placement() == PoolKind::ReadOnly
     }
 
     /// Marks the buffer as used on `stream` (see [`CudaPool::record_stream`]); nothing for its own stream.
@@ -96,13 +95,13 @@ impl CudaBuffer {
         if stream == self.stream {
             return Ok(());
         }
-        self.pool.record_stream(self.handle(), stream)
+        self.pool().record_stream(self.handle(), stream)
     }
 
     fn refuse_read_only(&self) -> Result<()> {
         if self.is_read_only() {
             return Err(Error::Unsupported {
-                backend: self.pool.backend().name().to_string(),
+                backend: self.pool().backend().name().to_string(),
                 what: "write: read-only memory is filled once, when it is allocated".into(),
             });
         }
@@ -112,13 +111,13 @@ impl CudaBuffer {
     /// Blocking copy from the host (ordered after all queued work of the context).
     pub fn write(&mut self, offset: u64, src: &[u8]) -> Result<()> {
         self.block.check_range(offset, src.len() as u64)?;
-        self.pool.pool().write(self.handle(), offset, src)
+        self.pool().pool().write(self.handle(), offset, src)
     }
 
     /// Blocking copy to the host (ordered after all queued work of the context).
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         self.block.check_range(offset, dst.len() as u64)?;
-        self.pool.pool().read(self.handle(), offset, dst)
+        self.pool().pool().read(self.handle(), offset, dst)
     }
 
     /// The whole buffer, read back to the host.
@@ -132,7 +131,7 @@ impl CudaBuffer {
     pub fn write_on_stream(&mut self, offset: u64, src: &[u8]) -> Result<()> {
         self.block.check_range(offset, src.len() as u64)?;
         self.refuse_read_only()?;
-        interop::upload(self.pool.pool(), self.handle(), offset, src, self.stream)
+        interop::upload(self.pool().pool(), self.handle(), offset, src, self.stream)
     }
 
     /// Blocking copy of `len` bytes from `src` at `src_offset` to this buffer at `dst_offset` (device↔device,
@@ -142,7 +141,7 @@ impl CudaBuffer {
         self.block.check_range(dst_offset, len)?;
         src.block.check_range(src_offset, len)?;
         self.refuse_read_only()?;
-        let backend = self.pool.backend();
+        let backend = self.pool().backend();
         backend.synchronize()?;
         // SAFETY: both ranges were just checked against the buffers, whose blocks live as long as they do (freed
         // on drop; the handles never leave this crate); `self` is borrowed mutably and `src` shared, so no host
@@ -167,7 +166,7 @@ impl CudaBuffer {
         self.refuse_read_only()?;
         self.record_stream(stream)?;
         src.record_stream(stream)?;
-        let backend = self.pool.backend();
+        let backend = self.pool().backend();
         let stream = backend.live_stream(stream)?;
         backend.bind()?;
         // SAFETY: both ranges were just checked against the buffers' live blocks, which `record_stream` keeps from
@@ -180,13 +179,13 @@ impl CudaBuffer {
     /// A view of the buffer as `T`s for kernels on `stream`; marks `stream` as a user of the buffer.
     pub fn view<'a, T>(&'a self, stream: &'a Arc<CudaStream>) -> Result<BlockView<'a, T>> {
         self.record_stream(stream_id(stream))?;
-        interop::view(self.pool.pool(), self.handle(), stream)
+        interop::view(self.pool().pool(), self.handle(), stream)
     }
 
     /// A writable view for kernels on `stream`; marks `stream` as a user. Refused for read-only buffers.
     pub fn view_mut<'a, T>(&'a mut self, stream: &'a Arc<CudaStream>) -> Result<BlockViewMut<'a, T>> {
         self.record_stream(stream_id(stream))?;
-        interop::view_mut(self.pool.pool(), self.handle(), stream)
+        interop::view_mut(self.pool().pool(), self.handle(), stream)
     }
 
     /// The bytes as a host slice, for pinned memory; `None` for device memory and when the context cannot be
@@ -195,7 +194,7 @@ impl CudaBuffer {
     #[allow(unsafe_code)] // Discharges `raw::host_slice`'s contract.
     pub fn host_bytes(&self) -> Option<&[u8]> {
         let host = self.host?;
-        self.pool.backend().synchronize().ok()?;
+        self.pool().backend().synchronize().ok()?;
         // SAFETY: `host` is the host address of this buffer's pinned block (from `interop::range`), of at least
         // `len()` bytes, freed only when the buffer drops; the context was just synchronized.
         Some(unsafe { raw::host_slice(self, host, self.len() as usize) })
@@ -206,7 +205,7 @@ impl CudaBuffer {
     #[allow(unsafe_code)] // Discharges `raw::host_slice_mut`'s contract.
     pub fn host_bytes_mut(&mut self) -> Option<&mut [u8]> {
         let host = self.host?;
-        self.pool.backend().synchronize().ok()?;
+        self.pool().backend().synchronize().ok()?;
         let len = self.len() as usize;
         // SAFETY: as in `host_bytes`.
         Some(unsafe { raw::host_slice_mut(self, host, len) })
@@ -216,7 +215,7 @@ impl CudaBuffer {
 impl std::fmt::Debug for CudaBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaBuffer")
-            .field("pool", &self.pool.backend().name())
+            .field("pool", &self.pool().backend().name())
             .field("ptr", &format_args!("{:#x}", self.ptr))
             .field("len", &self.len())
             .field("stream", &self.stream)

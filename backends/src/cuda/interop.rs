@@ -332,6 +332,7 @@ pub(super) fn upload(
 /// allocation); `len` must lie inside both blocks. Pinned blocks are refused: the copy runs without the pools'
 /// locks, so through a plain handle it could land after the block was freed and its memory lent to an owner as
 /// a host slice; owned blocks copy with [`crate::OwnedBlock::copy_on_device_from`].
+#[allow(unsafe_code)] // Discharges `CudaBackend::copy_from`'s contract.
 pub fn copy_block(
     src: &Pool<CudaBackend>,
     src_block: &BlockHandle,
@@ -347,18 +348,6 @@ pub fn copy_block(
             });
         }
     }
-    copy_live_blocks(src, src_block, dst, dst_block, len)
-}
-
-/// [`copy_block`] without its refusal of pinned blocks.
-#[allow(unsafe_code)] // Discharges `CudaBackend::copy_from`'s contract.
-fn copy_live_blocks(
-    src: &Pool<CudaBackend>,
-    src_block: &BlockHandle,
-    dst: &Pool<CudaBackend>,
-    dst_block: &BlockHandle,
-    len: u64,
-) -> Result<()> {
     let to = dst.backend();
     if to.placement() == PoolKind::ReadOnly {
         return Err(Error::Unsupported {
@@ -370,7 +359,7 @@ fn copy_live_blocks(
     let (dst_ptr, _) = range(dst, dst_block, 0, len)?;
     // SAFETY: `interop::range` put `[src_ptr, src_ptr + len)` inside the live `src_block` and
     // `[dst_ptr, dst_ptr + len)` inside the live `dst_block` (it looked them up in their pools); neither is pinned
-    // memory (`copy_block` refused it), and device memory is never lent as a host slice.
+    // memory (refused above), and device memory is never lent as a host slice.
     unsafe { to.copy_from(src.backend(), src_ptr, dst_ptr, len) }.map(drop)
 }
 

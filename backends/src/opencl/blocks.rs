@@ -139,19 +139,8 @@ pub fn copy_block(
     dst_block: &BlockHandle,
     len: u64,
 ) -> Result<()> {
-    device_memory(src_pool, src_block, "a device copy")?;
-    device_memory(dst_pool, dst_block, "a device copy")?;
-    copy_live_blocks(src_pool, src_block, dst_pool, dst_block, len)
-}
-
-/// [`copy_block`] without its refusal of host-mapped blocks.
-fn copy_live_blocks(
-    src_pool: &Pool<OpenClBackend>,
-    src_block: &BlockHandle,
-    dst_pool: &Pool<OpenClBackend>,
-    dst_block: &BlockHandle,
-    len: u64,
-) -> Result<()> {
+    let (src_segment, src_base) = device_memory(src_pool, src_block, "a device copy")?;
+    let (dst_segment, dst_base) = device_memory(dst_pool, dst_block, "a device copy")?;
     let (src, dst) = (src_pool.backend(), dst_pool.backend());
     if !Arc::ptr_eq(&src.device, &dst.device) {
         return Err(Error::Unsupported {
@@ -161,8 +150,6 @@ fn copy_live_blocks(
     }
     check_in_block(src_block, 0, len)?;
     check_in_block(dst_block, 0, len)?;
-    let (src_segment, src_base) = live(src_pool, src_block)?;
-    let (dst_segment, dst_base) = live(dst_pool, dst_block)?;
     copy_segments(src, &src_segment, src_base, dst, &dst_segment, dst_base, len)
 }
 

@@ -34,19 +34,23 @@ pub fn sleep_all_or_none<I: Sync>(
     sleep: impl Fn(&I) -> Result<SleepReport> + Sync,
     wake: impl Fn(&I) -> Result<WakeReport>,
 ) -> std::result::Result<Vec<SleepReport>, (usize, Error)> {
-    let results = each_at_once(items, sleep);
-    let Some(failed) = results.iter().position(Result::is_err) else {
-        return Ok(results.into_iter().map(|r| r.expect("no failure")).collect());
-    };
-    for (item, result) in items.iter().zip(&results) {
-        if result.is_ok() {
-            if let Err(again) = wake(item) {
-                log::error!("waking a pool after a failed sleep: {again}");
+    let mut slept = Vec::with_capacity(items.len());
+    let mut failure = None;
+    for (index, result) in each_at_once(items, sleep).into_iter().enumerate() {
+        match result {
+            Ok(report) => slept.push((index, report)),
+            Err(e) => {
+                failure.get_or_insert((index, e));
             }
         }
     }
-    let error = results.into_iter().nth(failed).and_then(Result::err).expect("the failure found");
-    Err((failed, error))
+    let Some(failure) = failure else { return Ok(slept.into_iter().map(|(_, report)| report).collect()) };
+    for (index, _) in slept {
+        if let Err(again) = wake(&items[index]) {
+            log::error!("waking a pool after a failed sleep: {again}");
+        }
+    }
+    Err(failure)
 }
 
 #[cfg(test)]
