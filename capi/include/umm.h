@@ -127,6 +127,52 @@ char *umm_wake(const char *tags);
 /* The sleeping tags as a JSON object, tag -> "offload" or "discard". Free it with umm_string_free. */
 char *umm_sleeping_json(void);
 
+/* Frees memory from umm_alloc or umm_alloc_to_pool on the stream it was allocated on (PyTorch's raw_delete):
+ * reuse waits only for the streams given to umm_record_stream. NULL is ignored; an address umm did not hand out
+ * changes nothing and leaves a message. */
+void umm_delete(void *ptr);
+
+/* Private pools: the memory of CUDA graph captures. A captured graph replays at the addresses it was captured
+ * with, so what a capture allocates must never serve anything else while the graph may replay: allocations
+ * into a private pool come from memory of that pool alone, and a block freed there goes back to that pool,
+ * where only later allocations into the same pool find it (graphs that share a pool, as PyTorch's
+ * torch.cuda.graph(pool=...) does, reuse each other's memory in capture order). A pool is named by PyTorch's
+ * MempoolId_t, a pair of integers. */
+typedef struct umm_pool_id {
+    uint64_t first;
+    uint64_t second;
+} umm_pool_id;
+
+/* Retains private pool `pool` of `device`, making it on first use (each capture into it and each user of it
+ * retains it once). The use count after the retain, or -1 with a message. */
+int umm_pool_retain(int device, umm_pool_id pool);
+
+/* Releases private pool `pool` once. At no use left its memory goes back to the device as soon as its last block
+ * is freed (blocks still live, such as a graph's outputs, keep it until then). The use count after the release,
+ * or -1 with a message (a pool not retained). */
+int umm_pool_release(int device, umm_pool_id pool);
+
+/* The use count of private pool `pool` (0 for none), or -1 with a message. */
+int umm_pool_use_count(int device, umm_pool_id pool);
+
+/* Allocates like umm_alloc, from retained private pool `pool`. NULL with a message otherwise. */
+void *umm_alloc_to_pool(ssize_t size, int device, umm_stream_t stream, umm_pool_id pool);
+
+/* A stream capture began on `device` (call it after cuStreamBeginCapture, before the capture's first
+ * allocation). Until the matching umm_capture_end every pool of the device makes only calls the driver allows
+ * during a capture: no event is queried or waited for, no stream or device synchronized, no memory unmapped,
+ * moved between streams or given back; memory a pool needs is mapped in the driver's relaxed capture mode, and
+ * blocks freed with umm_record_stream streams are held until the capture ends. Captures nest. 0, or -1. */
+int umm_capture_begin(int device);
+
+/* The capture begun by umm_capture_begin ended. 0, or -1 with a message (also when none is underway). */
+int umm_capture_end(int device);
+
+/* Simulated devices (UMM_CAPI_SIM) only: `stream` captures from now on (capturing = 1) or not (0), as a CUDA
+ * driver would know it. The simulated device then counts each call a driver refuses during a capture, reported
+ * as "capture_violations" by umm_stats_json. 0, or -1 with a message on a real device. */
+int umm_sim_capture(int device, umm_stream_t stream, int capturing);
+
 #ifdef __cplusplus
 }
 #endif

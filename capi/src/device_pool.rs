@@ -7,8 +7,8 @@
 
 use umm_backends::pool::StreamPool;
 use umm_backends::{
-    Backend, BlockHandle, Limit, PoolSnapshot, PoolStats, Result, SleepAction, SleepReport, StreamId, TrimReport,
-    WakeReport,
+    Backend, BlockHandle, Limit, PoolSnapshot, PoolStats, Result, SimBackend, SleepAction, SleepReport, StreamId,
+    TrimReport, WakeReport,
 };
 
 /// One device's pool as the registry uses it.
@@ -33,6 +33,15 @@ pub(crate) trait DevicePool: Send + Sync {
     fn sleep(&self, action: SleepAction) -> Result<SleepReport>;
     fn wake(&self) -> Result<WakeReport>;
     fn sleeping(&self) -> Option<SleepAction>;
+    /// A capture began on the device: capture-safe paths only until the matching end ([`StreamPool::begin_capture`]).
+    fn begin_capture(&self);
+    /// A capture ended; blocks it held back are marked now.
+    fn end_capture(&self) -> Result<()>;
+    /// Blocks allocated and not yet freed.
+    fn live_blocks(&self) -> u64;
+    /// The simulated device behind the pool, for tests that drive its streams (holds, captures) and read what they
+    /// saw; `None` on a real device.
+    fn simulated(&self) -> Option<&SimBackend>;
 }
 
 impl<B: Backend> DevicePool for StreamPool<B> {
@@ -90,12 +99,24 @@ impl<B: Backend> DevicePool for StreamPool<B> {
     fn sleeping(&self) -> Option<SleepAction> {
         self.pool().sleeping()
     }
+    fn begin_capture(&self) {
+        StreamPool::begin_capture(self)
+    }
+    fn end_capture(&self) -> Result<()> {
+        StreamPool::end_capture(self)
+    }
+    fn live_blocks(&self) -> u64 {
+        StreamPool::stats(self).active_blocks.current
+    }
+    fn simulated(&self) -> Option<&SimBackend> {
+        (self.backend() as &dyn std::any::Any).downcast_ref::<SimBackend>()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use umm_backends::{Pool, PoolConfig, SimBackend};
+    use umm_backends::{Pool, PoolConfig};
 
     const MIB: u64 = 1 << 20;
 

@@ -32,6 +32,7 @@ mod config;
 mod device_pool;
 mod error;
 pub mod ffi;
+mod graph_pool;
 mod history;
 mod registry;
 mod sleep;

@@ -13,10 +13,11 @@
 
 use crate::config::{env_var, huge_min, pool_config, simulated_base, simulated_devices, simulated_tag_base};
 use crate::device_pool::DevicePool;
+use crate::graph_pool::{GraphPool, PoolId};
 use crate::history::{self, Action};
 use crate::trace;
 use parking_lot::{Mutex, RwLock};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use umm_backends::cuda::{self, ContextScope};
 use umm_backends::pool::StreamPool;
@@ -34,8 +35,10 @@ pub(crate) struct Live {
     pub(crate) stream: StreamId,
     /// Whether it came from the device's huge pool.
     pub(crate) huge: bool,
-    /// The tagged pool it came from, if any ([`crate::tag`]).
+    /// The tagged or private pool it came from, if any ([`crate::tag`], [`crate::graph_pool`]).
     pub(crate) tagged: Option<SharedPool>,
+    /// The private pool it came from, if any: freeing its last block may let the pool go.
+    pub(crate) graph: Option<PoolId>,
     pub(crate) block: BlockHandle,
     /// Its ID in the `UMM_TRACE` recording (`None`: not recording).
     pub(crate) trace_id: Option<u64>,
@@ -55,6 +58,14 @@ pub(crate) struct Slot {
     /// Pools of tagged requests, one per tag, made on first use by `make_tagged` ([`crate::tag`]).
     pub(crate) tagged: RwLock<Vec<(Arc<str>, SharedPool)>>,
     pub(crate) make_tagged: Option<MakeTagged>,
+    /// Private pools of graph captures ([`crate::graph_pool`]).
+    pub(crate) graphs: Mutex<Vec<GraphPool>>,
+    /// Captures underway on the device.
+    pub(crate) captures: AtomicU32,
+    /// Held while a capture begins or ends and while a pool is made, so that every pool sees each capture once.
+    pub(crate) capture_lock: Mutex<()>,
+    /// Tagged and private pools made so far: each gets its own number (its addresses on a simulated device).
+    made: AtomicUsize,
 }
 
 /// Makes the pool of a tag on one device, given the tag and how many tagged pools the device has already.
@@ -70,7 +81,27 @@ impl Slot {
         make_tagged: Option<MakeTagged>,
     ) -> Self {
         let (limited, tagged) = (AtomicBool::new(false), RwLock::new(Vec::new()));
-        Slot { name, total_bytes, pool, huge, limited, reserved, tagged, make_tagged }
+        let (graphs, captures, capture_lock, made) =
+            (Mutex::new(Vec::new()), AtomicU32::new(0), Mutex::new(()), AtomicUsize::new(0));
+        Slot {
+            name,
+            total_bytes,
+            pool,
+            huge,
+            limited,
+            reserved,
+            tagged,
+            make_tagged,
+            graphs,
+            captures,
+            capture_lock,
+            made,
+        }
+    }
+
+    /// The number of the next tagged or private pool made.
+    pub(crate) fn next_pool_number(&self) -> usize {
+        self.made.fetch_add(1, Ordering::Relaxed)
     }
 
     /// The pool of `tag` on this device, made on first use. A sleeping tag refuses.
@@ -82,11 +113,16 @@ impl Slot {
             return Err(format!("tag {tag} is asleep ({action}): allocation refused until it wakes"));
         }
         let make = self.make_tagged.as_ref().ok_or_else(|| format!("device {} has no pools", self.name))?;
+        // Made under the capture lock, so that a capture that begins meanwhile finds the pool in the list.
+        let _capture = self.capture_lock.lock();
         let mut tagged = self.tagged.write();
         if let Some((_, pool)) = tagged.iter().find(|(t, _)| t == tag) {
             return Ok(Arc::clone(pool));
         }
-        let pool = make(tag, tagged.len())?;
+        let pool = make(tag, self.next_pool_number())?;
+        for _ in 0..self.captures.load(Ordering::SeqCst) {
+            pool.begin_capture();
+        }
         tagged.push((Arc::clone(tag), Arc::clone(&pool)));
         Ok(pool)
     }
@@ -101,6 +137,10 @@ impl Slot {
             reserved: ReservedGroup::new(),
             tagged: RwLock::new(Vec::new()),
             make_tagged: None,
+            graphs: Mutex::new(Vec::new()),
+            captures: AtomicU32::new(0),
+            capture_lock: Mutex::new(()),
+            made: AtomicUsize::new(0),
         }
     }
 
@@ -121,8 +161,13 @@ impl Slot {
     /// the true peaks of the sum, but for reserved bytes, whose true peak the device's group keeps.
     pub(crate) fn stats(&self, main: &dyn DevicePool) -> PoolStats {
         let mut stats = main.stats();
-        let others: Vec<SharedPool> =
-            self.huge.iter().cloned().chain(self.tagged.read().iter().map(|(_, p)| Arc::clone(p))).collect();
+        let others: Vec<SharedPool> = self
+            .huge
+            .iter()
+            .cloned()
+            .chain(self.tagged.read().iter().map(|(_, p)| Arc::clone(p)))
+            .chain(self.graph_pools())
+            .collect();
         if !others.is_empty() {
             let limit = stats.limit_bytes;
             others.iter().for_each(|p| stats.accumulate(&p.stats()));
@@ -132,10 +177,10 @@ impl Slot {
         stats
     }
 
-    /// The main pool, the huge pool and the tagged pools.
+    /// The main pool, the huge pool, the tagged pools and the private pools of graphs.
     pub(crate) fn pools(&self) -> Vec<SharedPool> {
         let fixed = self.pool.as_ref().ok().into_iter().chain(self.huge.as_ref()).cloned();
-        fixed.chain(self.tagged.read().iter().map(|(_, p)| Arc::clone(p))).collect()
+        fixed.chain(self.tagged.read().iter().map(|(_, p)| Arc::clone(p))).chain(self.graph_pools()).collect()
     }
 }
 
@@ -334,20 +379,29 @@ pub(crate) fn device_count() -> usize {
 /// address. O(1) from cache: the pool's allocation plus one map insert (and, while history is recorded, one ring
 /// push).
 pub(crate) fn alloc(size: i64, device: i64, stream: StreamId) -> Result<u64, String> {
+    alloc_to(size, device, stream, None)
+}
+
+/// Allocates like [`alloc`], from private pool `graph` when given (which must be retained), else from the pool
+/// of the thread's tag or the device's main or huge pool.
+pub(crate) fn alloc_to(size: i64, device: i64, stream: StreamId, graph: Option<PoolId>) -> Result<u64, String> {
     if size <= 0 {
         return Err(format!("umm_alloc: size {size} on device {device}: a size must be above zero"));
     }
     let reg = registry();
     let (slot, main) = reg.pool(device)?;
-    let tagged = match crate::tag::current() {
-        Some(tag) => Some(slot.tagged_pool(&tag).map_err(|e| format!("umm_alloc: {e}"))?),
-        None => None,
+    let tagged = match (graph, crate::tag::current()) {
+        (Some(id), _) => Some(slot.graph_pool(id).map_err(|e| format!("umm_alloc: {e}"))?),
+        (None, Some(tag)) => Some(slot.tagged_pool(&tag).map_err(|e| format!("umm_alloc: {e}"))?),
+        (None, None) => None,
     };
     let (pool, huge) = match &tagged {
         Some(pool) => (pool, false),
         None => slot.pool_for(main, size as u64, reg.huge_min),
     };
     let _scope = ContextScope::enter();
+    // A pool that grows during a capture calls what the driver's strict capture modes refuse (see `graph_pool`).
+    let _relaxed = (slot.capturing() && !reg.simulated).then(cuda::RelaxedCaptureMode::enter);
     let reserved_before = history::on().then(|| pool.reserved_bytes());
     let block = match pool.allocate(size as u64, stream) {
         Ok(block) => block,
@@ -367,7 +421,7 @@ pub(crate) fn alloc(size: i64, device: i64, stream: StreamId) -> Result<u64, Str
     }
     // Recorded before the pointer is published, so that no free of it is recorded first.
     let trace_id = trace::record_alloc(size as u64, stream.0);
-    let live = Live { device: device as usize, requested: size as u64, stream, huge, tagged, block, trace_id };
+    let live = Live { device: device as usize, requested: size as u64, stream, huge, tagged, graph, block, trace_id };
     reg.live.lock().insert(ptr, live);
     Ok(ptr)
 }
@@ -436,6 +490,8 @@ pub(crate) fn free(ptr: u64, device: i64, stream: StreamId) -> Result<(), String
     trace::record_free(live.trace_id);
     let pool = live_pool(reg, &live)?;
     let _scope = ContextScope::enter();
+    let capturing = reg.devices.get(live.device).is_some_and(Slot::capturing);
+    let _relaxed = (capturing && !reg.simulated).then(cuda::RelaxedCaptureMode::enter);
     if stream != live.stream {
         pool.record_stream(&live.block, stream).map_err(|e| format!("umm_free: {e}"))?;
     }
@@ -448,7 +504,23 @@ pub(crate) fn free(ptr: u64, device: i64, stream: StreamId) -> Result<(), String
         let after = pool.reserved_bytes();
         history::push_reserved_change(live.device, pool.uses_virtual_memory(), ptr, live.stream.0, before, after);
     }
+    if let (Some(id), Some(slot)) = (live.graph, reg.devices.get(live.device)) {
+        slot.drop_graph_pool_if_unused(id);
+    }
     Ok(())
+}
+
+/// Frees the block at `ptr` on the stream it was allocated on (PyTorch's `raw_delete`): reuse waits only for
+/// the streams it was marked as used on.
+pub(crate) fn delete(ptr: u64) -> Result<(), String> {
+    if ptr == 0 {
+        return Ok(());
+    }
+    let stream = REGISTRY
+        .get()
+        .and_then(|reg| reg.live.lock().get(&ptr).map(|live| live.stream))
+        .ok_or_else(|| format!("umm_delete: {ptr:#x} was not allocated by umm or was already freed; nothing done"))?;
+    free(ptr, -1, stream)
 }
 
 pub(crate) fn live_pool<'a>(reg: &'a Registry, live: &'a Live) -> Result<&'a SharedPool, String> {

@@ -26,6 +26,13 @@ pub(crate) fn stats_json(device: i64) -> Result<String, String> {
             let huge_stats = serde_json::to_value(huge.stats()).map_err(|e| format!("umm_stats_json: {e}"))?;
             map.insert("pools".into(), serde_json::json!({"main": main_stats, "huge": huge_stats}));
         }
+        map.insert("graph_pools".into(), slot.graph_pools().len().into());
+        map.insert("captures_underway".into(), slot.captures.load(std::sync::atomic::Ordering::Relaxed).into());
+        if reg.simulated {
+            let violations: u64 =
+                slot.pools().iter().filter_map(|p| p.simulated()).map(|s| s.stream_log().capture_violations).sum();
+            map.insert("capture_violations".into(), violations.into());
+        }
         map.insert("hit_rate".into(), stats.hit_rate().into());
         map.insert("fragmentation_ratio".into(), stats.fragmentation_ratio().into());
     }

@@ -22,6 +22,7 @@
 
 mod backend;
 mod buffer;
+mod capture;
 mod host_store;
 mod interop;
 mod marks;
@@ -37,6 +38,7 @@ pub use cudarc;
 
 pub use backend::{CudaBackend, CudaSegment};
 pub use buffer::CudaBuffer;
+pub use capture::RelaxedCaptureMode;
 pub use interop::{block_view, block_view_mut, copy_block, BlockView, BlockViewMut, CudaPoolExt};
 pub use peer::enable_peer_access;
 pub use pool::CudaPool;

@@ -34,6 +34,7 @@
 mod allocate;
 mod batch;
 mod books;
+mod capture;
 mod config;
 mod free;
 mod io;
@@ -69,7 +70,7 @@ use crate::lock::LeanMutex;
 use crate::{Backend, Error, PoolStats, Result};
 use slots::Slot;
 use state::State;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use thread_cache::{DrainOnExit, ThreadCache};
 
@@ -131,6 +132,8 @@ pub struct Pool<B: Backend> {
     detour: AtomicU8,
     /// Copies of device memory running without the pool's lock, which a sleep waits for ([`sleep`]).
     copies: sleep::CopiesInFlight,
+    /// Captures underway on the pool's device ([`capture`]): while above 0, only capture-safe paths.
+    captures: AtomicU32,
     /// The reserved bytes the pool's books hold, kept by the state under the lock and read without it.
     reserved: Arc<AtomicU64>,
     shared: Arc<Shared<B::Segment>>,
@@ -242,6 +245,7 @@ impl<B: Backend> Pool<B> {
             stitching,
             detour: AtomicU8::new(0),
             copies: sleep::CopiesInFlight::default(),
+            captures: AtomicU32::new(0),
             reserved,
             shared: Arc::new(Shared { state, slots }),
         })

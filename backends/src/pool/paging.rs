@@ -31,7 +31,8 @@ impl<B: Backend> Pool<B> {
         let limit = state.stats.limit_bytes;
         let budget = Self::trim_budget(state, self.config.mapped_slack, alloc.size).min(limit.unwrap_or(u64::MAX));
         let excess = (state.reserved() + missing).saturating_sub(budget).min(missing);
-        if excess > 0 {
+        // Unmapping waits for the pages' stream, which a capture refuses: the pool grows past its slack instead.
+        if excess > 0 && !self.capture_underway() {
             let (round, mut trimmed) = (state.cleanup_round, 0);
             for a in 0..state.arenas.len() {
                 if state.arenas[a].virtual_segments && trimmed < excess {

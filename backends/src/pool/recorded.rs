@@ -30,6 +30,9 @@ struct StreamUses {
     extra: HashMap<u64, Vec<StreamId>>,
     /// Freed blocks waiting for their marks, oldest first.
     pending: Vec<PendingFree>,
+    /// Blocks freed during a capture with the extra streams they were used on: no mark can be recorded and
+    /// queried then (see [`Pool::begin_capture`]), so they are held until the capture ends, then marked.
+    deferred: Vec<(BlockHandle, Vec<StreamId>)>,
 }
 
 /// A stream-safe caching pool of one device and placement. `Send + Sync`; share it with `Arc`.
@@ -66,7 +69,8 @@ impl DerefMut for UsesGuard<'_> {
 impl Drop for UsesGuard<'_> {
     fn drop(&mut self) {
         // Release: a thread that sees 0 also sees every return to the pool made under the lock before.
-        self.tracked.store(self.uses.extra.len() + self.uses.pending.len(), Ordering::Release);
+        let tracked = self.uses.extra.len() + self.uses.pending.len() + self.uses.deferred.len();
+        self.tracked.store(tracked, Ordering::Release);
     }
 }
 
@@ -114,6 +118,10 @@ impl<B: Backend> StreamPool<B> {
     /// Runs `allocate` on the pool: pending frees whose marks passed go back first; out of memory waits for every
     /// pending free and tries once more.
     pub(crate) fn allocate_with<T>(&self, allocate: impl Fn(&Pool<B>) -> Result<T>) -> Result<T> {
+        // During a capture no mark may be queried or waited for: pending frees stay pending.
+        if self.pool.capture_underway() {
+            return allocate(&self.pool);
+        }
         if self.tracks_nothing() {
             return match allocate(&self.pool) {
                 Err(e @ Error::OutOfMemory { .. }) => {
@@ -175,10 +183,19 @@ impl<B: Backend> StreamPool<B> {
         let Some(streams) = uses.extra.remove(&block.key()) else {
             return self.pool.free(block);
         };
+        if self.pool.capture_underway() {
+            uses.deferred.push((block.clone(), streams));
+            return Ok(());
+        }
+        self.free_after_marks(&mut uses, block, &streams)
+    }
+
+    /// Frees `block` once marks recorded now on `streams` pass: parks it among the pending frees.
+    fn free_after_marks(&self, uses: &mut UsesGuard<'_>, block: &BlockHandle, streams: &[StreamId]) -> Result<()> {
         let backend = self.pool.backend();
         let mut marks = Vec::with_capacity(streams.len());
         let mut failure = None;
-        for &stream in &streams {
+        for &stream in streams {
             match backend.mark_stream(stream) {
                 Ok(Some(mark)) => marks.push(mark),
                 // A stream with no work behind the host's back: nothing to wait for.
@@ -221,7 +238,7 @@ impl<B: Backend> StreamPool<B> {
     }
 
     fn return_completed(&self, uses: &mut UsesGuard<'_>, wait: bool) -> Result<usize> {
-        if uses.pending.is_empty() {
+        if uses.pending.is_empty() || self.pool.capture_underway() {
             return Ok(0);
         }
         let backend = self.pool.backend();
@@ -247,6 +264,35 @@ impl<B: Backend> StreamPool<B> {
             }
         }
         Ok(returned)
+    }
+
+    /// A capture began on the pool's device ([`Pool::begin_capture`]): until it ends, frees that must wait for
+    /// other streams are held back unmarked, and pending frees are not queried.
+    pub fn begin_capture(&self) {
+        self.pool.begin_capture();
+    }
+
+    /// A capture ended ([`Pool::end_capture`]). Once none is underway, the blocks freed during captures get their
+    /// marks, recorded now on the streams they were used on, and wait for them as any pending free does.
+    pub fn end_capture(&self) -> Result<()> {
+        self.pool.end_capture();
+        if self.pool.capture_underway() {
+            return Ok(());
+        }
+        let mut uses = self.uses();
+        let deferred = std::mem::take(&mut uses.deferred);
+        let mut first_error = None;
+        for (block, streams) in deferred {
+            if let Err(e) = self.free_after_marks(&mut uses, &block, &streams) {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Blocks freed during a capture and held until it ends.
+    pub fn deferred_frees(&self) -> usize {
+        self.uses().deferred.len()
     }
 
     /// Returns completed pending frees, then gives every cached byte back to the device.

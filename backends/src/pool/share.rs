@@ -34,7 +34,7 @@ impl<B: Backend> Pool<B> {
     /// Whether any other stream's memory may serve a miss: sharing is on and the pool serves several streams.
     #[inline(always)]
     pub(super) fn shares_across_streams(&self, state: &State<B::Segment>) -> bool {
-        self.config.cross_stream != CrossStream::Off && state.streams.len() > 1
+        self.config.cross_stream != CrossStream::Off && state.streams.len() > 1 && !self.capture_underway()
     }
 
     /// Whether a miss that would add `adding` bytes of new memory should take other streams' instead: sharing is

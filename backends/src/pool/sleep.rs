@@ -173,6 +173,12 @@ impl<B: Backend> Pool<B> {
     /// sleeps already; the device's error if the host store or a copy fails.
     pub fn sleep(&self, action: SleepAction) -> Result<SleepReport> {
         let start = Instant::now();
+        if self.capture_underway() {
+            return Err(Error::Unsupported {
+                backend: self.display_name(),
+                what: "sleep during a stream capture (a CUDA graph being recorded may use these pages)".into(),
+            });
+        }
         // Kernels queued on the blocks must have run before their pages are copied or unmapped.
         self.backend.settle()?;
         self.drain_thread_caches(true);

@@ -93,6 +93,10 @@ impl<B: Backend> Pool<B> {
     /// what those steps took), then one segment of the plan's size is made. False when it cannot be (the limit,
     /// the device), which leaves the pool as it was apart from the release.
     fn install_plan(&self, state: &mut State<B::Segment>, made: Made, peak_before: u64) -> bool {
+        // Installing releases cached memory first, which a capture refuses (see `capture`).
+        if self.capture_underway() {
+            return false;
+        }
         // Steps may have run while the lock was let go: the plan is of the latest two only if none deviated.
         if state.steps.plan_segment().is_some() || state.steps.previous.as_ref() != Some(&made.events) {
             return false;

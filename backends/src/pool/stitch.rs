@@ -43,7 +43,8 @@ impl<B: Backend> Pool<B> {
         size: u64,
     ) -> Option<(usize, Allocation, bool)> {
         let page = self.page_size?;
-        if !self.stitching || size <= page {
+        // A stitch may unmap kept ranges to make room, which a capture refuses (see `capture`).
+        if !self.stitching || size <= page || self.capture_underway() {
             return None;
         }
         let capacity = size.div_ceil(page) * page;

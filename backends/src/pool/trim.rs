@@ -62,8 +62,9 @@ impl<B: Backend> Pool<B> {
         idle_rounds: u64,
         want: u64,
     ) -> TrimReport {
-        // A sleeping pool's pages are unmapped already and its books must stay as they were for the wake.
-        if state.sleep.is_some() {
+        // A sleeping pool's pages are unmapped already and its books must stay as they were for the wake; during a
+        // capture, unmapping or destroying memory waits for streams, which the capture refuses.
+        if state.sleep.is_some() || self.capture_underway() {
             return TrimReport::default();
         }
         let start = Instant::now();

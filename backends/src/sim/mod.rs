@@ -140,6 +140,18 @@ impl SimBackend {
         self.streams.lock().finish(stream);
     }
 
+    /// `stream` captures from now on, as a CUDA stream between `cuStreamBeginCapture` and `cuStreamEndCapture`:
+    /// marks recorded on it are nodes of a graph, and the calls a driver refuses during a capture are counted in
+    /// [`SimStreamLog::capture_violations`].
+    pub fn begin_capture(&self, stream: StreamId) {
+        self.streams.lock().begin_capture(stream);
+    }
+
+    /// Ends the capture of `stream`.
+    pub fn end_capture(&self, stream: StreamId) {
+        self.streams.lock().end_capture(stream);
+    }
+
     /// What the simulated streams were asked so far.
     pub fn stream_log(&self) -> SimStreamLog {
         self.streams.lock().log()
@@ -419,6 +431,10 @@ impl Backend for SimBackend {
     }
     fn wait_mark(&self, mark: &StreamMark) -> Result<()> {
         self.streams.lock().wait_on_host(mark);
+        Ok(())
+    }
+    fn settle(&self) -> Result<()> {
+        self.streams.lock().synchronize_device();
         Ok(())
     }
     fn device_address(&self, segment: &SimSegment) -> Option<u64> {

@@ -3,6 +3,12 @@
 //! ([`SimBackend::hold_stream`](super::SimBackend::hold_stream)); marks recorded on a held stream pass only when
 //! the test lets it finish. The model logs what a real device would have been asked: streams made to wait for
 //! others, host waits, and pages unmapped while work that may use them is still held (what faults on a GPU).
+//!
+//! Streams can also capture ([`SimBackend::begin_capture`](super::SimBackend::begin_capture)), as CUDA streams do
+//! while a graph is recorded. The model then counts every call that the driver refuses during a capture (and that
+//! invalidates it): querying or waiting on the host for a mark recorded on a capturing stream, making a stream wait
+//! for a mark from outside its capture, synchronizing a capturing stream before an unmap, or synchronizing the
+//! whole device while any stream captures.
 
 use crate::{StreamId, StreamMark};
 
@@ -24,17 +30,24 @@ pub struct SimStreamLog {
     /// Unmaps, without waiting, of pages of a stream whose work was held: on a GPU a kernel still queued there
     /// could fault. Always 0 in a correct pool.
     pub unsafe_unmaps: u64,
+    /// Calls a CUDA driver refuses while a stream captures (see the module's documentation): each would have
+    /// invalidated the capture. Always 0 in a correct pool.
+    pub capture_violations: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct SimMark {
     stream: StreamId,
     passed: bool,
+    /// Recorded on a stream that was capturing: a node of the graph, not a point of real work.
+    captured: bool,
 }
 
 #[derive(Debug, Default)]
 pub(super) struct SimStreams {
     held: Vec<StreamId>,
+    /// Streams capturing now.
+    capturing: Vec<StreamId>,
     /// Marks by id; freed ids are reused.
     marks: Vec<Option<SimMark>>,
     spare_ids: Vec<usize>,
@@ -60,8 +73,30 @@ impl SimStreams {
         self.held.contains(&stream)
     }
 
+    pub(super) fn begin_capture(&mut self, stream: StreamId) {
+        if !self.capturing.contains(&stream) {
+            self.capturing.push(stream);
+        }
+    }
+
+    pub(super) fn end_capture(&mut self, stream: StreamId) {
+        self.capturing.retain(|&s| s != stream);
+    }
+
+    fn is_capturing(&self, stream: StreamId) -> bool {
+        self.capturing.contains(&stream)
+    }
+
+    /// The device is synchronized as a whole (`cuCtxSynchronize`): refused while any stream captures.
+    pub(super) fn synchronize_device(&mut self) {
+        if !self.capturing.is_empty() {
+            self.log.capture_violations += 1;
+        }
+    }
+
     pub(super) fn mark(&mut self, stream: StreamId) -> StreamMark {
-        let mark = SimMark { stream, passed: !self.is_held(stream) };
+        let captured = self.is_capturing(stream);
+        let mark = SimMark { stream, passed: !self.is_held(stream) && !captured, captured };
         let id = match self.spare_ids.pop() {
             Some(id) => {
                 self.marks[id] = Some(mark);
@@ -81,19 +116,33 @@ impl SimStreams {
         self.marks.get(mark.id as usize).copied().flatten().expect("a live mark of this device")
     }
 
-    pub(super) fn passed(&self, mark: &StreamMark) -> bool {
-        self.get(mark).passed
+    /// Whether the work before `mark` has run. Querying a mark that a capture recorded is refused (and the
+    /// mark never passes: no work stands behind it).
+    pub(super) fn passed(&mut self, mark: &StreamMark) -> bool {
+        let found = self.get(mark);
+        if found.captured {
+            self.log.capture_violations += 1;
+        }
+        found.passed
     }
 
     pub(super) fn wait(&mut self, stream: StreamId, mark: &StreamMark) {
-        let giver = self.get(mark).stream;
-        self.log.waits.push((stream, giver));
+        let found = self.get(mark);
+        // A capturing stream may wait only for points of its own capture.
+        if self.is_capturing(stream) != found.captured {
+            self.log.capture_violations += 1;
+        }
+        self.log.waits.push((stream, found.stream));
     }
 
     /// The host waits for `mark`: held work on its stream runs (the model lets it finish), counted as a host
     /// wait.
     pub(super) fn wait_on_host(&mut self, mark: &StreamMark) {
-        let stream = self.get(mark).stream;
+        let found = self.get(mark);
+        if found.captured || self.is_capturing(found.stream) {
+            self.log.capture_violations += 1;
+        }
+        let stream = found.stream;
         if self.is_held(stream) {
             self.log.host_waits += 1;
             self.finish(stream);
@@ -110,6 +159,9 @@ impl SimStreams {
     /// Pages of `stream`'s arena unmapped, after waiting for the stream or not.
     pub(super) fn unmapped(&mut self, stream: StreamId, wait: bool) {
         self.log.waited_unmaps += u64::from(wait);
+        if wait && self.is_capturing(stream) {
+            self.log.capture_violations += 1;
+        }
         if !self.is_held(stream) {
             return;
         }

@@ -5,6 +5,9 @@
 #![allow(unsafe_code)]
 
 pub(crate) mod exit;
+mod graphs;
+
+pub use graphs::*;
 
 use crate::{error, registry, sleep, snapshot, tag, trace};
 use std::ffi::CStr;

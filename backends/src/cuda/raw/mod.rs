@@ -574,3 +574,12 @@ pub(super) unsafe fn restore_context(ctx: Option<sys::CUcontext>) -> Raw<()> {
     // SAFETY: per this function's contract, `ctx` is a live context (or null, which unbinds).
     check(unsafe { sys::cuCtxSetCurrent(ctx.unwrap_or(std::ptr::null_mut())) }, "cuCtxSetCurrent")
 }
+
+/// Sets the calling thread's stream-capture mode (`cuThreadExchangeStreamCaptureMode`) and returns the mode it
+/// had. Safe: the mode is a per-thread setting of the driver that only decides which later calls it refuses.
+pub(super) fn exchange_capture_mode(mode: sys::CUstreamCaptureMode) -> Raw<sys::CUstreamCaptureMode> {
+    let mut mode = mode;
+    // SAFETY: `mode` is a live local the driver writes the previous mode into.
+    check(unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }, "cuThreadExchangeStreamCaptureMode")?;
+    Ok(mode)
+}
