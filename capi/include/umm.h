@@ -28,6 +28,7 @@
 #define UMM_H
 
 #include <stdint.h>
+#include <stddef.h>    /* size_t */
 #include <sys/types.h> /* ssize_t */
 
 #ifdef __cplusplus
@@ -168,10 +169,62 @@ int umm_capture_begin(int device);
 /* The capture begun by umm_capture_begin ended. 0, or -1 with a message (also when none is underway). */
 int umm_capture_end(int device);
 
+/* Writes the addresses of the live blocks of private pool `pool` to out[0..capacity) and returns how many there
+ * are (more than `capacity`: the list was cut short), or -1 with a message. */
+ssize_t umm_pool_live(int device, umm_pool_id pool, void **out, size_t capacity);
+
 /* Simulated devices (UMM_CAPI_SIM) only: `stream` captures from now on (capturing = 1) or not (0), as a CUDA
  * driver would know it. The simulated device then counts each call a driver refuses during a capture, reported
  * as "capture_violations" by umm_stats_json. 0, or -1 with a message on a real device. */
 int umm_sim_capture(int device, umm_stream_t stream, int capturing);
+
+/* Statistics and snapshots as structures, for callers that fill their own types (the umm_torch adapter fills
+ * PyTorch's DeviceStats and SnapshotInfo) without parsing JSON. */
+typedef struct umm_stat {
+    uint64_t current;
+    uint64_t peak;
+} umm_stat;
+
+typedef struct umm_stats_t {
+    umm_stat allocated_bytes, requested_bytes, reserved_bytes, active_bytes, inactive_split_bytes;
+    umm_stat active_blocks, segments;
+    uint64_t num_allocs, num_frees, num_device_alloc, num_device_free, num_alloc_retries, num_ooms;
+    uint64_t limit_bytes; /* 0: none */
+    uint64_t device_total_bytes;
+} umm_stats_t;
+
+/* Fills *out with the statistics of `device`, as umm_stats_json. 0, or -1 with a message. */
+int umm_stats(int device, umm_stats_t *out);
+
+typedef struct umm_block_info {
+    uint64_t address, size, requested_size;
+    int allocated; /* 1: handed out; 0: free, cached */
+} umm_block_info;
+
+typedef struct umm_segment_info {
+    int device;
+    int expandable; /* 1: a virtual reservation (its mapped bytes); 0: a plain segment */
+    uint64_t address, total_size, allocated_size, requested_size, stream;
+    const umm_block_info *blocks; /* valid during the visit only */
+    size_t num_blocks;
+} umm_segment_info;
+
+typedef struct umm_trace_entry {
+    int device;
+    int action; /* PyTorch's TraceEntry::Action: 0 alloc, 1 free_requested, 2 free_completed, 3 segment_alloc,
+                   4 segment_free, 5 segment_map, 6 segment_unmap, 8 oom */
+    uint64_t addr;  /* for an oom: the device's free bytes */
+    uint64_t size, stream, time_us;
+} umm_trace_entry;
+
+/* Calls `segment` for every segment of `device` (-1: every device), then `trace` for every event recorded since
+ * umm_record_history: what umm_snapshot_json holds. Either may be NULL; neither may call into umm. 0, or -1. */
+int umm_snapshot_visit(int device, void (*segment)(void *ctx, const umm_segment_info *),
+                       void (*trace)(void *ctx, const umm_trace_entry *), void *ctx);
+
+/* The first address of the plain segment holding live block `ptr`, its size in *size (when not NULL); for a
+ * block in a virtual reservation, the block itself. NULL with a message for an address umm did not hand out. */
+void *umm_base_allocation(void *ptr, size_t *size);
 
 #ifdef __cplusplus
 }

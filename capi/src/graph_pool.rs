@@ -202,3 +202,11 @@ pub(crate) fn simulate_capture(device: i64, stream: umm_backends::StreamId, capt
     }
     Ok(())
 }
+
+/// `umm_pool_live`: the addresses of the live blocks of private pool `id` on `device`, in no order.
+pub(crate) fn live_blocks(device: i64, id: PoolId) -> Result<Vec<u64>, String> {
+    slot("umm_pool_live", device)?;
+    let reg = crate::registry::registry();
+    let live = reg.live.lock();
+    Ok(live.iter().filter(|(_, l)| l.device as i64 == device && l.graph == Some(id)).map(|(&p, _)| p).collect())
+}

@@ -531,6 +531,26 @@ pub(crate) fn live_pool<'a>(reg: &'a Registry, live: &'a Live) -> Result<&'a Sha
     Ok(if live.huge { slot.huge.as_ref().unwrap_or(main) } else { main })
 }
 
+/// The segment that holds the live block at `ptr`: its first address and size, for a plain segment; the block
+/// itself for a block in a virtual reservation, whose pages are no one allocation of the driver's.
+pub(crate) fn base_allocation(ptr: u64) -> Result<(u64, u64), String> {
+    let unknown = || format!("umm_base_allocation: {ptr:#x} is not a live block of umm");
+    let reg = REGISTRY.get().ok_or_else(unknown)?;
+    let (pool, size) = {
+        let live = reg.live.lock();
+        let entry = live.get(&ptr).ok_or_else(unknown)?;
+        (SharedPool::clone(live_pool(reg, entry)?), entry.block.size())
+    };
+    let segment = pool.snapshot().segments.into_iter().find(|s| {
+        let base = s.address.unwrap_or(0);
+        (base..base + s.size).contains(&ptr)
+    });
+    Ok(match segment {
+        Some(s) if !s.virtual_reservation => (s.address.unwrap_or(ptr), s.size),
+        _ => (ptr, size),
+    })
+}
+
 /// Marks the live block at `ptr` as used on `stream` as well: its free then waits for the work queued there.
 pub(crate) fn record_stream(ptr: u64, stream: StreamId) -> Result<(), String> {
     let reg = REGISTRY.get().ok_or_else(|| format!("umm_record_stream: {ptr:#x} was not allocated by umm"))?;

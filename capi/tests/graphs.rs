@@ -109,6 +109,13 @@ fn serve_a_captured_graph() {
     // The graph's output stays with the caller; its intermediates were freed at the end of the capture.
     let (output, output_size) = intermediates.pop().expect("one output");
     intermediates.into_iter().for_each(|(p, _)| free(p, DEVICE, CAPTURE));
+    // What PyTorch's checkPoolLiveAllocations asks: the pool's live blocks are the output alone.
+    let mut live = [std::ptr::null_mut(); 4];
+    // SAFETY: `live` is writable for its length.
+    assert_eq!(unsafe { umm_pool_live(DEVICE, pool, live.as_mut_ptr(), live.len()) }, 1);
+    assert_eq!(live[0], output);
+    // SAFETY: no address is written with a capacity of 0.
+    assert_eq!(unsafe { umm_pool_live(DEVICE, pool, std::ptr::null_mut(), 0) }, 1, "counted without a list");
     // 64 tensors after the capture, of every size, on the default stream and the capture stream.
     let mut after = Vec::new();
     for i in 0..64isize {

@@ -103,15 +103,30 @@ def enable(path=None):
     """Makes umm PyTorch's CUDA allocator. Call before the first CUDA allocation of the process (PyTorch
     refuses to swap an allocator that has been used). Returns the library path.
 
-    An allocation umm cannot serve raises torch.OutOfMemoryError with umm's figures (reserved, allocated, largest
-    free block, limit) through a small C++ adapter compiled against the installed PyTorch on first use and cached
-    (~/.cache/umm_torch; UMM_TORCH_ADAPTER=off skips it). Without a C++ compiler PyTorch's pluggable allocator
-    receives a null pointer it does not check, so enable() then warns; umm_torch.pool() needs no adapter."""
+    umm becomes a CUDA allocator of PyTorch's own through a C++ adapter (allocator.cpp) compiled against the
+    installed PyTorch and the CUDA toolkit's headers on first use and cached (~/.cache/umm_torch; UMM_TORCH_ADAPTER=off
+    skips it). Then CUDA graphs allocate from private pools that serve nothing else while the graph lives,
+    torch.cuda.memory_stats(), memory_summary(), memory._snapshot(), empty_cache() and
+    set_per_process_memory_fraction() read and act on umm, tensors in plain segments cross processes through CUDA
+    IPC (UMM_SEGMENT_MODE=plain for all of them), and an allocation umm cannot serve raises torch.OutOfMemoryError
+    with umm's figures. Without the adapter (no C++ compiler or CUDA headers) enable() warns and falls back to a
+    CUDAPluggableAllocator, which has none of these."""
     import torch
 
+    global _enabled
+    load(path)
+    from . import _adapter
+
+    adapter = _adapter.build(_lib_path)
+    if adapter is not None:
+        library = ctypes.CDLL(adapter)
+        library.umm_torch_install_error.restype = ctypes.c_char_p
+        if library.umm_torch_install() != 0:
+            raise RuntimeError(f"umm_torch.enable(): {library.umm_torch_install_error().decode()}")
+        _enabled = True
+        return _lib_path
     allocator = _pluggable_allocator(path)
     torch.cuda.memory.change_current_allocator(allocator)
-    global _enabled
     _enabled = True
     return _lib_path
 

@@ -1,7 +1,7 @@
-"""The C++ adapter between PyTorch's pluggable allocator and umm: umm_torch_alloc calls umm_alloc and, where it
-returns NULL, throws c10::OutOfMemoryError (torch.OutOfMemoryError in Python) with umm's message, or c10::Error for
-other failures. PyTorch's CUDAPluggableAllocator does not check the pointer its alloc function returns, so without
-the adapter a failed allocation becomes a tensor at address 0 and an illegal memory access later.
+"""The C++ adapter between PyTorch and umm (allocator.cpp): umm as a CUDAAllocator of PyTorch's own
+(umm_torch_install, used by enable()), which honours CUDA graphs' private pools, torch.cuda's statistics, snapshots
+and CUDA IPC; and umm_torch_alloc for pool()'s CUDAPluggableAllocator, which throws torch.OutOfMemoryError with
+umm's message where umm_alloc returns NULL (PyTorch does not check the pointer a pluggable allocator returns).
 
 It is compiled against the installed PyTorch's headers on first use (a few seconds), and cached by PyTorch version,
 C++ ABI and library path under $UMM_TORCH_CACHE or ~/.cache/umm_torch. UMM_TORCH_ADAPTER=off skips it.
@@ -15,29 +15,12 @@ import sys
 import tempfile
 import warnings
 
-_SOURCE = r"""
-#include <c10/util/Exception.h>
-#include <string>
-#include <sys/types.h>
+_SOURCE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "allocator.cpp")
 
-extern "C" {
-void* umm_alloc(ssize_t size, int device, void* stream);
-const char* umm_last_error(void);
 
-void* umm_torch_alloc(ssize_t size, int device, void* stream) {
-  void* ptr = umm_alloc(size, device, stream);
-  if (ptr == nullptr && size > 0) {
-    const char* message = umm_last_error();
-    std::string text = message ? message : "umm_alloc returned NULL without a message";
-    if (text.find("out of memory") != std::string::npos) {
-      TORCH_CHECK_WITH(OutOfMemoryError, false, text);
-    }
-    TORCH_CHECK(false, text);
-  }
-  return ptr;
-}
-}
-"""
+def _source():
+    with open(_SOURCE_PATH) as f:
+        return f.read()
 
 
 def _cache_dir():
@@ -57,7 +40,7 @@ def build(lib_path):
     stat = os.stat(lib_path)
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", 1))
     key = hashlib.sha256(
-        f"{torch.__version__}|{abi}|{os.path.realpath(lib_path)}|{stat.st_size}|{stat.st_mtime_ns}|{_SOURCE}".encode()
+        f"{torch.__version__}|{abi}|{os.path.realpath(lib_path)}|{stat.st_size}|{stat.st_mtime_ns}|{_source()}".encode()
     ).hexdigest()[:16]
     target = os.path.join(_cache_dir(), f"libumm_torch_adapter-{key}.so")
     if os.path.isfile(target):
@@ -68,15 +51,21 @@ def build(lib_path):
         return None
     lib_dir = os.path.dirname(os.path.realpath(lib_path))
     torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
-    includes = [f"-I{d}" for d in cpp_extension.include_paths()]
+    try:
+        includes = [f"-I{d}" for d in cpp_extension.include_paths("cuda")]
+        libraries = [f"-L{d}" for d in cpp_extension.library_paths("cuda")]
+    except (OSError, TypeError, RuntimeError) as e:  # no CUDA toolkit: its headers are needed
+        _warn(f"the CUDA toolkit's headers were not found ({e})")
+        return None
     os.makedirs(_cache_dir(), exist_ok=True)
     with tempfile.TemporaryDirectory(dir=_cache_dir()) as work:
         source = os.path.join(work, "adapter.cpp")
         with open(source, "w") as f:
-            f.write(_SOURCE)
+            f.write(_source())
         output = os.path.join(work, "adapter.so")
         command = [compiler, "-shared", "-fPIC", "-O2", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *includes,
-                   source, "-o", output, f"-L{torch_lib}", "-lc10", f"-L{lib_dir}", "-lumm_capi",
+                   source, "-o", output, f"-L{torch_lib}", *libraries, "-ltorch_cuda", "-lc10_cuda", "-lc10",
+                   "-lcudart", f"-L{lib_dir}", "-lumm_capi",
                    f"-Wl,-rpath,{torch_lib}", f"-Wl,-rpath,{lib_dir}"]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=300)
@@ -92,9 +81,9 @@ def build(lib_path):
 
 def _warn(why):
     warnings.warn(
-        f"umm_torch: the out-of-memory adapter could not be built ({why}); under enable(), an allocation umm cannot "
-        "serve returns a null pointer that PyTorch does not check. umm_torch.pool() raises torch.OutOfMemoryError "
-        "without it.",
+        f"umm_torch: the adapter could not be built ({why}); enable() falls back to a CUDAPluggableAllocator: no "
+        "private pools for CUDA graphs (do not capture graphs), no torch.cuda statistics or IPC, and an allocation "
+        "umm cannot serve returns a null pointer that PyTorch does not check.",
         RuntimeWarning,
         stacklevel=3,
     )

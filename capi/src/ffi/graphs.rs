@@ -77,3 +77,27 @@ pub unsafe extern "C" fn umm_sim_capture(device: c_int, stream: Stream, capturin
         graph_pool::simulate_capture(i64::from(device), stream, capturing != 0).map(|()| 0)
     })
 }
+
+/// Writes the addresses of the live blocks of private pool `pool` on `device` to `out` (at most `capacity` of
+/// them, in no order) and returns how many it has: more than `capacity` means the list was cut short. -1 with a
+/// message for an unknown device.
+///
+/// # Safety
+/// `out` is NULL (with `capacity` 0) or writable for `capacity` addresses.
+#[no_mangle]
+pub unsafe extern "C" fn umm_pool_live(device: c_int, pool: PoolId, out: *mut *mut c_void, capacity: usize) -> isize {
+    guarded("umm_pool_live", -1, || {
+        let live = graph_pool::live_blocks(i64::from(device), pool)?;
+        if capacity > 0 {
+            if out.is_null() {
+                return Err("umm_pool_live: out is NULL".into());
+            }
+            // SAFETY: the caller's contract: writable for `capacity` addresses.
+            let slots = unsafe { std::slice::from_raw_parts_mut(out, capacity) };
+            for (slot, &p) in slots.iter_mut().zip(&live) {
+                *slot = p as usize as *mut c_void;
+            }
+        }
+        Ok(live.len() as isize)
+    })
+}

@@ -6,8 +6,10 @@
 
 pub(crate) mod exit;
 mod graphs;
+mod views;
 
 pub use graphs::*;
+pub use views::*;
 
 use crate::{error, registry, sleep, snapshot, tag, trace};
 use std::ffi::CStr;
