@@ -12,7 +12,7 @@
 //! takes only paths the driver allows during a capture (see `umm_backends::Pool::begin_capture`), and device
 //! calls that may grow a pool are made in the driver's relaxed capture mode.
 
-use crate::registry::{SharedPool, Slot};
+use crate::registry::{Purpose, SharedPool, Slot};
 use std::sync::atomic::Ordering;
 
 /// A private pool's name: PyTorch's `MempoolId_t`, a pair of integers (`{0, n}` for pools made by graphs,
@@ -55,7 +55,7 @@ impl Slot {
             entry.uses += 1;
             return Ok(entry.uses);
         }
-        let pool = make(&format!("graph pool {}.{}", id.first, id.second), self.next_pool_number())?;
+        let pool = make(Purpose::Graph(id), self.next_pool_number())?;
         for _ in 0..self.captures.load(Ordering::SeqCst) {
             pool.begin_capture();
         }

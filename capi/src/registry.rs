@@ -22,7 +22,7 @@ use std::sync::{Arc, OnceLock};
 use umm_backends::cuda::{self, ContextScope};
 use umm_backends::pool::StreamPool;
 use umm_backends::{
-    BlockHandle, Error, Limit, Pool, PoolConfig, PoolKind, PoolStats, ReservedGroup, SegmentMode, SimBackend, StreamId,
+    BlockHandle, CrossStream, Error, Limit, Pool, PoolConfig, PoolKind, PoolStats, ReservedGroup, SegmentMode, SimBackend, StreamId,
 };
 use umm_placement::units::human_bytes as human;
 
@@ -68,8 +68,46 @@ pub(crate) struct Slot {
     made: AtomicUsize,
 }
 
-/// Makes the pool of a tag on one device, given the tag and how many tagged pools the device has already.
-pub(crate) type MakeTagged = Arc<dyn Fn(&str, usize) -> Result<SharedPool, String> + Send + Sync>;
+/// Makes a tagged or private pool on one device, given what it is for and its number on the device.
+pub(crate) type MakeTagged = Arc<dyn Fn(Purpose<'_>, usize) -> Result<SharedPool, String> + Send + Sync>;
+
+/// What a pool made after discovery is for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Purpose<'a> {
+    /// The memory of a tag, which sleeps and wakes as a whole.
+    Tag(&'a str),
+    /// The private pool of graph captures ([`crate::graph_pool`]).
+    Graph(PoolId),
+}
+
+/// Pages of private pools: a capture's memory is mapped once and kept while its graph lives, so small pages cost
+/// no more device calls than the capture's first run makes, and keep a small graph's pool small.
+const GRAPH_PAGE: u64 = 2 << 20;
+
+impl Purpose<'_> {
+    /// The configuration of the pool, from the device's.
+    fn config(self, base: &PoolConfig) -> PoolConfig {
+        match self {
+            Purpose::Tag(tag) => base.tagged(tag),
+            // A private pool serves captures only: no plans, no stitched ranges, no memory between its streams
+            // (they capture together; their order is the graph's, not the pool's), and the device's segment policy.
+            Purpose::Graph(_) => PoolConfig {
+                stitch: false,
+                plan_steps: false,
+                cross_stream: CrossStream::Off,
+                page_size: Some(GRAPH_PAGE),
+                ..base.clone()
+            },
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Purpose::Tag(tag) => format!("the pool of tag {tag}"),
+            Purpose::Graph(id) => format!("private pool {id}"),
+        }
+    }
+}
 
 impl Slot {
     /// A device's slot with its pools.
@@ -119,7 +157,7 @@ impl Slot {
         if let Some((_, pool)) = tagged.iter().find(|(t, _)| t == tag) {
             return Ok(Arc::clone(pool));
         }
-        let pool = make(tag, self.next_pool_number())?;
+        let pool = make(Purpose::Tag(tag), self.next_pool_number())?;
         for _ in 0..self.captures.load(Ordering::SeqCst) {
             pool.begin_capture();
         }
@@ -254,20 +292,23 @@ impl Registry {
             };
             let make_tagged: Option<MakeTagged> = config.as_ref().ok().map(|(config, _)| {
                 let (device, config, reserved) = (device.clone(), config.clone(), Arc::clone(&reserved));
-                Arc::new(move |tag: &str, _: usize| {
-                    let config = PoolConfig {
-                        reserved_group: Some(Arc::clone(&reserved)),
-                        segment_mode: SegmentMode::Virtual,
-                        ..config.tagged(tag)
+                Arc::new(move |purpose: Purpose<'_>, _: usize| {
+                    let config = PoolConfig { reserved_group: Some(Arc::clone(&reserved)), ..purpose.config(&config) };
+                    let first = match purpose {
+                        // Virtual reservations where the device has them; plain segments, which cannot sleep, else.
+                        Purpose::Tag(_) => PoolConfig { segment_mode: SegmentMode::Virtual, ..config.clone() },
+                        Purpose::Graph(_) => config.clone(),
                     };
-                    // Virtual reservations where the device has them; plain segments, which cannot sleep, else.
-                    let pool = device.caching_pool(PoolKind::DeviceLocal, config.clone()).or_else(|_| {
-                        device.caching_pool(
-                            PoolKind::DeviceLocal,
-                            PoolConfig { segment_mode: SegmentMode::Auto, ..config },
-                        )
+                    let pool = device.caching_pool(PoolKind::DeviceLocal, first).or_else(|_| {
+                        // The device's own pages where they are larger than a private pool's.
+                        let fallback = PoolConfig { segment_mode: SegmentMode::Auto, ..config };
+                        let fallback = match purpose {
+                            Purpose::Graph(_) => PoolConfig { page_size: None, ..fallback },
+                            Purpose::Tag(_) => fallback,
+                        };
+                        device.caching_pool(PoolKind::DeviceLocal, fallback)
                     });
-                    pool.map(|p| p as SharedPool).map_err(|e| format!("umm: cannot create the pool of tag {tag}: {e}"))
+                    pool.map(|p| p as SharedPool).map_err(|e| format!("umm: cannot create {}: {e}", purpose.describe()))
                 }) as MakeTagged
             });
             while devices.len() < info.ordinal {
@@ -307,8 +348,9 @@ impl Registry {
                 };
                 let make_tagged: Option<MakeTagged> = config.as_ref().ok().map(|(config, _)| {
                     let (name, config, reserved) = (name.clone(), config.clone(), Arc::clone(&reserved));
-                    Arc::new(move |tag: &str, number: usize| {
-                        let config = PoolConfig { reserved_group: Some(Arc::clone(&reserved)), ..config.tagged(tag) };
+                    Arc::new(move |purpose: Purpose<'_>, number: usize| {
+                        let config =
+                            PoolConfig { reserved_group: Some(Arc::clone(&reserved)), ..purpose.config(&config) };
                         // Each tagged pool's addresses lie apart from the main and huge pools' and each other's;
                         // its pages keep their bytes, so that offloading them has something to copy.
                         let backend = SimBackend::new(name.clone(), bytes).holding_bytes();
@@ -316,7 +358,7 @@ impl Registry {
                             .and_then(|base| Pool::new(backend.at_address(base), config))
                             .map(|p| Arc::new(StreamPool::new(p)) as SharedPool)
                             .map_err(|e| {
-                                format!("umm: cannot create the pool of tag {tag} on simulated device {index}: {e}")
+                                format!("umm: cannot create {} on simulated device {index}: {e}", purpose.describe())
                             })
                     }) as MakeTagged
                 });
@@ -476,6 +518,11 @@ fn alloc_failure(
 /// there has passed. Freeing 0 does nothing. An address umm did not hand out is an error and changes nothing.
 /// `device` is checked only in the message: the address says which pool owns the block.
 pub(crate) fn free(ptr: u64, device: i64, stream: StreamId) -> Result<(), String> {
+    free_on(ptr, device, Some(stream))
+}
+
+/// Frees the block at `ptr` on `stream`, or on the stream it was allocated on (`None`, PyTorch's `raw_delete`).
+fn free_on(ptr: u64, device: i64, stream: Option<StreamId>) -> Result<(), String> {
     if ptr == 0 {
         return Ok(());
     }
@@ -487,6 +534,7 @@ pub(crate) fn free(ptr: u64, device: i64, stream: StreamId) -> Result<(), String
     let live = reg.live.lock().remove(&ptr).ok_or_else(|| {
         format!("umm_free: {ptr:#x} (device {device}) was not allocated by umm or was already freed; nothing done")
     })?;
+    let stream = stream.unwrap_or(live.stream);
     trace::record_free(live.trace_id);
     let pool = live_pool(reg, &live)?;
     let _scope = ContextScope::enter();
@@ -513,14 +561,7 @@ pub(crate) fn free(ptr: u64, device: i64, stream: StreamId) -> Result<(), String
 /// Frees the block at `ptr` on the stream it was allocated on (PyTorch's `raw_delete`): reuse waits only for
 /// the streams it was marked as used on.
 pub(crate) fn delete(ptr: u64) -> Result<(), String> {
-    if ptr == 0 {
-        return Ok(());
-    }
-    let stream = REGISTRY
-        .get()
-        .and_then(|reg| reg.live.lock().get(&ptr).map(|live| live.stream))
-        .ok_or_else(|| format!("umm_delete: {ptr:#x} was not allocated by umm or was already freed; nothing done"))?;
-    free(ptr, -1, stream)
+    free_on(ptr, -1, None).map_err(|e| e.replacen("umm_free", "umm_delete", 1))
 }
 
 pub(crate) fn live_pool<'a>(reg: &'a Registry, live: &'a Live) -> Result<&'a SharedPool, String> {

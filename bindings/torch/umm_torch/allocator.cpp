@@ -108,6 +108,28 @@ Stat stat(const umm_stat& s) {
   return out;
 }
 
+// A private pool's live blocks at a checkpoint.
+struct PoolCheckpoint : AllocatorState {
+  c10::DeviceIndex device = 0;
+  c10::MempoolId_t id{0, 0};
+  std::vector<void*> live;
+};
+
+// The live blocks of a private pool now.
+std::vector<void*> pool_live(c10::DeviceIndex device, const c10::MempoolId_t& id) {
+  std::vector<void*> live(64);
+  for (;;) {
+    ssize_t count = umm_pool_live(device, umm_pool_id{static_cast<uint64_t>(id.first), static_cast<uint64_t>(id.second)},
+                                  live.data(), live.size());
+    TORCH_CHECK(count >= 0, last_error());
+    if (static_cast<size_t>(count) <= live.size()) {
+      live.resize(count);
+      return live;
+    }
+    live.resize(count * 2);
+  }
+}
+
 // A capture (or a thread routed to a MemPool) and the streams it claims.
 struct Routing {
   c10::MempoolId_t id;
@@ -417,11 +439,36 @@ class UmmAllocator final : public CUDAAllocator {
     // Memory mapped with cuMemMap is copied between devices without peer access only by the peer copy.
     return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
   }
-  std::shared_ptr<AllocatorState> getCheckpointState(c10::DeviceIndex, c10::MempoolId_t) override {
-    TORCH_CHECK(false, "umm: checkpointing a private pool's state is not supported");
+  // torch.compile's CUDA graph trees checkpoint a private pool after each recording and may later ask for the
+  // pool as it was. umm's checkpoint is the set of the pool's live blocks; a restore frees the blocks live now that
+  // the checkpoint does not hold (their storages were let go by PyTorch already). Blocks the checkpoint holds that
+  // were freed since cannot be put back at their addresses: that restore is refused, naming the way around.
+  std::shared_ptr<AllocatorState> getCheckpointState(c10::DeviceIndex device, c10::MempoolId_t id) override {
+    auto state = std::make_shared<PoolCheckpoint>();
+    state->device = device;
+    state->id = id;
+    state->live = pool_live(device, id);
+    return state;
   }
-  CheckpointDelta setCheckpointPoolState(c10::DeviceIndex, std::shared_ptr<AllocatorState>) override {
-    TORCH_CHECK(false, "umm: checkpointing a private pool's state is not supported");
+  CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device, std::shared_ptr<AllocatorState> state) override {
+    auto checkpoint = std::dynamic_pointer_cast<PoolCheckpoint>(state);
+    TORCH_CHECK(checkpoint && checkpoint->device == device, "umm: not a checkpoint of umm's pool on device ", device);
+    std::vector<void*> now = pool_live(device, checkpoint->id);
+    std::unordered_set<void*> wanted(checkpoint->live.begin(), checkpoint->live.end());
+    std::unordered_set<void*> have(now.begin(), now.end());
+    for (void* p : checkpoint->live) {
+      TORCH_CHECK(have.count(p) == 1, "umm: a private pool cannot be restored to a checkpoint whose block ", p,
+                  " was freed since; compile with mode=\"max-autotune-no-cudagraphs\" or capture graphs with "
+                  "torch.cuda.graph under umm");
+    }
+    CheckpointDelta delta;
+    for (void* p : now) {
+      if (wanted.count(p) == 0) {
+        umm_delete(p);
+        delta.ptrs_freed.push_back(p);
+      }
+    }
+    return delta;
   }
   std::string name() override {
     return "umm";
