@@ -22,7 +22,8 @@ use std::sync::{Arc, OnceLock};
 use umm_backends::cuda::{self, ContextScope};
 use umm_backends::pool::StreamPool;
 use umm_backends::{
-    BlockHandle, CrossStream, Error, Limit, Pool, PoolConfig, PoolKind, PoolStats, ReservedGroup, SegmentMode, SimBackend, StreamId,
+    BlockHandle, CrossStream, Error, Limit, Pool, PoolConfig, PoolKind, PoolStats, ReservedGroup, SegmentMode,
+    SimBackend, StreamId,
 };
 use umm_placement::units::human_bytes as human;
 

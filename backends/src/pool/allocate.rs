@@ -356,8 +356,7 @@ impl<B: Backend> Pool<B> {
         size: u64,
         mut result: std::result::Result<(Allocation, bool), Shortfall>,
     ) -> Result<BlockHandle> {
-        // Releasing cached memory waits for streams, which a capture refuses (see `capture`).
-        if matches!(&result, Err(shortfall) if shortfall.memory_may_cure()) && !self.capture_underway() {
+        if matches!(&result, Err(shortfall) if shortfall.memory_may_cure()) {
             state.stats.num_alloc_retries += 1;
             self.release_cached_locked(state, 0, size);
             result = self.try_allocate(state, arena, size, false);

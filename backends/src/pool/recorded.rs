@@ -118,10 +118,6 @@ impl<B: Backend> StreamPool<B> {
     /// Runs `allocate` on the pool: pending frees whose marks passed go back first; out of memory waits for every
     /// pending free and tries once more.
     pub(crate) fn allocate_with<T>(&self, allocate: impl Fn(&Pool<B>) -> Result<T>) -> Result<T> {
-        // During a capture no mark may be queried or waited for: pending frees stay pending.
-        if self.pool.capture_underway() {
-            return allocate(&self.pool);
-        }
         if self.tracks_nothing() {
             return match allocate(&self.pool) {
                 Err(e @ Error::OutOfMemory { .. }) => {
@@ -238,6 +234,7 @@ impl<B: Backend> StreamPool<B> {
     }
 
     fn return_completed(&self, uses: &mut UsesGuard<'_>, wait: bool) -> Result<usize> {
+        // During a capture no mark may be queried or waited for: pending frees stay pending.
         if uses.pending.is_empty() || self.pool.capture_underway() {
             return Ok(0);
         }

@@ -6,9 +6,9 @@
 //!
 //! Streams can also capture ([`SimBackend::begin_capture`](super::SimBackend::begin_capture)), as CUDA streams do
 //! while a graph is recorded. The model then counts every call that the driver refuses during a capture (and that
-//! invalidates it): querying or waiting on the host for a mark recorded on a capturing stream, making a stream wait
-//! for a mark from outside its capture, synchronizing a capturing stream before an unmap, or synchronizing the
-//! whole device while any stream captures.
+//! invalidates it): querying or waiting on the host for any mark while a capture is underway (the global capture
+//! mode, PyTorch's, refuses every event query then), making a stream wait for a mark from outside its capture,
+//! synchronizing a capturing stream before an unmap, or synchronizing the whole device while any stream captures.
 
 use crate::{StreamId, StreamMark};
 
@@ -120,7 +120,8 @@ impl SimStreams {
     /// mark never passes: no work stands behind it).
     pub(super) fn passed(&mut self, mark: &StreamMark) -> bool {
         let found = self.get(mark);
-        if found.captured {
+        // In the global capture mode (PyTorch's) every event query is refused while a capture is underway.
+        if found.captured || !self.capturing.is_empty() {
             self.log.capture_violations += 1;
         }
         found.passed
@@ -139,7 +140,7 @@ impl SimStreams {
     /// wait.
     pub(super) fn wait_on_host(&mut self, mark: &StreamMark) {
         let found = self.get(mark);
-        if found.captured || self.is_capturing(found.stream) {
+        if found.captured || !self.capturing.is_empty() {
             self.log.capture_violations += 1;
         }
         let stream = found.stream;
