@@ -151,8 +151,12 @@ class GraphsThroughUmm(unittest.TestCase):
                 script_path = os.path.join(folder, name + ".py")
                 with open(script_path, "w") as f:
                     f.write(PRELUDE + script)
+                # A compile cache of its own each: a cold cache autotunes on the GPU, which would count against
+                # whichever allocator ran first.
+                env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(folder, name + "-inductor"),
+                           TRITON_CACHE_DIR=os.path.join(folder, name + "-triton"))
                 done = subprocess.run([sys.executable, script_path] + (["native"] if name == "native" else []),
-                                      capture_output=True, text=True, timeout=600)
+                                      capture_output=True, text=True, timeout=600, env=env)
                 self.assertEqual(done.returncode, 0, done.stdout[-3000:] + done.stderr[-3000:])
                 got[name] = (path, figure(done.stdout, "peak_reserved"))
             import torch  # noqa: PLC0415 - the parent reads both processes' outputs
