@@ -9,10 +9,10 @@
         ...
 
 enable() loads libumm_capi.so (shipped in this package's wheel; in a checkout, built with `cargo build --release
--p umm-capi`) through torch.cuda.memory.CUDAPluggableAllocator and makes it the current allocator. PyTorch's own
-statistics functions (torch.cuda.memory_stats, max_memory_reserved, ...) raise under a pluggable allocator, and
-torch.cuda.empty_cache() does nothing there: use the functions of this module instead. They fall back to
-torch.cuda's when umm is not enabled, so code can call them either way.
+-p umm-capi`) and makes umm a CUDA allocator of PyTorch's own (allocator.cpp, compiled on first use): CUDA graphs
+allocate from private pools, and torch.cuda's own statistics, snapshots, empty_cache() and CUDA IPC work on umm.
+The functions of this module of the same names stay as aliases; they fall back to torch.cuda's when umm is not
+enabled, so code can call them either way. pool() serves a block of code through a CUDAPluggableAllocator.
 
 Without a GPU, UMM_CAPI_SIM=16GiB (or 2x16GiB) gives the library simulated devices: addresses and statistics as on
 a GPU, no bytes behind them. Tests of programs that drive the library use it.
