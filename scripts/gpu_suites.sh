@@ -23,7 +23,7 @@ mode=${1:-}
 dir=${2:-.gpu-suites}
 # The suites that reach a device: the backends' (conformance, CUDA, OpenCL, wgpu, teardown, the names check),
 # the C ABI's, the root crate's that place buffers on devices, and the tools' that run the `umm` command on them.
-SUITES=" umm-backends:conformance umm-backends:cuda umm-backends:cuda_sleep umm-backends:opencl umm-backends:wgpu umm-backends:teardown
+SUITES=" umm-backends:conformance umm-backends:cuda umm-backends:cuda_ipc umm-backends:cuda_sleep umm-backends:opencl umm-backends:wgpu umm-backends:teardown
 umm-backends:required_backends umm-capi:umm_capi umm-capi:abi umm-capi:c_header umm-capi:fuzz umm:concurrency
 umm:facade umm:front_door umm:kernels umm:ordinary_kernels umm:migration umm:multi_gpu umm:overlap umm:teardown
 umm-tools:observability "

@@ -583,3 +583,34 @@ pub(super) fn exchange_capture_mode(mode: sys::CUstreamCaptureMode) -> Raw<sys::
     check(unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }, "cuThreadExchangeStreamCaptureMode")?;
     Ok(mode)
 }
+
+// ----- sharing memory between processes -----
+
+/// `cuIpcGetMemHandle`: the handle another process opens to reach the `cuMemAlloc` allocation whose first byte is
+/// at `ptr`. Safe: the driver refuses an address that is not one (memory mapped with `cuMemMap`, say).
+pub(super) fn ipc_get_mem_handle(ptr: u64) -> Raw<[u8; 64]> {
+    let mut handle = sys::CUipcMemHandle_st { reserved: [0; 64] };
+    // SAFETY: `handle` is a valid out-parameter; the caller bound the context.
+    check(unsafe { sys::cuIpcGetMemHandle(&mut handle, ptr) }, "cuIpcGetMemHandle")?;
+    Ok(handle.reserved.map(|b| b as u8))
+}
+
+/// `cuIpcOpenMemHandle`: maps another process's allocation into this one; returns its address here. Safe: the
+/// driver checks the handle; the mapping stays until [`ipc_close_mem_handle`].
+pub(super) fn ipc_open_mem_handle(handle: &[u8; 64]) -> Raw<u64> {
+    let handle = sys::CUipcMemHandle_st { reserved: handle.map(|b| b as std::ffi::c_char) };
+    let mut ptr = 0;
+    let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+    // SAFETY: `ptr` is a valid out-parameter; the caller bound the context.
+    check(unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, handle, flags) }, "cuIpcOpenMemHandle")?;
+    Ok(ptr)
+}
+
+/// `cuIpcCloseMemHandle`: unmaps memory opened with [`ipc_open_mem_handle`].
+///
+/// # Safety
+/// `ptr` came from [`ipc_open_mem_handle`], is closed once, and no work queued before this call still uses it.
+pub(super) unsafe fn ipc_close_mem_handle(ptr: u64) -> Raw<()> {
+    // SAFETY: this function's contract.
+    check(unsafe { sys::cuIpcCloseMemHandle(ptr) }, "cuIpcCloseMemHandle")
+}
