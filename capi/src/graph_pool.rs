@@ -72,6 +72,12 @@ impl Slot {
         }
     }
 
+    /// The private pool `id`, retained or not.
+    pub(crate) fn graph_pool_any(&self, id: PoolId) -> Result<SharedPool, String> {
+        let found = self.graphs.lock().iter().find(|g| g.id == id).map(|g| SharedPool::clone(&g.pool));
+        found.ok_or_else(|| format!("no private pool {id} on device {}", self.name))
+    }
+
     /// Releases the private pool `id` once. At no use left, its memory goes back to the device as soon as no
     /// block of it is live. Returns the use count after the release.
     pub(crate) fn release_graph_pool(&self, id: PoolId) -> Result<u32, String> {
@@ -111,6 +117,14 @@ impl Slot {
         let entry = graphs.swap_remove(index);
         drop(graphs);
         entry.pool.release_cached();
+    }
+
+    /// [`Slot::drop_graph_pool_if_unused`] for the private pool `pool`, found by identity.
+    pub(crate) fn drop_graph_pool_if_unused_by(&self, pool: &SharedPool) {
+        let id = self.graphs.lock().iter().find(|g| std::sync::Arc::ptr_eq(&g.pool, pool)).map(|g| g.id);
+        if let Some(id) = id {
+            self.drop_graph_pool_if_unused(id);
+        }
     }
 
     /// The private pools now.
@@ -205,8 +219,8 @@ pub(crate) fn simulate_capture(device: i64, stream: umm_backends::StreamId, capt
 
 /// `umm_pool_live`: the addresses of the live blocks of private pool `id` on `device`, in no order.
 pub(crate) fn live_blocks(device: i64, id: PoolId) -> Result<Vec<u64>, String> {
-    slot("umm_pool_live", device)?;
-    let reg = crate::registry::registry();
-    let live = reg.live.lock();
-    Ok(live.iter().filter(|(_, l)| l.device as i64 == device && l.graph == Some(id)).map(|(&p, _)| p).collect())
+    let Ok(pool) = slot("umm_pool_live", device)?.graph_pool_any(id) else { return Ok(Vec::new()) };
+    let live = crate::registry::registry().live.lock();
+    let ours = |l: &crate::registry::Live| l.tagged.as_ref().is_some_and(|t| std::sync::Arc::ptr_eq(t, &pool));
+    Ok(live.iter().filter(|(_, l)| l.device as i64 == device && ours(l)).map(|(&p, _)| p).collect())
 }
