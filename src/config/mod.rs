@@ -428,6 +428,8 @@ const TEST_VARS: &[&str] = &[
     "UMM_FUZZ_CASES",
     "UMM_FUZZ_SEED",
     "UMM_CAPI_TRACE_TEST_CHILD",
+    "UMM_GRAPH_TEST_SETTINGS",
+    "UMM_IPC_TEST_HANDLE",
 ];
 
 /// A variable named like umm's (`UMM_` in any case) that umm does not read, with the known name closest to it.
