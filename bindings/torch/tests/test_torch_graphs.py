@@ -126,6 +126,39 @@ class GraphsThroughUmm(unittest.TestCase):
         """)
         self.assertIn("OK", out)
 
+    def test_a_graph_replays_right_after_its_inputs_sleep_and_wake(self):
+        out = run("""
+            umm_torch.enable()
+            with umm_torch.tag("weights"):
+                w = torch.randn(4096, 4096, device="cuda") / 64
+            with umm_torch.tag("kv_cache"):
+                kv = torch.randn(4096, 4096, device="cuda")
+            x = torch.randn(256, 4096, device="cuda")
+            f = lambda: torch.relu(x @ w) @ kv.T
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                f()
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                out = f()
+            g.replay()
+            torch.cuda.synchronize()
+            expected = out.clone()
+            kv_values = kv.clone()
+            for cycle in range(3):
+                report = umm_torch.sleep(offload="weights", discard="kv_cache")
+                check(report["bytes_released"] > 0, f"memory released: {report}")
+                umm_torch.wake()
+                kv.copy_(kv_values)
+                g.replay()
+                torch.cuda.synchronize()
+                check(torch.equal(out, expected), f"replay after wake {cycle} equals the one before the sleep")
+            print("OK")
+        """)
+        self.assertIn("OK", out)
+
     def test_compile_reduce_overhead_matches_pytorch(self):
         body = """
             import sys
