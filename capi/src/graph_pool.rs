@@ -47,7 +47,7 @@ impl Slot {
             entry.uses += 1;
             return Ok(entry.uses);
         }
-        let make = self.make_tagged.as_ref().ok_or_else(|| format!("device {} has no pools", self.name))?;
+        let make = self.make_pool.as_ref().ok_or_else(|| format!("device {} has no pools", self.name))?;
         // Made under the capture lock, so that a capture that begins meanwhile finds the pool in the list.
         let _capture = self.capture_lock.lock();
         let mut graphs = self.graphs.lock();
@@ -73,9 +73,8 @@ impl Slot {
     }
 
     /// The private pool `id`, retained or not.
-    pub(crate) fn graph_pool_any(&self, id: PoolId) -> Result<SharedPool, String> {
-        let found = self.graphs.lock().iter().find(|g| g.id == id).map(|g| SharedPool::clone(&g.pool));
-        found.ok_or_else(|| format!("no private pool {id} on device {}", self.name))
+    fn graph_pool_any(&self, id: PoolId) -> Option<SharedPool> {
+        self.graphs.lock().iter().find(|g| g.id == id).map(|g| SharedPool::clone(&g.pool))
     }
 
     /// Releases the private pool `id` once. At no use left, its memory goes back to the device as soon as no
@@ -91,7 +90,7 @@ impl Slot {
             entry.uses
         };
         if uses == 0 {
-            self.drop_graph_pool_if_unused(id);
+            self.drop_graph_pool_if_unused(|g| g.id == id);
         }
         Ok(uses)
     }
@@ -101,11 +100,11 @@ impl Slot {
         self.graphs.lock().iter().find(|g| g.id == id).map_or(0, |g| g.uses)
     }
 
-    /// Drops private pool `id`, its memory given back, once it has no use and no live block. Called when it is
-    /// released and when one of its blocks is freed.
-    pub(crate) fn drop_graph_pool_if_unused(&self, id: PoolId) {
+    /// Drops the private pool `matching` picks, its memory given back, once it has no use and no live block.
+    /// Called when it is released and when one of its blocks is freed.
+    pub(crate) fn drop_graph_pool_if_unused(&self, matching: impl Fn(&GraphPool) -> bool) {
         let mut graphs = self.graphs.lock();
-        let Some(index) = graphs.iter().position(|g| g.id == id) else { return };
+        let Some(index) = graphs.iter().position(matching) else { return };
         if graphs[index].uses > 0 || graphs[index].pool.live_blocks() > 0 {
             return;
         }
@@ -117,14 +116,6 @@ impl Slot {
         let entry = graphs.swap_remove(index);
         drop(graphs);
         entry.pool.release_cached();
-    }
-
-    /// [`Slot::drop_graph_pool_if_unused`] for the private pool `pool`, found by identity.
-    pub(crate) fn drop_graph_pool_if_unused_by(&self, pool: &SharedPool) {
-        let id = self.graphs.lock().iter().find(|g| std::sync::Arc::ptr_eq(&g.pool, pool)).map(|g| g.id);
-        if let Some(id) = id {
-            self.drop_graph_pool_if_unused(id);
-        }
     }
 
     /// The private pools now.
@@ -154,7 +145,7 @@ impl Slot {
         if self.captures.load(Ordering::SeqCst) == 0 {
             // Pools released during the capture whose blocks are all free go now.
             let unused: Vec<PoolId> = self.graphs.lock().iter().filter(|g| g.uses == 0).map(|g| g.id).collect();
-            unused.into_iter().for_each(|id| self.drop_graph_pool_if_unused(id));
+            unused.into_iter().for_each(|id| self.drop_graph_pool_if_unused(|g| g.id == id));
         }
         first_error.map_or(Ok(()), Err)
     }
@@ -219,7 +210,7 @@ pub(crate) fn simulate_capture(device: i64, stream: umm_backends::StreamId, capt
 
 /// `umm_pool_live`: the addresses of the live blocks of private pool `id` on `device`, in no order.
 pub(crate) fn live_blocks(device: i64, id: PoolId) -> Result<Vec<u64>, String> {
-    let Ok(pool) = slot("umm_pool_live", device)?.graph_pool_any(id) else { return Ok(Vec::new()) };
+    let Some(pool) = slot("umm_pool_live", device)?.graph_pool_any(id) else { return Ok(Vec::new()) };
     let live = crate::registry::registry().live.lock();
     let ours = |l: &crate::registry::Live| l.tagged.as_ref().is_some_and(|t| std::sync::Arc::ptr_eq(t, &pool));
     Ok(live.iter().filter(|(_, l)| l.device as i64 == device && ours(l)).map(|(&p, _)| p).collect())

@@ -57,9 +57,9 @@ pub(crate) struct Slot {
     pub(crate) limited: AtomicBool,
     /// The device's pools' reserved bytes together: the true peak where there are two.
     pub(crate) reserved: Arc<ReservedGroup>,
-    /// Pools of tagged requests, one per tag, made on first use by `make_tagged` ([`crate::tag`]).
+    /// Pools of tagged requests, one per tag, made on first use by `make_pool` ([`crate::tag`]).
     pub(crate) tagged: RwLock<Vec<(Arc<str>, SharedPool)>>,
-    pub(crate) make_tagged: Option<MakeTagged>,
+    pub(crate) make_pool: Option<MakePool>,
     /// Private pools of graph captures ([`crate::graph_pool`]).
     pub(crate) graphs: Mutex<Vec<GraphPool>>,
     /// Captures underway on the device.
@@ -71,7 +71,7 @@ pub(crate) struct Slot {
 }
 
 /// Makes a tagged or private pool on one device, given what it is for and its number on the device.
-pub(crate) type MakeTagged = Arc<dyn Fn(Purpose<'_>, usize) -> Result<SharedPool, String> + Send + Sync>;
+pub(crate) type MakePool = Arc<dyn Fn(Purpose<'_>, usize) -> Result<SharedPool, String> + Send + Sync>;
 
 /// What a pool made after discovery is for.
 #[derive(Debug, Clone, Copy)]
@@ -118,24 +118,21 @@ impl Slot {
         total_bytes: u64,
         (pool, huge): (Result<SharedPool, String>, Option<SharedPool>),
         reserved: Arc<ReservedGroup>,
-        make_tagged: Option<MakeTagged>,
+        make_pool: Option<MakePool>,
     ) -> Self {
-        let (limited, tagged) = (AtomicBool::new(false), RwLock::new(Vec::new()));
-        let (graphs, captures, capture_lock, made) =
-            (Mutex::new(Vec::new()), AtomicU32::new(0), Mutex::new(()), AtomicUsize::new(0));
         Slot {
             name,
             total_bytes,
             pool,
             huge,
-            limited,
+            limited: AtomicBool::new(false),
             reserved,
-            tagged,
-            make_tagged,
-            graphs,
-            captures,
-            capture_lock,
-            made,
+            tagged: RwLock::new(Vec::new()),
+            make_pool,
+            graphs: Mutex::new(Vec::new()),
+            captures: AtomicU32::new(0),
+            capture_lock: Mutex::new(()),
+            made: AtomicUsize::new(0),
         }
     }
 
@@ -152,7 +149,7 @@ impl Slot {
         if let Some(action) = crate::tag::ASLEEP.lock().get(&**tag) {
             return Err(format!("tag {tag} is asleep ({action}): allocation refused until it wakes"));
         }
-        let make = self.make_tagged.as_ref().ok_or_else(|| format!("device {} has no pools", self.name))?;
+        let make = self.make_pool.as_ref().ok_or_else(|| format!("device {} has no pools", self.name))?;
         // Made under the capture lock, so that a capture that begins meanwhile finds the pool in the list.
         let _capture = self.capture_lock.lock();
         let mut tagged = self.tagged.write();
@@ -176,7 +173,7 @@ impl Slot {
             limited: AtomicBool::new(false),
             reserved: ReservedGroup::new(),
             tagged: RwLock::new(Vec::new()),
-            make_tagged: None,
+            make_pool: None,
             graphs: Mutex::new(Vec::new()),
             captures: AtomicU32::new(0),
             capture_lock: Mutex::new(()),
@@ -292,7 +289,7 @@ impl Registry {
                 Ok((config, huge_min)) => Self::pools(*huge_min, config, pool),
                 Err(e) => (Err(format!("umm: {e}")), None),
             };
-            let make_tagged: Option<MakeTagged> = config.as_ref().ok().map(|(config, _)| {
+            let make_pool: Option<MakePool> = config.as_ref().ok().map(|(config, _)| {
                 let (device, config, reserved) = (device.clone(), config.clone(), Arc::clone(&reserved));
                 Arc::new(move |purpose: Purpose<'_>, _: usize| {
                     let config = PoolConfig { reserved_group: Some(Arc::clone(&reserved)), ..purpose.config(&config) };
@@ -311,13 +308,13 @@ impl Registry {
                         device.caching_pool(PoolKind::DeviceLocal, fallback)
                     });
                     pool.map(|p| p as SharedPool).map_err(|e| format!("umm: cannot create {}: {e}", purpose.describe()))
-                }) as MakeTagged
+                }) as MakePool
             });
             while devices.len() < info.ordinal {
                 let missing = devices.len();
                 devices.push(Slot::missing(String::new(), format!("umm: CUDA device {missing} could not be opened")));
             }
-            devices.push(Slot::new(info.name.clone(), info.total_bytes, (pool, huge), reserved, make_tagged));
+            devices.push(Slot::new(info.name.clone(), info.total_bytes, (pool, huge), reserved, make_pool));
         }
         Registry { devices, simulated: false, huge_min, skipped: found.skipped, live: Mutex::new(LiveMap::default()) }
     }
@@ -348,7 +345,7 @@ impl Registry {
                     Ok((config, huge_min)) => Self::pools(*huge_min, config, pool),
                     Err(e) => (Err(format!("umm: {e}")), None),
                 };
-                let make_tagged: Option<MakeTagged> = config.as_ref().ok().map(|(config, _)| {
+                let make_pool: Option<MakePool> = config.as_ref().ok().map(|(config, _)| {
                     let (name, config, reserved) = (name.clone(), config.clone(), Arc::clone(&reserved));
                     Arc::new(move |purpose: Purpose<'_>, number: usize| {
                         let config =
@@ -362,9 +359,9 @@ impl Registry {
                             .map_err(|e| {
                                 format!("umm: cannot create {} on simulated device {index}: {e}", purpose.describe())
                             })
-                    }) as MakeTagged
+                    }) as MakePool
                 });
-                Slot::new(name, bytes, (pool, huge), reserved, make_tagged)
+                Slot::new(name, bytes, (pool, huge), reserved, make_pool)
             })
             .collect();
         Registry { devices, simulated: true, huge_min, skipped: Vec::new(), live: Mutex::new(LiveMap::default()) }
@@ -552,8 +549,8 @@ fn free_on(ptr: u64, device: i64, stream: Option<StreamId>) -> Result<(), String
     trace::record_free(live.trace_id);
     let pool = live_pool(reg, &live)?;
     let _scope = ContextScope::enter();
-    let capturing = reg.devices.get(live.device).is_some_and(Slot::capturing);
-    let _relaxed = (capturing && !reg.simulated).then(cuda::RelaxedCaptureMode::enter);
+    let slot = reg.devices.get(live.device);
+    let _relaxed = (slot.is_some_and(Slot::capturing) && !reg.simulated).then(cuda::RelaxedCaptureMode::enter);
     if stream != live.stream {
         pool.record_stream(&live.block, stream).map_err(|e| format!("umm_free: {e}"))?;
     }
@@ -566,8 +563,8 @@ fn free_on(ptr: u64, device: i64, stream: Option<StreamId>) -> Result<(), String
         let after = pool.reserved_bytes();
         history::push_reserved_change(live.device, pool.uses_virtual_memory(), ptr, live.stream.0, before, after);
     }
-    if let (true, Some(slot)) = (live.graph, reg.devices.get(live.device)) {
-        slot.drop_graph_pool_if_unused_by(pool);
+    if let (true, Some(slot)) = (live.graph, slot) {
+        slot.drop_graph_pool_if_unused(|g| Arc::ptr_eq(&g.pool, pool));
     }
     Ok(())
 }

@@ -45,6 +45,11 @@ pub(crate) fn stats_json(device: i64) -> Result<String, String> {
 /// mapped bytes: its live blocks, then its mapped free bytes as one inactive block, so that every segment's
 /// size adds up to the reserved bytes of the statistics and its active blocks to the allocated bytes.
 pub(crate) fn snapshot_json(device: i64) -> Result<String, String> {
+    snapshot_value(device).map(|value| value.to_string())
+}
+
+/// [`snapshot_json`]'s value, before it is written out (`umm_snapshot_visit` reads it as it is).
+pub(crate) fn snapshot_value(device: i64) -> Result<serde_json::Value, String> {
     let reg = registry();
     let targets = reg.targets(device).map_err(|e| format!("umm_snapshot_json: {e}"))?;
     // Requested bytes of live blocks by (pool, block key).
@@ -69,7 +74,7 @@ pub(crate) fn snapshot_json(device: i64) -> Result<String, String> {
         "device_traces": history::events(devices),
         "allocator_settings": {"allocator": "umm", "simulated": reg.simulated, "huge_pool_min_bytes": reg.huge_min},
     });
-    Ok(value.to_string())
+    Ok(value)
 }
 
 /// What names a pool in [`snapshot_json`]'s table of requested sizes: its address.

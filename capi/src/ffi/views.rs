@@ -160,7 +160,7 @@ fn number(v: &serde_json::Value, key: &str) -> u64 {
 }
 
 /// Calls `segment` for every segment of `device` (-1: every device), then `trace` (when not NULL) for every
-/// event recorded since `umm_record_history`, oldest first: what `umm_snapshot_json` holds, without JSON. 0, or
+/// event recorded since `umm_record_history`, oldest first: what `umm_snapshot_json` holds, without writing or reading JSON. 0, or
 /// -1 with a message.
 ///
 /// # Safety
@@ -174,8 +174,7 @@ pub unsafe extern "C" fn umm_snapshot_visit(
     ctx: *mut c_void,
 ) -> c_int {
     guarded("umm_snapshot_visit", -1, || {
-        let json = crate::snapshot::snapshot_json(i64::from(device))?;
-        let value: serde_json::Value = serde_json::from_str(&json).map_err(|e| format!("umm_snapshot_visit: {e}"))?;
+        let value = crate::snapshot::snapshot_value(i64::from(device))?;
         if let Some(visit) = segment {
             for s in value["segments"].as_array().into_iter().flatten() {
                 let blocks: Vec<UmmBlockInfo> = s["blocks"]
