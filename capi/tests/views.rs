@@ -46,6 +46,7 @@ fn the_structures_hold_what_the_json_says() {
     assert_eq!(s.device_total_bytes, 4 << 30);
     // SAFETY: NULL is refused, not written.
     assert_eq!(unsafe { umm_stats(0, std::ptr::null_mut()) }, -1);
+    // SAFETY: `s` is writable.
     assert_eq!(unsafe { umm_stats(7, &mut s) }, -1, "an unknown device");
 
     let mut seen = Seen::default();
