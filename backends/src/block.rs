@@ -303,7 +303,7 @@ impl<B: Backend> MemoryPool for Pool<B> {
         self.backend().api()
     }
     fn alignment(&self) -> u64 {
-        self.backend().alignment()
+        self.block_alignment()
     }
     fn capacity(&self) -> u64 {
         self.backend().capacity()

@@ -54,6 +54,7 @@ bench_serve_results.json) gets every run's raw result.
 """
 
 import argparse
+import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -512,6 +513,14 @@ def print_table(work, rows, args):
               f"{gib(m['peak_reserved'])} | {gib(m['peak_allocated'])} | {m['reserved_over_allocated']:.3f} | "
               f"{gib(m['steady_peak_reserved'])} ({gib(m['steady_peak_allocated'])}) | {outputs} |")
     for run, reps, m, outputs in rows:
+        # Runs grouped by their measured requests' checksums: one group means every run of the allocator agreed.
+        groups = {}
+        for x in reps:
+            key = tuple(sorted((k, tuple(v)) for k, v in x["checksums"].items() if not k.endswith("w")))
+            groups[key] = groups.get(key, 0) + 1
+        print(f"{work}/{run}: {len(groups)} distinct outputs over {len(reps)} runs (runs per output "
+              f"{sorted(groups.values(), reverse=True)})")
+    for run, reps, m, outputs in rows:
         load = reps[0]["phases"]["load"]
         steady = reps[0]["phases"]["steady"]
         hit = f", hit rate {steady['hit_rate']:.4f}" if steady.get("hit_rate") is not None else ""
@@ -531,18 +540,25 @@ def driver(args):
     for work in works:
         # Alternate the order from one repeat to the next, so that drift of the machine does not favour one.
         order = [r for rep in range(args.repeats) for r in (runs if rep % 2 == 0 else runs[::-1])]
-        for index, run in enumerate(order):
+
+        def one(index_run):
+            index, run = index_run
             t0 = time.time()
-            r = run_worker(args, work, run, index)
-            if r is None:
-                continue
-            results.setdefault((work, run), []).append(r)
-            print(f"{work}/{run}: {time.time() - t0:.1f}s process, {r['wall_s']:.2f} s measured, "
-                  f"{r['rate']:.1f} {r['rate_unit']}, latency p50 {r['p50_ms']:.1f} ms p99 {r['p99_ms']:.1f} ms, "
-                  f"peak reserved {gib(r['peak_reserved'])} GiB allocated {gib(r['peak_allocated'])} GiB "
-                  f"(ratio {r['reserved_over_allocated']:.3f}; after warm-up {gib(r['steady_peak_reserved'])} / "
-                  f"{gib(r['steady_peak_allocated'])}), backend {r['allocator_backend']}, "
-                  f"warnings {r['warnings']}", flush=True)
+            return run, run_worker(args, work, run, index), time.time() - t0
+
+        # --parallel runs workers side by side on the one GPU: for checks of outputs over many runs; the times
+        # and rates of such runs share the machine and are not comparable with sequential ones.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
+            for run, r, took in pool.map(one, enumerate(order)):
+                if r is None:
+                    continue
+                results.setdefault((work, run), []).append(r)
+                print(f"{work}/{run}: {took:.1f}s process, {r['wall_s']:.2f} s measured, "
+                      f"{r['rate']:.1f} {r['rate_unit']}, latency p50 {r['p50_ms']:.1f} ms p99 {r['p99_ms']:.1f} ms, "
+                      f"peak reserved {gib(r['peak_reserved'])} GiB allocated {gib(r['peak_allocated'])} GiB "
+                      f"(ratio {r['reserved_over_allocated']:.3f}; after warm-up {gib(r['steady_peak_reserved'])} / "
+                      f"{gib(r['steady_peak_allocated'])}), backend {r['allocator_backend']}, "
+                      f"warnings {r['warnings']}", flush=True)
 
     path = args.json or os.path.join(os.environ.get("OUT") or tempfile.gettempdir(), "bench_serve_results.json")
     with open(path, "w") as f:
@@ -578,6 +594,8 @@ def main():
                          "'UMM_CROSS_STREAM=off;UMM_CROSS_STREAM=wait'")
     ap.add_argument("--json", metavar="PATH", help="raw results (default $OUT or the temp folder, "
                                                    "bench_serve_results.json)")
+    ap.add_argument("--parallel", type=int, default=1,
+                    help="workers run side by side (for output checks over many runs; times then not comparable)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per worker process before it counts as failed")
     args = ap.parse_args()
     bad = [a for a in args.allocs.split(",") if a not in ALLOCS]

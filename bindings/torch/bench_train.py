@@ -21,7 +21,10 @@ before the first CUDA allocation; with --repeats N the order alternates: pytorch
 umm, expandable, pytorch, ...):
   gpt2    transformers GPT2LMHeadModel(GPT2Config()) (GPT-2 small, 124M), batch 8, sequence 512, AdamW,
           bf16 autocast, training
+  gpt2var the same with a sequence length of its own per step (64-1024 tokens, batch 8): the shapes of every
+          activation change from step to step, as in training on unpadded batches
   resnet  torchvision resnet50, batch 64, 224x224, SGD with momentum, bf16 autocast, training
+  vit     torchvision vit_b_16, batch 64, 224x224, AdamW, bf16 autocast, training
   bert    transformers BertModel(BertConfig()) (BERT base), inference, bf16 autocast, a random batch of 1-32
           sequences of 16-512 tokens per call
 
@@ -47,7 +50,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKS = ("gpt2", "resnet", "bert", "alloc")
+WORKS = ("gpt2", "gpt2var", "resnet", "vit", "bert", "alloc")
 ALLOCS = ("pytorch", "expandable", "umm", "umm-pool")
 # PyTorch's allocator settings (PYTORCH_ALLOC_CONF is the newer name): dropped from every worker's environment, then
 # set for the expandable worker alone. PYTORCH_CUDA_ALLOC_CONF is the name that torch 2.9 still honours for
@@ -114,14 +117,19 @@ def worker(args):
     gen = torch.Generator().manual_seed(42)  # CPU generator for the data: independent of the allocator
 
     losses, times, extra, device_allocs, reserved, launched = [], [], {}, [], [], []
-    if args.work == "gpt2":
+    if args.work in ("gpt2", "gpt2var"):
         from transformers import GPT2Config, GPT2LMHeadModel
 
         cfg = GPT2Config()
         cfg._attn_implementation = args.attn
         model = GPT2LMHeadModel(cfg).to(dev).train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        data = torch.randint(0, cfg.vocab_size, (args.steps, 8, 512), generator=gen)
+        if args.work == "gpt2":
+            data = list(torch.randint(0, cfg.vocab_size, (args.steps, 8, 512), generator=gen))
+        else:
+            lengths = torch.randint(64, 1025, (args.steps,), generator=gen).tolist()
+            data = [torch.randint(0, cfg.vocab_size, (8, t), generator=gen) for t in lengths]
+            extra["tokens"] = 8 * sum(lengths)
 
         def step(i):
             x = data[i].to(dev)
@@ -138,6 +146,25 @@ def worker(args):
 
         model = torchvision.models.resnet50(weights=None).to(dev).train()
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        images = torch.randn(args.steps, 64, 3, 224, 224, generator=gen)
+        labels = torch.randint(0, 1000, (args.steps, 64), generator=gen)
+        lossf = torch.nn.CrossEntropyLoss()
+
+        def step(i):
+            x, y = images[i].to(dev), labels[i].to(dev)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = lossf(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.detach().float()
+
+        n = args.steps
+    elif args.work == "vit":
+        import torchvision
+
+        model = torchvision.models.vit_b_16(weights=None).to(dev).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         images = torch.randn(args.steps, 64, 3, 224, 224, generator=gen)
         labels = torch.randint(0, 1000, (args.steps, 64), generator=gen)
         lossf = torch.nn.CrossEntropyLoss()

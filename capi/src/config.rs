@@ -1,5 +1,5 @@
 //! What the environment asks of the C ABI's pools, read once at the first call: `UMM_SEGMENT_MODE`,
-//! `UMM_STRATEGY`, the slacks, `UMM_PAGE_SIZE`, `UMM_CROSS_STREAM`, `UMM_HUGE_MIN` and the simulated devices of
+//! `UMM_STRATEGY`, the slacks, `UMM_PAGE_SIZE`, `UMM_ALIGNMENT`, `UMM_CROSS_STREAM`, `UMM_HUGE_MIN` and the simulated devices of
 //! `UMM_CAPI_SIM`. Every invalid value is an error that names its variable.
 
 use umm_backends::{PoolConfig, SegmentMode, SimBackend, Strategy};
@@ -10,7 +10,7 @@ pub(crate) const DEFAULT_HUGE_MIN: u64 = 0;
 /// The pool configuration: PyTorch's segment policy (the default), with `UMM_SEGMENT_MODE` (auto, plain,
 /// virtual), `UMM_MAPPED_SLACK` and `UMM_SEGMENT_SLACK` (a fraction or off), `UMM_CROSS_STREAM` (off, completed,
 /// wait), `UMM_PLAN_STEPS` (on, off), `UMM_PAGE_SIZE` (a power of two of
-/// bytes: the page size of virtual reservations) and `UMM_STRATEGY` (pooled, direct) read through `var` (the
+/// bytes: the page size of virtual reservations), `UMM_ALIGNMENT` (where blocks start) and `UMM_STRATEGY` (pooled, direct) read through `var` (the
 /// environment). An error names the variable and its value.
 pub(crate) fn pool_config(var: impl Fn(&str) -> Option<String>) -> Result<PoolConfig, String> {
     let mut config = PoolConfig::default();
@@ -36,6 +36,14 @@ pub(crate) fn pool_config(var: impl Fn(&str) -> Option<String>) -> Result<PoolCo
             Ok(page) if page.is_power_of_two() => page,
             Ok(page) => return Err(format!("UMM_PAGE_SIZE={v:?} is not a power of two of bytes (8MiB): {page} bytes")),
             Err(e) => return Err(format!("UMM_PAGE_SIZE={v:?} is not a power of two of bytes (8MiB): {e}")),
+        });
+    }
+    if let Some(v) = var("UMM_ALIGNMENT") {
+        const WHAT: &str = "a power of two of bytes up to 64KiB (512)";
+        config.alignment = Some(match umm_placement::units::parse_size(&v) {
+            Ok(align) if align.is_power_of_two() && align <= umm_backends::pool::MAX_ALIGNMENT => align,
+            Ok(align) => return Err(format!("UMM_ALIGNMENT={v:?} is not {WHAT}: {align} bytes")),
+            Err(e) => return Err(format!("UMM_ALIGNMENT={v:?} is not {WHAT}: {e}")),
         });
     }
     if let Some(v) = var("UMM_PLAN_STEPS") {
@@ -138,8 +146,10 @@ mod tests {
             ("UMM_CROSS_STREAM", "wait"),
             ("UMM_MAPPED_SLACK", "0.05"),
             ("UMM_SEGMENT_SLACK", "off"),
+            ("UMM_ALIGNMENT", "512"),
         ]))
         .unwrap();
+        assert_eq!(config.alignment, Some(512));
         assert_eq!(config.segment_mode, SegmentMode::Plain);
         assert!(!config.plan_steps && !config.stitch);
         assert_eq!(config.page_size, Some(8 << 20));
@@ -158,6 +168,10 @@ mod tests {
         }
         let err = pool_config(vars(&[("UMM_PAGE_SIZE", "3MiB")])).unwrap_err();
         assert!(err.contains("not a power of two") && err.contains("3145728 bytes"), "{err}");
+        for bad in ["384", "128KiB", "lots"] {
+            let err = pool_config(move |name: &str| (name == "UMM_ALIGNMENT").then(|| bad.to_string())).unwrap_err();
+            assert!(err.contains("UMM_ALIGNMENT") && err.contains(bad), "{bad}: {err}");
+        }
         assert_eq!(pool_config(vars(&[])).unwrap(), PoolConfig::default());
         assert_eq!(huge_min(vars(&[("UMM_HUGE_MIN", "1073741824")])), Ok(1 << 30));
         assert_eq!(huge_min(vars(&[])), Ok(0));
@@ -190,7 +204,8 @@ mod tests {
     #[test]
     fn fuzzed_variables_are_read_or_refused_by_name() {
         let cases: u64 = std::env::var("UMM_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
-        const VARS: [&str; 8] = [
+        const VARS: [&str; 9] = [
+            "UMM_ALIGNMENT",
             "UMM_CROSS_STREAM",
             "UMM_PLAN_STEPS",
             "UMM_SEGMENT_MODE",

@@ -17,6 +17,7 @@
 //! | `UMM_CROSS_STREAM` | `off`, `completed`, `wait` | when memory one stream freed may serve another stream's miss: once a mark after the free has passed (default), at once with the taker made to wait for it on the device, or never |
 //! | `UMM_SEGMENT_SLACK` | a fraction >= 0 or `off` | how far reserved may exceed live memory before a new plain segment first replaces empty ones (default 0.1) |
 //! | `UMM_PAGE_SIZE` | bytes, a power of two (`8MiB`) | page size of virtual reservations (default 32 MiB without a limit, the device's own page, 2 MiB on CUDA, under one): larger pages map and unmap with fewer driver calls, at some memory |
+//! | `UMM_ALIGNMENT` | bytes, a power of two up to 64 KiB (`512`) | where blocks start (default the backend's alignment, 256 bytes on CUDA; never below it): 512 places blocks as PyTorch's allocator does |
 //! | `UMM_THREAD_CACHE`, `UMM_THREAD_CACHE_LARGE` | bytes, `0` for off | most bytes of free small (large) blocks one thread's cache keeps per stream (default 32 MiB and 1 GiB; large blocks only once threads contend, up to a sixteenth of the bound each) |
 //! | `UMM_CLEANUP_IDLE_ROUNDS` | an integer | cleanups a cached segment must sit idle before `cleanup()` frees it |
 //! | `UMM_PROFILE` | `0`/`1`, `true`/`false`, `on`/`off` | record allocation, free and segment events from the start |
@@ -186,6 +187,14 @@ impl UmmConfig {
                 Ok(bytes) if bytes.is_power_of_two() => bytes,
                 Ok(bytes) => return Err(invalid_because("UMM_PAGE_SIZE", v, PAGE, &format!("{bytes} is not one"))),
                 Err(e) => return Err(invalid_because("UMM_PAGE_SIZE", v, PAGE, &e)),
+            });
+        }
+        if let Some(v) = lookup("UMM_ALIGNMENT") {
+            const ALIGN: &str = "a power of two of bytes up to 64KiB (512)";
+            self.pool.alignment = Some(match parse_size(&v) {
+                Ok(bytes) if bytes.is_power_of_two() && bytes <= umm_backends::pool::MAX_ALIGNMENT => bytes,
+                Ok(bytes) => return Err(invalid_because("UMM_ALIGNMENT", v, ALIGN, &format!("{bytes} is not one"))),
+                Err(e) => return Err(invalid_because("UMM_ALIGNMENT", v, ALIGN, &e)),
             });
         }
         if let Some(v) = lookup("UMM_CLEANUP_IDLE_ROUNDS") {
@@ -394,6 +403,7 @@ pub const KNOWN_VARS: &[&str] = &[
     "UMM_SEGMENT_SLACK",
     "UMM_CROSS_STREAM",
     "UMM_PAGE_SIZE",
+    "UMM_ALIGNMENT",
     "UMM_THREAD_CACHE",
     "UMM_THREAD_CACHE_LARGE",
     "UMM_CLEANUP_IDLE_ROUNDS",

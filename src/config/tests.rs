@@ -26,6 +26,7 @@ fn env_values_apply_and_errors_name_the_variable() {
         ("UMM_ZERO", "on"),
         ("UMM_BACKENDS", "opencl"),
         ("UMM_PAGE_SIZE", "8MiB"),
+        ("UMM_ALIGNMENT", "512"),
         ("UMM_THREAD_CACHE", "0"),
         ("UMM_THREAD_CACHE_LARGE", "64MiB"),
         ("UMM_CROSS_STREAM", " Wait"),
@@ -40,6 +41,7 @@ fn env_values_apply_and_errors_name_the_variable() {
     config.apply_vars(|k| vars.get(k).map(|v| v.to_string())).unwrap();
     assert_eq!(config.pool.limit, Some(Limit::Bytes(1 << 30)));
     assert_eq!(config.pool.page_size, Some(8 << 20));
+    assert_eq!(config.pool.alignment, Some(512));
     assert_eq!((config.pool.thread_cache_bytes, config.pool.thread_cache_large_bytes), (0, 64 << 20));
     assert_eq!(config.pool.strategy, Strategy::Direct);
     assert_eq!(config.pool.cross_stream, umm_backends::CrossStream::Wait);
@@ -66,6 +68,8 @@ fn env_values_apply_and_errors_name_the_variable() {
         ("UMM_BACKENDS", "cuda,metal"),
         ("UMM_CLEANUP_IDLE_ROUNDS", "-1"),
         ("UMM_PAGE_SIZE", "3MiB"),
+        ("UMM_ALIGNMENT", "384"),
+        ("UMM_ALIGNMENT", "1MiB"),
         ("UMM_THREAD_CACHE", "lots"),
         ("UMM_THREAD_CACHE_LARGE", "-1"),
         ("UMM_PROFILE", "sometimes"),

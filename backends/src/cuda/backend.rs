@@ -65,6 +65,9 @@ pub struct CudaBackend {
     /// Physical pages unmapped during the current pool operation, kept for its next mapping: moving a page
     /// costs cuMemUnmap + cuMemMap, while freeing and creating one adds cuMemRelease + cuMemCreate.
     pub(super) spare_pages: Mutex<Vec<u64>>,
+    /// Whether new pages are made shareable with other processes (POSIX file descriptors, see `ipc.rs`): until
+    /// the driver first refuses it, as some containers do.
+    pub(super) shareable_pages: std::sync::atomic::AtomicBool,
     /// Stream marks (events) the pool recorded to share free memory across streams.
     pub(super) marks: Mutex<Marks>,
     /// The devices granted access to mapped pages: this one, then every device that can reach its memory as a
@@ -91,7 +94,8 @@ impl std::fmt::Debug for Marks {
 }
 
 impl CudaBackend {
-    /// Block alignment: what cuMemAlloc guarantees at least, and what PyTorch's allocator rounds to.
+    /// Block alignment: what cuMemAlloc guarantees at least (PyTorch's allocator rounds to 512; see
+    /// `PoolConfig::alignment`).
     pub const ALIGNMENT: u64 = 256;
     /// Segment granularity of device memory when the driver does not report one (2 MiB, the GPU's large page).
     pub const DEVICE_GRANULARITY: u64 = 2 << 20;
@@ -132,6 +136,7 @@ impl CudaBackend {
             vmm,
             granularity,
             spare_pages: Mutex::new(Vec::new()),
+            shareable_pages: std::sync::atomic::AtomicBool::new(true),
             marks: Mutex::new(Marks::default()),
             access: std::iter::once(ordinal).chain(peers.iter().copied().filter(|&p| p != ordinal)).collect(),
             adoption: None,

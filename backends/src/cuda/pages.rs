@@ -7,6 +7,22 @@ use super::raw;
 use crate::{Error, Result};
 
 impl CudaBackend {
+    /// A new physical page, shareable with other processes ([`crate::cuda::CudaPool::export`]) where the driver
+    /// allows it: its first refusal makes this backend's later pages plain ones.
+    fn create_page(&self, page: u64) -> raw::Raw<u64> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.shareable_pages.load(Relaxed) {
+            match raw::mem_create(page, self.ordinal, true) {
+                Err(f) if f.refuses_sharing() => {
+                    log::info!("{}: pages cannot be shared with other processes here ({})", self.name, f.message());
+                    self.shareable_pages.store(false, Relaxed);
+                }
+                created => return created,
+            }
+        }
+        raw::mem_create(page, self.ordinal, false)
+    }
+
     /// Creates one physical allocation per page (so that any page can be unmapped on its own later), maps each,
     /// then grants read-write access to the whole range in one call, to this device and its peers. On failure
     /// nothing stays mapped.
@@ -34,7 +50,7 @@ impl CudaBackend {
             let at = segment.device_ptr + i as u64 * page;
             let created = match spare.pop() {
                 Some(h) => Ok(h),
-                None => raw::mem_create(page, self.ordinal),
+                None => self.create_page(page),
             };
             let handle = match created {
                 Ok(h) => h,

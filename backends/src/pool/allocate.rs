@@ -96,7 +96,7 @@ impl<B: Backend> Pool<B> {
     /// below the request).
     #[inline(always)]
     pub(super) fn rounded(&self, bytes: u64) -> u64 {
-        let align = self.backend.alignment();
+        let align = self.alignment;
         bytes.wrapping_add(align - 1) & !(align - 1)
     }
 
@@ -332,7 +332,7 @@ impl<B: Backend> Pool<B> {
         if state.sleep.is_some() {
             return Err(self.asleep("allocate"));
         }
-        let align = self.backend.alignment();
+        let align = self.alignment;
         let size = bytes
             .checked_add(align - 1)
             .map(|s| s & !(align - 1))
@@ -391,7 +391,7 @@ impl<B: Backend> Pool<B> {
             // A tagged pool keeps small blocks in reservations too, so that all of it can sleep.
             let virtual_segments =
                 (class == ArenaClass::Large || self.config.tag.is_some()) && self.page_size.is_some();
-            let (alignment, small_max) = (self.backend.alignment(), self.config.small_request_max);
+            let (alignment, small_max) = (self.alignment, self.config.small_request_max);
             state.arenas.push(Arena::new(stream, class, virtual_segments, alignment, small_max, self.whole_blocks));
         }
         state.streams.insert(stream, [first, first + 1]);

@@ -5,6 +5,10 @@ use serde::{Deserialize, Serialize};
 #[cfg(doc)]
 use umm_placement::units::parse_size;
 
+/// The largest [`PoolConfig::alignment`]: far below the smallest segment, so that alignment never decides how
+/// many blocks a segment holds.
+pub const MAX_ALIGNMENT: u64 = 64 << 10;
+
 /// A cap on the bytes a pool reserves from its device.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub enum Limit {
@@ -220,6 +224,12 @@ pub struct PoolConfig {
     /// create, map and unmap), but maps and trims move whole pages, so reserved memory sits further above the
     /// live set. Ignored by pools that use no virtual reservations.
     pub page_size: Option<u64>,
+    /// Blocks start at multiples of this many bytes (and their sizes are rounded to it): a power of two; the
+    /// backend's own alignment (256 bytes on CUDA) when `None` or smaller. 512 places blocks as PyTorch's caching
+    /// allocator does, for comparisons in which a library's choice of kernel could depend on an address's
+    /// alignment. At most 64 KiB.
+    #[serde(default)]
+    pub alignment: Option<u64>,
     /// Zero every block before it is handed out.
     pub zero_on_alloc: bool,
     /// Overwrite every freed block with [`crate::pool::POISON_BYTE`] so that a use after free or a read of
@@ -282,6 +292,7 @@ impl Default for PoolConfig {
             plan_steps: true,
             stitch: true,
             page_size: None,
+            alignment: None,
             zero_on_alloc: false,
             poison_on_free: false,
             thread_cache_bytes: 32 << 20,
@@ -336,6 +347,13 @@ impl PoolConfig {
         if let Some(page) = self.page_size {
             if !page.is_power_of_two() {
                 return Err(Error::InvalidConfig(format!("page_size must be a power of two, got {page}")));
+            }
+        }
+        if let Some(align) = self.alignment {
+            if !align.is_power_of_two() || align > MAX_ALIGNMENT {
+                return Err(Error::InvalidConfig(format!(
+                    "alignment must be a power of two of at most {MAX_ALIGNMENT} bytes, got {align}"
+                )));
             }
         }
         if let Some(limit) = self.limit {

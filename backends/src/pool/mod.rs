@@ -57,7 +57,7 @@ mod trim;
 
 pub use books::sleep::SleepAction;
 pub use books::steps::{StepOutcome, StepReport, MAX_STEP_EVENTS, MISSES_TO_DROP, REPEATS_TO_PLAN};
-pub use config::{CrossStream, Limit, PoolConfig, SegmentMode, Strategy};
+pub use config::{CrossStream, Limit, PoolConfig, SegmentMode, Strategy, MAX_ALIGNMENT};
 pub use recorded::StreamPool;
 pub use sleep::{check_tag, SleepReport, WakeReport, MAX_TAG_LEN};
 pub use snapshot::{BlockSnapshot, PoolSnapshot, SegmentSnapshot};
@@ -111,6 +111,9 @@ pub struct Pool<B: Backend> {
     backend: B,
     config: PoolConfig,
     page_size: Option<u64>,
+    /// Where blocks start and what their sizes round to: the backend's alignment, or the configuration's where
+    /// that is larger.
+    alignment: u64,
     max_reservation: u64,
     /// The largest block the pool hands out: the device's capacity on virtual reservations (every page of a
     /// block is mapped), the backend's largest segment otherwise.
@@ -164,6 +167,15 @@ impl<B: Backend> Pool<B> {
                 backend.name()
             )));
         }
+        let align = match config.alignment {
+            Some(asked) if asked > granularity => {
+                return Err(Error::InvalidConfig(format!(
+                    "alignment {asked} is above {}'s segment granularity ({granularity} bytes)",
+                    backend.name()
+                )))
+            }
+            asked => align.max(asked.unwrap_or(0)),
+        };
         // A segment per block cannot be a reservation that blocks share.
         let backend_whole = backend.segment_per_block();
         let mut vm = backend.virtual_memory().filter(|_| !backend_whole);
@@ -236,6 +248,7 @@ impl<B: Backend> Pool<B> {
             backend,
             config,
             page_size,
+            alignment: align,
             max_reservation,
             max_block,
             arena_base,
@@ -281,6 +294,11 @@ impl<B: Backend> Pool<B> {
     /// The configuration.
     pub fn config(&self) -> &PoolConfig {
         &self.config
+    }
+
+    /// Where blocks start and what their sizes round to (see [`PoolConfig::alignment`]).
+    pub fn block_alignment(&self) -> u64 {
+        self.alignment
     }
 
     /// Whether large blocks live in virtual reservations.

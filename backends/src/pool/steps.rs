@@ -141,7 +141,7 @@ impl<B: Backend> Pool<B> {
         if state.arenas.len() + 1 > 1 << super::ARENA_BITS {
             return Err(crate::Error::InvalidConfig("no arena numbers are left for a planned step".into()));
         }
-        let (alignment, small_max) = (self.backend.alignment(), self.config.small_request_max);
+        let (alignment, small_max) = (self.alignment, self.config.small_request_max);
         state.arenas.push(Arena::new(stream, ArenaClass::Planned, false, alignment, small_max, false));
         let arena = state.arenas.len() - 1;
         state.steps.arenas.push((stream, arena));

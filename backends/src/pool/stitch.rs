@@ -240,7 +240,7 @@ impl<B: Backend> Pool<B> {
             return None;
         }
         let stream = state.arenas[arena].stream;
-        let (alignment, small_max) = (self.backend.alignment(), self.config.small_request_max);
+        let (alignment, small_max) = (self.alignment, self.config.small_request_max);
         state.arenas.push(Arena::new(stream, ArenaClass::Stitched, false, alignment, small_max, false));
         let stitch_arena = state.arenas.len() - 1;
         state.stitchers.push(Stitcher { source: arena, arena: stitch_arena, stitches: Vec::new(), clock: 0 });

@@ -1382,3 +1382,36 @@ fn reserved_and_unused_bytes_follow_the_books_without_the_thread_caches() {
         assert_eq!((pool.reserved_bytes(), pool.unused_bytes()), (0, 0), "{mode}: all given back");
     }
 }
+
+/// `alignment` places every block, small (through the thread caches) and large, in plain segments and in
+/// virtual reservations, at a multiple of it and rounds its size to it; values that are not powers of two, are
+/// above the most allowed or above the device's segment granularity are refused by name.
+#[test]
+fn blocks_start_at_multiples_of_the_configured_alignment() {
+    for mode in [SegmentMode::Plain, SegmentMode::Virtual] {
+        let config = PoolConfig { segment_mode: mode, alignment: Some(512), ..Default::default() };
+        let pool = Pool::new(SimBackend::new("sim0", 8 << 30), config).unwrap();
+        assert_eq!(MemoryPool::alignment(&pool), 512);
+        let sizes = [1, 255, 257, 513, 4000, 70_000, 3 * MIB + 1, 25 * MIB + 3];
+        let blocks: Vec<_> = sizes.iter().cycle().take(40).map(|&s| pool.allocate(s, S0).unwrap()).collect();
+        for (b, &asked) in blocks.iter().zip(sizes.iter().cycle()) {
+            assert_eq!(b.offset() % 512, 0, "{mode:?}: {b:?}");
+            assert_eq!(b.size(), asked.next_multiple_of(512), "{mode:?}: {b:?}");
+        }
+        // Blocks freed and taken again (the thread cache's path) keep the alignment.
+        for b in &blocks[..20] {
+            pool.free(b).unwrap();
+        }
+        for &s in &sizes {
+            let b = pool.allocate(s, S0).unwrap();
+            assert_eq!((b.offset() % 512, b.size() % 512), (0, 0), "{mode:?}: {b:?}");
+        }
+    }
+    let default = Pool::new(SimBackend::new("sim0", 8 << 30), PoolConfig::default()).unwrap();
+    assert_eq!(MemoryPool::alignment(&default), SimBackend::new("x", 1 << 30).alignment());
+    for bad in [384, 128 << 10] {
+        let config = PoolConfig { alignment: Some(bad), ..Default::default() };
+        let err = Pool::new(SimBackend::new("sim0", 8 << 30), config).err().expect("refused");
+        assert!(matches!(&err, Error::InvalidConfig(m) if m.contains("alignment")), "{bad}: {err}");
+    }
+}

@@ -20,6 +20,7 @@ pub(super) mod stream_ids;
 use crate::StreamId;
 use cudarc::driver::{sys, CudaContext, CudaEvent, DriverError};
 use std::ffi::{c_char, c_void, CStr};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use stream_ids::LiveStream;
 
 /// A failed driver call: which call and the driver's code. The backend turns it into [`crate::Error`].
@@ -37,6 +38,13 @@ impl Failure {
             (Ok(name), Ok(text)) => format!("{} ({})", name.to_string_lossy(), text.to_string_lossy()),
             _ => format!("{:?}", self.code),
         }
+    }
+
+    /// Whether the driver refused a shareable allocation or an export as unsupported here (rather than for
+    /// memory): the driver, the container or the handle's allocation does not allow sharing.
+    pub fn refuses_sharing(&self) -> bool {
+        use sys::CUresult::*;
+        matches!(self.code, CUDA_ERROR_NOT_SUPPORTED | CUDA_ERROR_NOT_PERMITTED | CUDA_ERROR_INVALID_VALUE)
     }
 }
 
@@ -270,9 +278,13 @@ pub(super) unsafe fn host_slice_mut<O>(owner: &mut O, addr: usize, len: usize) -
 // ----- virtual memory management -----
 
 fn allocation_prop(ordinal: i32) -> sys::CUmemAllocationProp {
+    allocation_prop_with(ordinal, sys::CUmemAllocationHandleType_enum::CU_MEM_HANDLE_TYPE_NONE)
+}
+
+fn allocation_prop_with(ordinal: i32, handles: sys::CUmemAllocationHandleType) -> sys::CUmemAllocationProp {
     sys::CUmemAllocationProp {
         type_: sys::CUmemAllocationType_enum::CU_MEM_ALLOCATION_TYPE_PINNED,
-        requestedHandleTypes: sys::CUmemAllocationHandleType_enum::CU_MEM_HANDLE_TYPE_NONE,
+        requestedHandleTypes: handles,
         location: sys::CUmemLocation { type_: sys::CUmemLocationType_enum::CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal },
         win32HandleMetaData: std::ptr::null_mut(),
         allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
@@ -315,8 +327,15 @@ pub(super) unsafe fn address_free(ptr: u64, size: u64) -> Raw<()> {
 }
 
 /// `cuMemCreate`: `size` bytes of physical device memory on `ordinal`. Returns the allocation handle.
-pub(super) fn mem_create(size: u64, ordinal: i32) -> Raw<u64> {
-    let prop = allocation_prop(ordinal);
+/// `exportable`: the allocation can be shared with another process as a POSIX file descriptor
+/// ([`export_posix_fd`]); drivers or containers that do not allow it answer `CUDA_ERROR_NOT_SUPPORTED` or
+/// `CUDA_ERROR_NOT_PERMITTED` ([`Failure::refuses_sharing`]).
+pub(super) fn mem_create(size: u64, ordinal: i32, exportable: bool) -> Raw<u64> {
+    let prop = if exportable {
+        allocation_prop_with(ordinal, sys::CUmemAllocationHandleType_enum::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    } else {
+        allocation_prop(ordinal)
+    };
     let mut handle = 0;
     // SAFETY: `prop` is fully initialised; `handle` is a valid out-parameter; flags must be 0.
     check(unsafe { sys::cuMemCreate(&mut handle, size as usize, &prop, 0) }, "cuMemCreate")?;
@@ -351,7 +370,8 @@ pub(super) unsafe fn mem_release(handle: u64) -> Raw<()> {
 ///
 /// # Safety
 /// `[ptr, ptr + size)` lies inside a live reservation of the caller's and is not mapped; `handle` is a live
-/// allocation from [`mem_create`] of exactly `size` bytes, not released.
+/// allocation from [`mem_create`] of exactly `size` bytes, or one from [`import_posix_fd`] (whose size the driver
+/// checks), not released.
 pub(super) unsafe fn mem_map(ptr: u64, size: u64, handle: u64) -> Raw<()> {
     // SAFETY: this function's contract; offset and flags must be 0.
     check(unsafe { sys::cuMemMap(ptr, size as usize, 0, handle, 0) }, "cuMemMap")
@@ -604,6 +624,58 @@ pub(super) fn ipc_open_mem_handle(handle: &[u8; 64]) -> Raw<u64> {
     // SAFETY: `ptr` is a valid out-parameter; the caller bound the context.
     check(unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, handle, flags) }, "cuIpcOpenMemHandle")?;
     Ok(ptr)
+}
+
+/// `cuMemExportToShareableHandle` as a POSIX file descriptor: a new descriptor of the physical allocation
+/// `handle`, owned by the caller. Safe: the driver checks the handle (one made without
+/// [`mem_create`]'s `exportable` is refused), and the descriptor is a new one the driver opened for this call.
+pub(super) fn export_posix_fd(handle: u64) -> Raw<OwnedFd> {
+    let mut fd: std::ffi::c_int = -1;
+    let kind = sys::CUmemAllocationHandleType_enum::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    // SAFETY: for POSIX descriptors the driver writes one `int` to the out-parameter, which `fd` is.
+    let code = unsafe { sys::cuMemExportToShareableHandle((&raw mut fd).cast(), handle, kind, 0) };
+    check(code, "cuMemExportToShareableHandle")?;
+    // SAFETY: the call succeeded, so `fd` is a descriptor the driver just opened for this process and nothing
+    // else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `cuMemImportFromShareableHandle` of a POSIX file descriptor (from [`export_posix_fd`], in this process or,
+/// through [`pidfd_getfd`], another's): the allocation's handle here, with one reference the caller gives back
+/// with [`mem_release`]. Safe: the driver checks the descriptor; `fd` is only read.
+pub(super) fn import_posix_fd(fd: BorrowedFd<'_>) -> Raw<u64> {
+    let mut handle = 0;
+    let kind = sys::CUmemAllocationHandleType_enum::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    // For POSIX descriptors the driver takes the descriptor's number itself in place of a pointer.
+    let os_handle = fd.as_raw_fd() as isize as *mut c_void;
+    // SAFETY: `handle` is a valid out-parameter; the descriptor is live for the call (borrowed).
+    let code = unsafe { sys::cuMemImportFromShareableHandle(&mut handle, os_handle, kind) };
+    check(code, "cuMemImportFromShareableHandle")?;
+    Ok(handle)
+}
+
+/// `pidfd_open(2)`: a descriptor of process `pid`, through which [`pidfd_getfd`] copies its descriptors.
+pub(super) fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
+    // SAFETY: a system call with two integer arguments; it touches no memory of this process.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the call succeeded, so `fd` is a new descriptor owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `pidfd_getfd(2)`: a copy, in this process, of descriptor `fd` of the process `pidfd` names. The kernel allows
+/// it where this process may trace that one (same user; under Yama's `ptrace_scope` 1, an ancestor, or a process
+/// that allowed it).
+pub(super) fn pidfd_getfd(pidfd: BorrowedFd<'_>, fd: RawFd) -> std::io::Result<OwnedFd> {
+    // SAFETY: a system call with integer arguments; it touches no memory of this process.
+    let copy = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    if copy < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the call succeeded, so `copy` is a new descriptor owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(copy as RawFd) })
 }
 
 /// `cuIpcCloseMemHandle`: unmaps memory opened with [`ipc_open_mem_handle`].
