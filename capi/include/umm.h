@@ -226,6 +226,18 @@ int umm_snapshot_visit(int device, void (*segment)(void *ctx, const umm_segment_
  * block in a virtual reservation, the block itself. NULL with a message for an address umm did not hand out. */
 void *umm_base_allocation(void *ptr, size_t *size);
 
+/* Sharing blocks with other processes. umm_ipc_handle writes the handle of live block `ptr` into buf (its length
+ * in *len; the bytes too when `capacity` holds them): 0, 1 when capacity is too small (*len says how much is
+ * needed), -1 with a message. The handle is 'c' and the driver's IPC handle of a plain segment, then offset and
+ * length; or 'e', the process id, page size, page count, offset and length, then one file descriptor per page of a
+ * virtual reservation, open until the block is freed (integers little-endian). umm_ipc_open maps such a handle on
+ * `device` (the block's device) and returns the block's address here, NULL with a message; pages are copied out of
+ * the sharing process with pidfd_getfd, which needs this process to be allowed to trace that one. umm_ipc_close
+ * unmaps it after the work queued on it: 0, or -1 with a message. */
+int umm_ipc_handle(void *ptr, uint8_t *buf, size_t capacity, size_t *len);
+void *umm_ipc_open(int device, const uint8_t *bytes, size_t len);
+int umm_ipc_close(void *ptr);
+
 #ifdef __cplusplus
 }
 #endif

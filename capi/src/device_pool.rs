@@ -42,6 +42,9 @@ pub(crate) trait DevicePool: Send + Sync {
     /// The simulated device behind the pool, for tests that drive its streams (holds, captures) and read what they
     /// saw; `None` on a real device.
     fn simulated(&self) -> Option<&SimBackend>;
+    /// The CUDA pool behind, for what only CUDA does (sharing blocks with other processes); `None` on a
+    /// simulated device.
+    fn cuda(&self) -> Option<&umm_backends::cuda::CudaPool>;
 }
 
 impl<B: Backend> DevicePool for StreamPool<B> {
@@ -110,6 +113,9 @@ impl<B: Backend> DevicePool for StreamPool<B> {
     }
     fn simulated(&self) -> Option<&SimBackend> {
         (self.backend() as &dyn std::any::Any).downcast_ref::<SimBackend>()
+    }
+    fn cuda(&self) -> Option<&umm_backends::cuda::CudaPool> {
+        (self as &dyn std::any::Any).downcast_ref()
     }
 }
 

@@ -242,6 +242,11 @@ pub(crate) type SharedPool = Arc<dyn DevicePool>;
 
 static REGISTRY: OnceLock<Registry> = OnceLock::new();
 
+/// The registry if a call made it already (frees and look-ups of addresses need no discovery).
+pub(crate) fn initialized() -> Option<&'static Registry> {
+    REGISTRY.get()
+}
+
 pub(crate) fn registry() -> &'static Registry {
     REGISTRY.get_or_init(|| {
         // Discovery binds each device's context to this thread; put the caller's back afterwards.
@@ -546,6 +551,7 @@ fn free_on(ptr: u64, device: i64, stream: Option<StreamId>) -> Result<(), String
         format!("umm_free: {ptr:#x} (device {device}) was not allocated by umm or was already freed; nothing done")
     })?;
     let stream = stream.unwrap_or(live.stream);
+    crate::share::forget(ptr);
     trace::record_free(live.trace_id);
     let pool = live_pool(reg, &live)?;
     let _scope = ContextScope::enter();

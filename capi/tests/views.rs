@@ -73,3 +73,30 @@ fn the_structures_hold_what_the_json_says() {
     free(large, 0, 0);
     assert_eq!(umm_record_history(0), 0);
 }
+
+/// Sharing through the C ABI on simulated devices, whose memory no other process can reach: every call refuses
+/// with a message that says why, and a buffer too small is answered with the length needed, not an error.
+#[test]
+fn sharing_refuses_what_no_other_process_can_reach() {
+    let _g = common::simulated();
+    let block = alloc(MIB, 0, 0);
+    let mut len = 0usize;
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` holds 256 bytes; `len` is writable.
+    assert_eq!(unsafe { umm_ipc_handle(block, buf.as_mut_ptr(), buf.len(), &mut len) }, -1);
+    assert!(last_error().contains("simulated"), "{}", last_error());
+    // SAFETY: as above.
+    assert_eq!(unsafe { umm_ipc_handle(8 as *mut c_void, buf.as_mut_ptr(), buf.len(), &mut len) }, -1);
+    assert!(last_error().contains("not a live block"), "{}", last_error());
+    // SAFETY: `buf` holds 81 readable bytes.
+    assert!(unsafe { umm_ipc_open(0, buf.as_ptr(), 81) }.is_null());
+    assert!(last_error().contains("umm_ipc_open") && last_error().contains("simulated"), "{}", last_error());
+    // SAFETY: NULL is refused, not read.
+    assert!(unsafe { umm_ipc_open(0, std::ptr::null(), 81) }.is_null());
+    assert!(last_error().contains("NULL"), "{}", last_error());
+    // SAFETY: as above.
+    assert!(unsafe { umm_ipc_open(9, buf.as_ptr(), 81) }.is_null(), "an unknown device");
+    assert_eq!(umm_ipc_close(block), -1, "a block of this process was never opened");
+    assert!(last_error().contains("umm_ipc_close"), "{}", last_error());
+    free(block, 0, 0);
+}

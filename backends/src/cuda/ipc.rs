@@ -63,6 +63,15 @@ impl IpcHandle {
         self.len == 0
     }
 
+    /// For a handle of pages: the page size and the descriptors of the pages, in address order (open while the
+    /// handle lives).
+    pub fn pages(&self) -> Option<(u64, &[OwnedFd])> {
+        match &self.kind {
+            Kind::Pages { page, fds, .. } => Some((*page, fds)),
+            Kind::Segment(_) => None,
+        }
+    }
+
     /// Whether the handle names pages of a virtual reservation (descriptors the receiver copies out of this
     /// process), rather than a plain segment.
     pub fn is_pages(&self) -> bool {
@@ -190,6 +199,13 @@ impl CudaPool {
         let kind = Kind::Pages { pid: std::process::id(), page, fds };
         Ok(IpcHandle { offset: offset - first * page, len, kind })
     }
+
+    /// Maps a block another process exported ([`IpcHandle::to_bytes`]'s bytes) on this pool's device, as
+    /// [`ImportedMemory::open`] does.
+    pub fn import(&self, bytes: &[u8]) -> Result<ImportedMemory> {
+        let backend = self.pool().backend();
+        ImportedMemory::open_in(backend.context(), backend.ordinal, backend.name(), bytes)
+    }
 }
 
 /// Another process's block mapped into this one ([`ImportedMemory::open`]); unmapped on drop.
@@ -207,13 +223,16 @@ impl ImportedMemory {
     /// Maps the block whose handle's bytes ([`IpcHandle::to_bytes`]) are `bytes` on `device` (the device the
     /// exporting process allocated it on). Bytes of no handle are refused before any driver call.
     pub fn open(device: &CudaDevice, bytes: &[u8]) -> Result<Self> {
+        Self::open_in(device.context(), device.info().ordinal as i32, &device.info().name, bytes)
+    }
+
+    fn open_in(context: &Arc<CudaContext>, ordinal: i32, name: &str, bytes: &[u8]) -> Result<Self> {
         let received = Received::parse(bytes)?;
-        let context = Arc::clone(device.context());
-        let name = device.info().name.clone();
+        let context = Arc::clone(context);
         let driver_error =
-            |f: raw::Failure| Error::Driver { backend: name.clone(), call: f.call.into(), message: f.message() };
+            |f: raw::Failure| Error::Driver { backend: name.to_string(), call: f.call.into(), message: f.message() };
         context.bind_to_thread().map_err(|e| Error::Driver {
-            backend: name.clone(),
+            backend: name.to_string(),
             call: "cuCtxSetCurrent".into(),
             message: e.to_string(),
         })?;
@@ -224,9 +243,9 @@ impl ImportedMemory {
             }
             Received::Pages { pid, page, fds, offset, len } => {
                 let os_error = |call: &str, e: std::io::Error| Error::Driver {
-                    backend: name.clone(),
+                    backend: name.to_string(),
                     call: call.into(),
-                    message: format!("{e} (copying the exporting process {pid}'s page descriptors)"),
+                    message: format!("{e} (copying the page descriptors of process {pid}, which exported them)"),
                 };
                 let pidfd = raw::pidfd_open(pid).map_err(|e| os_error("pidfd_open", e))?;
                 let mut handles = Vec::with_capacity(fds.len());
@@ -235,17 +254,12 @@ impl ImportedMemory {
                     handles.push(raw::import_posix_fd(local.as_fd()).map_err(driver_error)?);
                     Ok(())
                 });
-                let mapped = imported.and_then(|()| {
-                    map_side_by_side(&handles, page, device.info().ordinal as i32).map_err(driver_error)
-                });
+                let mapped = imported.and_then(|()| map_side_by_side(&handles, page, ordinal).map_err(driver_error));
                 match mapped {
-                    Ok(base) => Ok(ImportedMemory {
-                        context,
-                        base,
-                        offset,
-                        len,
-                        pages: Some((page * handles.len() as u64, page, handles)),
-                    }),
+                    Ok(base) => {
+                        let pages = Some((page * handles.len() as u64, page, handles));
+                        Ok(ImportedMemory { context, base, offset, len, pages })
+                    }
                     Err(e) => {
                         for h in handles {
                             // SAFETY: each handle holds the one reference its import made, unmapped (the mapping
@@ -347,17 +361,21 @@ impl Drop for ImportedMemory {
         if self.bind().is_err() {
             return;
         }
+        // Kernels a caller launched on the memory (the C ABI hands out its address) finish before it goes.
+        if let Err(f) = raw::ctx_synchronize() {
+            log::warn!("closing imported CUDA memory: synchronizing first failed: {}", f.message());
+        }
         let result = match self.pages.take() {
-            // SAFETY: `base` came from `ipc_open_mem_handle` and is closed once, here; reads and writes through
-            // `self` waited for their copies.
+            // SAFETY: `base` came from `ipc_open_mem_handle` and is closed once, here, after the context's work
+            // (synchronized above).
             None => unsafe { raw::ipc_close_mem_handle(self.base) },
             Some((span, page, handles)) => {
                 let mut result = Ok(());
                 for (i, h) in handles.into_iter().enumerate() {
                     let at = self.base + i as u64 * page;
-                    // SAFETY: page `i` was mapped by `map_side_by_side` and is unmapped once, here; the only work
-                    // on it, reads and writes through `self`, waited for their copies. Its handle holds the
-                    // reference the import made, released once after the unmap.
+                    // SAFETY: page `i` was mapped by `map_side_by_side` and is unmapped once, here, after the
+                    // context's work (synchronized above). Its handle holds the reference the import made,
+                    // released once after the unmap.
                     result = result.and(unsafe { raw::mem_unmap(at, page) }).and(unsafe { raw::mem_release(h) });
                 }
                 // SAFETY: the reservation from `map_side_by_side`, with every page unmapped above, freed once.

@@ -7,8 +7,9 @@
 //    paths only (umm_capture_begin).
 //  - torch.cuda.memory_stats() and everything built on it, memory_summary(), _snapshot() and
 //    _record_memory_history(), empty_cache(), set_per_process_memory_fraction(), reset_peak_memory_stats().
-//  - CUDA IPC (torch.multiprocessing): tensors in plain segments are shared with cudaIpcGetMemHandle in the
-//    format of PyTorch's own allocator, so a receiver with either allocator opens them.
+//  - CUDA IPC (torch.multiprocessing): tensors are shared in the format of PyTorch's own allocator, so a receiver
+//    with either allocator opens them: plain segments by cudaIpcGetMemHandle, pages of virtual reservations as
+//    expandable segments are (file descriptors the receiver copies with pidfd_getfd).
 // Failures throw c10::OutOfMemoryError (torch.OutOfMemoryError) or c10::Error with umm's message.
 
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -71,6 +72,9 @@ int umm_pool_use_count(int device, umm_pool_id pool);
 ssize_t umm_pool_live(int device, umm_pool_id pool, void** out, size_t capacity);
 int umm_capture_begin(int device);
 int umm_capture_end(int device);
+int umm_ipc_handle(void* ptr, uint8_t* buf, size_t capacity, size_t* len);
+void* umm_ipc_open(int device, const uint8_t* bytes, size_t len);
+int umm_ipc_close(void* ptr);
 }
 
 namespace umm_torch {
@@ -83,10 +87,33 @@ using c10::CachingDeviceAllocator::SegmentInfo;
 using c10::CachingDeviceAllocator::TraceEntry;
 
 // The shareable handle of PyTorch's allocator (c10/cuda/CUDACachingAllocator.cpp): a version byte (2 up to torch
-// 2.12, 3 from 2.13 with the same payload), the type ('c': a cudaMalloc allocation), then the cudaIpcMemHandle_t.
-// Handles of 64 bytes alone predate the version byte.
+// 2.12, 3 from 2.13 with the same payload), the type, then its payload: for 'c' (a cudaMalloc allocation) the
+// cudaIpcMemHandle_t; for 'e' (an expandable segment) a header (the sender's pid, the page size, the page count)
+// and one file descriptor of the sender's per page, which the receiver copies with pidfd_getfd. Handles of 64 bytes
+// alone predate the version byte.
 constexpr char kShareableVersion = 2;
 constexpr char kShareableCudaMalloc = 'c';
+constexpr char kShareableExpandable = 'e';
+// ExpandableSegment::ShareHeader; the 4 bytes after pid are zero so that equal handles are equal strings.
+struct ExpandableShareHeader {
+  pid_t pid;
+  size_t segment_size;
+  size_t num_handles;
+};
+
+// umm's handle bytes (umm_ipc_handle): 'c', the 64-byte IPC handle, offset, length; or 'e', pid (u32), page size,
+// page count, offset, length (u64 each), then one int per page. Integers little-endian, as on every host CUDA runs.
+template <typename T>
+T read_at(const std::vector<uint8_t>& bytes, size_t at) {
+  TORCH_CHECK(at + sizeof(T) <= bytes.size(), "umm: a handle of ", bytes.size(), " bytes ends early");
+  T value;
+  std::memcpy(&value, bytes.data() + at, sizeof(T));
+  return value;
+}
+template <typename T>
+void append(std::string& out, T value) {
+  out.append(reinterpret_cast<const char*>(&value), sizeof(T));
+}
 
 std::string last_error() {
   const char* message = umm_last_error();
@@ -357,20 +384,32 @@ class UmmAllocator final : public CUDAAllocator {
 
   // CUDA IPC.
   ShareableHandle shareIpcHandle(void* ptr) override {
-    size_t size = 0;
-    void* base = umm_base_allocation(ptr, &size);
-    TORCH_CHECK(base != nullptr, last_error());
-    cudaIpcMemHandle_t handle;
-    cudaError_t err = cudaIpcGetMemHandle(&handle, base);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      TORCH_CHECK(false, "umm: this tensor cannot be shared with another process (", cudaGetErrorString(err),
-                  "): it lies in a virtual reservation, which CUDA IPC handles do not reach. Start the process with "
-                  "UMM_SEGMENT_MODE=plain to share tensors between processes.");
+    std::vector<uint8_t> bytes(256);
+    size_t len = 0;
+    int rc = umm_ipc_handle(ptr, bytes.data(), bytes.size(), &len);
+    if (rc == 1) {
+      bytes.resize(len);
+      rc = umm_ipc_handle(ptr, bytes.data(), bytes.size(), &len);
     }
-    std::string text{kShareableVersion, kShareableCudaMalloc};
-    text.append(reinterpret_cast<const char*>(&handle), CUDA_IPC_HANDLE_SIZE);
-    return ShareableHandle{static_cast<char*>(ptr) - static_cast<char*>(base), text};
+    TORCH_CHECK(rc == 0, "umm: this tensor cannot be shared with another process: ", last_error());
+    bytes.resize(len);
+    std::string text{kShareableVersion, static_cast<char>(bytes.at(0))};
+    if (bytes[0] == kShareableCudaMalloc) {
+      TORCH_CHECK(bytes.size() == 1 + CUDA_IPC_HANDLE_SIZE + 16, "umm: an IPC handle of ", bytes.size(), " bytes");
+      text.append(reinterpret_cast<const char*>(bytes.data() + 1), CUDA_IPC_HANDLE_SIZE);
+      return ShareableHandle{static_cast<ptrdiff_t>(read_at<uint64_t>(bytes, 1 + CUDA_IPC_HANDLE_SIZE)), text};
+    }
+    TORCH_CHECK(bytes[0] == kShareableExpandable, "umm: a handle of unknown type ", int(bytes[0]));
+    ExpandableShareHeader header;
+    std::memset(&header, 0, sizeof(header));
+    header.pid = static_cast<pid_t>(read_at<uint32_t>(bytes, 1));
+    header.segment_size = read_at<uint64_t>(bytes, 5);
+    header.num_handles = read_at<uint64_t>(bytes, 13);
+    TORCH_CHECK(bytes.size() == 37 + header.num_handles * sizeof(int), "umm: a handle of pages of ", bytes.size(),
+                " bytes");
+    text.append(reinterpret_cast<const char*>(&header), sizeof(header));
+    text.append(reinterpret_cast<const char*>(bytes.data() + 37), header.num_handles * sizeof(int));
+    return ShareableHandle{static_cast<ptrdiff_t>(read_at<uint64_t>(bytes, 21)), text};
   }
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
     std::lock_guard<std::mutex> lock(ipc_mutex_);
@@ -381,14 +420,15 @@ class UmmAllocator final : public CUDAAllocator {
       }
     }
     size_t payload = 0;
+    bool versioned = handle.size() >= 2 && handle[0] >= 1 && handle[0] <= 3;
     if (handle.size() == CUDA_IPC_HANDLE_SIZE) {
       payload = 0;
-    } else if (handle.size() == 2 + CUDA_IPC_HANDLE_SIZE && handle[0] >= 1 && handle[0] <= 3 &&
-               handle[1] == kShareableCudaMalloc) {
+    } else if (versioned && handle[1] == kShareableCudaMalloc && handle.size() == 2 + CUDA_IPC_HANDLE_SIZE) {
       payload = 2;
+    } else if (versioned && handle[1] == kShareableExpandable && handle.size() >= 2 + sizeof(ExpandableShareHeader)) {
+      return openPages(handle);
     } else {
-      TORCH_CHECK(false, "umm: this shared tensor's handle is not one umm opens (an expandable segment of PyTorch's "
-                         "own allocator?); the sender can share it with expandable_segments:False");
+      TORCH_CHECK(false, "umm: this shared tensor's handle (", handle.size(), " bytes) is not one umm opens");
     }
     cudaIpcMemHandle_t ipc;
     std::memcpy(&ipc, handle.data() + payload, CUDA_IPC_HANDLE_SIZE);
@@ -398,6 +438,34 @@ class UmmAllocator final : public CUDAAllocator {
     std::shared_ptr<void> opened(ptr, [this, handle, device](void* p) {
       c10::cuda::CUDAGuard guard(device);
       (void)cudaIpcCloseMemHandle(p);
+      std::lock_guard<std::mutex> lock(ipc_mutex_);
+      opened_.erase(handle);
+    });
+    opened_[handle] = opened;
+    return opened;
+  }
+
+  // An expandable segment's pages (of umm or of PyTorch's own allocator), mapped once through umm. Called with
+  // ipc_mutex_ held.
+  std::shared_ptr<void> openPages(const std::string& handle) {
+    ExpandableShareHeader header;
+    std::memcpy(&header, handle.data() + 2, sizeof(header));
+    size_t fds = handle.size() - 2 - sizeof(header);
+    TORCH_CHECK(header.num_handles > 0 && fds == header.num_handles * sizeof(int), "umm: a handle of ",
+                header.num_handles, " pages in ", handle.size(), " bytes");
+    std::string bytes(1, kShareableExpandable);
+    append<uint32_t>(bytes, static_cast<uint32_t>(header.pid));
+    append<uint64_t>(bytes, header.segment_size);
+    append<uint64_t>(bytes, header.num_handles);
+    append<uint64_t>(bytes, 0);
+    append<uint64_t>(bytes, header.segment_size * header.num_handles);
+    bytes.append(handle, 2 + sizeof(header), fds);
+    c10::DeviceIndex device = c10::cuda::current_device();
+    void* ptr = umm_ipc_open(device, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    TORCH_CHECK(ptr != nullptr, last_error());
+    std::shared_ptr<void> opened(ptr, [this, handle, device](void* p) {
+      c10::cuda::CUDAGuard guard(device);
+      (void)umm_ipc_close(p);
       std::lock_guard<std::mutex> lock(ipc_mutex_);
       opened_.erase(handle);
     });

@@ -6,9 +6,11 @@
 
 pub(crate) mod exit;
 mod graphs;
+mod share;
 mod views;
 
 pub use graphs::*;
+pub use share::*;
 pub use views::*;
 
 use crate::{error, registry, sleep, snapshot, tag, trace};
