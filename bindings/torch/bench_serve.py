@@ -558,7 +558,8 @@ def driver(args):
                       f"peak reserved {gib(r['peak_reserved'])} GiB allocated {gib(r['peak_allocated'])} GiB "
                       f"(ratio {r['reserved_over_allocated']:.3f}; after warm-up {gib(r['steady_peak_reserved'])} / "
                       f"{gib(r['steady_peak_allocated'])}), backend {r['allocator_backend']}, "
-                      f"warnings {r['warnings']}", flush=True)
+                      f"warnings {r['warnings']}" + (f", token sums {[v[1] for k, v in sorted(r['checksums'].items())]}"
+                                                    if work == "generate" else ""), flush=True)
 
     path = args.json or os.path.join(os.environ.get("OUT") or tempfile.gettempdir(), "bench_serve_results.json")
     with open(path, "w") as f:
