@@ -10,7 +10,8 @@ pub(crate) const DEFAULT_HUGE_MIN: u64 = 0;
 /// The pool configuration: PyTorch's segment policy (the default), with `UMM_SEGMENT_MODE` (auto, plain,
 /// virtual), `UMM_MAPPED_SLACK` and `UMM_SEGMENT_SLACK` (a fraction or off), `UMM_CROSS_STREAM` (off, completed,
 /// wait), `UMM_PLAN_STEPS` (on, off), `UMM_PAGE_SIZE` (a power of two of
-/// bytes: the page size of virtual reservations), `UMM_ALIGNMENT` (where blocks start) and `UMM_STRATEGY` (pooled, direct) read through `var` (the
+/// bytes: the page size of virtual reservations), `UMM_ALIGNMENT` (where blocks start), `UMM_THREAD_CACHE` and `UMM_THREAD_CACHE_LARGE` (the
+/// per-thread caches' bounds, 0 for off) and `UMM_STRATEGY` (pooled, direct) read through `var` (the
 /// environment). An error names the variable and its value.
 pub(crate) fn pool_config(var: impl Fn(&str) -> Option<String>) -> Result<PoolConfig, String> {
     let mut config = PoolConfig::default();
@@ -45,6 +46,15 @@ pub(crate) fn pool_config(var: impl Fn(&str) -> Option<String>) -> Result<PoolCo
             Ok(align) => return Err(format!("UMM_ALIGNMENT={v:?} is not {WHAT}: {align} bytes")),
             Err(e) => return Err(format!("UMM_ALIGNMENT={v:?} is not {WHAT}: {e}")),
         });
+    }
+    for (name, field) in [
+        ("UMM_THREAD_CACHE", &mut config.thread_cache_bytes),
+        ("UMM_THREAD_CACHE_LARGE", &mut config.thread_cache_large_bytes),
+    ] {
+        if let Some(v) = var(name) {
+            *field = umm_placement::units::parse_size(&v)
+                .map_err(|e| format!("{name}={v:?} is not a byte count, 0 for off (8MiB, 0): {e}"))?;
+        }
     }
     if let Some(v) = var("UMM_PLAN_STEPS") {
         config.plan_steps = match v.trim().to_ascii_lowercase().as_str() {
@@ -147,9 +157,12 @@ mod tests {
             ("UMM_MAPPED_SLACK", "0.05"),
             ("UMM_SEGMENT_SLACK", "off"),
             ("UMM_ALIGNMENT", "512"),
+            ("UMM_THREAD_CACHE", "0"),
+            ("UMM_THREAD_CACHE_LARGE", "64MiB"),
         ]))
         .unwrap();
         assert_eq!(config.alignment, Some(512));
+        assert_eq!((config.thread_cache_bytes, config.thread_cache_large_bytes), (0, 64 << 20));
         assert_eq!(config.segment_mode, SegmentMode::Plain);
         assert!(!config.plan_steps && !config.stitch);
         assert_eq!(config.page_size, Some(8 << 20));
@@ -168,6 +181,8 @@ mod tests {
         }
         let err = pool_config(vars(&[("UMM_PAGE_SIZE", "3MiB")])).unwrap_err();
         assert!(err.contains("not a power of two") && err.contains("3145728 bytes"), "{err}");
+        let err = pool_config(vars(&[("UMM_THREAD_CACHE_LARGE", "-1")])).unwrap_err();
+        assert!(err.contains("UMM_THREAD_CACHE_LARGE") && err.contains("-1"), "{err}");
         for bad in ["384", "128KiB", "lots"] {
             let err = pool_config(move |name: &str| (name == "UMM_ALIGNMENT").then(|| bad.to_string())).unwrap_err();
             assert!(err.contains("UMM_ALIGNMENT") && err.contains(bad), "{bad}: {err}");
@@ -204,8 +219,10 @@ mod tests {
     #[test]
     fn fuzzed_variables_are_read_or_refused_by_name() {
         let cases: u64 = std::env::var("UMM_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
-        const VARS: [&str; 9] = [
+        const VARS: [&str; 11] = [
             "UMM_ALIGNMENT",
+            "UMM_THREAD_CACHE",
+            "UMM_THREAD_CACHE_LARGE",
             "UMM_CROSS_STREAM",
             "UMM_PLAN_STEPS",
             "UMM_SEGMENT_MODE",

@@ -17,7 +17,8 @@
 //!
 //! Environment, read once at the first call; an invalid value makes every allocation fail with a message naming it:
 //! - `UMM_SEGMENT_MODE` (`auto`, `plain`, `virtual`), `UMM_STRATEGY` (`pooled`, `direct`): the pools' segments.
-//! - `UMM_MAPPED_SLACK`, `UMM_SEGMENT_SLACK` (a fraction or `off`), `UMM_PAGE_SIZE` (a power of two of bytes).
+//! - `UMM_MAPPED_SLACK`, `UMM_SEGMENT_SLACK` (a fraction or `off`), `UMM_PAGE_SIZE` (a power of two of bytes),
+//!   `UMM_ALIGNMENT` (where blocks start), `UMM_THREAD_CACHE`, `UMM_THREAD_CACHE_LARGE` (bytes; `0` is off).
 //! - `UMM_CROSS_STREAM` (`completed`, the default, `wait`, `off`): when memory freed on one stream serves another.
 //! - `UMM_HUGE_MIN` (bytes; 0, the default, is off): a pool of plain segments for huge requests.
 //! - `UMM_TRACE=path` (`{pid}`: the process id; `.gz`: gzip): every allocation and free as an `umm-trace v1`
