@@ -210,17 +210,26 @@ fn captures_are_safe_under_every_setting() {
     for cross in ["completed", "wait", "off"] {
         for stitch in ["on", "off"] {
             for mode in ["auto", "plain"] {
-                let settings = format!("UMM_CROSS_STREAM={cross} UMM_STITCH={stitch} UMM_SEGMENT_MODE={mode}");
-                let out = Command::new(&exe)
-                    .args(["--exact", "settings_child", "--ignored", "--nocapture", "--test-threads=1"])
-                    .env(CHILD, &settings)
-                    .env("UMM_CROSS_STREAM", cross)
-                    .env("UMM_STITCH", stitch)
-                    .env("UMM_SEGMENT_MODE", mode)
-                    .output()
-                    .expect("the test binary runs");
-                let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-                assert!(out.status.success() && text.contains("1 passed"), "under {settings}:\n{text}");
+                // Thread caches on (the default bounds) and off: cached blocks take other paths.
+                for cache in ["32MiB", "0"] {
+                    let settings = format!(
+                        "UMM_CROSS_STREAM={cross} UMM_STITCH={stitch} UMM_SEGMENT_MODE={mode} UMM_THREAD_CACHE={cache}"
+                    );
+                    let large = if cache == "0" { "0" } else { "1GiB" };
+                    let out = Command::new(&exe)
+                        .args(["--exact", "settings_child", "--ignored", "--nocapture", "--test-threads=1"])
+                        .env(CHILD, &settings)
+                        .env("UMM_CROSS_STREAM", cross)
+                        .env("UMM_STITCH", stitch)
+                        .env("UMM_SEGMENT_MODE", mode)
+                        .env("UMM_THREAD_CACHE", cache)
+                        .env("UMM_THREAD_CACHE_LARGE", large)
+                        .output()
+                        .expect("the test binary runs");
+                    let text =
+                        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+                    assert!(out.status.success() && text.contains("1 passed"), "under {settings}:\n{text}");
+                }
             }
         }
     }

@@ -91,6 +91,10 @@ class GraphsThroughUmm(unittest.TestCase):
                     out = run(GRAPH_CHECK + "print('overwritten=%d' % graph_check(2))", UMM_CROSS_STREAM=cross,
                               UMM_STITCH=stitch, UMM_SEGMENT_MODE=mode)
                     self.assertEqual(figure(out, "overwritten"), 0, f"{cross} {stitch} {mode}")
+            # Thread caches off: blocks go through the pool's lock on every path.
+            out = run(GRAPH_CHECK + "print('overwritten=%d' % graph_check(2))", UMM_CROSS_STREAM=cross,
+                      UMM_THREAD_CACHE="0", UMM_THREAD_CACHE_LARGE="0")
+            self.assertEqual(figure(out, "overwritten"), 0, f"{cross} without thread caches")
 
     def test_graphs_sharing_a_pool_replay_right(self):
         out = run("""
