@@ -58,6 +58,10 @@ struct SimPages {
     /// Physical page number -> mappings.
     mappings: HashMap<u64, u32>,
     next: u64,
+    /// Physical pages whose last mapping went, mapped again first (latest first), as a driver hands out memory
+    /// it got back: a test that checks bytes by their physical page then sees a page move from one place to
+    /// another as the same bytes.
+    spare: Vec<u64>,
     /// With [`SimBackend::holding_bytes`]: the bytes of physical pages and of plain segments (by base address),
     /// made on first touch.
     page_bytes: HashMap<u64, Box<[u8]>>,
@@ -135,9 +139,33 @@ impl SimBackend {
         self.streams.lock().hold(stream);
     }
 
-    /// Runs the work held on `stream`: its marks pass.
+    /// Runs the work held on `stream` and lets its later work run at once: its marks pass.
     pub fn finish_stream(&self, stream: StreamId) {
         self.streams.lock().finish(stream);
+    }
+
+    /// Queues one item of work on `stream` (a kernel that uses some memory) and returns its number, counted from
+    /// 1 per stream. It runs at once unless the stream is held or waits on the device for held work; marks
+    /// recorded after it pass once it has run.
+    pub fn launch(&self, stream: StreamId) -> u64 {
+        self.streams.lock().launch(stream)
+    }
+
+    /// Runs the work queued on held `stream` up to item `item` (and the work on other streams it waits for),
+    /// keeping the rest held: a test lets a stream's work run one item at a time.
+    pub fn complete_stream(&self, stream: StreamId, item: u64) {
+        self.streams.lock().complete(stream, item);
+    }
+
+    /// Items queued on `stream` so far, and how many of them have run.
+    pub fn stream_progress(&self, stream: StreamId) -> (u64, u64) {
+        self.streams.lock().progress(stream)
+    }
+
+    /// The last item of `other` that work queued on `stream` from now on is ordered after by device-side waits
+    /// ([`Backend::wait_for_mark`]); 0 where `stream` never waited for `other`.
+    pub fn ordered_after(&self, stream: StreamId, other: StreamId) -> u64 {
+        self.streams.lock().ordered_after(stream, other)
     }
 
     /// `stream` captures from now on, as a CUDA stream between `cuStreamBeginCapture` and `cuStreamEndCapture`:
@@ -162,8 +190,8 @@ impl SimBackend {
         self.physical.load(Ordering::Relaxed)
     }
 
-    /// The physical page behind the page holding `address` of a reservation, numbered in the order pages were
-    /// created; `None` where nothing is mapped. Two addresses with the same physical page (and the same offset in
+    /// The physical page behind the page holding `address` of a reservation: a number that a page unmapped for
+    /// good gives to the next page mapped; `None` where nothing is mapped. Two addresses with the same physical page (and the same offset in
     /// it, `address % page`) are the same byte of device memory.
     pub fn physical_page(&self, address: u64) -> Option<u64> {
         self.pages.lock().mapped.get(&(address & !(self.page - 1))).copied()
@@ -186,6 +214,7 @@ impl SimBackend {
             if *left == 0 {
                 pages.mappings.remove(&physical);
                 pages.page_bytes.remove(&physical);
+                pages.spare.push(physical);
                 self.physical.fetch_sub(self.page, Ordering::Relaxed);
             }
         }
@@ -374,8 +403,10 @@ impl Backend for SimBackend {
         }
         self.take(len, "map_pages")?;
         for address in (start..end).step_by(self.page as usize) {
-            let physical = pages.next;
-            pages.next += 1;
+            let physical = pages.spare.pop().unwrap_or_else(|| {
+                pages.next += 1;
+                pages.next - 1
+            });
             pages.mapped.insert(address, physical);
             pages.mappings.insert(physical, 1);
         }
