@@ -35,6 +35,7 @@ pub mod ffi;
 mod graph_pool;
 mod history;
 mod registry;
+mod sim_streams;
 mod sleep;
 mod snapshot;
 mod tag;

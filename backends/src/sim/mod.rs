@@ -11,6 +11,7 @@ use crate::{Api, Backend, Error, Result, StreamId, StreamMark, VirtualMemory};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use streams::SimStreams;
 
 /// A simulated segment: a range of addresses.
@@ -39,8 +40,12 @@ pub struct SimBackend {
     /// Physical bytes in use: an atomic, not a lock, because pools map and unmap on every remap and a
     /// device's bookkeeping should cost the replay no more than it must.
     physical: AtomicU64,
-    /// Queued work, marks and waits (see [`streams`]).
-    streams: Mutex<SimStreams>,
+    /// Queued work, marks and waits (see [`streams`]): shared by the simulated backends of one device's pools
+    /// ([`SimBackend::with_streams`]).
+    streams: Arc<Mutex<SimStreams>>,
+    /// A number no other simulated backend of this process has, so that tests can tell their physical pages
+    /// apart ([`SimBackend::id`]).
+    id: u64,
     /// Which physical page backs each mapped page of the reservations (see [`SimPages`]).
     pages: Mutex<SimPages>,
     /// Whether the device keeps the bytes written to it ([`SimBackend::holding_bytes`]).
@@ -68,6 +73,14 @@ struct SimPages {
     segment_bytes: HashMap<u64, Box<[u8]>>,
 }
 
+/// The streams of one simulated device, for the simulated backends of its pools to share
+/// ([`SimBackend::with_streams`]): a device's streams are one set, whichever pool marks or waits on them.
+#[derive(Debug, Clone, Default)]
+pub struct SimDeviceStreams(Arc<Mutex<SimStreams>>);
+
+/// The next [`SimBackend::id`].
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
 /// Free-memory queries answered by simulated devices in this process: what a driver's `cuMemGetInfo` would
 /// have been asked, so that a test can show which operations query the device.
 static FREE_MEMORY_QUERIES: AtomicU64 = AtomicU64::new(0);
@@ -93,7 +106,8 @@ impl SimBackend {
             page: Self::PAGE,
             next_address: Mutex::new(0),
             physical: AtomicU64::new(0),
-            streams: Mutex::new(SimStreams::default()),
+            streams: Arc::default(),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             pages: Mutex::new(SimPages::default()),
             holds_bytes: false,
         }
@@ -131,6 +145,18 @@ impl SimBackend {
     pub fn at_address(self, base: u64) -> Self {
         *self.next_address.lock() = base;
         self
+    }
+
+    /// The same device with `streams` as its streams: every backend given them sees the same queued work, marks
+    /// and captures, as the pools of one device do.
+    pub fn with_streams(self, streams: &SimDeviceStreams) -> Self {
+        Self { streams: Arc::clone(&streams.0), ..self }
+    }
+
+    /// A number that tells this backend from every other simulated backend of the process (each has physical
+    /// pages of its own, numbered from 0).
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// Holds back the work queued on `stream` from now on, as a long kernel would: marks recorded on it do not

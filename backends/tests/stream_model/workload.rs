@@ -49,6 +49,13 @@ pub enum Op {
     Tidy { how: u8 },
     /// Puts the pool to sleep and wakes it (where the door sleeps).
     Sleep,
+    /// Captures a graph into a private pool (where the door has them): `SIZES[sizes[k]]` allocated on
+    /// [`CAPTURE_STREAM`], the first `freed` of them freed during the capture; then replays it on `replay`.
+    Graph { sizes: Vec<usize>, freed: usize, replay: u64 },
+    /// Replays a graph on `stream`.
+    Replay { pick: usize, stream: u64 },
+    /// Destroys a graph: its private pool is let go.
+    DestroyGraph { pick: usize },
 }
 
 fn stream() -> impl Strategy<Value = u64> {
@@ -69,6 +76,10 @@ pub fn op() -> impl Strategy<Value = Op> {
         1 => (2..6usize, proptest::option::weighted(0.5, 2..=STREAMS)).prop_map(|(steps, deviate)| Op::Steps { steps, deviate }),
         1 => (0..3u8).prop_map(|how| Op::Tidy { how }),
         1 => Just(Op::Sleep),
+        1 => (proptest::collection::vec(0..SIZES.len(), 1..4), 0..3usize, stream())
+            .prop_map(|(sizes, freed, replay)| Op::Graph { sizes, freed, replay }),
+        1 => (any::<usize>(), stream()).prop_map(|(pick, stream)| Op::Replay { pick, stream }),
+        1 => any::<usize>().prop_map(|pick| Op::DestroyGraph { pick }),
     ]
 }
 
@@ -81,11 +92,49 @@ pub struct Live<H> {
     pub len: u64,
 }
 
+/// The simulated device behind a door, as a workload drives its streams: directly ([`SimBackend`]) or
+/// through the C ABI.
+pub trait Device: Streams {
+    /// Queues an item of work on `stream`: its number.
+    fn launch(&self, stream: Stream) -> u64;
+    fn hold(&self, stream: Stream);
+    /// Runs `stream`'s work up to item `item`.
+    fn run(&self, stream: Stream, item: u64);
+    fn finish(&self, stream: Stream);
+    /// `stream` captures (or no longer), as the driver knows it.
+    fn capture(&self, stream: Stream, capturing: bool);
+    /// Calls a driver refuses during a capture, so far.
+    fn capture_violations(&self) -> u64;
+}
+
+/// What a pool counted, for the reach.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Counters {
+    /// Segments and pages moved between streams.
+    pub moves: u64,
+    pub planned_allocs: u64,
+    pub stitched_allocs: u64,
+    /// Retries after releasing memory, and out-of-memory errors.
+    pub retries: u64,
+}
+
+impl From<PoolStats> for Counters {
+    fn from(stats: PoolStats) -> Self {
+        Self {
+            moves: stats.num_segments_shared + stats.num_pages_shared,
+            planned_allocs: stats.num_planned_allocs,
+            stitched_allocs: stats.num_stitched_allocs,
+            retries: stats.num_alloc_retries + stats.num_ooms,
+        }
+    }
+}
+
 /// A front door under test.
 pub trait Door: Send + Sync + 'static {
     type Handle: Clone + Send + 'static;
+    type Device: Device;
     /// The simulated device behind the door.
-    fn device(&self) -> &SimBackend;
+    fn device(&self) -> &Self::Device;
     /// Allocates; `None` where the door refuses (out of memory under a limit, asleep). The address and size
     /// handed out.
     fn allocate(&self, bytes: u64, stream: u64) -> Option<(Self::Handle, u64, u64)>;
@@ -101,6 +150,19 @@ pub trait Door: Send + Sync + 'static {
     }
     fn begin_capture(&self);
     fn end_capture(&self);
+    /// Begins a capture into a private pool of its own (a CUDA graph's): the pool's number, or `None` where the
+    /// door has no private pools.
+    fn begin_graph(&self) -> Option<u64> {
+        None
+    }
+    /// Allocates from private pool `pool` on `stream`.
+    fn allocate_in_graph(&self, _pool: u64, _bytes: u64, _stream: u64) -> Option<(Self::Handle, u64, u64)> {
+        None
+    }
+    /// Ends the capture begun by [`Door::begin_graph`].
+    fn end_graph(&self) {}
+    /// The graph of private pool `pool` is destroyed: the pool is let go.
+    fn release_graph(&self, _pool: u64) {}
     /// Marks the end of a step.
     fn mark_step(&self);
     fn tidy(&self, how: u8);
@@ -108,43 +170,69 @@ pub trait Door: Send + Sync + 'static {
     fn sleep_and_wake(&self) -> bool {
         false
     }
-    /// The statistics of the pool behind the door, for the reach (summed where the door has several).
-    fn stats(&self) -> PoolStats;
+    /// What the pools behind the door counted.
+    fn counters(&self) -> Counters;
 }
-
-/// The simulated device as the oracle asks it.
-pub struct Sim<'a>(pub &'a SimBackend);
 
 /// Physical page numbers start here, so that they never meet plain segments' addresses.
 const PHYSICAL: u64 = 1 << 62;
 
-impl Streams for Sim<'_> {
+impl Streams for SimBackend {
     fn completed(&self, stream: Stream) -> u64 {
-        self.0.stream_progress(StreamId(stream)).1
+        self.stream_progress(StreamId(stream)).1
     }
     fn ordered_after(&self, stream: Stream, other: Stream) -> u64 {
-        self.0.ordered_after(StreamId(stream), StreamId(other))
+        SimBackend::ordered_after(self, StreamId(stream), StreamId(other))
     }
     fn bytes(&self, address: u64, len: u64) -> Vec<Range<u64>> {
-        physical_bytes(|a| self.0.physical_page(a), self.0.page_size(), address, len)
+        physical_bytes(
+            |a| self.physical_page(a).map(|p| PHYSICAL + p * self.page_size() + a % self.page_size()),
+            self.page_size(),
+            address,
+            len,
+        )
     }
 }
 
-/// The bytes behind `[address, address + len)`: per page of a reservation its physical page's bytes, the
-/// addresses themselves in a plain segment (which keeps its memory while it lives).
-pub fn physical_bytes(page_of: impl Fn(u64) -> Option<u64>, page: u64, address: u64, len: u64) -> Vec<Range<u64>> {
-    let mut bytes = Vec::new();
+impl Device for SimBackend {
+    fn launch(&self, stream: Stream) -> u64 {
+        SimBackend::launch(self, StreamId(stream))
+    }
+    fn hold(&self, stream: Stream) {
+        self.hold_stream(StreamId(stream));
+    }
+    fn run(&self, stream: Stream, item: u64) {
+        self.complete_stream(StreamId(stream), item);
+    }
+    fn finish(&self, stream: Stream) {
+        self.finish_stream(StreamId(stream));
+    }
+    fn capture(&self, stream: Stream, capturing: bool) {
+        if capturing {
+            self.begin_capture(StreamId(stream));
+        } else {
+            self.end_capture(StreamId(stream));
+        }
+    }
+    fn capture_violations(&self) -> u64 {
+        self.stream_log().capture_violations
+    }
+}
+
+/// The bytes behind `[address, address + len)`, split where pages of [`SimBackend::PAGE`] (the smallest a
+/// simulated device maps) end: `byte_of` numbers the first byte of each piece, and the piece's bytes follow it.
+pub fn physical_bytes(byte_of: impl Fn(u64) -> Option<u64>, _page: u64, address: u64, len: u64) -> Vec<Range<u64>> {
+    let page = SimBackend::PAGE;
+    let mut bytes: Vec<Range<u64>> = Vec::new();
     let end = address + len;
     let mut at = address;
     while at < end {
-        let next = ((at / page) + 1) * page;
-        let to = next.min(end);
-        match page_of(at) {
-            Some(p) => {
-                let base = PHYSICAL + p * page;
-                bytes.push(base + at % page..base + at % page + (to - at));
-            }
-            None => bytes.push(at..to),
+        let to = ((at / page) + 1) * page;
+        let to = to.min(end);
+        let first = byte_of(at).unwrap_or(at);
+        match bytes.last_mut() {
+            Some(last) if last.end == first => last.end = first + (to - at),
+            _ => bytes.push(first..first + (to - at)),
         }
         at = to;
     }
@@ -194,6 +282,15 @@ impl Drop for Workers {
 const STEP_SIZES: [u64; 3] = [4 * MIB, 6 * MIB, 2 * MIB + 512 * KIB];
 const STEP_FREES: [usize; 3] = [1, 0, 2];
 
+/// A graph captured into a private pool: its blocks (live or freed during or after the capture, which the
+/// graph's replays still use until it is destroyed) and the pool's number.
+struct Graph {
+    pool: u64,
+    blocks: Vec<u64>,
+    /// Its blocks freed so far: held by the graph, retired when it is destroyed.
+    freed: Vec<u64>,
+}
+
 /// A workload's state while it runs.
 struct Run<'a, D: Door> {
     door: &'a std::sync::Arc<D>,
@@ -202,49 +299,58 @@ struct Run<'a, D: Door> {
     live: Vec<Live<D::Handle>>,
     next_id: u64,
     capturing: bool,
+    graphs: Vec<Graph>,
 }
 
 impl<D: Door> Run<'_, D> {
-    /// Queues work using live block `i` on `stream`.
-    fn launch(&mut self, i: usize, stream: u64) {
+    /// Queues work using block `id` on `stream`.
+    fn launch_id(&mut self, id: u64, stream: u64) {
         let device = self.door.device();
-        let item = device.launch(StreamId(stream));
-        let (queued, completed) = device.stream_progress(StreamId(stream));
-        let held = completed < queued;
-        self.oracle.used(self.live[i].id, Use { stream, item }, held);
+        let item = device.launch(stream);
+        let held = device.completed(stream) < item;
+        self.oracle.used(id, Use { stream, item }, held);
     }
 
-    fn allocate(&mut self, bytes: u64, stream: u64, thread: usize) -> Result<Option<usize>, String> {
-        let door = std::sync::Arc::clone(self.door);
-        let Some((handle, address, len)) = self.workers.run(thread, move || door.allocate(bytes, stream)) else {
-            return Ok(None);
-        };
+    /// Queues work using live block `i` on `stream`.
+    fn launch(&mut self, i: usize, stream: u64) {
+        self.launch_id(self.live[i].id, stream);
+    }
+
+    /// Checks a block just handed out and records it as live, with work queued on it.
+    fn handed_out(&mut self, made: Option<(D::Handle, u64, u64)>, stream: u64) -> Result<Option<usize>, String> {
+        let Some((handle, address, len)) = made else { return Ok(None) };
         let id = self.next_id;
         self.next_id += 1;
         self.oracle.note(format!("  -> block {id}: {len} bytes at {address:#x} on stream {stream}"));
-        let sim = Sim(self.door.device());
-        self.oracle.handed_out(&sim, id, stream, address, len)?;
+        self.oracle.handed_out(self.door.device(), id, stream, address, len)?;
         self.live.push(Live { id, handle, stream, address, len });
         let i = self.live.len() - 1;
         self.launch(i, stream);
         Ok(Some(i))
     }
 
+    fn allocate(&mut self, bytes: u64, stream: u64, thread: usize) -> Result<Option<usize>, String> {
+        let door = std::sync::Arc::clone(self.door);
+        let made = self.workers.run(thread, move || door.allocate(bytes, stream));
+        self.handed_out(made, stream)
+    }
+
     fn free(&mut self, i: usize, on: u64, thread: usize) {
-        let block = self.live.swap_remove(i);
-        let on = if self.door.frees_on_streams() { on } else { block.stream };
-        self.oracle.note(format!("  free block {} on stream {on}", block.id));
-        self.live.push(block);
-        let last = self.live.len() - 1;
-        if on != self.live[last].stream {
+        let on = if self.door.frees_on_streams() { on } else { self.live[i].stream };
+        self.oracle.note(format!("  free block {} on stream {on}", self.live[i].id));
+        if on != self.live[i].stream {
             // A free on another stream: work queued there before it may use the block.
-            self.launch(last, on);
+            self.launch(i, on);
         }
-        let block = self.live.pop().expect("pushed just now");
+        let block = self.live.swap_remove(i);
         let door = std::sync::Arc::clone(self.door);
         let handle = block.handle.clone();
         self.workers.run(thread, move || door.free(&handle, on));
-        self.oracle.freed(block.id, on);
+        match self.graphs.iter_mut().find(|g| g.blocks.contains(&block.id)) {
+            // The graph's replays may still use it: its bytes stay the graph's until the graph goes.
+            Some(graph) => graph.freed.push(block.id),
+            None => self.oracle.freed(block.id, on),
+        }
     }
 
     fn step(&mut self, deviate: Option<u64>) -> Result<(), String> {
@@ -264,6 +370,50 @@ impl<D: Door> Run<'_, D> {
         Ok(())
     }
 
+    /// Captures a graph into a private pool on [`CAPTURE_STREAM`]: `sizes` allocated, the first `freed` of them
+    /// freed during the capture, then the graph replayed on `replay`.
+    fn graph(&mut self, sizes: &[usize], freed: usize, replay: u64) -> Result<(), String> {
+        if self.capturing {
+            return Ok(());
+        }
+        let Some(pool) = self.door.begin_graph() else { return Ok(()) };
+        self.oracle.reach.captures += 1;
+        self.door.device().capture(CAPTURE_STREAM, true);
+        let mut graph = Graph { pool, blocks: Vec::new(), freed: Vec::new() };
+        for &size in sizes {
+            let made = self.door.allocate_in_graph(pool, SIZES[size], CAPTURE_STREAM);
+            if let Some(i) = self.handed_out(made, CAPTURE_STREAM)? {
+                graph.blocks.push(self.live[i].id);
+            }
+        }
+        self.graphs.push(graph);
+        for _ in 0..freed {
+            let last = self.graphs.last().expect("pushed");
+            let Some(i) = self.live.iter().position(|l| last.blocks.contains(&l.id)) else { break };
+            self.free(i, CAPTURE_STREAM, 0);
+        }
+        self.door.device().capture(CAPTURE_STREAM, false);
+        self.door.end_graph();
+        self.replay(self.graphs.len() - 1, replay);
+        Ok(())
+    }
+
+    /// Replays graph `g` on `stream`: work that uses every block of the graph, freed or not.
+    fn replay(&mut self, g: usize, stream: u64) {
+        for id in self.graphs[g].blocks.clone() {
+            self.launch_id(id, stream);
+        }
+    }
+
+    /// Destroys graph `g`: the blocks it held retire with their uses, and its pool is let go.
+    fn destroy_graph(&mut self, g: usize) {
+        let graph = self.graphs.swap_remove(g);
+        for id in graph.freed {
+            self.oracle.freed(id, CAPTURE_STREAM);
+        }
+        self.door.release_graph(graph.pool);
+    }
+
     fn apply(&mut self, op: &Op) -> Result<(), String> {
         self.oracle.note(format!("{op:?}"));
         match *op {
@@ -281,33 +431,37 @@ impl<D: Door> Run<'_, D> {
             }
             Op::Free { pick, on, thread } if !self.live.is_empty() => {
                 let i = pick % self.live.len();
-                if on != self.live[i].stream && self.door.frees_on_streams() {
-                    // The C ABI records the free's stream itself.
-                } else if on != self.live[i].stream && !self.door.record(&self.live[i].handle, on) {
-                    self.free(i, self.live[i].stream, thread);
-                    return self.check();
-                }
+                let own = self.live[i].stream;
+                // A door whose frees take no stream is told of the other stream by a record first.
+                let on = if on == own || self.door.frees_on_streams() || self.door.record(&self.live[i].handle, on) {
+                    on
+                } else {
+                    own
+                };
                 self.free(i, on, thread);
             }
             Op::Use { .. } | Op::Free { .. } => {}
-            Op::Hold { stream } => self.door.device().hold_stream(StreamId(stream)),
+            Op::Hold { stream } => self.door.device().hold(stream),
             Op::Run { stream, items } => {
                 let device = self.door.device();
-                let (_, completed) = device.stream_progress(StreamId(stream));
-                device.complete_stream(StreamId(stream), completed + items);
+                device.run(stream, device.completed(stream) + items);
             }
-            Op::Finish { stream } => self.door.device().finish_stream(StreamId(stream)),
+            Op::Finish { stream } => self.door.device().finish(stream),
             Op::Capture => {
                 if self.capturing {
-                    self.door.device().end_capture(StreamId(CAPTURE_STREAM));
+                    self.door.device().capture(CAPTURE_STREAM, false);
                     self.door.end_capture();
                 } else {
                     self.oracle.reach.captures += 1;
                     self.door.begin_capture();
-                    self.door.device().begin_capture(StreamId(CAPTURE_STREAM));
+                    self.door.device().capture(CAPTURE_STREAM, true);
                 }
                 self.capturing = !self.capturing;
             }
+            Op::Graph { ref sizes, freed, replay } => self.graph(sizes, freed, replay)?,
+            Op::Replay { pick, stream } if !self.graphs.is_empty() => self.replay(pick % self.graphs.len(), stream),
+            Op::DestroyGraph { pick } if !self.graphs.is_empty() => self.destroy_graph(pick % self.graphs.len()),
+            Op::Replay { .. } | Op::DestroyGraph { .. } => {}
             Op::Steps { steps, deviate } => {
                 for s in 0..steps {
                     self.step(deviate.filter(|_| s + 1 == steps))?;
@@ -326,17 +480,20 @@ impl<D: Door> Run<'_, D> {
     /// changed them) against the other live blocks and the retired bytes.
     fn check(&mut self) -> Result<(), String> {
         let blocks: Vec<(u64, u64, u64, u64)> = self.live.iter().map(|l| (l.id, l.stream, l.address, l.len)).collect();
-        let sim = Sim(self.door.device());
-        self.oracle.recheck(&sim, &blocks)?;
-        let device = self.door.device();
-        self.oracle.count_waiting(&Sim(device));
+        self.oracle.recheck(self.door.device(), &blocks)?;
+        self.oracle.count_waiting(self.door.device());
         Ok(())
+    }
+
+    fn violation(&self, what: String) -> String {
+        let tail = self.oracle.history.len().saturating_sub(40);
+        format!("{what}\nlast operations:\n  {}", self.oracle.history[tail..].join("\n  "))
     }
 }
 
 /// Runs `ops` through `door`, checking every block against the oracle. Err with the first violation; the reach
-/// of the run otherwise. Ends by letting every stream run, freeing what lives, and checking that nothing the
-/// driver refuses during a capture was called.
+/// of the run otherwise. Ends by letting every stream run, destroying the graphs, freeing what lives, and
+/// checking that nothing the driver refuses during a capture was called.
 pub fn run<D: Door>(door: D, ops: &[Op]) -> Result<Reach, String> {
     let door = std::sync::Arc::new(door);
     let workers = Workers::new(THREADS);
@@ -347,6 +504,7 @@ pub fn run<D: Door>(door: D, ops: &[Op]) -> Result<Reach, String> {
         live: Vec::new(),
         next_id: 0,
         capturing: false,
+        graphs: Vec::new(),
     };
     for op in ops {
         run.apply(op)?;
@@ -354,29 +512,27 @@ pub fn run<D: Door>(door: D, ops: &[Op]) -> Result<Reach, String> {
     if run.capturing {
         run.apply(&Op::Capture)?;
     }
-    for stream in 1..=STREAMS {
-        door.device().finish_stream(StreamId(stream));
+    for stream in (1..=STREAMS).chain([CAPTURE_STREAM]) {
+        door.device().finish(stream);
     }
     while let Some(block) = run.live.pop() {
         door.free(&block.handle, block.stream);
-        run.oracle.freed(block.id, block.stream);
+        if !run.graphs.iter().any(|g| g.blocks.contains(&block.id)) {
+            run.oracle.freed(block.id, block.stream);
+        }
     }
-    let stats = door.stats();
+    while !run.graphs.is_empty() {
+        run.destroy_graph(0);
+    }
+    let counters = door.counters();
     let reach = &mut run.oracle.reach;
-    reach.moves_between_streams = stats.num_segments_shared + stats.num_pages_shared;
-    reach.planned_allocs = stats.num_planned_allocs;
-    reach.stitched_allocs = stats.num_stitched_allocs;
-    reach.retries = stats.num_alloc_retries + stats.num_ooms;
-    let log = door.device().stream_log();
-    if log.capture_violations != 0 {
-        return Err(run.oracle_violation(format!("{} calls a driver refuses during a capture", log.capture_violations)));
+    reach.moves_between_streams = counters.moves;
+    reach.planned_allocs = counters.planned_allocs;
+    reach.stitched_allocs = counters.stitched_allocs;
+    reach.retries = counters.retries;
+    let violations = door.device().capture_violations();
+    if violations != 0 {
+        return Err(run.violation(format!("{violations} calls a driver refuses during a capture")));
     }
     Ok(run.oracle.reach)
-}
-
-impl<D: Door> Run<'_, D> {
-    fn oracle_violation(&self, what: String) -> String {
-        let tail = self.oracle.history.len().saturating_sub(40);
-        format!("{what}\nlast operations:\n  {}", self.oracle.history[tail..].join("\n  "))
-    }
 }

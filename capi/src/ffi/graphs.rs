@@ -78,6 +78,24 @@ pub unsafe extern "C" fn umm_sim_capture(device: c_int, stream: Stream, capturin
     })
 }
 
+/// Simulated devices (`UMM_CAPI_SIM`) only: drives or asks the device's streams, for tests that check
+/// stream-ordered reuse through the C ABI. `op` is one of `umm.h`'s `UMM_SIM_*`: queue an item of work on
+/// `stream` (answers its number, from 1), hold its work back, run it up to item `arg`, run all of it, answer the
+/// items run, answer the last item of stream `arg` that `stream`'s later work is ordered after, or answer a
+/// number for the byte at address `arg` (equal numbers: the same byte of device memory). -1 with a message on a
+/// real device or for an unknown `op`.
+///
+/// # Safety
+/// As [`super::umm_alloc`] for `stream`.
+#[no_mangle]
+pub unsafe extern "C" fn umm_sim_stream(device: c_int, stream: Stream, op: c_int, arg: u64) -> i64 {
+    guarded("umm_sim_stream", -1, || {
+        // SAFETY: this function's contract is `foreign_stream`'s.
+        let stream = unsafe { foreign_stream(stream as usize as u64) };
+        crate::sim_streams::sim_stream(i64::from(device), stream, op, arg).map(|n| n as i64)
+    })
+}
+
 /// Writes the addresses of the live blocks of private pool `pool` on `device` to `out` (at most `capacity` of
 /// them, in no order) and returns how many it has: more than `capacity` means the list was cut short. -1 with a
 /// message for an unknown device.
