@@ -185,7 +185,7 @@ const REFUSED: &[(u8, &str, &str)] = &[
 ];
 
 /// Every opcode the reader runs (the rest of the 256 bytes are refused above or are no opcode).
-const RUN: &[u8] = b"\x80\x95.(012NJKMGXCB)t]la}dsu\x88\x89\x8a\x8b\x8c\x8d\x8e\x96\x85\x86\x87\x8f\x90\x91\x94qrhj";
+const RUN: &[u8] = b"\x80\x95.(012NJKMGXCB)t]lae}dsu\x88\x89\x8a\x8b\x8c\x8d\x8e\x96\x85\x86\x87\x8f\x90\x91\x94qrhj";
 
 #[test]
 fn every_refused_opcode_is_refused_by_name() {
