@@ -76,8 +76,8 @@ impl Device for CDevice {
 /// The C ABI: blocks are addresses, frees name their stream.
 struct CDoor {
     device: CDevice,
-    /// Graphs made so far, for private pool numbers no earlier graph used.
-    graphs: std::sync::atomic::AtomicU64,
+    /// The device's counters when the door was made (they count over the process).
+    start: Counters,
 }
 
 /// An address handed out, as the tests' threads pass it around.
@@ -127,7 +127,9 @@ impl Door for CDoor {
         assert_eq!(umm_capture_end(DEVICE), 0, "{}", last_error());
     }
     fn begin_graph(&self) -> Option<u64> {
-        let number = self.graphs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Graphs made so far in the process: a private pool number no earlier graph used.
+        static GRAPHS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let number = GRAPHS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         assert_eq!(umm_pool_retain(DEVICE, pool_id(number)), 1, "{}", last_error());
         self.begin_capture();
         Some(number)
@@ -150,15 +152,30 @@ impl Door for CDoor {
         assert!(umm_empty_cache(DEVICE) >= 0, "{}", last_error());
     }
     fn counters(&self) -> Counters {
-        let stats = stats(DEVICE);
-        let count = |key: &str| stats[key].as_u64().unwrap_or(0);
+        let now = counters();
         Counters {
-            moves: count("num_segments_shared") + count("num_pages_shared"),
-            planned_allocs: count("num_planned_allocs"),
-            stitched_allocs: count("num_stitched_allocs"),
-            retries: count("num_alloc_retries") + count("num_ooms"),
+            moves: now.moves - self.start.moves,
+            planned_allocs: now.planned_allocs - self.start.planned_allocs,
+            stitched_allocs: now.stitched_allocs - self.start.stitched_allocs,
+            retries: now.retries - self.start.retries,
         }
     }
+}
+
+/// What the device's pools counted so far.
+fn counters() -> Counters {
+    let stats = stats(DEVICE);
+    let count = |key: &str| stats[key].as_u64().unwrap_or(0);
+    Counters {
+        moves: count("num_segments_shared") + count("num_pages_shared"),
+        planned_allocs: count("num_planned_allocs"),
+        stitched_allocs: count("num_stitched_allocs"),
+        retries: count("num_alloc_retries") + count("num_ooms"),
+    }
+}
+
+fn door() -> CDoor {
+    CDoor { device: CDevice, start: counters() }
 }
 
 fn workload() -> impl Strategy<Value = Vec<Op>> {
@@ -196,7 +213,7 @@ fn the_c_abi_never_hands_out_bytes_whose_work_may_still_run() {
         let out = child.output().expect("the test binary runs");
         let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success() && text.contains("1 passed"), "under {settings:?}:\n{text}");
-        let reach = text.lines().find(|l| l.starts_with("reach")).unwrap_or("no reach printed");
+        let reach = text.lines().find_map(|l| l.split_once("reach ").map(|(_, r)| r)).unwrap_or("no reach printed");
         eprintln!("{settings:?}: {reach}");
     }
 }
@@ -213,8 +230,7 @@ fn oracle_child() {
     });
     let reach = std::cell::RefCell::new(Reach::default());
     let result = runner.run(&workload(), |ops| {
-        let door = CDoor { device: CDevice, graphs: Default::default() };
-        let one = run(door, &ops).map_err(TestCaseError::fail)?;
+        let one = run(door(), &ops).map_err(TestCaseError::fail)?;
         reach.borrow_mut().add(&one);
         Ok(())
     });
@@ -238,7 +254,7 @@ fn the_c_abi_workloads_reach_what_they_are_for() {
     let runs = 8;
     for _ in 0..runs {
         let ops = workload().new_tree(&mut runner).expect("a workload").current();
-        let one = run(CDoor { device: CDevice, graphs: Default::default() }, &ops).unwrap_or_else(|e| panic!("{e}"));
+        let one = run(door(), &ops).unwrap_or_else(|e| panic!("{e}"));
         reach.add(&one);
     }
     eprintln!("reach of {runs} workloads through the C ABI: {reach:?}");
