@@ -22,7 +22,7 @@ use stream_model::oracle::{Reach, Stream, Streams};
 use stream_model::workload::{op, physical_bytes, run, Counters, Device, Door, Op};
 use umm_capi::*;
 
-use common::{last_error, stats, stream, MIB};
+use common::{last_error, stats, stream};
 
 const DEVICE: c_int = 0;
 /// The variable that tells a child process which settings it runs under.
@@ -46,7 +46,7 @@ impl Streams for CDevice {
         sim(on, UMM_SIM_ORDERED_AFTER, other)
     }
     fn bytes(&self, address: u64, len: u64) -> Vec<Range<u64>> {
-        physical_bytes(|a| Some(sim(0, UMM_SIM_BYTE, a)), 0, address, len)
+        physical_bytes(|a| Some(sim(0, UMM_SIM_BYTE, a)), address, len)
     }
 }
 
@@ -262,5 +262,4 @@ fn the_c_abi_workloads_reach_what_they_are_for() {
     assert!(reach.cross_stream_reuses >= runs, "{reach:?}");
     assert!(reach.captures >= runs / 2, "{reach:?}");
     assert!(reach.multi_stream_frees >= runs / 2, "{reach:?}");
-    let _ = MIB;
 }

@@ -187,7 +187,6 @@ impl Streams for SimBackend {
     fn bytes(&self, address: u64, len: u64) -> Vec<Range<u64>> {
         physical_bytes(
             |a| self.physical_page(a).map(|p| PHYSICAL + p * self.page_size() + a % self.page_size()),
-            self.page_size(),
             address,
             len,
         )
@@ -221,7 +220,7 @@ impl Device for SimBackend {
 
 /// The bytes behind `[address, address + len)`, split where pages of [`SimBackend::PAGE`] (the smallest a
 /// simulated device maps) end: `byte_of` numbers the first byte of each piece, and the piece's bytes follow it.
-pub fn physical_bytes(byte_of: impl Fn(u64) -> Option<u64>, _page: u64, address: u64, len: u64) -> Vec<Range<u64>> {
+pub fn physical_bytes(byte_of: impl Fn(u64) -> Option<u64>, address: u64, len: u64) -> Vec<Range<u64>> {
     let page = SimBackend::PAGE;
     let mut bytes: Vec<Range<u64>> = Vec::new();
     let end = address + len;
