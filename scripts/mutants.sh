@@ -3,7 +3,7 @@
 # area is one `cargo mutants` run over its files with the test targets that cover them, on the simulated devices,
 # so no GPU is needed. Needs `cargo install cargo-mutants`.
 #
-#   scripts/mutants.sh AREA [SHARD]   # AREA: decision | trace | capi | engine-pool | all
+#   scripts/mutants.sh AREA [SHARD]   # AREA: decision | trace | capi | engine-pool | streams | all
 #                                   # SHARD (engine-pool only): k/n, a round-robin sample of 1 in n mutants
 #
 # Outputs land in /tmp/umm-mutants/AREA/mutants.out (caught.txt, missed.txt, ...). On a 2-core machine: decision
@@ -44,8 +44,18 @@ case $area in
       -- --lib --test conformance --test steps --test sleep --test faults --test cross_stream \
       --test reserved_group --test teardown -- --skip long_random_sequence_matches_shadow
     ;;
+  streams)
+    # Stream-ordered reuse: StreamPool's recorded streams and pending frees, sharing across streams, the arenas of
+    # each stream, with the suites of the stream oracle (tests/stream_oracle.rs) and the hand-written cases; then
+    # the C ABI's registry (its free path) under its oracle and simulated-device tests.
+    run streams-backends -p umm-backends -f backends/src/pool/recorded.rs -f backends/src/pool/share.rs \
+      -f backends/src/pool/streams.rs \
+      -- --lib --test stream_oracle --test cross_stream --test capture -- pool::recorded pool::streams oracle \
+      never_hands_out reach stream capture
+    run streams-capi -p umm-capi -f registry.rs -- --test stream_oracle --test sim --test graphs
+    ;;
   all)
-    for a in decision trace capi engine-pool; do "$0" "$a" "$shard"; done
+    for a in decision trace capi engine-pool streams; do "$0" "$a" "$shard"; done
     ;;
   *)
     sed -n '2,12p' "$0"

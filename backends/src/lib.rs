@@ -51,7 +51,7 @@ pub use pool::{
     SleepReport, StepOutcome, StepReport, Strategy, TrimReport, WakeReport, DEFAULT_PAGE_UNLIMITED, MAX_STEP_EVENTS,
     MISSES_TO_DROP, REPEATS_TO_PLAN,
 };
-pub use sim::{SimBackend, SimStreamLog};
+pub use sim::{SimBackend, SimDeviceStreams, SimStreamLog};
 pub use stats::{PoolStats, ReservedGroup, Stat};
 /// The vocabulary shared with the placement crate: which API a pool or device is reached through, and what sort
 /// of device it is.

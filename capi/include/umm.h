@@ -178,6 +178,18 @@ ssize_t umm_pool_live(int device, umm_pool_id pool, void **out, size_t capacity)
  * as "capture_violations" by umm_stats_json. 0, or -1 with a message on a real device. */
 int umm_sim_capture(int device, umm_stream_t stream, int capturing);
 
+/* Simulated devices (UMM_CAPI_SIM) only: drives or asks the device's streams, for tests of stream-ordered reuse.
+ * `op` is one of the UMM_SIM_* below; `arg` is an item number, a stream number or an address as the op says.
+ * The answer (0 where the op answers nothing), or -1 with a message on a real device or for an unknown op. */
+#define UMM_SIM_LAUNCH 0        /* queue an item of work on `stream`: answers its number, from 1 */
+#define UMM_SIM_HOLD 1          /* hold `stream`'s work back */
+#define UMM_SIM_RUN 2           /* run `stream`'s work up to item `arg` */
+#define UMM_SIM_FINISH 3        /* run all of it and let later work run at once */
+#define UMM_SIM_COMPLETED 4     /* answers the items of `stream` run so far */
+#define UMM_SIM_ORDERED_AFTER 5 /* answers the last item of stream `arg` that `stream`'s later work waits for */
+#define UMM_SIM_BYTE 6          /* answers a number for the byte at address `arg`: equal numbers, the same byte */
+int64_t umm_sim_stream(int device, umm_stream_t stream, int op, uint64_t arg);
+
 /* Statistics and snapshots as structures, for callers that fill their own types (the umm_torch adapter fills
  * PyTorch's DeviceStats and SnapshotInfo) without parsing JSON. */
 typedef struct umm_stat {

@@ -158,7 +158,7 @@ impl Slot {
 }
 
 /// The slot of `device`, with a message naming `what` where it has no pools.
-fn slot(what: &str, device: i64) -> Result<&'static Slot, String> {
+pub(crate) fn slot(what: &str, device: i64) -> Result<&'static Slot, String> {
     crate::registry::registry().pool(device).map(|(slot, _)| slot).map_err(|e| format!("{what}: {e}"))
 }
 

@@ -37,6 +37,7 @@ mod graph_pool;
 mod history;
 mod registry;
 mod share;
+mod sim_streams;
 mod sleep;
 mod snapshot;
 mod tag;

@@ -23,7 +23,7 @@ use umm_backends::cuda::{self, ContextScope};
 use umm_backends::pool::StreamPool;
 use umm_backends::{
     BlockHandle, CrossStream, Error, Limit, Pool, PoolConfig, PoolKind, PoolStats, ReservedGroup, SegmentMode,
-    SimBackend, StreamId,
+    SimBackend, SimDeviceStreams, StreamId,
 };
 use umm_placement::units::human_bytes as human;
 
@@ -332,6 +332,8 @@ impl Registry {
             .map(|index| {
                 let name = format!("umm simulated device {index}");
                 let reserved = ReservedGroup::new();
+                // One device's streams, whichever of its pools marks them or waits on them.
+                let streams = SimDeviceStreams::default();
                 let pool = |config: PoolConfig| {
                     let config = PoolConfig { reserved_group: Some(Arc::clone(&reserved)), ..config };
                     let plain = config.segment_mode == SegmentMode::Plain;
@@ -342,7 +344,7 @@ impl Registry {
                     };
                     // A plain pool next to a virtual one (the huge pool) takes the upper half of the device's range.
                     let base = simulated_base(index) + if plain { 1 << 39 } else { 0 };
-                    Pool::new(backend.at_address(base), config)
+                    Pool::new(backend.at_address(base).with_streams(&streams), config)
                         .map(|p| Arc::new(StreamPool::new(p)) as Arc<dyn DevicePool>)
                         .map_err(|e| format!("umm: cannot create a pool on simulated device {index}: {e}"))
                 };
@@ -352,12 +354,13 @@ impl Registry {
                 };
                 let make_pool: Option<MakePool> = config.as_ref().ok().map(|(config, _)| {
                     let (name, config, reserved) = (name.clone(), config.clone(), Arc::clone(&reserved));
+                    let streams = streams.clone();
                     Arc::new(move |purpose: Purpose<'_>, number: usize| {
                         let config =
                             PoolConfig { reserved_group: Some(Arc::clone(&reserved)), ..purpose.config(&config) };
                         // Each tagged pool's addresses lie apart from the main and huge pools' and each other's;
                         // its pages keep their bytes, so that offloading them has something to copy.
-                        let backend = SimBackend::new(name.clone(), bytes).holding_bytes();
+                        let backend = SimBackend::new(name.clone(), bytes).holding_bytes().with_streams(&streams);
                         simulated_tag_base(index, number)
                             .and_then(|base| Pool::new(backend.at_address(base), config))
                             .map(|p| Arc::new(StreamPool::new(p)) as SharedPool)

@@ -247,7 +247,11 @@ impl<B: Backend> Pool<B> {
         };
         let alloc = match state.take_cached(arena, size) {
             Some(alloc) => alloc,
-            None if state.arenas[arena].virtual_segments => return self.remap(state, arena, bytes, size),
+            // A virtual arena of small blocks (a tagged pool's) may hold quick blocks: the slow path puts them
+            // back before it maps anything.
+            None if state.arenas[arena].virtual_segments && state.arenas[arena].quick.is_empty() => {
+                return self.remap(state, arena, bytes, size)
+            }
             None => return self.allocate_slow(state, bytes, stream, true),
         };
         Ok(self.hand_out(state, arena, &alloc, bytes, true))

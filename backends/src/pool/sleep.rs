@@ -363,7 +363,8 @@ impl<B: Backend> Pool<B> {
         let start = Instant::now();
         let mut state = self.state().lock();
         let Some(sleeping) = state.sleep.take() else { return Ok(WakeReport::default()) };
-        let awake = state.reserved() + sleeping.bytes;
+        // With the sleep taken, reserved memory counts the sleeping bytes again: what the pool holds awake.
+        let awake = state.reserved();
         if let Some(limit) = state.stats.limit_bytes.filter(|&limit| awake > limit) {
             let what = format!("wake: {} bytes would pass the pool's limit of {limit}", sleeping.bytes);
             state.sleep = Some(sleeping);

@@ -11,6 +11,7 @@ use crate::{Api, Backend, Error, Result, StreamId, StreamMark, VirtualMemory};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use streams::SimStreams;
 
 /// A simulated segment: a range of addresses.
@@ -39,8 +40,12 @@ pub struct SimBackend {
     /// Physical bytes in use: an atomic, not a lock, because pools map and unmap on every remap and a
     /// device's bookkeeping should cost the replay no more than it must.
     physical: AtomicU64,
-    /// Queued work, marks and waits (see [`streams`]).
-    streams: Mutex<SimStreams>,
+    /// Queued work, marks and waits (see [`streams`]): shared by the simulated backends of one device's pools
+    /// ([`SimBackend::with_streams`]).
+    streams: Arc<Mutex<SimStreams>>,
+    /// A number no other simulated backend of this process has, so that tests can tell their physical pages
+    /// apart ([`SimBackend::id`]).
+    id: u64,
     /// Which physical page backs each mapped page of the reservations (see [`SimPages`]).
     pages: Mutex<SimPages>,
     /// Whether the device keeps the bytes written to it ([`SimBackend::holding_bytes`]).
@@ -58,11 +63,23 @@ struct SimPages {
     /// Physical page number -> mappings.
     mappings: HashMap<u64, u32>,
     next: u64,
+    /// Physical pages whose last mapping went, mapped again first (latest first), as a driver hands out memory
+    /// it got back: a test that checks bytes by their physical page then sees a page move from one place to
+    /// another as the same bytes.
+    spare: Vec<u64>,
     /// With [`SimBackend::holding_bytes`]: the bytes of physical pages and of plain segments (by base address),
     /// made on first touch.
     page_bytes: HashMap<u64, Box<[u8]>>,
     segment_bytes: HashMap<u64, Box<[u8]>>,
 }
+
+/// The streams of one simulated device, for the simulated backends of its pools to share
+/// ([`SimBackend::with_streams`]): a device's streams are one set, whichever pool marks or waits on them.
+#[derive(Debug, Clone, Default)]
+pub struct SimDeviceStreams(Arc<Mutex<SimStreams>>);
+
+/// The next [`SimBackend::id`].
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
 /// Free-memory queries answered by simulated devices in this process: what a driver's `cuMemGetInfo` would
 /// have been asked, so that a test can show which operations query the device.
@@ -89,7 +106,8 @@ impl SimBackend {
             page: Self::PAGE,
             next_address: Mutex::new(0),
             physical: AtomicU64::new(0),
-            streams: Mutex::new(SimStreams::default()),
+            streams: Arc::default(),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             pages: Mutex::new(SimPages::default()),
             holds_bytes: false,
         }
@@ -129,15 +147,51 @@ impl SimBackend {
         self
     }
 
+    /// The same device with `streams` as its streams: every backend given them sees the same queued work, marks
+    /// and captures, as the pools of one device do.
+    pub fn with_streams(self, streams: &SimDeviceStreams) -> Self {
+        Self { streams: Arc::clone(&streams.0), ..self }
+    }
+
+    /// A number that tells this backend from every other simulated backend of the process (each has physical
+    /// pages of its own, numbered from 0).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     /// Holds back the work queued on `stream` from now on, as a long kernel would: marks recorded on it do not
     /// pass until [`SimBackend::finish_stream`].
     pub fn hold_stream(&self, stream: StreamId) {
         self.streams.lock().hold(stream);
     }
 
-    /// Runs the work held on `stream`: its marks pass.
+    /// Runs the work held on `stream` and lets its later work run at once: its marks pass.
     pub fn finish_stream(&self, stream: StreamId) {
         self.streams.lock().finish(stream);
+    }
+
+    /// Queues one item of work on `stream` (a kernel that uses some memory) and returns its number, counted from
+    /// 1 per stream. It runs at once unless the stream is held or waits on the device for held work; marks
+    /// recorded after it pass once it has run.
+    pub fn launch(&self, stream: StreamId) -> u64 {
+        self.streams.lock().launch(stream)
+    }
+
+    /// Runs the work queued on held `stream` up to item `item` (and the work on other streams it waits for),
+    /// keeping the rest held: a test lets a stream's work run one item at a time.
+    pub fn complete_stream(&self, stream: StreamId, item: u64) {
+        self.streams.lock().complete(stream, item);
+    }
+
+    /// Items queued on `stream` so far, and how many of them have run.
+    pub fn stream_progress(&self, stream: StreamId) -> (u64, u64) {
+        self.streams.lock().progress(stream)
+    }
+
+    /// The last item of `other` that work queued on `stream` from now on is ordered after by device-side waits
+    /// ([`Backend::wait_for_mark`]); 0 where `stream` never waited for `other`.
+    pub fn ordered_after(&self, stream: StreamId, other: StreamId) -> u64 {
+        self.streams.lock().ordered_after(stream, other)
     }
 
     /// `stream` captures from now on, as a CUDA stream between `cuStreamBeginCapture` and `cuStreamEndCapture`:
@@ -162,8 +216,8 @@ impl SimBackend {
         self.physical.load(Ordering::Relaxed)
     }
 
-    /// The physical page behind the page holding `address` of a reservation, numbered in the order pages were
-    /// created; `None` where nothing is mapped. Two addresses with the same physical page (and the same offset in
+    /// The physical page behind the page holding `address` of a reservation: a number that a page unmapped for
+    /// good gives to the next page mapped; `None` where nothing is mapped. Two addresses with the same physical page (and the same offset in
     /// it, `address % page`) are the same byte of device memory.
     pub fn physical_page(&self, address: u64) -> Option<u64> {
         self.pages.lock().mapped.get(&(address & !(self.page - 1))).copied()
@@ -186,6 +240,7 @@ impl SimBackend {
             if *left == 0 {
                 pages.mappings.remove(&physical);
                 pages.page_bytes.remove(&physical);
+                pages.spare.push(physical);
                 self.physical.fetch_sub(self.page, Ordering::Relaxed);
             }
         }
@@ -374,8 +429,10 @@ impl Backend for SimBackend {
         }
         self.take(len, "map_pages")?;
         for address in (start..end).step_by(self.page as usize) {
-            let physical = pages.next;
-            pages.next += 1;
+            let physical = pages.spare.pop().unwrap_or_else(|| {
+                pages.next += 1;
+                pages.next - 1
+            });
             pages.mapped.insert(address, physical);
             pages.mappings.insert(physical, 1);
         }

@@ -155,6 +155,59 @@ fn class_opcodes_are_refused_by_name_and_offset() {
     assert!(text.contains("0xff is not a pickle opcode") && text.contains("byte 2"), "{text}");
 }
 
+/// Every opcode the reader refuses, with its name and the reason given: the opcodes that name or build Python
+/// objects, out-of-band buffers, and those of protocols 0 and 1 (text forms and the text memo).
+const REFUSED: &[(u8, &str, &str)] = &[
+    (b'c', "GLOBAL", "names or builds a Python class"),
+    (0x93, "STACK_GLOBAL", "names or builds a Python class"),
+    (b'R', "REDUCE", "names or builds a Python class"),
+    (b'b', "BUILD", "names or builds a Python class"),
+    (b'i', "INST", "names or builds a Python class"),
+    (b'o', "OBJ", "names or builds a Python class"),
+    (0x81, "NEWOBJ", "names or builds a Python class"),
+    (0x92, "NEWOBJ_EX", "names or builds a Python class"),
+    (0x82, "EXT1", "names or builds a Python class"),
+    (0x83, "EXT2", "names or builds a Python class"),
+    (0x84, "EXT4", "names or builds a Python class"),
+    (b'P', "PERSID", "names or builds a Python class"),
+    (b'Q', "BINPERSID", "names or builds a Python class"),
+    (0x97, "NEXT_BUFFER", "out-of-band buffers"),
+    (0x98, "READONLY_BUFFER", "out-of-band buffers"),
+    (b'F', "FLOAT", "protocols 0 and 1"),
+    (b'I', "INT", "protocols 0 and 1"),
+    (b'L', "LONG", "protocols 0 and 1"),
+    (b'S', "STRING", "protocols 0 and 1"),
+    (b'T', "BINSTRING", "protocols 0 and 1"),
+    (b'U', "SHORT_BINSTRING", "protocols 0 and 1"),
+    (b'V', "UNICODE", "protocols 0 and 1"),
+    (b'g', "GET", "protocols 0 and 1"),
+    (b'p', "PUT", "protocols 0 and 1"),
+];
+
+/// Every opcode the reader runs (the rest of the 256 bytes are refused above or are no opcode).
+const RUN: &[u8] = b"\x80\x95.(012NJKMGXCB)t]lae}dsu\x88\x89\x8a\x8b\x8c\x8d\x8e\x96\x85\x86\x87\x8f\x90\x91\x94qrhj";
+
+#[test]
+fn every_refused_opcode_is_refused_by_name() {
+    for &(op, name, why) in REFUSED {
+        let text = read(&[0x80, 4, b'N', op, b'.']).unwrap_err().to_string();
+        let named = format!("{name} (0x{op:02x}): refused");
+        assert!(text.contains(&named) && text.contains(why) && text.contains("byte 3"), "{name}: {text}");
+    }
+    // The lists are the whole byte range: a byte neither run nor refused by name is no opcode.
+    for op in 0..=255u8 {
+        if RUN.contains(&op) || REFUSED.iter().any(|r| r.0 == op) {
+            continue;
+        }
+        let text = read(&[0x80, 4, b'N', op, b'.']).unwrap_err().to_string();
+        assert!(text.contains(&format!("0x{op:02x} is not a pickle opcode")), "0x{op:02x}: {text}");
+    }
+    for &op in RUN {
+        let refused = read(&[0x80, 4, b'N', op, b'.']).err().is_some_and(|e| e.to_string().contains("refused"));
+        assert!(!refused, "0x{op:02x} is run, not refused");
+    }
+}
+
 #[test]
 fn lengths_past_the_end_are_truncation_not_allocation() {
     // A string claiming 2^64 - 1 bytes, and a frame longer than the file.
