@@ -85,7 +85,8 @@ fn the_readme_states_the_trace_header_and_a_locked_install() {
 #[test]
 fn the_readmes_warm_device_calls_on_the_simulated_device_are_what_umm_replay_counts() {
     let readme = read("README.md").split_whitespace().collect::<Vec<_>>().join(" ");
-    let printed = umm(&["replay", "--backend", "sim", "--repeat", "3", "--json", "examples/traces/gpt2_train.trace.gz"]);
+    let printed =
+        umm(&["replay", "--backend", "sim", "--repeat", "3", "--json", "examples/traces/gpt2_train.trace.gz"]);
     let report: serde_json::Value = serde_json::from_str(&printed[0]).unwrap();
     let calls = report["warm_device_calls"].as_u64().unwrap();
     let stated = format!("with `--backend sim --repeat 3` warm passes make {calls} device calls on gpt2_train");
