@@ -150,7 +150,8 @@ impl UniversalMemoryManager {
     /// Errors: no device of the memory's API, or none that the memory belongs to (an OpenCL buffer of another
     /// context, a CUDA slice of another context, a selector naming a device of another API):
     /// [`Error::Adopt`]; a size that is not a whole number of `T` ([`umm_backends::Error::InvalidConfig`]),
-    /// empty memory ([`umm_backends::Error::ZeroSize`]), a wgpu buffer whose size is not a multiple of 4
+    /// empty device memory ([`umm_backends::Error::ZeroSize`]; an empty `Vec` or static slice gives an empty host
+    /// buffer, as an allocation of 0 elements does), a wgpu buffer whose size is not a multiple of 4
     /// ([`umm_backends::Error::Unsupported`]). Memory taken over is released when adoption fails.
     #[track_caller]
     pub fn adopt<'a, T: bytemuck::Pod + Send + Sync>(
@@ -162,6 +163,9 @@ impl UniversalMemoryManager {
         let ownership = source.ownership();
         let elem = std::mem::size_of::<T>();
         let (device, api, kind, block): (Arc<Device>, Api, PoolKind, OwnedBlock) = match source.source {
+            // Empty host memory has nothing to take over: the empty buffer an allocation of 0 elements gives.
+            Source::Vec(data) if data.is_empty() => return self.adopt_empty(options),
+            Source::Static(data) if data.is_empty() => return self.adopt_empty(options),
             Source::Vec(data) => {
                 let device = self.host_device();
                 let block = umm_backends::host::adopt_vec("host", self.inner.host.total_bytes, data)?;
@@ -261,6 +265,16 @@ impl UniversalMemoryManager {
             migrated_via: None,
         };
         Ok(UniversalBuffer::new(false, Some(block), len, meta, track, profile_id))
+    }
+
+    /// An empty host buffer, as [`UniversalMemoryManager::allocate_universal_with`] makes for 0 elements.
+    #[track_caller]
+    fn adopt_empty<T: bytemuck::Pod>(&self, options: AdoptOptions) -> Result<UniversalBuffer<T>> {
+        let mut alloc = crate::AllocOptions::new().device(DeviceSelector::Host).access(options.access);
+        if let Some(label) = options.label {
+            alloc = alloc.label(label);
+        }
+        self.allocate_universal_with(0, alloc)
     }
 
     fn host_device(&self) -> Arc<Device> {

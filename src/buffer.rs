@@ -236,7 +236,7 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
     }
 
     /// The elements as a host slice, or why not: [`Error::NotHostAddressable`] names the pool and the reason
-    /// (device memory, a wgpu buffer mapped only for copies, a simulated device that holds no bytes).
+    /// (device memory, a wgpu buffer mapped only for copies, a simulated device).
     pub fn host_slice(&self) -> Result<&[T]> {
         self.as_slice().ok_or_else(|| self.not_host_addressable())
     }
@@ -263,7 +263,7 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
             }
             Some(umm_placement::Api::Wgpu) => "a wgpu buffer, which the host reaches only through a mapped copy",
             Some(umm_placement::Api::OpenCl) => "an OpenCL buffer this device does not keep mapped into the host",
-            Some(umm_placement::Api::Sim) => "on a simulated device, which holds no bytes",
+            Some(umm_placement::Api::Sim) => "on a simulated device, which the host reaches only through copies",
             _ => "memory the host cannot address",
         };
         Error::NotHostAddressable {

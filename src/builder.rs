@@ -73,7 +73,8 @@ impl Builder {
         (self.config.cuda, self.config.opencl, self.config.wgpu) = (cuda, opencl, wgpu);
         self
     }
-    /// Adds a simulated device of `capacity` bytes (a stand-in GPU that holds no bytes).
+    /// Adds a simulated device of `capacity` bytes: a stand-in GPU with virtual memory that keeps the bytes
+    /// written to it (host memory taken on first touch), which the host reaches only through copies.
     pub fn simulated_device(mut self, capacity: u64) -> Self {
         self.config.simulated_devices.push(capacity);
         self

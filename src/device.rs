@@ -301,9 +301,11 @@ pub(crate) fn discover(config: &UmmConfig, host: &HostInfo, test_devices: &[Test
         entries.push(simulated_entry(
             i,
             capacity,
-            "simulated: address ranges only, holds no bytes",
+            "simulated: keeps the bytes written to it (memory taken on first touch)",
             move |name, _, config| {
-                let backend = SimBackend::new(name, capacity);
+                // Bytes kept, as the C ABI's simulated devices keep them: copies, fills and an offloading sleep
+                // work as on a GPU.
+                let backend = SimBackend::new(name, capacity).holding_bytes();
                 Ok(Arc::new(Pool::new(backend, config.clone())?) as Arc<dyn MemoryPool>)
             },
         ));

@@ -26,10 +26,12 @@ pub enum Error {
         /// The element type.
         type_name: &'static str,
     },
-    /// A whole-buffer read or write (`read`, `write`) given a slice whose length is not the buffer's.
+    /// A whole-buffer read, write or copy (`read`, `write`, `copy_from`) given a slice or buffer whose length is
+    /// not the buffer's.
     #[error(
         "{op}: the buffer holds {buffer_len} elements but {given_len} were given ({op} takes exactly the buffer's \
-         length; {op}_at reads or writes part of it)"
+         length{})",
+        partial_hint(.op)
     )]
     LengthMismatch {
         /// The operation.
@@ -141,9 +143,26 @@ pub enum Error {
     #[error("no batch was uploaded into the front buffer: call prefetch_next, then swap, before current")]
     NothingPrefetched,
 
+    /// [`crate::UniversalMemoryManager::wake`] naming a tag that is not asleep.
+    #[error("tag {tag} is not asleep: nothing to wake (asleep: {})", or_none(.asleep))]
+    NotAsleep {
+        /// The tag.
+        tag: String,
+        /// The tags asleep, comma-separated.
+        asleep: String,
+    },
     /// An invalid builder or configuration value.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
+    /// [`crate::UniversalMemoryManager::sleep`] of a tag that has nothing a sleep could give back: nothing was
+    /// allocated under it, or all of it is host memory.
+    #[error("cannot put tag {tag} to sleep: {reason}")]
+    NothingToSleep {
+        /// The tag.
+        tag: String,
+        /// Why.
+        reason: &'static str,
+    },
     /// A malformed or unreadable trace.
     #[error(transparent)]
     Trace(#[from] crate::trace::TraceError),
@@ -170,6 +189,22 @@ fn room(len: usize, offset: usize) -> String {
         Some(0) => "the offset is the end: nothing fits there".into(),
         Some(room) => format!("at most {room} fit from that offset"),
         None => "the offset itself is past the end".into(),
+    }
+}
+
+fn or_none(list: &str) -> &str {
+    if list.is_empty() {
+        "none"
+    } else {
+        list
+    }
+}
+
+/// Where a whole-buffer operation has a partial one beside it (`read_at`, `write_at`), its name.
+fn partial_hint(op: &str) -> String {
+    match op {
+        "read" | "write" => format!("; {op}_at reads or writes part of it"),
+        _ => String::new(),
     }
 }
 

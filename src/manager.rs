@@ -25,6 +25,10 @@ static NEXT_MANAGER_ID: AtomicU64 = AtomicU64::new(1);
 
 pub(crate) struct Inner {
     pub(crate) config: UmmConfig,
+    /// What pools made from now on are configured with: `config.pool`, with the limit
+    /// [`UniversalMemoryManager::set_limit`] set last. Written under its lock while every pool made so far takes
+    /// the new limit, so that no pool made meanwhile misses it.
+    pub(crate) pool_config: RwLock<umm_backends::PoolConfig>,
     pub(crate) host: HostInfo,
     pub(crate) devices: Vec<Arc<Device>>,
     pub(crate) skipped: Vec<String>,
@@ -102,6 +106,7 @@ impl UniversalMemoryManager {
         let several_accelerators = views.iter().filter(|v| v.is_accelerator() && v.kind != DeviceKind::Cpu).count() > 1;
         Ok(UniversalMemoryManager {
             inner: Arc::new(Inner {
+                pool_config: RwLock::new(config.pool.clone()),
                 config,
                 host,
                 devices: found.devices,
@@ -265,7 +270,7 @@ impl UniversalMemoryManager {
                 let pool = match &tag {
                     Some(tag) => {
                         let (kind, api) = (placed.decision.pool, placed.api);
-                        placed.device.tagged_pool(tag, kind, api, &self.inner.config.pool)?
+                        placed.device.tagged_pool(tag, kind, api, &self.inner.pool_config.read())?
                     }
                     None => Arc::clone(placed.pool.as_ref().expect("placements for a non-empty buffer have a pool")),
                 };
@@ -369,7 +374,7 @@ impl UniversalMemoryManager {
             DeviceSelector::Api(api) => Some(api),
             _ => None,
         };
-        let pool = match device.pool(decision.pool, api, &inner.config.pool) {
+        let pool = match device.pool(decision.pool, api, &inner.pool_config.read()) {
             // This thread's own handle on the pool: its buffers count on it, not on the pool every thread shares.
             Ok(pool) => Some(Arc::new(umm_backends::PoolLease::new(pool)) as Arc<dyn umm_backends::MemoryPool>),
             Err(e) if bytes > 0 => return Err(e),

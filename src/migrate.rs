@@ -303,7 +303,7 @@ fn pinned_chunk(src: &OwnedBlock, dst: &OwnedBlock, len: u64, staging: &Staging<
         return None;
     };
     let inner = &staging.mm.inner;
-    let pool = inner.devices[device].pool(PoolKind::HostPinned, Some(Api::Cuda), &inner.config.pool).ok()?;
+    let pool = inner.devices[device].pool(PoolKind::HostPinned, Some(Api::Cuda), &inner.pool_config.read()).ok()?;
     let block = OwnedBlock::allocate(pool, CHUNK.min(len), StreamId::default(), false)
         .inspect_err(|e| log::debug!("no pinned staging chunk ({e}); staging through pageable memory"))
         .ok()?;

@@ -6,7 +6,7 @@
 //! A tag comes from [`crate::AllocOptions::tag`] or, for every allocation of a thread in a region, from
 //! [`UniversalMemoryManager::tag_scope`].
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::manager::UniversalMemoryManager;
 use crate::tags::TagScope;
 use serde::Serialize;
@@ -109,40 +109,71 @@ impl UniversalMemoryManager {
     /// work, offloads or discards the bytes of its live buffers, and gives its device memory back, keeping
     /// every buffer's address. Until [`UniversalMemoryManager::wake`], those buffers refuse reads, writes and
     /// views, and the tags refuse allocations ([`umm_backends::Error::Asleep`]); dropping a buffer is fine.
-    /// Tagged pools of host memory stay as they are.
+    /// A tag's pools of host memory stay as they are (counted in [`SleepSummary::host_pools`]).
     ///
+    /// # Errors
     /// All or nothing: when a pool cannot sleep (its device has no virtual memory: OpenCL, wgpu; see
-    /// [`umm_backends::Pool::sleep`]), the pools already asleep wake and the error is returned.
+    /// [`umm_backends::Pool::sleep`]), the pools already asleep wake and the error is returned. Refused before
+    /// anything sleeps: a policy naming no tag ([`Error::InvalidConfig`](crate::Error::InvalidConfig)), a tag
+    /// asleep already ([`Error::is_asleep`](crate::Error::is_asleep)), and a tag with
+    /// nothing a sleep could give back ([`Error::NothingToSleep`](crate::Error::NothingToSleep)): nothing was
+    /// allocated under it, or all of it is host memory.
     pub fn sleep(&self, policy: &SleepPolicy) -> Result<SleepSummary> {
         let start = Instant::now();
         let sleepers = &self.inner.sleepers;
         let _turn = sleepers.turn.lock();
+        if policy.tags.is_empty() {
+            return Err(Error::InvalidConfig(
+                "sleep: the policy names no tag (SleepPolicy::offload, SleepPolicy::discard)".into(),
+            ));
+        }
         for (tag, _) in policy.tags() {
             check_tag(tag)?;
-            sleepers.check_awake(tag)?;
+            if let Some(action) = sleepers.asleep.lock().get(tag) {
+                return Err(Error::Backend(umm_backends::Error::Asleep {
+                    pool: format!("tag {tag} ({action})"),
+                    what: "a second sleep".into(),
+                }));
+            }
         }
         let mut summary = SleepSummary::default();
         // Marked first: an allocation racing the sleep of its pool is refused by the pool itself.
         sleepers.asleep.lock().extend(policy.tags().map(|(t, a)| (Arc::from(t), a)));
+        let unmark = || {
+            let mut asleep = sleepers.asleep.lock();
+            for (tag, _) in policy.tags() {
+                asleep.remove(tag);
+            }
+        };
         let mut chosen = Vec::new();
+        let mut on_host: Vec<Arc<str>> = Vec::new();
         for device in &self.inner.devices {
             for (tag, api, kind, pool) in device.tagged_pools() {
                 let Some(&action) = policy.tags.get(&*tag) else { continue };
                 if device.kind() == DeviceKind::Host || matches!(kind, PoolKind::Host | PoolKind::HostPinned) {
                     summary.host_pools += 1;
+                    on_host.push(tag);
                     continue;
                 }
                 chosen.push((device.index(), tag, api, kind, pool, action));
             }
         }
+        // A tag that would sleep without giving anything back would still refuse allocations: refused instead.
+        let idle = policy.tags().map(|(t, _)| t).find(|t| !chosen.iter().any(|c| &*c.1 == *t));
+        if let Some(tag) = idle {
+            unmark();
+            let reason = if on_host.iter().any(|t| &**t == tag) {
+                "all of its memory is host memory, which a sleep cannot give back"
+            } else {
+                "nothing was allocated under it on any device"
+            };
+            return Err(Error::NothingToSleep { tag: tag.to_string(), reason });
+        }
         let reports = sleep_all_or_none(&chosen, |(.., pool, action)| pool.sleep(*action), |(.., pool, _)| pool.wake());
         let reports = match reports {
             Ok(reports) => reports,
             Err((_, e)) => {
-                let mut asleep = sleepers.asleep.lock();
-                for (tag, _) in policy.tags() {
-                    asleep.remove(tag);
-                }
+                unmark();
                 return Err(e.into());
             }
         };
@@ -158,13 +189,19 @@ impl UniversalMemoryManager {
     /// Wakes `tags` (every sleeping tag when empty) on every device: new device memory is mapped at the
     /// buffers' old addresses and offloaded bytes are copied back; discarded buffers hold undefined bytes.
     /// Every pool at once: a tag whose memory the device cannot give stays asleep, with its bytes kept, and the
-    /// first error is returned after every pool was tried.
+    /// first error is returned after every pool was tried. A tag named that is not asleep is
+    /// [`Error::NotAsleep`](crate::Error::NotAsleep), and nothing wakes.
     pub fn wake(&self, tags: &[&str]) -> Result<WakeSummary> {
         let start = Instant::now();
         let sleepers = &self.inner.sleepers;
         let _turn = sleepers.turn.lock();
         let chosen: Vec<Arc<str>> = {
             let asleep = sleepers.asleep.lock();
+            // A tag named that does not sleep would be a wake that does nothing: refused, waking none.
+            if let Some(awake) = tags.iter().find(|t| !asleep.contains_key(**t)) {
+                let asleep: Vec<&str> = asleep.keys().map(|t| &**t).collect();
+                return Err(Error::NotAsleep { tag: awake.to_string(), asleep: asleep.join(", ") });
+            }
             asleep.keys().filter(|t| tags.is_empty() || tags.contains(&&***t)).cloned().collect()
         };
         let mut summary = WakeSummary::default();

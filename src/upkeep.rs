@@ -75,14 +75,31 @@ impl UniversalMemoryManager {
         self.inner.memory_stats()
     }
 
-    /// Sets (or clears) the cap on reserved bytes of every pool created so far. Pools created later take the
-    /// configured limit ([`Builder::limit`](crate::Builder::limit), `UMM_LIMIT`).
+    /// Sets (or clears) the cap on reserved bytes of every pool: those made so far and those made later (which
+    /// otherwise take [`Builder::limit`](crate::Builder::limit), `UMM_LIMIT`; [`UniversalMemoryManager::config`]
+    /// keeps what the manager was built with). A pool that reserves more than the new cap gives its cached memory
+    /// back now, so that its reserved bytes fall to the cap where only cache lay above it; from then on an
+    /// allocation that would need memory above the cap fails as out of memory.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a limit of zero bytes or a fraction outside
+    /// (0, 1]; no pool changes then.
     pub fn set_limit(&self, limit: Option<umm_backends::Limit>) -> Result<()> {
+        if let Some(limit) = limit {
+            limit.resolve(u64::MAX)?;
+        }
+        // Held while the pools made so far take the limit: a pool made meanwhile waits, then is among them.
+        let mut config = self.inner.pool_config.write();
         for device in &self.inner.devices {
             for (_, _, pool) in device.pools() {
                 pool.set_limit(limit)?;
+                // Cached bytes are reserved bytes: those above the new cap go back now.
+                if pool.stats().limit_bytes.is_some_and(|cap| pool.reserved_bytes() > cap) {
+                    pool.release_cached();
+                }
             }
         }
+        config.limit = limit;
         Ok(())
     }
 }

@@ -214,10 +214,10 @@ fn error_predicates_classify_without_matching_nested_variants() {
     let read_only = AllocOptions::new().placement(Placement::ReadOnly);
     let mut sealed = mm.allocate_universal_from_with(&[1u8], read_only.clone().device(DeviceSelector::Host)).unwrap();
     assert!(sealed.write(&[2]).unwrap_err().is_read_only());
-    // The simulated device holds no bytes: filling a buffer there is unsupported.
+    // The simulated device keeps its bytes: a read-only buffer filled there reads them back.
     let on_sim_read_only = read_only.device(DeviceSelector::Index(1));
-    let unsupported = mm.allocate_universal_from_with(&[1u8], on_sim_read_only).unwrap_err();
-    assert!(unsupported.is_unsupported() && !unsupported.is_unavailable(), "{unsupported}");
+    let filled = mm.allocate_universal_from_with(&[1u8], on_sim_read_only).unwrap();
+    assert_eq!(filled.to_vec().unwrap(), [1]);
 
     let no_device = mm.allocate_universal_with::<u8>(10, AllocOptions::new().device(DeviceSelector::Index(9)));
     assert!(no_device.unwrap_err().is_no_device());
@@ -638,7 +638,10 @@ fn host_slices_say_why_when_the_host_cannot_address_a_buffer() {
     let err = sim.host_slice().unwrap_err();
     assert!(err.is_not_host_addressable(), "{err}");
     let text = err.to_string();
-    assert!(text.contains("\"acts\"") && text.contains("device_local") && text.contains("holds no bytes"), "{text}");
+    assert!(
+        text.contains("\"acts\"") && text.contains("device_local") && text.contains("only through copies"),
+        "{text}"
+    );
     assert!(text.contains("to_vec()"), "{text}");
     assert!(sim.host_slice_mut().unwrap_err().is_not_host_addressable());
     // A sealed read-only buffer: the refusal says read-only, wherever it lives.

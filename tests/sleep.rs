@@ -122,10 +122,17 @@ fn tags_on_the_host_stay_where_they_are() {
     let mm = manager(&[true]);
     let host = AllocOptions::new().device(DeviceSelector::Host).tag("weights");
     let on_host = mm.allocate_universal_from_with(&pattern(3, 1000), host.clone()).unwrap();
+    // All of the tag's memory on the host: a sleep would give nothing back, so it is refused.
+    let e = mm.sleep(&SleepPolicy::new().offload("weights")).unwrap_err();
+    assert!(e.to_string().contains("host memory, which a sleep cannot give back"), "{e}");
+    assert!(mm.sleeping_tags().is_empty());
+    // With memory on the device too, the device's pool sleeps and the host's stays as it is.
+    let on_device = mm.allocate_universal_from_with(&pattern(4, 1000), on(1).tag("weights")).unwrap();
     let summary = mm.sleep(&SleepPolicy::new().offload("weights")).unwrap();
-    assert_eq!((summary.pools.len(), summary.host_pools), (0, 1));
+    assert_eq!((summary.pools.len(), summary.host_pools), (1, 1));
     assert_eq!(on_host.to_vec().unwrap(), pattern(3, 1000), "host memory is not put to sleep");
     mm.wake(&["weights"]).unwrap();
+    assert_eq!(on_device.to_vec().unwrap(), pattern(4, 1000));
 }
 
 #[test]
@@ -169,6 +176,9 @@ fn tag_scopes_nest_and_an_explicit_tag_wins() {
 #[test]
 fn a_hundred_cycles_under_four_threads_leak_nothing() {
     let mm = manager(&[true]);
+    // The tag has memory on the device before the first sleep, which would otherwise be refused as giving nothing
+    // back when it ran before any thread allocated under the tag.
+    drop(mm.allocate_universal_with::<u8>(64, on(1).tag("weights")).unwrap());
     let done = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
         for t in 0..4u32 {

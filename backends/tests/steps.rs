@@ -269,6 +269,14 @@ fn a_plan_that_raises_the_peak_is_dropped_and_not_made_again() {
     // fit around it.
     use StepOutcome::*;
     assert_eq!(outcomes, [Recorded, Recorded, PlanMade, Unprofitable, Recorded], "the step is not planned again");
+    // Nor after another step came between its repeats (an evaluation, a checkpoint).
+    let odd = pool.allocate(4 * MIB, S0).unwrap();
+    pool.free(&odd).unwrap();
+    assert_eq!(pool.mark_step().outcome, Recorded);
+    for _ in 0..4 {
+        assert!(step(false).is_none());
+        assert_eq!(pool.mark_step().outcome, Recorded, "a step whose plan did not pay is never planned again");
+    }
     let stats = pool.stats();
     assert_eq!((stats.num_step_plans, stats.planned_bytes), (1, 0));
     assert_eq!(stats.reserved_bytes.current, 20 * MIB, "{stats:?}");

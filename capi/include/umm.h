@@ -115,14 +115,15 @@ int umm_set_tag(const char *tag);
 /* Puts tags to sleep on every device, every block keeping its address: `offload` tags (comma-separated) are
  * copied to pinned host memory, `discard` tags dropped, then their device pages are given back. Queued device
  * work is waited for first. Until umm_wake the tags refuse allocations and their blocks must not be used. All or
- * nothing: a tag that cannot sleep (no virtual memory management) wakes the others again. A JSON report to free
- * with umm_string_free, or NULL with a message. */
+ * nothing: a tag that cannot sleep (no virtual memory management) wakes the others again. Refused before anything
+ * sleeps: no tag named, a tag asleep already, a tag nothing was allocated under. A JSON report to free with
+ * umm_string_free, or NULL with a message. */
 char *umm_sleep(const char *offload, const char *discard);
 
 /* Wakes `tags` (comma-separated; NULL or "": every sleeping tag): pages are mapped at the blocks' old addresses
  * and offloaded bytes copied back, so kernels' pointers and captured CUDA graphs work again; discarded blocks hold
- * undefined bytes. A tag the device cannot give memory for stays asleep, bytes kept. A JSON report to free with
- * umm_string_free, or NULL with a message. */
+ * undefined bytes. A tag the device cannot give memory for stays asleep, bytes kept. A tag named that is not
+ * asleep is refused, and nothing wakes. A JSON report to free with umm_string_free, or NULL with a message. */
 char *umm_wake(const char *tags);
 
 /* The sleeping tags as a JSON object, tag -> "offload" or "discard". Free it with umm_string_free. */

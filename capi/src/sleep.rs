@@ -65,6 +65,9 @@ pub(crate) fn sleep(offload: &[String], discard: &[String]) -> Result<String, St
     if let Some(both) = offload.iter().find(|t| discard.contains(t)) {
         return Err(format!("umm_sleep: tag {both} is both offloaded and discarded"));
     }
+    if offload.is_empty() && discard.is_empty() {
+        return Err("umm_sleep: no tag named (offload and discard are both empty)".into());
+    }
     let mut asleep = ASLEEP.lock();
     if let Some(tag) = offload.iter().chain(discard).find(|t| asleep.contains_key(*t)) {
         return Err(format!("umm_sleep: tag {tag} is asleep already"));
@@ -74,6 +77,13 @@ pub(crate) fn sleep(offload: &[String], discard: &[String]) -> Result<String, St
     let all: Vec<String> = offload.iter().chain(discard).cloned().collect();
     let mut summary = SleepSummary::default();
     let pools = tagged_pools(&all);
+    // A tag without memory would sleep giving nothing back, then refuse allocations: refused instead.
+    if let Some(idle) = all.iter().find(|t| !pools.iter().any(|(_, tag, _)| **tag == ***t)) {
+        return Err(format!(
+            "umm_sleep: tag {idle} holds no memory on any device (nothing was allocated under it): nothing to put to \
+             sleep"
+        ));
+    }
     let reports = sleep_all_or_none(&pools, |(_, tag, pool)| pool.sleep(action(tag)), |(_, _, pool)| pool.wake())
         .map_err(|(failed, e)| {
             let (device, tag, _) = &pools[failed];
@@ -94,6 +104,12 @@ pub(crate) fn sleep(offload: &[String], discard: &[String]) -> Result<String, St
 pub(crate) fn wake(tags: &[String]) -> Result<String, String> {
     let start = std::time::Instant::now();
     let mut asleep = ASLEEP.lock();
+    // A tag named that does not sleep would be a wake that does nothing: refused, waking none.
+    if let Some(awake) = tags.iter().find(|t| !asleep.contains_key(*t)) {
+        let list: Vec<&str> = asleep.keys().map(String::as_str).collect();
+        let list = if list.is_empty() { "none".to_string() } else { list.join(", ") };
+        return Err(format!("umm_wake: tag {awake} is not asleep: nothing to wake (asleep: {list})"));
+    }
     let chosen: Vec<String> = asleep.keys().filter(|t| tags.is_empty() || tags.contains(t)).cloned().collect();
     let _scope = ContextScope::enter_saving();
     let mut summary = WakeSummary::default();

@@ -158,3 +158,28 @@ fn bad_tags_and_lists_are_refused_with_a_reason() {
     // Nothing asleep: waking everything does nothing.
     assert_eq!(wake("").unwrap()["pools"], serde_json::json!([]));
 }
+
+#[test]
+fn a_sleep_or_wake_that_would_do_nothing_is_refused_and_changes_nothing() {
+    let _serial = setup();
+    // Nothing was ever allocated under this tag: a sleep would give nothing back, yet refuse its allocations.
+    let message = sleep("never_used", "").unwrap_err();
+    assert!(message.contains("never_used") && message.contains("nothing was allocated under it"), "{message}");
+    assert_eq!(json(umm_sleeping_json()).unwrap(), serde_json::json!({}));
+    let message = sleep("", " , ").unwrap_err();
+    assert!(message.contains("no tag named"), "{message}");
+    // With one tag used and one not, nothing sleeps.
+    set_tag(Some("used")).unwrap();
+    let p = alloc(MIB, 1, 0);
+    set_tag(None).unwrap();
+    let message = sleep("used", "never_used").unwrap_err();
+    assert!(message.contains("never_used"), "{message}");
+    assert_eq!(json(umm_sleeping_json()).unwrap(), serde_json::json!({}));
+    // A wake naming a tag that is not asleep wakes nothing and says which tags are.
+    sleep("used", "").unwrap();
+    let message = wake("used,never_used").unwrap_err();
+    assert!(message.contains("never_used is not asleep") && message.contains("asleep: used"), "{message}");
+    assert_eq!(json(umm_sleeping_json()).unwrap(), serde_json::json!({"used": "offload"}));
+    wake("used").unwrap();
+    free(p, 1, 0);
+}

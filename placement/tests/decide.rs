@@ -448,9 +448,15 @@ fn no_placement_without_a_selector_picks_a_software_device_while_host_memory_exi
     assert_eq!(d.device, 1, "{}", d.reason());
     let d = decide(Request::new(MEDIUM).placement(Placement::DeviceLocal).device(DeviceSelector::Index(1)), &devices);
     assert_eq!((d.device, d.pool), (1, PoolKind::DeviceLocal), "{}", d.reason());
-    // A current device that is a software one still serves explicit placements: the caller named it.
-    let d = decide(Request::new(MEDIUM).placement(Placement::DeviceLocal).current(Some(1)), &devices);
-    assert_eq!(d.device, 0, "a software current device is not among the candidates: {}", d.reason());
+    // A software device made current serves explicit placements: the caller named it (`set_current_device`).
+    for placement in [Placement::DeviceLocal, Placement::ReadOnly, Placement::HostPinned] {
+        let d = decide(Request::new(MEDIUM).placement(placement).current(Some(1)), &devices);
+        assert_eq!(d.device, 1, "{placement}: a software current device serves: {}", d.reason());
+        assert!(d.reason().contains("is the current device"), "{}", d.reason());
+    }
+    // Auto is not bound to the current device: still host memory.
+    let d = decide(auto(MEDIUM, AccessPattern::Unknown).current(Some(1)), &devices);
+    assert_eq!(d.device, 0, "{}", d.reason());
     // Beside a real GPU, Auto still goes to the GPU.
     let d = decide(auto(MEDIUM, AccessPattern::Unknown), &[host(0), software(1), gpu(2, 80 * GIB, 80 * GIB)]);
     assert_eq!(d.device, 2, "{}", d.reason());

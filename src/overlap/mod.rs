@@ -335,7 +335,7 @@ mod cuda {
             let ctx = cuda.context();
             let inner = &mm.inner;
             let pinned_pool =
-                inner.devices[device.index()].pool(PoolKind::HostPinned, Some(Api::Cuda), &inner.config.pool)?;
+                inner.devices[device.index()].pool(PoolKind::HostPinned, Some(Api::Cuda), &inner.pool_config.read())?;
             let copy = ctx.new_stream().map_err(|e| driver("cuStreamCreate", e))?;
             let compute = match compute {
                 Some(s) if s.context().cu_ctx() != ctx.cu_ctx() => {

@@ -3,7 +3,7 @@
 //!
 //! The format is text, optionally gzip-compressed (detected by the gzip magic bytes, whatever the file name):
 //! ```text
-//! # umm-trace v1          (required first line)
+//! # umm-trace v1          (the first line, exactly: trailing spaces or a CR aside, nothing else is a trace)
 //! # any comment
 //! a ID BYTES STREAM       allocate BYTES on STREAM (0, 1, ...) and call the block ID
 //! f ID                    free block ID

@@ -2,14 +2,28 @@
 //! labels and call sites, events) and a timeline plot, and print the leak report.
 //!
 //! `cargo run --release --example profiling` writes `profiling_snapshot.json` and `profiling_timeline.svg` in
-//! the current directory (or in the directory given as the first argument).
+//! `umm-profiling` under the system's temporary directory (or in the directory given as the first argument), and
+//! prints their paths.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use umm::{AllocOptions, DeviceSelector, Placement, UniversalMemoryManager};
 use umm_tools::plot::{PlotOptions, Timeline};
 
+#[allow(dead_code)] // a test includes this file for `default_dir` and `run`
 fn main() -> Result<(), umm::Error> {
-    let out = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| ".".into()));
+    let out = std::env::args().nth(1).map_or_else(default_dir, PathBuf::from);
+    run(&out)
+}
+
+/// Where the files go when no directory is given: not the current directory, which is usually a checkout's root,
+/// where files left behind get committed by mistake.
+pub fn default_dir() -> PathBuf {
+    std::env::temp_dir().join("umm-profiling")
+}
+
+/// Runs the toy loop and writes the snapshot and the timeline into `out` (created if missing).
+pub fn run(out: &Path) -> Result<(), umm::Error> {
+    std::fs::create_dir_all(out).map_err(|source| umm::Error::Io { path: out.display().to_string(), source })?;
     // A simulated 8 GiB device stands in for a GPU, so the example runs anywhere; real devices are used too.
     let mm = UniversalMemoryManager::builder().from_env().simulated_device(8 << 30).profile(true).build()?;
     let gpu = mm.devices().len() - 1;

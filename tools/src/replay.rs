@@ -81,7 +81,7 @@ pub enum ReplayError {
 /// How to replay.
 #[derive(Default)]
 pub struct ReplayOptions<'a> {
-    /// Warm replays after the cold one; `ns_per_op_warm` is their median. 0 leaves it equal to the cold time.
+    /// Warm replays after the cold one; `ns_per_op_warm` is their median. 0 leaves it `None`.
     pub repeat: usize,
     /// Cap on the pool's reserved bytes.
     pub limit: Option<Limit>,
@@ -151,15 +151,16 @@ pub struct ReplayReport {
     pub peak_live_bytes: u64,
     /// The pool's peak of reserved bytes during the cold pass.
     pub peak_reserved_bytes: u64,
-    /// `peak_reserved_bytes / peak_live_bytes` (0 for a trace that allocates nothing).
-    pub reserved_over_live: f64,
+    /// `peak_reserved_bytes / peak_live_bytes`; `None` for a trace that allocates nothing, and for a replay
+    /// whose cold pass ran out of memory (it never held the trace's peak, so the ratio would mean nothing).
+    pub reserved_over_live: Option<f64>,
     /// The pool's peak of reserved bytes over the warm passes (the cold pass's peak when there are none): what a
     /// repeating workload holds once it runs steadily.
     pub peak_reserved_bytes_warm: u64,
     /// Nanoseconds per op of the first replay, on a fresh pool.
     pub ns_per_op_cold: f64,
-    /// Median nanoseconds per op of the warm replays on the same pool.
-    pub ns_per_op_warm: f64,
+    /// Median nanoseconds per op of the warm replays on the same pool; `None` without warm replays.
+    pub ns_per_op_warm: Option<f64>,
     /// Segments created or page ranges mapped during the cold pass.
     pub device_allocs: u64,
     /// Segments destroyed or page ranges unmapped during the cold pass.
@@ -374,7 +375,7 @@ pub fn replay<B: Backend>(
     let per_op = |d: Duration| if ops == 0 { 0.0 } else { d.as_nanos() as f64 / ops as f64 };
     let ns_per_op_cold = per_op(cold.elapsed);
     let ns_per_op_last = warm.last().map_or(ns_per_op_cold, |&d| per_op(d));
-    let ns_per_op_warm = if warm.is_empty() { ns_per_op_cold } else { per_op(median(&mut warm)) };
+    let ns_per_op_warm = (!warm.is_empty()).then(|| per_op(median(&mut warm)));
     let peak_reserved = stats.reserved_bytes.peak;
     Ok(ReplayReport {
         trace: trace.name.clone(),
@@ -385,11 +386,8 @@ pub fn replay<B: Backend>(
         frees: trace.frees,
         peak_live_bytes: trace.peak_live_bytes,
         peak_reserved_bytes: peak_reserved,
-        reserved_over_live: if trace.peak_live_bytes == 0 {
-            0.0
-        } else {
-            peak_reserved as f64 / trace.peak_live_bytes as f64
-        },
+        reserved_over_live: (trace.peak_live_bytes > 0 && cold.ooms == 0)
+            .then(|| peak_reserved as f64 / trace.peak_live_bytes as f64),
         peak_reserved_bytes_warm: peak_reserved_warm,
         ns_per_op_cold,
         ns_per_op_warm,

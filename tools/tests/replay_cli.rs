@@ -114,7 +114,11 @@ fn json_has_every_field_on_every_backend() {
 #[test]
 fn limits_are_applied_and_ooms_reported() {
     let path = small_trace("limit");
-    let output = umm(&["replay", "--backend", "sim-plain", "--json", "--limit", "4MiB", path.to_str().unwrap()]);
+    let args = ["replay", "--backend", "sim-plain", "--json", "--limit", "4MiB", path.to_str().unwrap()];
+    // Out of memory fails the command (a script can tell), naming the trace and the flag that accepts it.
+    let stderr = failure(&umm(&args));
+    assert!(stderr.contains("limit:") && stderr.contains("--allow-oom"), "{stderr}");
+    let output = umm(&[&args[..], &["--allow-oom"]].concat());
     assert!(output.status.success(), "{}", text(&output.stderr));
     let report = &json_lines(&output)[0];
     assert_eq!(report["limit_bytes"], 4 << 20);
@@ -147,7 +151,7 @@ fn a_bare_number_is_refused_as_a_limit_since_it_could_be_bytes_or_a_fraction() {
         assert!(stderr.contains("no unit"), "{bare}: {stderr}");
         assert!(stderr.contains(bytes) && stderr.contains(percent), "{bare}: spells out both readings: {stderr}");
     }
-    let output = umm(&["replay", "--json", "--limit", "4194304B", path.to_str().unwrap()]);
+    let output = umm(&["replay", "--json", "--allow-oom", "--limit", "4194304B", path.to_str().unwrap()]);
     assert!(output.status.success(), "{}", text(&output.stderr));
     assert_eq!(json_lines(&output)[0]["limit_bytes"], 4 << 20);
     let output = umm(&["replay", "--json", "--limit", "100%", "--capacity", "1GiB", path.to_str().unwrap()]);
@@ -282,4 +286,48 @@ fn steps_per_pass_are_planned_and_a_bad_steps_value_is_refused() {
     assert!(!output.status.success());
     let stderr = text(&output.stderr);
     assert!(stderr.contains("--steps") && stderr.contains("trace, pass, off"), "{stderr}");
+}
+
+/// A trace of one allocation larger than the device: the replay runs out of memory, fails, and prints a dash
+/// where a ratio to a peak it never reached would be.
+#[test]
+fn an_allocation_larger_than_the_device_fails_the_replay_and_prints_no_ratio() {
+    let dir = std::env::temp_dir().join(format!("umm-replay-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("huge.trace");
+    std::fs::write(&path, format!("# umm-trace v1\na 0 {} 0\nf 0\n", 1000u64 << 40)).unwrap();
+    let stderr = failure(&umm(&["replay", path.to_str().unwrap()]));
+    assert!(stderr.contains("huge: 1 allocation") && stderr.contains("--allow-oom"), "{stderr}");
+    let output = umm(&["replay", "--allow-oom", path.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let stdout = text(&output.stdout);
+    let row: Vec<&str> = stdout.lines().find(|l| l.starts_with("huge")).unwrap().split_whitespace().collect();
+    assert!(!row.contains(&"0.000"), "no ratio to a peak never reached: {stdout}");
+    let output = umm(&["replay", "--allow-oom", "--json", path.to_str().unwrap()]);
+    let line = &json_lines(&output)[0];
+    assert_eq!(line["ooms"], 1);
+    assert!(line["reserved_over_live"].is_null(), "{line}");
+}
+
+/// Without warm replays there is no warm figure: a dash in the table, null in JSON, not the cold one again.
+#[test]
+fn no_warm_replays_print_no_warm_figures() {
+    let path = small_trace("cold_only");
+    let output = umm(&["replay", "--repeat", "0", path.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let stdout = text(&output.stdout);
+    // Cells are at least two spaces apart; a cell has single spaces at most ("peak live", "1.2 MiB").
+    let cells = |first: &str| -> Vec<String> {
+        let line = stdout.lines().find(|l| l.starts_with(first)).unwrap();
+        line.split("  ").map(str::trim).filter(|c| !c.is_empty()).map(String::from).collect()
+    };
+    let (header, row) = (cells("trace"), cells("cold_only"));
+    assert_eq!(header.len(), row.len(), "{stdout}");
+    for column in ["ns/op warm", "warm device calls"] {
+        let at = header.iter().position(|h| h == column).unwrap();
+        assert_eq!(row[at], "-", "{column}: {stdout}");
+    }
+    let output = umm(&["replay", "--repeat", "0", "--json", path.to_str().unwrap()]);
+    let line = &json_lines(&output)[0];
+    assert!(line["ns_per_op_warm"].is_null() && line["ns_per_op_cold"].as_f64().unwrap() > 0.0, "{line}");
 }

@@ -16,7 +16,7 @@ fn streams_sharing_free_memory_hold_one_peak_not_four() {
         let config = PoolConfig { cross_stream, ..PoolConfig::default() };
         let pool = Pool::new(SimBackend::new("sim", 80 << 30), config).unwrap();
         let report = replay(&trace, &pool, "sim", "sim", ReplayOptions::with_repeat(1)).unwrap();
-        (report.reserved_over_live, pool.stats())
+        (report.reserved_over_live.unwrap(), pool.stats())
     };
     let (shared, stats) = ratio(CrossStream::Completed);
     let (apart, off_stats) = ratio(CrossStream::Off);

@@ -549,9 +549,10 @@ fn check_replay(trace: &Trace, model: &Model, backend: &str, repeat: usize, cach
     if reserved.iter().any(|&r| r < model.peak_live_bytes) || cold.reserved_bytes.peak < cold.allocated_bytes.peak {
         return Err(format!("{backend}: reserved {reserved:?} below the peak of {} live bytes", model.peak_live_bytes));
     }
-    let ratio = report.peak_reserved_bytes as f64 / model.peak_live_bytes.max(1) as f64;
-    if (report.reserved_over_live - ratio).abs() > 1e-9 {
-        return Err(format!("{backend}: reserved/live {}, expected {ratio}", report.reserved_over_live));
+    let ratio = report.peak_reserved_bytes as f64 / model.peak_live_bytes as f64;
+    let expected = (model.peak_live_bytes > 0).then_some(ratio);
+    if report.reserved_over_live.map(|r| (r - ratio).abs() > 1e-9) != expected.map(|_| false) {
+        return Err(format!("{backend}: reserved/live {:?}, expected {expected:?}", report.reserved_over_live));
     }
     let after = pool.stats();
     if (after.active_blocks.current, after.requested_bytes.current) != (0, 0) {
@@ -905,14 +906,20 @@ fn umm_replay_table_gives_the_models_figures() {
 }
 
 /// Under a limit of half a trace's peak of live bytes the replay runs out of memory and says so in its figures,
-/// without failing; the host backend refuses a trace above its memory, naming the model's peak.
+/// failing unless `--allow-oom`; the host backend refuses a trace above its memory, naming the model's peak.
 #[test]
 fn umm_replay_under_a_limit_below_the_peak_runs_out_of_memory() {
     let files = trace_files("limit");
     for (path, valid, model) in &files {
         let limit = format!("{}B", model.peak_live_bytes / 2);
-        let lines = json_lines(&umm(&["replay", "--json", "--repeat", "0", "--limit", &limit, path.to_str().unwrap()]));
+        let args = ["replay", "--json", "--repeat", "0", "--limit", &limit, path.to_str().unwrap()];
+        let refused = umm(&args);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success() && stderr.contains("--allow-oom"), "{valid:?}: {stderr}");
+        let lines = json_lines(&umm(&[&args[..], &["--allow-oom"]].concat()));
         let line = &lines[0];
+        assert!(line["reserved_over_live"].is_null(), "the trace's peak was not reached: {line}");
+        assert!(line["ns_per_op_warm"].is_null(), "no warm pass: {line}");
         assert_eq!(line["limit_bytes"].as_u64(), Some(model.peak_live_bytes / 2), "{line}");
         assert!(line["ooms"].as_u64().unwrap() > 0, "{valid:?}: {line}");
         assert!(line["peak_reserved_bytes"].as_u64().unwrap() <= model.peak_live_bytes / 2, "{line}");

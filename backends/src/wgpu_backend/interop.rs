@@ -33,21 +33,23 @@ impl WgpuBlock {
     /// The bytes `range` selects of this binding (offsets relative to it), for a binding of part of the buffer.
     /// wgpu needs a binding's offset to be a multiple of `offset_alignment` (the device's
     /// `min_storage_buffer_offset_alignment`, or `min_uniform_buffer_offset_alignment` for uniforms) and its size
-    /// a non-zero multiple of 4. [`Error::OutOfBounds`] for a range past the binding, reversed, empty, or
-    /// misaligned, saying which.
+    /// a non-zero multiple of 4. [`Error::OutOfBounds`] for a range past the binding, reversed or empty;
+    /// [`Error::Unsupported`] for one inside it that wgpu cannot bind (misaligned), as OpenCL's misaligned
+    /// sub-buffers are; each saying which.
     pub fn range(&self, range: std::ops::Range<u64>, offset_alignment: u64) -> Result<WgpuBlock> {
         let (start, end) = (range.start, range.end);
-        let wrong =
-            |why: String| Err(Error::OutOfBounds(format!("bytes {start}..{end} of a binding of {}: {why}", self.size)));
+        let place = || format!("bytes {start}..{end} of a binding of {}", self.size);
         if start >= end || end > self.size {
-            return wrong("not a non-empty range inside it".into());
+            return Err(Error::OutOfBounds(format!("{}: not a non-empty range inside it", place())));
         }
+        let misaligned =
+            |why: String| Err(Error::Unsupported { backend: "wgpu".into(), what: format!("{}: {why}", place()) });
         let offset = self.offset + start;
         if offset_alignment > 0 && !offset.is_multiple_of(offset_alignment) {
-            return wrong(format!("wgpu needs the offset to be a multiple of {offset_alignment}"));
+            return misaligned(format!("wgpu needs the offset to be a multiple of {offset_alignment}"));
         }
         if !(end - start).is_multiple_of(4) {
-            return wrong("wgpu needs the size to be a multiple of 4".into());
+            return misaligned("wgpu needs the size to be a multiple of 4".into());
         }
         Ok(WgpuBlock { buffer: self.buffer.clone(), offset, size: end - start })
     }

@@ -99,6 +99,20 @@ def load(path=None):
     return lib
 
 
+def _import_torch(what):
+    """torch, or a ModuleNotFoundError that says which call needs it and what works without it."""
+    try:
+        import torch
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(
+            f"umm_torch.{what}() needs PyTorch, which is not installed (pip install torch). Without it, the "
+            "library's own calls work (umm_stats(), sleep(), wake(), set_limit()), and UMM_CAPI_SIM=16GiB gives "
+            "simulated devices whose memory_stats() and memory_summary() need no PyTorch",
+            name="torch",
+        ) from e
+    return torch
+
+
 def enable(path=None):
     """Makes umm PyTorch's CUDA allocator. Call before the first CUDA allocation of the process (PyTorch
     refuses to swap an allocator that has been used). Returns the library path.
@@ -111,7 +125,7 @@ def enable(path=None):
     IPC (UMM_SEGMENT_MODE=plain for all of them), and an allocation umm cannot serve raises torch.OutOfMemoryError
     with umm's figures. Without the adapter (no C++ compiler or CUDA headers) enable() warns and falls back to a
     CUDAPluggableAllocator, which has none of these."""
-    import torch
+    torch = _import_torch("enable")
 
     global _enabled
     load(path)
@@ -139,7 +153,7 @@ _allocator_lock = threading.Lock()
 def _pluggable_allocator(path=None):
     """One CUDAPluggableAllocator over umm for the process (enable() and pool() share it)."""
     global _allocator
-    import torch
+    torch = _import_torch("pool")
 
     with _allocator_lock:
         if _allocator is None:
@@ -174,7 +188,7 @@ def pool(device=None):
 @contextlib.contextmanager
 def _routed(device, tag_name):
     """Routes the thread's allocations on `device` to umm through the MemPool of (device, thread, tag)."""
-    import torch
+    torch = _import_torch("pool")
 
     index = _device_index(device)
     active = getattr(_inside, "devices", None)
@@ -406,7 +420,7 @@ def memory_stats(device=None):
     sorted as PyTorch sorts them, or torch.cuda.memory_stats() itself when umm is not the allocator. Keys umm
     cannot fill are left out (listed in ABSENT_KEYS); umm's own figures follow under "umm." keys."""
     if not enabled() and not _simulated():
-        import torch
+        torch = _import_torch("memory_stats")
 
         return torch.cuda.memory_stats(device)
     return _memory_stats_from(umm_stats(device))
@@ -432,7 +446,7 @@ def memory_summary(device=None, abbreviated=False):
     """A table of umm's memory in the layout of torch.cuda.memory_summary(): current and peak usage, totals
     allocated and freed where umm counts them ("n/a" where it does not)."""
     if not enabled() and not _simulated():
-        import torch
+        torch = _import_torch("memory_summary")
 
         return torch.cuda.memory_summary(device, abbreviated)
     s = umm_stats(device)
@@ -511,7 +525,7 @@ def dump_snapshot(filename="dump_snapshot.pickle", device=None):
 
 def _stat(key, part, torch_fn, device):
     if not enabled() and not _simulated():
-        import torch
+        torch = _import_torch(torch_fn)
 
         return getattr(torch.cuda, torch_fn)(device)
     return umm_stats(device)[key][part]
@@ -535,7 +549,7 @@ def max_memory_reserved(device=None):
 
 def reset_peak_memory_stats(device=None):
     if not enabled() and not _simulated():
-        import torch
+        torch = _import_torch("reset_peak_memory_stats")
 
         return torch.cuda.reset_peak_memory_stats(device)
     if load().umm_reset_peaks(-1 if device is None else _device_index(device)) != 0:
@@ -560,7 +574,7 @@ def empty_cache(device=None):
     alone)."""
     in_pool = bool(_pools)
     if in_pool or (not enabled() and not _simulated()):
-        import torch
+        torch = _import_torch("empty_cache")
 
         torch.cuda.empty_cache()  # PyTorch's cache, and the segments of pool()'s MemPools that it releases
         if not in_pool:
@@ -572,7 +586,11 @@ def empty_cache(device=None):
 
 
 def set_limit(nbytes, device=None):
-    """Caps the bytes umm reserves (0 removes the cap); past it, allocations fail like an out-of-memory."""
+    """Caps the bytes umm reserves (0 removes the cap); past it, allocations fail like an out-of-memory.
+    `nbytes` is a whole number of bytes, 0 or more: anything else raises ValueError (a negative number would
+    reach the library as a cap of 2**64 - 1 bytes, which caps nothing)."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise ValueError(f"umm_torch.set_limit({nbytes!r}): the cap is a whole number of bytes, 0 (no cap) or more")
     if load().umm_set_limit(-1 if device is None else _device_index(device), int(nbytes)) != 0:
         raise RuntimeError(last_error())
 

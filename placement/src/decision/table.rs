@@ -43,7 +43,8 @@ use crate::recommend::Recommendations;
 ///   [`DeviceView::max_allocation`] is below the request is passed over, with the reason; with none left the
 ///   chain goes on (for `DeviceLocal`, to pinned host memory).
 /// - **Software devices**: with selector `Any` no placement goes to a [`DeviceKind::Cpu`] device (llvmpipe,
-///   lavapipe, PoCL) while host memory is among the views: it is host memory behind a slower API.
+///   lavapipe, PoCL) while host memory is among the views: it is host memory behind a slower API. The exception
+///   is the current device ([`Request::current`]): an explicit placement goes to a software device made current.
 /// - **Current device**: an explicit placement with selector `Any` goes to [`Request::current`] when that device
 ///   offers its pool (for `ReadOnly`, read-only memory, else device-local) and can hold the request in one
 ///   allocation; otherwise the rules below choose.
@@ -114,9 +115,12 @@ impl Decider {
         let size_class = SizeClass::of(req.bytes, &self.config.thresholds);
         // Without a selector no placement goes to a software or CPU runtime (llvmpipe, lavapipe, PoCL) while host
         // memory is there: it is host memory behind a slower API. Such a device serves when a selector names it.
+        // A software device the caller made current (`set_current_device`) was chosen as much as by a selector:
+        // its explicit placements go there.
         let host_exists = all.iter().any(|d| d.kind == DeviceKind::Host);
         let shun_software = req.selector == DeviceSelector::Any && host_exists;
-        let usable = |d: &DeviceView| !(shun_software && d.kind == DeviceKind::Cpu);
+        let chosen = req.current.filter(|_| req.placement != Placement::Auto && req.selector == DeviceSelector::Any);
+        let usable = |d: &DeviceView| !(shun_software && d.kind == DeviceKind::Cpu) || chosen == Some(d.index);
         let candidates: Vec<usize> =
             (0..all.len()).filter(|&i| req.selector.matches(&all[i]) && usable(&all[i])).collect();
         if candidates.is_empty() {

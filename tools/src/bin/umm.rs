@@ -268,6 +268,8 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
     }
     let mut reports = Vec::new();
     let mut failed = false;
+    // Traces whose replay ran out of memory, with how many allocations did: a failure unless --allow-oom.
+    let mut short = Vec::new();
     for path in &args.traces {
         let result = load_input(path, args.device).and_then(|input| {
             let Input { trace, torch } = input;
@@ -296,6 +298,11 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
             bar.finish();
             report.map(|report| (report, torch))
         });
+        if let Ok((report, _)) = &result {
+            if report.ooms > 0 {
+                short.push(format!("{}: {}", report.trace, count(report.ooms, "allocation")));
+            }
+        }
         match result {
             Ok((report, torch)) if args.json => {
                 if !print_line(&json_line(&report, torch.as_ref())) {
@@ -316,6 +323,13 @@ fn replay_command(args: &ReplayArgs) -> ExitCode {
                 print_torch(report, torch);
             }
         }
+    }
+    if !short.is_empty() && !args.allow_oom {
+        eprintln!(
+            "error: out of memory in the replay ({}): its figures are not the trace's; --allow-oom accepts that",
+            short.join(", ")
+        );
+        failed = true;
     }
     if failed {
         ExitCode::FAILURE
@@ -348,21 +362,28 @@ fn print_table(reports: &[(ReplayReport, Option<TorchInput>)], args: &ReplayArgs
         "retries",
         "ooms",
     ];
+    // A figure that does not exist (no warm pass, a peak the replay never reached for lack of memory) is a dash.
+    let none = || "-".to_string();
     let rows: Vec<Vec<String>> = reports
         .iter()
         .map(|(r, _)| {
+            let last_pass = if r.ooms > 0 || r.peak_live_bytes == 0 {
+                none()
+            } else {
+                format!("{:.3}", r.peak_reserved_bytes_last as f64 / r.peak_live_bytes as f64)
+            };
             vec![
                 r.trace.clone(),
                 r.ops.to_string(),
                 human_bytes(r.peak_live_bytes),
                 human_bytes(r.peak_reserved_bytes),
-                format!("{:.3}", r.reserved_over_live),
-                format!("{:.3}", r.peak_reserved_bytes_last as f64 / r.peak_live_bytes.max(1) as f64),
+                r.reserved_over_live.map_or_else(none, |ratio| format!("{ratio:.3}")),
+                last_pass,
                 format!("{}/{}", r.steps_planned, r.steps),
                 format!("{:.1}", r.ns_per_op_cold),
-                format!("{:.1}", r.ns_per_op_warm),
+                r.ns_per_op_warm.map_or_else(none, |ns| format!("{ns:.1}")),
                 r.device_allocs.to_string(),
-                r.warm_device_calls.to_string(),
+                if args.repeat == 0 { none() } else { r.warm_device_calls.to_string() },
                 r.oom_retries.to_string(),
                 r.ooms.to_string(),
             ]

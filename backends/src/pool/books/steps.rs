@@ -56,7 +56,7 @@ pub struct StepReport {
 }
 
 /// One operation of a step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(in crate::pool) enum Event {
     Alloc {
         size: u64,
@@ -139,6 +139,9 @@ pub(in crate::pool) struct Steps {
     pub(in crate::pool) step_peak: u64,
     /// The step ran past [`MAX_STEP_EVENTS`]: its record was dropped.
     pub(in crate::pool) overflowed: bool,
+    /// Fingerprints of the steps whose plans did not pay ([`StepOutcome::Unprofitable`]): never planned again,
+    /// whatever steps run between their repeats (a refusal alone lasts only until the step changes).
+    pub(in crate::pool) unprofitable: Vec<u64>,
 }
 
 impl Steps {
@@ -222,6 +225,7 @@ impl Steps {
                 plan.misses = 0;
                 // The first planned step decides whether the plan stays: it must not raise the peak.
                 if plan.on_trial.take().is_some_and(|before| peak > before) {
+                    self.unprofitable.push(fingerprint(&log));
                     self.drop_plan(true);
                     self.remember(log);
                     self.refused = true;
@@ -243,7 +247,7 @@ impl Steps {
         }
         self.remember(log);
         match (self.repeats >= REPEATS_TO_PLAN && !self.refused, &self.previous) {
-            (true, Some(events)) => StepEnd::Plan(events.clone()),
+            (true, Some(events)) if !self.unprofitable.contains(&fingerprint(events)) => StepEnd::Plan(events.clone()),
             _ => StepEnd::Nothing(StepOutcome::Recorded),
         }
     }
@@ -272,6 +276,14 @@ impl Steps {
     pub(in crate::pool) fn plan_segment(&self) -> Option<(usize, SegmentId)> {
         self.plan.as_ref().map(|p| (p.arena, p.segment))
     }
+}
+
+/// A step's fingerprint: equal steps have equal ones (and different steps, but for a 64-bit hash collision).
+fn fingerprint(events: &[Event]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    events.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// Plans the step of `events` (see the module's doc). `None` when nothing in it is planned.

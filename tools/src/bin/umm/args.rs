@@ -106,7 +106,7 @@ pub(crate) struct ReplayArgs {
     /// device (90%).
     #[arg(long, value_parser = replay::parse_limit)]
     pub(crate) limit: Option<Limit>,
-    /// Warm replays after the cold one; ns/op warm is their median.
+    /// Warm replays after the cold one; ns/op warm is their median (a dash with 0).
     #[arg(long, default_value_t = 5, value_parser = whole::<usize>)]
     pub(crate) repeat: usize,
     /// Device capacity, as a size: for sim, sim-plain and sim-wgpu (default 80GiB, an H100), and for host (default the
@@ -121,6 +121,10 @@ pub(crate) struct ReplayArgs {
     /// Print one JSON object per trace (one per line) instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Exit with success even when allocations of a replay ran out of memory (counted in `ooms`): by default
+    /// that is a failure, since the replay did not reach the trace's peak.
+    #[arg(long)]
+    pub(crate) allow_oom: bool,
     /// For a PyTorch memory snapshot: the device whose trace to replay (default: the one with the most events).
     #[arg(long, value_parser = whole::<usize>)]
     pub(crate) device: Option<usize>,
