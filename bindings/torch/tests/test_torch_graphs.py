@@ -154,6 +154,12 @@ class GraphsThroughUmm(unittest.TestCase):
             for cycle in range(3):
                 report = umm_torch.sleep(offload="weights", discard="kv_cache")
                 check(report["bytes_released"] > 0, f"memory released: {report}")
+                try:
+                    with umm_torch.tag("weights"):
+                        torch.empty(1 << 20, device="cuda")
+                    check(False, "an allocation under a sleeping tag was served")
+                except torch.OutOfMemoryError as e:
+                    check("asleep" in str(e), f"the refusal says why: {e}")
                 umm_torch.wake()
                 kv.copy_(kv_values)
                 g.replay()

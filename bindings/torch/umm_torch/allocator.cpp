@@ -568,6 +568,11 @@ class UmmAllocator final : public CUDAAllocator {
         notify_oom(device);
         TORCH_CHECK_WITH(OutOfMemoryError, false, text);
       }
+      // A sleeping tag refuses allocations until its wake: out of memory to PyTorch, as umm_torch.sleep documents
+      // (the device itself is not out of memory, so no OOM observers are told).
+      if (text.find(" is asleep") != std::string::npos) {
+        TORCH_CHECK_WITH(OutOfMemoryError, false, text);
+      }
       TORCH_CHECK(false, text);
     }
     return ptr;
@@ -628,7 +633,7 @@ void* umm_torch_alloc(ssize_t size, int device, void* stream) {
   void* ptr = umm_alloc(size, device, stream);
   if (ptr == nullptr && size > 0) {
     std::string text = umm_torch::last_error();
-    if (text.find("out of memory") != std::string::npos) {
+    if (text.find("out of memory") != std::string::npos || text.find(" is asleep") != std::string::npos) {
       TORCH_CHECK_WITH(OutOfMemoryError, false, text);
     }
     TORCH_CHECK(false, text);
