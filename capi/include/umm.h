@@ -180,15 +180,17 @@ ssize_t umm_pool_live(int device, umm_pool_id pool, void **out, size_t capacity)
 int umm_sim_capture(int device, umm_stream_t stream, int capturing);
 
 /* Simulated devices (UMM_CAPI_SIM) only: drives or asks the device's streams, for tests of stream-ordered reuse.
- * `op` is one of the UMM_SIM_* below; `arg` is an item number, a stream number or an address as the op says.
- * The answer (0 where the op answers nothing), or -1 with a message on a real device or for an unknown op. */
-#define UMM_SIM_LAUNCH 0        /* queue an item of work on `stream`: answers its number, from 1 */
-#define UMM_SIM_HOLD 1          /* hold `stream`'s work back */
-#define UMM_SIM_RUN 2           /* run `stream`'s work up to item `arg` */
-#define UMM_SIM_FINISH 3        /* run all of it and let later work run at once */
-#define UMM_SIM_COMPLETED 4     /* answers the items of `stream` run so far */
-#define UMM_SIM_ORDERED_AFTER 5 /* answers the last item of stream `arg` that `stream`'s later work waits for */
-#define UMM_SIM_BYTE 6          /* answers a number for the byte at address `arg`: equal numbers, the same byte */
+ * `op` is a umm_sim_op; `arg` is an item number, a stream number or an address as the op says. The answer (0
+ * where the op answers nothing), or -1 with a message on a real device or for an unknown op. */
+typedef enum umm_sim_op {
+    umm_sim_launch = 0,        /* queue an item of work on `stream`: answers its number, from 1 */
+    umm_sim_hold = 1,          /* hold `stream`'s work back */
+    umm_sim_run = 2,           /* run `stream`'s work up to item `arg` */
+    umm_sim_finish = 3,        /* run all of it and let later work run at once */
+    umm_sim_completed = 4,     /* answers the items of `stream` run so far */
+    umm_sim_ordered_after = 5, /* answers the last item of stream `arg` that `stream`'s later work waits for */
+    umm_sim_byte = 6           /* answers a number for the byte at address `arg`: equal numbers, the same byte */
+} umm_sim_op;
 int64_t umm_sim_stream(int device, umm_stream_t stream, int op, uint64_t arg);
 
 /* Statistics and snapshots as structures, for callers that fill their own types (the umm_torch adapter fills

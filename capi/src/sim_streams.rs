@@ -6,7 +6,8 @@
 use crate::graph_pool::slot;
 use umm_backends::{SimBackend, StreamId};
 
-/// What `umm_sim_stream` is asked (the `UMM_SIM_*` constants of `umm.h`).
+/// What `umm_sim_stream` is asked (`umm.h`'s `umm_sim_op`, whose values these are).
+#[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SimStreamOp {
     /// Queue one item of work on the stream: answers its number.
@@ -40,7 +41,7 @@ const PER_BACKEND: u32 = 48;
 /// `umm_sim_stream`.
 pub(crate) fn sim_stream(device: i64, stream: StreamId, code: i32, arg: u64) -> Result<u64, String> {
     const WHAT: &str = "umm_sim_stream";
-    let op = SimStreamOp::from_code(code).ok_or_else(|| format!("{WHAT}: {code} is no UMM_SIM_* operation"))?;
+    let op = SimStreamOp::from_code(code).ok_or_else(|| format!("{WHAT}: {code} is no umm_sim_op"))?;
     let pools = slot(WHAT, device)?.pools();
     let sims: Vec<&SimBackend> = pools.iter().filter_map(|p| p.simulated()).collect();
     if sims.len() != pools.len() {

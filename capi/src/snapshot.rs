@@ -29,8 +29,9 @@ pub(crate) fn stats_json(device: i64) -> Result<String, String> {
         map.insert("graph_pools".into(), slot.graph_pools().len().into());
         map.insert("captures_underway".into(), slot.captures.load(std::sync::atomic::Ordering::Relaxed).into());
         if reg.simulated {
-            let violations: u64 =
-                slot.pools().iter().filter_map(|p| p.simulated()).map(|s| s.stream_log().capture_violations).sum();
+            // The device's pools share its streams, and so their log: any one of them has the device's count.
+            let pools = slot.pools();
+            let violations = pools.iter().find_map(|p| p.simulated()).map_or(0, |s| s.stream_log().capture_violations);
             map.insert("capture_violations".into(), violations.into());
         }
         map.insert("hit_rate".into(), stats.hit_rate().into());

@@ -31,37 +31,37 @@ const CHILD: &str = "UMM_ORACLE_TEST_SETTINGS";
 /// The streams of simulated device [`DEVICE`], through `umm_sim_stream`.
 struct CDevice;
 
-fn sim(on: Stream, op: c_int, arg: u64) -> u64 {
+fn sim(on: Stream, op: SimStreamOp, arg: u64) -> u64 {
     // SAFETY: a simulated device queues no work: any stream value is fine.
-    let answer = unsafe { umm_sim_stream(DEVICE, stream(on as usize), op, arg) };
+    let answer = unsafe { umm_sim_stream(DEVICE, stream(on as usize), op as c_int, arg) };
     assert!(answer >= 0, "{}", last_error());
     answer as u64
 }
 
 impl Streams for CDevice {
     fn completed(&self, on: Stream) -> u64 {
-        sim(on, UMM_SIM_COMPLETED, 0)
+        sim(on, SimStreamOp::Completed, 0)
     }
     fn ordered_after(&self, on: Stream, other: Stream) -> u64 {
-        sim(on, UMM_SIM_ORDERED_AFTER, other)
+        sim(on, SimStreamOp::OrderedAfter, other)
     }
     fn bytes(&self, address: u64, len: u64) -> Vec<Range<u64>> {
-        physical_bytes(|a| Some(sim(0, UMM_SIM_BYTE, a)), address, len)
+        physical_bytes(|a| Some(sim(0, SimStreamOp::Byte, a)), address, len)
     }
 }
 
 impl Device for CDevice {
     fn launch(&self, on: Stream) -> u64 {
-        sim(on, UMM_SIM_LAUNCH, 0)
+        sim(on, SimStreamOp::Launch, 0)
     }
     fn hold(&self, on: Stream) {
-        sim(on, UMM_SIM_HOLD, 0);
+        sim(on, SimStreamOp::Hold, 0);
     }
     fn run(&self, on: Stream, item: u64) {
-        sim(on, UMM_SIM_RUN, item);
+        sim(on, SimStreamOp::Run, item);
     }
     fn finish(&self, on: Stream) {
-        sim(on, UMM_SIM_FINISH, 0);
+        sim(on, SimStreamOp::Finish, 0);
     }
     fn capture(&self, on: Stream, capturing: bool) {
         // SAFETY: as in `sim`.

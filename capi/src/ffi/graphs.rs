@@ -4,7 +4,7 @@ use super::{guarded, Stream};
 use crate::graph_pool;
 pub use crate::graph_pool::PoolId;
 use crate::registry;
-use crate::sim_streams::SimStreamOp;
+pub use crate::sim_streams::SimStreamOp;
 use std::ffi::{c_int, c_void};
 use umm_backends::cuda::foreign_stream;
 
@@ -79,23 +79,8 @@ pub unsafe extern "C" fn umm_sim_capture(device: c_int, stream: Stream, capturin
     })
 }
 
-/// [`umm_sim_stream`]: queue an item of work on the stream (answers its number, from 1).
-pub const UMM_SIM_LAUNCH: c_int = SimStreamOp::Launch as c_int;
-/// [`umm_sim_stream`]: hold the stream's work back.
-pub const UMM_SIM_HOLD: c_int = SimStreamOp::Hold as c_int;
-/// [`umm_sim_stream`]: run the stream's work up to item `arg`.
-pub const UMM_SIM_RUN: c_int = SimStreamOp::Run as c_int;
-/// [`umm_sim_stream`]: run all of the stream's work and let later work run at once.
-pub const UMM_SIM_FINISH: c_int = SimStreamOp::Finish as c_int;
-/// [`umm_sim_stream`]: answers the items of the stream run so far.
-pub const UMM_SIM_COMPLETED: c_int = SimStreamOp::Completed as c_int;
-/// [`umm_sim_stream`]: answers the last item of stream `arg` that the stream's later work is ordered after.
-pub const UMM_SIM_ORDERED_AFTER: c_int = SimStreamOp::OrderedAfter as c_int;
-/// [`umm_sim_stream`]: answers a number for the byte at address `arg` (equal numbers: the same byte).
-pub const UMM_SIM_BYTE: c_int = SimStreamOp::Byte as c_int;
-
 /// Simulated devices (`UMM_CAPI_SIM`) only: drives or asks the device's streams, for tests that check
-/// stream-ordered reuse through the C ABI. `op` is one of `umm.h`'s `UMM_SIM_*`: queue an item of work on
+/// stream-ordered reuse through the C ABI. `op` is a [`SimStreamOp`] (`umm.h`'s `umm_sim_op`): queue an item of work on
 /// `stream` (answers its number, from 1), hold its work back, run it up to item `arg`, run all of it, answer the
 /// items run, answer the last item of stream `arg` that `stream`'s later work is ordered after, or answer a
 /// number for the byte at address `arg` (equal numbers: the same byte of device memory). -1 with a message on a
