@@ -141,30 +141,15 @@ def worker(args):
             return loss.detach().float()
 
         n = args.steps
-    elif args.work == "resnet":
+    elif args.work in ("resnet", "vit"):
         import torchvision
 
-        model = torchvision.models.resnet50(weights=None).to(dev).train()
-        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        images = torch.randn(args.steps, 64, 3, 224, 224, generator=gen)
-        labels = torch.randint(0, 1000, (args.steps, 64), generator=gen)
-        lossf = torch.nn.CrossEntropyLoss()
-
-        def step(i):
-            x, y = images[i].to(dev), labels[i].to(dev)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = lossf(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss.detach().float()
-
-        n = args.steps
-    elif args.work == "vit":
-        import torchvision
-
-        model = torchvision.models.vit_b_16(weights=None).to(dev).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        if args.work == "resnet":
+            model = torchvision.models.resnet50(weights=None).to(dev).train()
+            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        else:
+            model = torchvision.models.vit_b_16(weights=None).to(dev).train()
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         images = torch.randn(args.steps, 64, 3, 224, 224, generator=gen)
         labels = torch.randint(0, 1000, (args.steps, 64), generator=gen)
         lossf = torch.nn.CrossEntropyLoss()
