@@ -154,9 +154,9 @@ pub struct ReplayReport {
     /// `peak_reserved_bytes / peak_live_bytes`; `None` for a trace that allocates nothing, and for a replay
     /// whose cold pass ran out of memory (it never held the trace's peak, so the ratio would mean nothing).
     pub reserved_over_live: Option<f64>,
-    /// The pool's peak of reserved bytes over the warm passes (the cold pass's peak when there are none): what a
-    /// repeating workload holds once it runs steadily.
-    pub peak_reserved_bytes_warm: u64,
+    /// The pool's peak of reserved bytes over the warm passes: what a repeating workload holds once it runs
+    /// steadily; `None` without warm passes.
+    pub peak_reserved_bytes_warm: Option<u64>,
     /// Nanoseconds per op of the first replay, on a fresh pool.
     pub ns_per_op_cold: f64,
     /// Median nanoseconds per op of the warm replays on the same pool; `None` without warm replays.
@@ -167,8 +167,8 @@ pub struct ReplayReport {
     pub device_frees: u64,
     /// Calls into the device's memory API during the warm passes, all of them together: segments created and
     /// destroyed, ranges reserved, pages mapped and unmapped (see `PoolStats::num_device_calls`). A workload that
-    /// repeats should make none.
-    pub warm_device_calls: u64,
+    /// repeats should make none. `None` without warm passes.
+    pub warm_device_calls: Option<u64>,
     /// Allocations of the cold pass that released cached memory and retried.
     pub oom_retries: u64,
     /// Allocations that failed with out of memory and were skipped (most in any pass).
@@ -369,9 +369,9 @@ pub fn replay<B: Backend>(
         peak_last = pool.stats().reserved_bytes.peak;
     }
     let after = pool.stats();
-    let warm_device_calls = after.num_device_calls - stats.num_device_calls;
-    let peak_reserved_warm =
-        if opts.repeat == 0 { stats.reserved_bytes.peak } else { after.reserved_bytes.peak.max(peak_warm) };
+    let warm_passes = opts.repeat > 0;
+    let warm_device_calls = warm_passes.then(|| after.num_device_calls - stats.num_device_calls);
+    let peak_reserved_warm = warm_passes.then(|| after.reserved_bytes.peak.max(peak_warm));
     let per_op = |d: Duration| if ops == 0 { 0.0 } else { d.as_nanos() as f64 / ops as f64 };
     let ns_per_op_cold = per_op(cold.elapsed);
     let ns_per_op_last = warm.last().map_or(ns_per_op_cold, |&d| per_op(d));

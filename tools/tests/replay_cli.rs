@@ -330,4 +330,7 @@ fn no_warm_replays_print_no_warm_figures() {
     let output = umm(&["replay", "--repeat", "0", "--json", path.to_str().unwrap()]);
     let line = &json_lines(&output)[0];
     assert!(line["ns_per_op_warm"].is_null() && line["ns_per_op_cold"].as_f64().unwrap() > 0.0, "{line}");
+    for warm in ["peak_reserved_bytes_warm", "warm_device_calls"] {
+        assert!(line[warm].is_null(), "{warm}: {line}");
+    }
 }

@@ -545,7 +545,11 @@ fn check_replay(trace: &Trace, model: &Model, backend: &str, repeat: usize, cach
              {model_peaks:?}"
         ));
     }
-    let reserved = [report.peak_reserved_bytes, report.peak_reserved_bytes_warm, report.peak_reserved_bytes_last];
+    let reserved: Vec<u64> =
+        [Some(report.peak_reserved_bytes), report.peak_reserved_bytes_warm, Some(report.peak_reserved_bytes_last)]
+            .into_iter()
+            .flatten()
+            .collect();
     if reserved.iter().any(|&r| r < model.peak_live_bytes) || cold.reserved_bytes.peak < cold.allocated_bytes.peak {
         return Err(format!("{backend}: reserved {reserved:?} below the peak of {} live bytes", model.peak_live_bytes));
     }

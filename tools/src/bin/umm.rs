@@ -383,7 +383,7 @@ fn print_table(reports: &[(ReplayReport, Option<TorchInput>)], args: &ReplayArgs
                 format!("{:.1}", r.ns_per_op_cold),
                 r.ns_per_op_warm.map_or_else(none, |ns| format!("{ns:.1}")),
                 r.device_allocs.to_string(),
-                if args.repeat == 0 { none() } else { r.warm_device_calls.to_string() },
+                r.warm_device_calls.map_or_else(none, |calls| calls.to_string()),
                 r.oom_retries.to_string(),
                 r.ooms.to_string(),
             ]
