@@ -89,7 +89,9 @@ int umm_record_history(int64_t max_entries);
 /* Gives cached memory of `device` (-1: every device) back to the driver. Bytes released, or -1. */
 int64_t umm_empty_cache(int device);
 
-/* Caps the bytes reserved on `device` (-1: every device); 0 removes the cap. 0, or -1 with a message. */
+/* Caps the bytes reserved on `device` (-1: every device) by its main pool (and huge pool, `UMM_HUGE_MIN`); memory of
+ * tagged pools (umm_set_tag) and of graphs' private pools is not counted against the cap. 0 removes the cap. 0, or
+ * -1 with a message. */
 int umm_set_limit(int device, uint64_t bytes);
 
 /* Resets peak statistics of `device` (-1: every device) to current values. 0, or -1 with a message. */

@@ -586,7 +586,8 @@ def empty_cache(device=None):
 
 
 def set_limit(nbytes, device=None):
-    """Caps the bytes umm reserves (0 removes the cap); past it, allocations fail like an out-of-memory.
+    """Caps the bytes umm reserves in each device's main pool (0 removes the cap); past it, allocations fail like an
+    out-of-memory. Tagged pools (tag()) and CUDA graphs' private pools are not counted against the cap.
     `nbytes` is a whole number of bytes, 0 or more: anything else raises ValueError (a negative number would
     reach the library as a cap of 2**64 - 1 bytes, which caps nothing)."""
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
