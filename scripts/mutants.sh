@@ -4,7 +4,8 @@
 # so no GPU is needed. Needs `cargo install cargo-mutants`.
 #
 #   scripts/mutants.sh AREA [SHARD]   # AREA: decision | trace | capi | engine-pool | streams | all
-#                                   # SHARD (engine-pool only): k/n, a round-robin sample of 1 in n mutants
+#                                   # SHARD (engine-pool, streams): k/n, a round-robin sample of 1 in n mutants
+#                                   # (streams runs every mutant unless SHARD is given; it samples the backends' files)
 #
 # Outputs land in /tmp/umm-mutants/AREA/mutants.out (caught.txt, missed.txt, ...). On a 2-core machine: decision
 # 6 min, trace 46 min, capi 20 min; engine-pool a median of 57 s per mutant over 2,077 mutants, so it runs a shard
@@ -12,6 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 area=${1:-}
+given_shard=${2:-}
 shard=${2:-0/48}
 out=/tmp/umm-mutants
 
@@ -48,14 +50,16 @@ case $area in
     # Stream-ordered reuse: StreamPool's recorded streams and pending frees, sharing across streams, the arenas of
     # each stream, with the suites of the stream oracle (tests/stream_oracle.rs) and the hand-written cases; then
     # the C ABI's registry (its free path) under its oracle and simulated-device tests.
+    sample=()
+    if [ -n "$given_shard" ]; then sample=(--shard "$given_shard" --sharding round-robin); fi
     run streams-backends -p umm-backends -f backends/src/pool/recorded.rs -f backends/src/pool/share.rs \
-      -f backends/src/pool/streams.rs \
+      -f backends/src/pool/streams.rs "${sample[@]}" \
       -- --lib --test stream_oracle --test cross_stream --test capture -- pool::recorded pool::streams oracle \
       never_hands_out reach stream capture
     run streams-capi -p umm-capi -f registry.rs -- --test stream_oracle --test sim --test graphs
     ;;
   all)
-    for a in decision trace capi engine-pool streams; do "$0" "$a" "$shard"; done
+    for a in decision trace capi engine-pool streams; do "$0" "$a" ${given_shard:+"$given_shard"}; done
     ;;
   *)
     sed -n '2,12p' "$0"

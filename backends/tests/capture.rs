@@ -157,3 +157,24 @@ fn a_pool_not_told_of_a_capture_is_caught() {
     }
     assert!(caught > 0, "no refused call without begin_capture: the model would not catch a slip");
 }
+
+/// A free during a capture of a block used on another stream is held back, counted by `deferred_frees`, until the
+/// capture ends; a block used on its own stream only goes back at once.
+#[test]
+fn a_free_on_another_stream_during_a_capture_is_held_until_it_ends() {
+    let pool = pool(CrossStream::Completed, false, false);
+    let sim = pool.backend();
+    let shared = pool.allocate(4 * MIB, STREAMS[0]).expect("memory");
+    let own = pool.allocate(4 * MIB, STREAMS[0]).expect("memory");
+    pool.record_stream(&shared, STREAMS[1]).expect("a live block");
+    sim.begin_capture(CAPTURE);
+    pool.begin_capture();
+    pool.free(&own).expect("a live block");
+    assert_eq!(pool.deferred_frees(), 0, "a block of one stream is not held back");
+    pool.free(&shared).expect("a live block");
+    assert_eq!(pool.deferred_frees(), 1, "the block used on another stream is held back");
+    sim.end_capture(CAPTURE);
+    pool.end_capture().expect("marks recorded");
+    assert_eq!(pool.deferred_frees(), 0, "marked once the capture ended");
+    assert_eq!(sim.stream_log().capture_violations, 0);
+}
