@@ -554,7 +554,7 @@ fn free_on(ptr: u64, device: i64, stream: Option<StreamId>) -> Result<(), String
         format!("umm_free: {ptr:#x} (device {device}) was not allocated by umm or was already freed; nothing done")
     })?;
     let stream = stream.unwrap_or(live.stream);
-    crate::share::forget(ptr);
+    crate::share::forget(ptr, &live.block);
     trace::record_free(live.trace_id);
     let pool = live_pool(reg, &live)?;
     let _scope = ContextScope::enter();

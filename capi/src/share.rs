@@ -13,9 +13,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::LazyLock;
 use umm_backends::cuda::ContextScope;
 use umm_backends::cuda::{ImportedMemory, IpcHandle};
+use umm_backends::BlockHandle;
 
-/// Handles of live blocks by address, kept so that their descriptors stay open while the blocks live.
-static EXPORTS: LazyLock<Mutex<HashMap<u64, IpcHandle>>> = LazyLock::new(Default::default);
+/// Handles of live blocks by address, with the block each is of (an address is handed out again once freed),
+/// kept so that their descriptors stay open while the blocks live.
+static EXPORTS: LazyLock<Mutex<HashMap<u64, (BlockHandle, IpcHandle)>>> = LazyLock::new(Default::default);
 /// Whether anything was ever exported: until then a free does not look at [`EXPORTS`].
 static EXPORTED: AtomicBool = AtomicBool::new(false);
 /// Blocks of other processes mapped here, by the address `umm_ipc_open` returned.
@@ -31,7 +33,7 @@ pub(crate) fn handle_bytes(ptr: u64) -> Result<Vec<u8>, String> {
         (SharedPool::clone(live_pool(reg, entry)?), entry.block.clone())
     };
     let mut exports = EXPORTS.lock();
-    if let Some(handle) = exports.get(&ptr) {
+    if let Some((_, handle)) = exports.get(&ptr).filter(|(of, _)| *of == block) {
         return Ok(handle.to_bytes());
     }
     let cuda = pool.cuda().ok_or_else(|| {
@@ -41,18 +43,27 @@ pub(crate) fn handle_bytes(ptr: u64) -> Result<Vec<u8>, String> {
     let handle = cuda.export(&block).map_err(|e| format!("umm_ipc_handle: {e}"))?;
     let bytes = handle.to_bytes();
     if handle.is_pages() {
-        exports.insert(ptr, handle);
         EXPORTED.store(true, Ordering::Release);
+        // A free that removed the block from the live map before this lock was taken found nothing to forget:
+        // keep the descriptors only if the block is still live (a later free forgets them, under this lock).
+        if reg.live.lock().get(&ptr).is_some_and(|entry| entry.block == block) {
+            exports.insert(ptr, (block, handle));
+        } else {
+            return Err(unknown());
+        }
     }
     Ok(bytes)
 }
 
-/// Closes the descriptors shared for the block at `ptr`, which is being freed. One atomic load until a block was
-/// shared.
+/// Closes the descriptors shared for `block` at `ptr`, which is being freed (not those of a later block at the
+/// same address). One atomic load until a block was shared.
 #[inline(always)]
-pub(crate) fn forget(ptr: u64) {
+pub(crate) fn forget(ptr: u64, block: &BlockHandle) {
     if EXPORTED.load(Ordering::Acquire) {
-        EXPORTS.lock().remove(&ptr);
+        let mut exports = EXPORTS.lock();
+        if exports.get(&ptr).is_some_and(|(of, _)| of == block) {
+            exports.remove(&ptr);
+        }
     }
 }
 
