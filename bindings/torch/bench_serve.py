@@ -61,6 +61,7 @@ import json
 import math
 import os
 import statistics
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -261,7 +262,8 @@ def generate_plan(args, torch, vocab):
     plan = []
     for g in [warm] + [gen] * args.gen_requests:
         b, p, n = randint(torch, g, GEN_BATCH), randint(torch, g, GEN_PROMPT), randint(torch, g, GEN_NEW)
-        plan.append((torch.randint(0, vocab, (b, p), generator=g), n))
+        # The cap applies after the draw, so capped runs generate the same prompts and the first tokens of each.
+        plan.append((torch.randint(0, vocab, (b, p), generator=g), min(n, args.gen_new_max or n)))
     return plan
 
 
@@ -434,10 +436,10 @@ def run_worker(args, work, run, index):
     out = os.path.join(tempfile.gettempdir(), f"umm_serve_{work}_{tag}_{index}_{os.getpid()}.json")
     if os.path.exists(out):
         os.remove(out)
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--work", work, "--alloc", alloc,
+    cmd = shlex.split(args.wrap) + [sys.executable, os.path.abspath(__file__), "--worker", "--work", work, "--alloc", alloc,
            "--threads", str(args.threads), "--requests", str(args.requests), "--gen-requests",
-           str(args.gen_requests), "--serve-models", args.serve_models, "--attn", args.attn, "--seed",
-           str(args.seed), "--timeout", str(args.timeout), "--out", out]
+           str(args.gen_requests), "--gen-new-max", str(args.gen_new_max), "--serve-models", args.serve_models,
+           "--attn", args.attn, "--seed", str(args.seed), "--timeout", str(args.timeout), "--out", out]
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired as e:
@@ -447,6 +449,9 @@ def run_worker(args, work, run, index):
     if p.returncode != 0 or not os.path.exists(out):
         print(f"{work}/{run} FAILED rc={p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
         return None
+    if args.wrap:
+        summary = [line for line in (p.stdout + p.stderr).splitlines() if "SUMMARY" in line]
+        print(f"{work}/{run} under {args.wrap!r}: {'; '.join(summary) or 'no summary line'}")
     with open(out) as f:
         r = json.load(f)
     os.remove(out)
@@ -583,6 +588,10 @@ def main():
     ap.add_argument("--threads", type=int, default=4, help="serve: threads, each with its own stream")
     ap.add_argument("--requests", type=int, default=40, help="serve: measured requests per thread")
     ap.add_argument("--gen-requests", type=int, default=12, help="generate: measured requests")
+    ap.add_argument("--gen-new-max", type=int, default=0,
+                    help="generate: at most this many new tokens per request (0: as drawn, 64-256)")
+    ap.add_argument("--wrap", default="", help="a command each worker runs under, e.g. "
+                    "'compute-sanitizer --tool memcheck --error-exitcode 3' (its output is in the worker's log)")
     ap.add_argument("--serve-models", default="bert", choices=["bert", "bert,gpt2"],
                     help="serve: BERT alone, or BERT then GPT-2 small (no head) on each request")
     ap.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="GPT-2's attention (BERT: sdpa)")
@@ -606,8 +615,8 @@ def main():
     malformed = [kv for v in args.umm_variants.split(";") for kv in v.split(",") if kv and "=" not in kv[1:]]
     if malformed:
         ap.error(f"--umm-variants: expected KEY=VAL, got {malformed}")
-    if args.threads < 1 or args.requests < 1 or args.gen_requests < 1:
-        ap.error("--threads, --requests and --gen-requests must be at least 1")
+    if args.threads < 1 or args.requests < 1 or args.gen_requests < 1 or args.gen_new_max < 0:
+        ap.error("--threads, --requests and --gen-requests must be at least 1, --gen-new-max at least 0")
     if args.worker:
         worker(args)
     else:
