@@ -169,6 +169,15 @@ pub struct ReplayReport {
     /// destroyed, ranges reserved, pages mapped and unmapped (see `PoolStats::num_device_calls`). A workload that
     /// repeats should make none. `None` without warm passes.
     pub warm_device_calls: Option<u64>,
+    /// Calls into the device's memory API during the last warm pass alone: where a repeating workload has
+    /// settled, this is 0. `None` without warm passes.
+    pub warm_device_calls_last: Option<u64>,
+    /// Pages unmapped in one stream's reservation so that another stream's could map their memory, over all
+    /// passes ([`umm_backends::PoolStats::num_pages_shared`]): each such move is two device calls.
+    pub pages_shared: u64,
+    /// Empty segments moved from one stream's arena to another's over all passes
+    /// ([`umm_backends::PoolStats::num_segments_shared`]).
+    pub segments_shared: u64,
     /// Allocations of the cold pass that released cached memory and retried.
     pub oom_retries: u64,
     /// Allocations that failed with out of memory and were skipped (most in any pass).
@@ -356,10 +365,15 @@ pub fn replay<B: Backend>(
     let mut ooms = cold.ooms;
     let mut peak_warm = 0;
     let mut peak_last = stats.reserved_bytes.peak;
+    let mut calls_before_last = stats.num_device_calls;
     for pass in 1..=opts.repeat as u64 {
-        if pass == opts.repeat as u64 && pass > 1 {
-            peak_warm = pool.stats().reserved_bytes.peak;
-            pool.reset_peaks();
+        if pass == opts.repeat as u64 {
+            let now = pool.stats();
+            calls_before_last = now.num_device_calls;
+            if pass > 1 {
+                peak_warm = now.reserved_bytes.peak;
+                pool.reset_peaks();
+            }
         }
         let result = run_pass(trace, pool, &streams, marks, &mut slots, &mut |n| progress(pass * ops + n))
             .map_err(pool_error)?;
@@ -371,6 +385,7 @@ pub fn replay<B: Backend>(
     let after = pool.stats();
     let warm_passes = opts.repeat > 0;
     let warm_device_calls = warm_passes.then(|| after.num_device_calls - stats.num_device_calls);
+    let warm_device_calls_last = warm_passes.then(|| after.num_device_calls - calls_before_last);
     let peak_reserved_warm = warm_passes.then(|| after.reserved_bytes.peak.max(peak_warm));
     let per_op = |d: Duration| if ops == 0 { 0.0 } else { d.as_nanos() as f64 / ops as f64 };
     let ns_per_op_cold = per_op(cold.elapsed);
@@ -394,6 +409,9 @@ pub fn replay<B: Backend>(
         device_allocs: stats.num_device_alloc,
         device_frees: stats.num_device_free,
         warm_device_calls,
+        warm_device_calls_last,
+        pages_shared: after.num_pages_shared,
+        segments_shared: after.num_segments_shared,
         oom_retries: stats.num_alloc_retries,
         ooms,
         limit_bytes: stats.limit_bytes,

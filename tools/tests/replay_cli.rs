@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const FIELDS: [&str; 26] = [
+const FIELDS: [&str; 29] = [
     "trace",
     "backend",
     "device",
@@ -19,6 +19,9 @@ const FIELDS: [&str; 26] = [
     "device_allocs",
     "device_frees",
     "warm_device_calls",
+    "warm_device_calls_last",
+    "pages_shared",
+    "segments_shared",
     "oom_retries",
     "ooms",
     "limit_bytes",
@@ -323,14 +326,14 @@ fn no_warm_replays_print_no_warm_figures() {
     };
     let (header, row) = (cells("trace"), cells("cold_only"));
     assert_eq!(header.len(), row.len(), "{stdout}");
-    for column in ["ns/op warm", "warm device calls"] {
+    for column in ["ns/op warm", "warm device calls", "last pass calls"] {
         let at = header.iter().position(|h| h == column).unwrap();
         assert_eq!(row[at], "-", "{column}: {stdout}");
     }
     let output = umm(&["replay", "--repeat", "0", "--json", path.to_str().unwrap()]);
     let line = &json_lines(&output)[0];
     assert!(line["ns_per_op_warm"].is_null() && line["ns_per_op_cold"].as_f64().unwrap() > 0.0, "{line}");
-    for warm in ["peak_reserved_bytes_warm", "warm_device_calls"] {
+    for warm in ["peak_reserved_bytes_warm", "warm_device_calls", "warm_device_calls_last"] {
         assert!(line[warm].is_null(), "{warm}: {line}");
     }
 }

@@ -25,3 +25,24 @@ fn streams_sharing_free_memory_hold_one_peak_not_four() {
     assert!(stats.num_pages_shared + stats.num_segments_shared > 0, "{stats:?}");
     assert_eq!(off_stats.num_pages_shared + off_stats.num_segments_shared, 0, "{off_stats:?}");
 }
+
+/// The report counts moves between streams as the pool does, and the last warm pass's device calls apart from
+/// all warm passes': with one warm pass they are the same, with three the last is its own share of them.
+#[test]
+fn replays_count_moves_between_streams_and_the_last_passes_device_calls() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/traces/bert_serve_4streams.trace.gz");
+    let trace = Trace::load(&path).unwrap();
+    let run = |repeat| {
+        let pool = Pool::new(SimBackend::new("sim", 80 << 30), PoolConfig::default()).unwrap();
+        let report = replay(&trace, &pool, "sim", "sim", ReplayOptions::with_repeat(repeat)).unwrap();
+        (report, pool.stats())
+    };
+    let (one, stats) = run(1);
+    assert_eq!((one.pages_shared, one.segments_shared), (stats.num_pages_shared, stats.num_segments_shared));
+    assert!(one.pages_shared + one.segments_shared > 0, "{one:?}");
+    assert_eq!(one.warm_device_calls_last, one.warm_device_calls, "{one:?}");
+    let (three, _) = run(3);
+    let (all, last) = (three.warm_device_calls.unwrap(), three.warm_device_calls_last.unwrap());
+    println!("warm device calls over three passes {all}, in the last {last}");
+    assert!(last < all || all == 0, "the last pass is one of three: {three:?}");
+}

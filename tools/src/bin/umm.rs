@@ -359,6 +359,8 @@ fn print_table(reports: &[(ReplayReport, Option<TorchInput>)], args: &ReplayArgs
         "ns/op warm",
         "device allocs",
         "warm device calls",
+        "last pass calls",
+        "page moves",
         "retries",
         "ooms",
     ];
@@ -384,6 +386,8 @@ fn print_table(reports: &[(ReplayReport, Option<TorchInput>)], args: &ReplayArgs
                 r.ns_per_op_warm.map_or_else(none, |ns| format!("{ns:.1}")),
                 r.device_allocs.to_string(),
                 r.warm_device_calls.map_or_else(none, |calls| calls.to_string()),
+                r.warm_device_calls_last.map_or_else(none, |calls| calls.to_string()),
+                (r.pages_shared + r.segments_shared).to_string(),
                 r.oom_retries.to_string(),
                 r.ooms.to_string(),
             ]
