@@ -76,7 +76,7 @@ impl<B: Backend> Pool<B> {
             return self.free_lent(block, lent);
         }
         let mut state = self.state().lock();
-        state.steps.note_free(block.key());
+        state.steps.note_free(block.key(), block.size());
         self.free_locked(&mut state, block)
     }
 

@@ -15,11 +15,14 @@
 //! like any allocation (a fallback). A placement is O(1): the plan knows, for each allocation, which planned
 //! block lies just below it at that moment, and the engine checks the free block that follows it.
 //!
-//! A plan stays only where it lowers memory: its first step must not reserve more at its peak than the step
-//! before the plan did. Blocks that outlive their step (weights, optimizer state) are allocated in the first
+//! A plan never adds memory. It is made only where its first step would not reserve more than the step before it
+//! did at its peak: what stays reserved once the cache is released, plus the plan's segment, plus what the
+//! step's unplanned allocations may take at once beyond the older blocks it frees, must not pass that peak
+//! (otherwise the trial itself would set the peak). And it stays only where its first step did not, in fact,
+//! reserve more. Blocks that outlive their step (weights, optimizer state) are allocated in the first
 //! steps among the step's own blocks, and the free ranges they leave in their segments are used by unplanned
 //! steps but not by planned ones, whose blocks go to the plan's segment; where those ranges outweigh what the
-//! plan saves, the plan goes (ResNet-50 training through PyTorch on an H100: 1.035 of peak allocated with the
+//! plan saves, no plan is made, or the one made goes (ResNet-50 training through PyTorch on an H100: 1.035 of peak allocated with the
 //! plan, 1.020 without).
 //!
 //! A plan whose step deviates [`MISSES_TO_DROP`] times in a row is dropped (its segment goes once empty) and
@@ -91,7 +94,8 @@ impl<B: Backend> Pool<B> {
 
     /// Installs a plan made from the latest steps: the memory the pool caches goes back first (the plan replaces
     /// what those steps took), then one segment of the plan's size is made. False when it cannot be (the limit,
-    /// the device), which leaves the pool as it was apart from the release.
+    /// the device) or could raise the step's peak (`peak_before`), which leaves the pool as it was apart from the
+    /// release.
     fn install_plan(&self, state: &mut State<B::Segment>, made: Made, peak_before: u64) -> bool {
         // Installing releases cached memory first, which a capture refuses (see `capture`).
         if self.capture_underway() {
@@ -108,6 +112,16 @@ impl<B: Backend> Pool<B> {
         }
         self.release_cached_locked(state, 0, u64::MAX);
         if state.stats.limit_bytes.is_some_and(|limit| state.reserved() + size > limit) {
+            return false;
+        }
+        // A plan never adds memory: its first step holds what stays reserved now, the plan's segment, and what
+        // the step's other allocations may take from the device (their most bytes at once beyond those of older
+        // blocks the step has freed, less what the memory still held has free). Where that could pass the step's
+        // peak without the plan, the trial itself would set the higher peak that out-of-memory errors are made
+        // of, whether the plan stayed or not: it is not tried.
+        let held_free = state.reserved().saturating_sub(state.stats.allocated_bytes.current);
+        let others = made.unplanned_bytes.saturating_sub(held_free);
+        if state.reserved().saturating_add(size).saturating_add(others) > peak_before {
             return false;
         }
         let Ok(arena) = self.planned_arena(state, made.stream) else { return false };
@@ -201,6 +215,6 @@ impl<B: Backend> Pool<B> {
     #[cold]
     #[inline(never)]
     pub(super) fn note_stepped_free(&self, block: &BlockHandle) {
-        self.state().lock().steps.note_free(block.key());
+        self.state().lock().steps.note_free(block.key(), block.size());
     }
 }

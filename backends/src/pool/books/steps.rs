@@ -25,7 +25,8 @@ pub const MAX_STEP_EVENTS: usize = 1 << 20;
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum StepOutcome {
-    /// Recorded; no plan yet.
+    /// Recorded; no plan yet (or none made: the step's plan could have raised its peak, see
+    /// [`crate::pool`]'s steps).
     Recorded,
     /// Ran as the plan foresaw.
     Planned,
@@ -33,9 +34,9 @@ pub enum StepOutcome {
     Deviated,
     /// Deviated again: the plan was dropped, and recording starts over.
     Dropped,
-    /// The plan's first step reserved more memory at its peak than the step before the plan: the blocks that
-    /// outlive steps (weights, optimizer state) sit in segments whose free ranges the unplanned steps used, and the
-    /// plan's segment came on top. The plan was dropped, and this step is not planned again.
+    /// The plan's first step reserved more memory at its peak than the step before the plan, although the plan
+    /// was expected not to (the step's unplanned allocations found no room in the memory held). The plan was
+    /// dropped, and this step is not planned again.
     Unprofitable,
     /// A plan was made from this step and the ones before: the next steps are served from it.
     PlanMade,
@@ -62,9 +63,11 @@ pub(in crate::pool) enum Event {
         size: u64,
         stream: StreamId,
     },
-    /// A free of the step's allocation number `ordinal`, or of a block allocated before the step (`None`).
+    /// A free of the step's allocation number `ordinal`, or of a block of `size` bytes allocated before the step
+    /// (`None`; `size` is 0 for the step's own blocks, whose sizes their allocations give).
     Free {
         ordinal: Option<u32>,
+        size: u64,
     },
 }
 
@@ -83,6 +86,10 @@ pub(in crate::pool) struct Made {
     pub(in crate::pool) events: Vec<Event>,
     pub(in crate::pool) places: Vec<Option<Place>>,
     pub(in crate::pool) bytes: u64,
+    /// The most bytes the step's allocations that the plan leaves to the pool (other streams', blocks that
+    /// outlive the step) hold at once beyond what the step has freed of blocks allocated before it: what they may
+    /// take from the device once the plan has the step's own blocks.
+    pub(in crate::pool) unplanned_bytes: u64,
 }
 
 /// A plan in use.
@@ -175,15 +182,15 @@ impl Steps {
         }
     }
 
-    /// Records the free of the block with `key`.
-    pub(in crate::pool) fn note_free(&mut self, key: u64) {
+    /// Records the free of the block with `key`, of `size` bytes.
+    pub(in crate::pool) fn note_free(&mut self, key: u64, size: u64) {
         let ordinal = self.open.remove(&key);
         if let (Some(ordinal), Some(plan)) = (ordinal, self.plan.as_mut()) {
             if let Some(live) = plan.live.get_mut(ordinal as usize) {
                 *live = None;
             }
         }
-        self.record(Event::Free { ordinal });
+        self.record(Event::Free { ordinal, size: if ordinal.is_none() { size } else { 0 } });
     }
 
     /// Appends to the step's record, up to [`MAX_STEP_EVENTS`]; past it the record is dropped for good (until the
@@ -297,8 +304,8 @@ pub(in crate::pool) fn make_plan(events: Vec<Event>) -> Option<Made> {
                 allocs.push((at, size, stream));
                 frees.push(None);
             }
-            Event::Free { ordinal: Some(o) } => frees[o as usize] = Some(at),
-            Event::Free { ordinal: None } => {}
+            Event::Free { ordinal: Some(o), .. } => frees[o as usize] = Some(at),
+            Event::Free { ordinal: None, .. } => {}
         }
     }
     // The stream that makes most of the step's allocations.
@@ -320,6 +327,7 @@ pub(in crate::pool) fn make_plan(events: Vec<Event>) -> Option<Made> {
             size: allocs[o as usize].1,
         })
         .collect();
+    let unplanned_bytes = unplanned_peak(&events, &places_of(&planned, allocs.len()), &allocs);
     let solution = solve(&items);
     let mut places: Vec<Option<Place>> = vec![None; allocs.len()];
     for (&o, &offset) in planned.iter().zip(&solution.offsets) {
@@ -344,13 +352,111 @@ pub(in crate::pool) fn make_plan(events: Vec<Event>) -> Option<Made> {
                 }
                 ordinal += 1;
             }
-            Event::Free { ordinal: Some(o) } => {
+            Event::Free { ordinal: Some(o), .. } => {
                 if let Some(place) = places[o as usize] {
                     live.remove(&place.offset);
                 }
             }
-            Event::Free { ordinal: None } => {}
+            Event::Free { ordinal: None, .. } => {}
         }
     }
-    Some(Made { stream, events, places, bytes: solution.peak })
+    Some(Made { stream, events, places, bytes: solution.peak, unplanned_bytes })
+}
+
+/// By allocation number, whether the plan places it.
+fn places_of(planned: &[u32], allocs: usize) -> Vec<bool> {
+    let mut placed = vec![false; allocs];
+    for &o in planned {
+        placed[o as usize] = true;
+    }
+    placed
+}
+
+/// [`Made::unplanned_bytes`]: walks the step, adding the allocations the plan does not place, taking away their
+/// frees and those of blocks from before the step, and keeps the highest sum (0 at least).
+fn unplanned_peak(events: &[Event], placed: &[bool], allocs: &[(usize, u64, StreamId)]) -> u64 {
+    let (mut held, mut peak, mut ordinal) = (0i128, 0i128, 0usize);
+    for event in events {
+        match *event {
+            Event::Alloc { size, .. } => {
+                if !placed[ordinal] {
+                    held += i128::from(size);
+                    peak = peak.max(held);
+                }
+                ordinal += 1;
+            }
+            Event::Free { ordinal: Some(o), .. } if !placed[o as usize] => held -= i128::from(allocs[o as usize].1),
+            Event::Free { ordinal: Some(_), .. } => {}
+            Event::Free { ordinal: None, size } => held -= i128::from(size),
+        }
+    }
+    u64::try_from(peak).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S0: StreamId = StreamId(0);
+    const S1: StreamId = StreamId(1);
+
+    fn alloc(size: u64, stream: StreamId) -> Event {
+        Event::Alloc { size, stream }
+    }
+    fn free(ordinal: u32) -> Event {
+        Event::Free { ordinal: Some(ordinal), size: 0 }
+    }
+    fn free_older(size: u64) -> Event {
+        Event::Free { ordinal: None, size }
+    }
+
+    #[test]
+    fn unplanned_bytes_are_the_most_held_at_once_beyond_older_blocks_freed() {
+        // Blocks 0 and 2 are planned (freed within the step, on S0); block 1 outlives the step; block 3 is on
+        // another stream, freed within the step.
+        let events = vec![alloc(8, S0), alloc(100, S0), free(0), alloc(8, S0), alloc(50, S1), free(3), free(2)];
+        assert_eq!(make_plan(events).unwrap().unplanned_bytes, 150);
+        // An older block freed before the new one is allocated makes room for it; freed after, it does not.
+        let before = vec![alloc(8, S0), free_older(100), alloc(100, S0), free(0)];
+        assert_eq!(make_plan(before).unwrap().unplanned_bytes, 0);
+        let after = vec![alloc(8, S0), alloc(100, S0), free_older(100), free(0)];
+        assert_eq!(make_plan(after).unwrap().unplanned_bytes, 100);
+        // Frees of older blocks beyond what the step allocates count for nothing.
+        let only_frees = vec![free_older(300), alloc(8, S0), free(0)];
+        assert_eq!(make_plan(only_frees).unwrap().unplanned_bytes, 0);
+    }
+
+    #[test]
+    fn a_plan_whose_first_step_raised_the_peak_is_dropped_and_never_made_again() {
+        let step = vec![alloc(8, S0), free(0)];
+        let made = make_plan(step.clone()).unwrap();
+        let mut steps = Steps::default();
+        let trial = |steps: &mut Steps, peak: u64| {
+            steps.plan = Some(Plan {
+                arena: 1,
+                segment: SegmentId(0),
+                stream: S0,
+                events: made.events.clone(),
+                places: made.places.clone(),
+                live: vec![None; made.places.len()],
+                misses: 0,
+                on_trial: Some(100),
+            });
+            for &event in &step {
+                steps.record(event);
+            }
+            steps.end_step(peak)
+        };
+        assert!(matches!(trial(&mut steps, 100), StepEnd::Nothing(StepOutcome::Planned)), "at the peak: kept");
+        assert!(steps.plan.is_some() && steps.retiring.is_empty());
+        assert!(matches!(trial(&mut steps, 101), StepEnd::Nothing(StepOutcome::Unprofitable)));
+        assert!(steps.plan.is_none() && steps.retiring == [(1, SegmentId(0))], "its segment retires");
+        // The same step again, twice: not planned.
+        for _ in 0..2 {
+            for &event in &step {
+                steps.record(event);
+            }
+            assert!(matches!(steps.end_step(10), StepEnd::Nothing(StepOutcome::Recorded)));
+        }
+    }
 }
