@@ -2,7 +2,8 @@
 //! backends' suites use (`backends/tests/stream_model`): random workloads of `umm_alloc`, `umm_record_stream`,
 //! frees on other streams, captures (`umm_capture_begin`/`end` with `umm_sim_capture`) and graphs captured into
 //! private pools (`umm_pool_retain`, `umm_alloc_to_pool`, replayed until `umm_pool_release`), steps and
-//! `umm_empty_cache`, while the device's streams are held back and let run item by item (`umm_sim_stream`).
+//! `umm_empty_cache`, sleeps and wakes of a tag's pool (`umm_set_tag`, `umm_sleep`, `umm_wake`), while the
+//! device's streams are held back and let run item by item (`umm_sim_stream`).
 //! After every operation no live block may share a byte with a block whose last owner's work may still run.
 //! Each setting of cross-stream sharing, stitching, thread caches and segment mode runs in a process of its own
 //! (the library reads its settings once).
@@ -78,6 +79,17 @@ struct CDoor {
     device: CDevice,
     /// The device's counters when the door was made (they count over the process).
     start: Counters,
+    /// Every thread allocates under tag [`TAG`] (`umm_set_tag`), so that the door can sleep and wake.
+    tagged: bool,
+}
+
+/// The child setting (an environment variable of the test's own) under which allocations carry a tag.
+const TAGGED: &str = "ORACLE_TAGGED";
+const TAG: &std::ffi::CStr = c"kv";
+
+thread_local! {
+    /// Whether this thread's tag is set.
+    static TAG_SET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// An address handed out, as the tests' threads pass it around.
@@ -104,6 +116,11 @@ impl Door for CDoor {
         &self.device
     }
     fn allocate(&self, bytes: u64, on: u64) -> Option<(Ptr, u64, u64)> {
+        if self.tagged && !TAG_SET.get() {
+            // SAFETY: `TAG` is a NUL-terminated string.
+            assert_eq!(unsafe { umm_set_tag(TAG.as_ptr()) }, 0, "{}", last_error());
+            TAG_SET.set(true);
+        }
         // SAFETY: as in `sim`.
         let p = Ptr::of(unsafe { umm_alloc(bytes as isize, DEVICE, stream(on as usize)) })?;
         Some((p, p.0 as u64, bytes))
@@ -151,6 +168,25 @@ impl Door for CDoor {
     fn tidy(&self, _: u8) {
         assert!(umm_empty_cache(DEVICE) >= 0, "{}", last_error());
     }
+    fn sleep_and_wake(&self) -> bool {
+        if !self.tagged {
+            return false;
+        }
+        // Refused while nothing was allocated under the tag yet, or while a capture is underway.
+        // SAFETY: `TAG` is a NUL-terminated string; NULL offloads nothing.
+        let slept = unsafe { umm_sleep(std::ptr::null(), TAG.as_ptr()) };
+        if slept.is_null() {
+            return false;
+        }
+        // SAFETY: a string from `umm_sleep`, freed once.
+        unsafe { umm_string_free(slept) };
+        // SAFETY: as above.
+        let woke = unsafe { umm_wake(TAG.as_ptr()) };
+        assert!(!woke.is_null(), "{}", last_error());
+        // SAFETY: a string from `umm_wake`, freed once.
+        unsafe { umm_string_free(woke) };
+        true
+    }
     fn counters(&self) -> Counters {
         let now = counters();
         Counters {
@@ -175,7 +211,7 @@ fn counters() -> Counters {
 }
 
 fn door() -> CDoor {
-    CDoor { device: CDevice, start: counters() }
+    CDoor { device: CDevice, start: counters(), tagged: std::env::var_os(TAGGED).is_some() }
 }
 
 fn workload() -> impl Strategy<Value = Vec<Op>> {
@@ -195,6 +231,8 @@ const SETTINGS: &[&[(&str, &str)]] = &[
     &[("UMM_CROSS_STREAM", "off"), ("UMM_THREAD_CACHE", "0"), ("UMM_THREAD_CACHE_LARGE", "0")],
     &[("UMM_CROSS_STREAM", "completed"), ("UMM_SEGMENT_MODE", "plain")],
     &[("UMM_CROSS_STREAM", "wait"), ("UMM_SEGMENT_MODE", "plain"), ("UMM_THREAD_CACHE", "0")],
+    // Every allocation under a tag, whose pool sleeps (discarding) and wakes among the other operations.
+    &[("UMM_CROSS_STREAM", "completed"), (TAGGED, "1")],
 ];
 
 #[test]
@@ -237,6 +275,9 @@ fn oracle_child() {
     println!("reach {:?}", reach.borrow());
     if let Err(e) = result {
         panic!("{e}");
+    }
+    if std::env::var_os(TAGGED).is_some() {
+        assert!(reach.borrow().sleeps > 0, "the tagged workloads slept: {:?}", reach.borrow());
     }
     assert_eq!(stats(DEVICE)["live_pointers"], 0);
 }
