@@ -119,6 +119,14 @@ impl<T: bytemuck::Pod> UniversalBuffer<T> {
         self.meta.read_only
     }
 
+    /// The device address of the buffer's first byte, where its memory has one: CUDA (a `CUdeviceptr`) and the
+    /// simulated device; `None` for host, OpenCL and wgpu memory and for an empty buffer. A number to identify the
+    /// memory by (in logs, beside a profiler's trace, in tests): kernels reach the buffer through the views of
+    /// [`crate::interop`], which order their work on the buffer's stream.
+    pub fn device_address(&self) -> Option<u64> {
+        self.block.as_ref().and_then(OwnedBlock::device_address)
+    }
+
     /// Where the buffer's block lies in its pool (`None` for an empty buffer): key, segment, offset, sizes. Plain
     /// numbers: the block's handle stays with the buffer, which alone may free it or touch its bytes.
     pub fn block_info(&self) -> Option<BlockInfo> {

@@ -654,3 +654,21 @@ fn host_slices_say_why_when_the_host_cannot_address_a_buffer() {
     assert_eq!(sealed.host_slice().unwrap(), &[1, 2]);
     assert!(sealed.host_slice_mut().unwrap_err().is_read_only());
 }
+
+#[test]
+fn device_addresses_name_device_memory_and_only_it() {
+    let mm = with_sims(&[1 << 30]);
+    let on_device = AllocOptions::new().placement(Placement::DeviceLocal).device(DeviceSelector::Index(1));
+    let a = mm.allocate_universal_with::<f32>(1 << 20, on_device.clone()).unwrap();
+    let b = mm.allocate_universal_with::<f32>(1 << 20, on_device.clone()).unwrap();
+    let (at_a, at_b) = (a.device_address().unwrap(), b.device_address().unwrap());
+    assert!(at_a + a.size_bytes() <= at_b || at_b + b.size_bytes() <= at_a, "{at_a:#x} and {at_b:#x} overlap");
+    // The block's address is its segment's plus its offset: a buffer made where one was freed gets its address.
+    drop(a);
+    let c = mm.allocate_universal_with::<f32>(1 << 20, on_device.clone()).unwrap();
+    assert_eq!(c.device_address(), Some(at_a));
+    let on_host = mm.allocate_universal_with::<f32>(16, AllocOptions::new().device(DeviceSelector::Host)).unwrap();
+    assert_eq!(on_host.device_address(), None, "host memory has no device address");
+    let empty = mm.allocate_universal_with::<f32>(0, on_device).unwrap();
+    assert_eq!(empty.device_address(), None);
+}

@@ -133,6 +133,8 @@ pub trait MemoryPool: sealed::Sealed + Send + Sync + 'static {
     fn fill(&self, block: &BlockHandle, offset: u64, len: u64, value: u8) -> Result<()>;
     /// See [`Pool::host_ptr`].
     fn host_ptr(&self, block: &BlockHandle) -> Option<std::ptr::NonNull<u8>>;
+    /// See [`Pool::device_address`].
+    fn device_address(&self, block: &BlockHandle) -> Option<u64>;
     /// Waits for the device work queued on the pool's memory (see [`Backend::settle`]).
     fn settle(&self) -> Result<()>;
     /// See [`Pool::stats`].
@@ -237,6 +239,9 @@ impl MemoryPool for PoolLease {
     fn host_ptr(&self, block: &BlockHandle) -> Option<std::ptr::NonNull<u8>> {
         self.0.host_ptr(block)
     }
+    fn device_address(&self, block: &BlockHandle) -> Option<u64> {
+        self.0.device_address(block)
+    }
     fn settle(&self) -> Result<()> {
         self.0.settle()
     }
@@ -331,6 +336,9 @@ impl<B: Backend> MemoryPool for Pool<B> {
     }
     fn host_ptr(&self, block: &BlockHandle) -> Option<std::ptr::NonNull<u8>> {
         Pool::host_ptr(self, block)
+    }
+    fn device_address(&self, block: &BlockHandle) -> Option<u64> {
+        Pool::device_address(self, block)
     }
     fn settle(&self) -> Result<()> {
         self.backend().settle()
@@ -480,6 +488,13 @@ impl OwnedBlock {
     pub fn fill(&mut self, offset: u64, len: u64, value: u8) -> Result<()> {
         self.check_range(offset, len)?;
         self.pool.fill(&self.handle, offset, len, value)
+    }
+
+    /// The device address of the block's first byte, where its memory has one (CUDA, the simulated device;
+    /// `None` for host, OpenCL and wgpu memory). A number to identify the memory by: kernels reach it through the
+    /// backends' views, which order their work on the block's stream.
+    pub fn device_address(&self) -> Option<u64> {
+        self.pool.device_address(&self.handle)
     }
 
     /// The requested bytes as a host slice, when the memory is host-addressable; `None` otherwise, and when the

@@ -111,6 +111,9 @@ impl MemoryPool for CudaPool {
     fn host_ptr(&self, block: &BlockHandle) -> Option<NonNull<u8>> {
         self.pool().host_ptr(block)
     }
+    fn device_address(&self, block: &BlockHandle) -> Option<u64> {
+        self.pool().device_address(block)
+    }
     fn settle(&self) -> Result<()> {
         self.pool().backend().settle()
     }

@@ -12,6 +12,14 @@ impl<B: Backend> Pool<B> {
         Some((state.live_entry(block)?.handle.clone(), block.offset))
     }
 
+    /// The device address of live `block`'s first byte, where the backend's memory has addresses
+    /// ([`Backend::device_address`]: CUDA, the simulated device); `None` otherwise and for a block not live.
+    /// A stitched block's is its own range's, where its pages are mapped side by side.
+    pub fn device_address(&self, block: &BlockHandle) -> Option<u64> {
+        let (segment, offset) = self.segment_of(block)?;
+        self.backend.device_address(&segment).map(|address| address + offset)
+    }
+
     /// Copies the first `len` bytes of `src_block` (of `src`) into `block` on the device(s), where the backends
     /// join them ([`Backend::copy_on_device`]); `Ok(None)` where they do not. `len` must lie inside both blocks.
     pub(crate) fn copy_on_device_from(
