@@ -326,3 +326,77 @@ fn an_empty_segment_much_larger_than_the_request_is_not_taken() {
     assert_eq!(shared(&pool), 1);
     pool.free(&block).expect("frees");
 }
+
+/// New memory that lifts reserved memory exactly to the live peak is still below the budget: each stream keeps its
+/// own free memory, and nothing moves until reserved memory would pass the peak.
+#[test]
+fn at_the_live_peak_each_stream_keeps_its_own_free_memory() {
+    for memory in MEMORIES {
+        let pool = pool(memory, CrossStream::Completed);
+        // A peak of two blocks live, given back.
+        let peak: Vec<_> = (0..2).map(|_| pool.allocate(BIG, S1).expect("allocates")).collect();
+        for block in &peak {
+            pool.free(block).expect("frees");
+        }
+        pool.release_cached();
+        assert_eq!(reserved(&pool), 0);
+        use_and_free(&pool, S1);
+        // Stream 1's free block plus stream 2's new one make the peak exactly.
+        let block = pool.allocate(BIG, S2).expect("allocates");
+        assert_eq!(reserved(&pool), 2 * BIG, "{memory:?}: new memory up to the live peak, no move");
+        assert_eq!(shared(&pool), 0, "{memory:?}");
+        assert_eq!(log(&pool).marks_recorded, 0, "{memory:?}: no mark either");
+        // One more block would pass the peak: stream 1's free memory serves it.
+        let more = pool.allocate(BIG, S3).expect("allocates");
+        assert_eq!(reserved(&pool), 2 * BIG, "{memory:?}: past the peak, stream 1's memory moved");
+        assert!(shared(&pool) > 0, "{memory:?}");
+        pool.free(&block).expect("frees");
+        pool.free(&more).expect("frees");
+    }
+}
+
+/// Small blocks another stream freed wait in its arena's quick cache, still allocated to its engine: they go back
+/// into the engine before the search for empty segments, so a small segment emptied only by them moves.
+#[test]
+fn a_small_segment_another_stream_emptied_through_its_quick_blocks_moves() {
+    for memory in MEMORIES {
+        let pool = pool(memory, CrossStream::Completed);
+        let blocks: Vec<_> = (0..4).map(|_| pool.allocate(4096, S1).expect("allocates")).collect();
+        for block in &blocks {
+            pool.free(block).expect("frees");
+        }
+        let before = reserved(&pool);
+        assert_eq!(before, 2 * MIB, "{memory:?}: one small segment");
+        let small = pool.allocate(4096, S2).expect("allocates");
+        assert_eq!(pool.stats().num_segments_shared, 1, "{memory:?}: stream 1's small segment moved");
+        assert_eq!(reserved(&pool), before, "{memory:?}: no new small segment");
+        pool.free(&small).expect("frees");
+    }
+}
+
+/// A miss takes free pages from several streams' reservations, each giving what is still missing and no more:
+/// the first gives all its free pages, the second only the rest, and keeps its other free pages mapped.
+#[test]
+fn pages_from_several_streams_cover_a_miss_and_no_more() {
+    let pool = pool(Memory::Virtual, CrossStream::Completed);
+    // Both live at once: stream 2's miss finds no free page on stream 1.
+    let one = pool.allocate(BIG / 2, S1).expect("allocates");
+    let two = pool.allocate(BIG, S2).expect("allocates");
+    assert_eq!(log(&pool).marks_recorded, 0, "no stream holds free pages to mark");
+    pool.free(&one).expect("frees");
+    pool.free(&two).expect("frees");
+    assert_eq!(reserved(&pool), BIG + BIG / 2);
+    // Stream 3 needs 16 MiB: 8 from stream 1 (all it has free), then 8 of stream 2's 16.
+    let three = pool.allocate(BIG, S3).expect("allocates");
+    let stats = pool.stats();
+    assert_eq!(stats.num_pages_shared, BIG / (2 * MIB), "exactly the pages the miss needed");
+    assert_eq!(reserved(&pool), BIG + BIG / 2, "stream 2 kept 8 MiB of free pages mapped");
+    assert_eq!(log(&pool).marks_recorded, 2, "one mark on each giving stream");
+    // Those 8 MiB serve stream 2 again without a new mapping.
+    let calls = pool.stats().num_device_calls;
+    let again = pool.allocate(BIG / 2, S2).expect("allocates");
+    assert_eq!(pool.stats().num_device_calls, calls, "stream 2's kept pages served it");
+    for block in [three, again] {
+        pool.free(&block).expect("frees");
+    }
+}
