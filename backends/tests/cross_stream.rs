@@ -122,7 +122,7 @@ fn memory_of_a_held_stream_waits_for_its_mark_under_completed() {
 }
 
 #[test]
-fn a_free_after_the_mark_needs_a_new_one() {
+fn a_free_after_a_streams_mark_needs_a_new_one() {
     for memory in MEMORIES {
         let pool = pool(memory, CrossStream::Completed);
         use_and_free(&pool, S1);
@@ -141,7 +141,7 @@ fn a_free_after_the_mark_needs_a_new_one() {
 }
 
 #[test]
-fn wait_takes_at_once_and_orders_the_taker_after_the_giver() {
+fn wait_takes_at_once_and_orders_the_taking_stream_after_the_giving_one() {
     for memory in MEMORIES {
         let pool = pool(memory, CrossStream::Wait);
         pool.backend().hold_stream(S1);
@@ -160,7 +160,7 @@ fn wait_takes_at_once_and_orders_the_taker_after_the_giver() {
 }
 
 #[test]
-fn the_tightest_fitting_empty_segment_moves() {
+fn the_tightest_fitting_empty_segment_moves_between_streams() {
     let pool = pool(Memory::Plain, CrossStream::Completed);
     // Stream 1 frees a 64 MiB segment, stream 3 a 16 MiB one: a 16 MiB request takes the 16 MiB one.
     let wide = pool.allocate(64 * MIB, S1).expect("allocates");
@@ -180,7 +180,7 @@ fn the_tightest_fitting_empty_segment_moves() {
 }
 
 #[test]
-fn small_blocks_share_empty_small_segments() {
+fn small_blocks_share_another_streams_empty_small_segment() {
     let pool = pool(Memory::Virtual, CrossStream::Completed);
     let small = pool.allocate(4096, S1).expect("allocates");
     pool.free(&small).expect("frees");
@@ -192,7 +192,7 @@ fn small_blocks_share_empty_small_segments() {
 }
 
 #[test]
-fn a_busy_segment_or_another_class_never_moves() {
+fn a_busy_segment_or_another_class_never_moves_between_streams() {
     let pool = pool(Memory::Plain, CrossStream::Completed);
     // Stream 1's small segment holds a live block; its large segment is too small for the request.
     let live = pool.allocate(4096, S1).expect("allocates");
@@ -209,7 +209,7 @@ fn a_busy_segment_or_another_class_never_moves() {
 }
 
 #[test]
-fn marks_are_given_back_when_the_pool_drops() {
+fn stream_marks_are_given_back_when_the_pool_drops() {
     let pool = pool(Memory::Virtual, CrossStream::Completed);
     use_and_free(&pool, S1);
     use_and_free(&pool, S2);
@@ -309,7 +309,7 @@ fn below_the_live_peak_each_stream_keeps_its_own_free_memory() {
 /// A segment far larger than the one the miss would make stays with its stream: taken, most of it would sit idle
 /// in the taker's arena while its own stream, needing it back, made another.
 #[test]
-fn an_empty_segment_much_larger_than_the_request_is_not_taken() {
+fn another_streams_empty_segment_much_larger_than_the_request_is_not_taken() {
     let pool = pool(Memory::Plain, CrossStream::Completed);
     let wide = pool.allocate(64 * MIB, S1).expect("allocates");
     pool.free(&wide).expect("frees");
@@ -399,4 +399,55 @@ fn pages_from_several_streams_cover_a_miss_and_no_more() {
     for block in [three, again] {
         pool.free(&block).expect("frees");
     }
+}
+
+/// A mark that passed after a stream's latest free covers everything that stream holds free: later moves from it
+/// record no new mark (a mark is one device call: recording it is the only call a move of a plain segment makes).
+#[test]
+fn a_passed_mark_covers_every_later_move_from_its_stream() {
+    let pool = pool(Memory::Plain, CrossStream::Completed);
+    let peak: Vec<_> = (0..2).map(|_| pool.allocate(BIG, S1).expect("allocates")).collect();
+    for block in &peak {
+        pool.free(block).expect("frees");
+    }
+    let calls = pool.stats().num_device_calls;
+    let two = pool.allocate(BIG, S2).expect("allocates");
+    assert_eq!(pool.stats().num_segments_shared, 1);
+    assert_eq!(log(&pool).marks_recorded, 1);
+    assert_eq!(pool.stats().num_device_calls, calls + 1, "the mark on stream 1");
+    let three = pool.allocate(BIG, S3).expect("allocates");
+    assert_eq!(pool.stats().num_segments_shared, 2, "stream 1's second segment moved too");
+    assert_eq!(log(&pool).marks_recorded, 1, "under the same mark");
+    assert_eq!(pool.stats().num_device_calls, calls + 1, "no call at all");
+    assert_eq!(reserved(&pool), 2 * BIG);
+    for block in [two, three] {
+        pool.free(&block).expect("frees");
+    }
+}
+
+/// An empty small segment of another stream does not serve a large request it would fit: only an arena of the
+/// taker's class gives segments.
+#[test]
+fn another_streams_empty_segment_of_another_class_is_not_taken() {
+    let pool = pool(Memory::Plain, CrossStream::Completed);
+    let small = pool.allocate(4096, S1).expect("allocates");
+    pool.free(&small).expect("frees");
+    // A snapshot drains the quick caches: stream 1's small segment is empty in its engine.
+    assert_eq!(pool.snapshot().segments.len(), 1);
+    let large = pool.allocate(3 * MIB / 2, S2).expect("allocates");
+    assert_eq!(pool.stats().num_segments_shared, 0, "a small segment never serves the large arena");
+    assert_eq!(reserved(&pool), 2 * MIB + 20 * MIB, "a large segment of its own");
+    pool.free(&large).expect("frees");
+}
+
+/// A reservation with exactly one free page gives it.
+#[test]
+fn a_single_free_page_of_another_stream_moves() {
+    let pool = pool(Memory::Virtual, CrossStream::Completed);
+    let one = pool.allocate(2 * MIB, S1).expect("allocates");
+    pool.free(&one).expect("frees");
+    let two = pool.allocate(2 * MIB, S2).expect("allocates");
+    assert_eq!(pool.stats().num_pages_shared, 1);
+    assert_eq!(reserved(&pool), 2 * MIB);
+    pool.free(&two).expect("frees");
 }
