@@ -26,11 +26,19 @@ const MEMORIES: [Memory; 2] = [Memory::Plain, Memory::Virtual];
 /// A pool on a simulated device with `policy`, no early trimming (so that what moves is sharing's doing), no
 /// thread caches (a freed block goes straight back to its arena) and 2 MiB pages.
 fn pool(memory: Memory, policy: CrossStream) -> Pool<SimBackend> {
+    pool_with(memory, config(memory, policy))
+}
+
+fn pool_with(memory: Memory, config: PoolConfig) -> Pool<SimBackend> {
     let backend = match memory {
         Memory::Plain => SimBackend::plain("sim", 8 * GIB),
         Memory::Virtual => SimBackend::new("sim", 8 * GIB),
     };
-    let config = PoolConfig {
+    Pool::new(backend, config).expect("valid pool")
+}
+
+fn config(memory: Memory, policy: CrossStream) -> PoolConfig {
+    PoolConfig {
         cross_stream: policy,
         segment_mode: if memory == Memory::Plain { SegmentMode::Plain } else { SegmentMode::Virtual },
         segment_slack: None,
@@ -39,8 +47,7 @@ fn pool(memory: Memory, policy: CrossStream) -> Pool<SimBackend> {
         thread_cache_bytes: 0,
         thread_cache_large_bytes: 0,
         ..PoolConfig::default()
-    };
-    Pool::new(backend, config).expect("valid pool")
+    }
 }
 
 fn reserved(pool: &Pool<SimBackend>) -> u64 {
@@ -450,4 +457,22 @@ fn a_single_free_page_of_another_stream_moves() {
     assert_eq!(pool.stats().num_pages_shared, 1);
     assert_eq!(reserved(&pool), 2 * MIB);
     pool.free(&two).expect("frees");
+}
+
+/// A pool that serves one stream shares nothing: no mark, no page moved, even where that stream's arenas of
+/// both classes are reservations (a tagged pool's) and one of them holds free pages when the other misses.
+#[test]
+fn a_pool_of_one_stream_moves_nothing_between_its_arenas() {
+    let pool = pool_with(Memory::Virtual, config(Memory::Virtual, CrossStream::Completed).tagged("one"));
+    let small: Vec<_> = (0..8).map(|_| pool.allocate(256 << 10, S1).expect("allocates")).collect();
+    for block in &small {
+        pool.free(block).expect("frees");
+    }
+    // A snapshot drains the quick cache: the small arena's page is free in its engine.
+    pool.snapshot();
+    let big = pool.allocate(BIG, S1).expect("allocates");
+    assert_eq!(shared(&pool), 0, "nothing moved");
+    assert_eq!(log(&pool).marks_recorded, 0, "no mark");
+    assert_eq!(reserved(&pool), 2 * MIB + BIG);
+    pool.free(&big).expect("frees");
 }
