@@ -476,3 +476,24 @@ fn a_pool_of_one_stream_moves_nothing_between_its_arenas() {
     assert_eq!(reserved(&pool), 2 * MIB + BIG);
     pool.free(&big).expect("frees");
 }
+
+/// A miss drains the quick caches of its own class only: another stream's small blocks stay cached when a large
+/// request misses, so the segment under them stays too (the slack trim, which gives back empty segments before
+/// the pool grows, does not see it empty) and serves that stream's next small request without a device call.
+#[test]
+fn a_large_miss_leaves_other_streams_small_quick_blocks_cached() {
+    let pool = pool_with(
+        Memory::Plain,
+        PoolConfig { segment_slack: Some(0.1), ..config(Memory::Plain, CrossStream::Completed) },
+    );
+    let small = pool.allocate(4096, S1).expect("allocates");
+    pool.free(&small).expect("frees");
+    let large = pool.allocate(BIG, S2).expect("allocates");
+    assert_eq!(reserved(&pool), 2 * MIB + BIG, "stream 1's small segment stays");
+    let calls = pool.stats().num_device_calls;
+    let again = pool.allocate(4096, S1).expect("allocates");
+    assert_eq!(pool.stats().num_device_calls, calls, "served by stream 1's cached block");
+    for block in [large, again] {
+        pool.free(&block).expect("frees");
+    }
+}
