@@ -26,11 +26,19 @@ const MEMORIES: [Memory; 2] = [Memory::Plain, Memory::Virtual];
 /// A pool on a simulated device with `policy`, no early trimming (so that what moves is sharing's doing), no
 /// thread caches (a freed block goes straight back to its arena) and 2 MiB pages.
 fn pool(memory: Memory, policy: CrossStream) -> Pool<SimBackend> {
+    pool_with(memory, config(memory, policy))
+}
+
+fn pool_with(memory: Memory, config: PoolConfig) -> Pool<SimBackend> {
     let backend = match memory {
         Memory::Plain => SimBackend::plain("sim", 8 * GIB),
         Memory::Virtual => SimBackend::new("sim", 8 * GIB),
     };
-    let config = PoolConfig {
+    Pool::new(backend, config).expect("valid pool")
+}
+
+fn config(memory: Memory, policy: CrossStream) -> PoolConfig {
+    PoolConfig {
         cross_stream: policy,
         segment_mode: if memory == Memory::Plain { SegmentMode::Plain } else { SegmentMode::Virtual },
         segment_slack: None,
@@ -39,8 +47,7 @@ fn pool(memory: Memory, policy: CrossStream) -> Pool<SimBackend> {
         thread_cache_bytes: 0,
         thread_cache_large_bytes: 0,
         ..PoolConfig::default()
-    };
-    Pool::new(backend, config).expect("valid pool")
+    }
 }
 
 fn reserved(pool: &Pool<SimBackend>) -> u64 {
@@ -122,7 +129,7 @@ fn memory_of_a_held_stream_waits_for_its_mark_under_completed() {
 }
 
 #[test]
-fn a_free_after_the_mark_needs_a_new_one() {
+fn a_free_after_a_streams_mark_needs_a_new_one() {
     for memory in MEMORIES {
         let pool = pool(memory, CrossStream::Completed);
         use_and_free(&pool, S1);
@@ -141,7 +148,7 @@ fn a_free_after_the_mark_needs_a_new_one() {
 }
 
 #[test]
-fn wait_takes_at_once_and_orders_the_taker_after_the_giver() {
+fn wait_takes_at_once_and_orders_the_taking_stream_after_the_giving_one() {
     for memory in MEMORIES {
         let pool = pool(memory, CrossStream::Wait);
         pool.backend().hold_stream(S1);
@@ -160,7 +167,7 @@ fn wait_takes_at_once_and_orders_the_taker_after_the_giver() {
 }
 
 #[test]
-fn the_tightest_fitting_empty_segment_moves() {
+fn the_tightest_fitting_empty_segment_moves_between_streams() {
     let pool = pool(Memory::Plain, CrossStream::Completed);
     // Stream 1 frees a 64 MiB segment, stream 3 a 16 MiB one: a 16 MiB request takes the 16 MiB one.
     let wide = pool.allocate(64 * MIB, S1).expect("allocates");
@@ -180,7 +187,7 @@ fn the_tightest_fitting_empty_segment_moves() {
 }
 
 #[test]
-fn small_blocks_share_empty_small_segments() {
+fn small_blocks_share_another_streams_empty_small_segment() {
     let pool = pool(Memory::Virtual, CrossStream::Completed);
     let small = pool.allocate(4096, S1).expect("allocates");
     pool.free(&small).expect("frees");
@@ -192,7 +199,7 @@ fn small_blocks_share_empty_small_segments() {
 }
 
 #[test]
-fn a_busy_segment_or_another_class_never_moves() {
+fn a_busy_segment_or_another_class_never_moves_between_streams() {
     let pool = pool(Memory::Plain, CrossStream::Completed);
     // Stream 1's small segment holds a live block; its large segment is too small for the request.
     let live = pool.allocate(4096, S1).expect("allocates");
@@ -209,7 +216,7 @@ fn a_busy_segment_or_another_class_never_moves() {
 }
 
 #[test]
-fn marks_are_given_back_when_the_pool_drops() {
+fn stream_marks_are_given_back_when_the_pool_drops() {
     let pool = pool(Memory::Virtual, CrossStream::Completed);
     use_and_free(&pool, S1);
     use_and_free(&pool, S2);
@@ -309,7 +316,7 @@ fn below_the_live_peak_each_stream_keeps_its_own_free_memory() {
 /// A segment far larger than the one the miss would make stays with its stream: taken, most of it would sit idle
 /// in the taker's arena while its own stream, needing it back, made another.
 #[test]
-fn an_empty_segment_much_larger_than_the_request_is_not_taken() {
+fn another_streams_empty_segment_much_larger_than_the_request_is_not_taken() {
     let pool = pool(Memory::Plain, CrossStream::Completed);
     let wide = pool.allocate(64 * MIB, S1).expect("allocates");
     pool.free(&wide).expect("frees");
@@ -325,4 +332,168 @@ fn an_empty_segment_much_larger_than_the_request_is_not_taken() {
     assert_eq!(reserved(&pool), BIG + BIG / 4, "taken");
     assert_eq!(shared(&pool), 1);
     pool.free(&block).expect("frees");
+}
+
+/// New memory that lifts reserved memory exactly to the live peak is still below the budget: each stream keeps its
+/// own free memory, and nothing moves until reserved memory would pass the peak.
+#[test]
+fn at_the_live_peak_each_stream_keeps_its_own_free_memory() {
+    for memory in MEMORIES {
+        let pool = pool(memory, CrossStream::Completed);
+        // A peak of two blocks live, given back.
+        let peak: Vec<_> = (0..2).map(|_| pool.allocate(BIG, S1).expect("allocates")).collect();
+        for block in &peak {
+            pool.free(block).expect("frees");
+        }
+        pool.release_cached();
+        assert_eq!(reserved(&pool), 0);
+        use_and_free(&pool, S1);
+        // Stream 1's free block plus stream 2's new one make the peak exactly.
+        let block = pool.allocate(BIG, S2).expect("allocates");
+        assert_eq!(reserved(&pool), 2 * BIG, "{memory:?}: new memory up to the live peak, no move");
+        assert_eq!(shared(&pool), 0, "{memory:?}");
+        assert_eq!(log(&pool).marks_recorded, 0, "{memory:?}: no mark either");
+        // One more block would pass the peak: stream 1's free memory serves it.
+        let more = pool.allocate(BIG, S3).expect("allocates");
+        assert_eq!(reserved(&pool), 2 * BIG, "{memory:?}: past the peak, stream 1's memory moved");
+        assert!(shared(&pool) > 0, "{memory:?}");
+        pool.free(&block).expect("frees");
+        pool.free(&more).expect("frees");
+    }
+}
+
+/// Small blocks another stream freed wait in its arena's quick cache, still allocated to its engine: they go back
+/// into the engine before the search for empty segments, so a small segment emptied only by them moves.
+#[test]
+fn a_small_segment_another_stream_emptied_through_its_quick_blocks_moves() {
+    for memory in MEMORIES {
+        let pool = pool(memory, CrossStream::Completed);
+        let blocks: Vec<_> = (0..4).map(|_| pool.allocate(4096, S1).expect("allocates")).collect();
+        for block in &blocks {
+            pool.free(block).expect("frees");
+        }
+        let before = reserved(&pool);
+        assert_eq!(before, 2 * MIB, "{memory:?}: one small segment");
+        let small = pool.allocate(4096, S2).expect("allocates");
+        assert_eq!(pool.stats().num_segments_shared, 1, "{memory:?}: stream 1's small segment moved");
+        assert_eq!(reserved(&pool), before, "{memory:?}: no new small segment");
+        pool.free(&small).expect("frees");
+    }
+}
+
+/// A miss takes free pages from several streams' reservations, each giving what is still missing and no more:
+/// the first gives all its free pages, the second only the rest, and keeps its other free pages mapped.
+#[test]
+fn pages_from_several_streams_cover_a_miss_and_no_more() {
+    let pool = pool(Memory::Virtual, CrossStream::Completed);
+    // Both live at once: stream 2's miss finds no free page on stream 1.
+    let one = pool.allocate(BIG / 2, S1).expect("allocates");
+    let two = pool.allocate(BIG, S2).expect("allocates");
+    assert_eq!(log(&pool).marks_recorded, 0, "no stream holds free pages to mark");
+    pool.free(&one).expect("frees");
+    pool.free(&two).expect("frees");
+    assert_eq!(reserved(&pool), BIG + BIG / 2);
+    // Stream 3 needs 16 MiB: 8 from stream 1 (all it has free), then 8 of stream 2's 16.
+    let three = pool.allocate(BIG, S3).expect("allocates");
+    let stats = pool.stats();
+    assert_eq!(stats.num_pages_shared, BIG / (2 * MIB), "exactly the pages the miss needed");
+    assert_eq!(reserved(&pool), BIG + BIG / 2, "stream 2 kept 8 MiB of free pages mapped");
+    assert_eq!(log(&pool).marks_recorded, 2, "one mark on each giving stream");
+    // Those 8 MiB serve stream 2 again without a new mapping.
+    let calls = pool.stats().num_device_calls;
+    let again = pool.allocate(BIG / 2, S2).expect("allocates");
+    assert_eq!(pool.stats().num_device_calls, calls, "stream 2's kept pages served it");
+    for block in [three, again] {
+        pool.free(&block).expect("frees");
+    }
+}
+
+/// A mark that passed after a stream's latest free covers everything that stream holds free: later moves from it
+/// record no new mark (a mark is one device call: recording it is the only call a move of a plain segment makes).
+#[test]
+fn a_passed_mark_covers_every_later_move_from_its_stream() {
+    let pool = pool(Memory::Plain, CrossStream::Completed);
+    let peak: Vec<_> = (0..2).map(|_| pool.allocate(BIG, S1).expect("allocates")).collect();
+    for block in &peak {
+        pool.free(block).expect("frees");
+    }
+    let calls = pool.stats().num_device_calls;
+    let two = pool.allocate(BIG, S2).expect("allocates");
+    assert_eq!(pool.stats().num_segments_shared, 1);
+    assert_eq!(log(&pool).marks_recorded, 1);
+    assert_eq!(pool.stats().num_device_calls, calls + 1, "the mark on stream 1");
+    let three = pool.allocate(BIG, S3).expect("allocates");
+    assert_eq!(pool.stats().num_segments_shared, 2, "stream 1's second segment moved too");
+    assert_eq!(log(&pool).marks_recorded, 1, "under the same mark");
+    assert_eq!(pool.stats().num_device_calls, calls + 1, "no call at all");
+    assert_eq!(reserved(&pool), 2 * BIG);
+    for block in [two, three] {
+        pool.free(&block).expect("frees");
+    }
+}
+
+/// An empty small segment of another stream does not serve a large request it would fit: only an arena of the
+/// taker's class gives segments.
+#[test]
+fn another_streams_empty_segment_of_another_class_is_not_taken() {
+    let pool = pool(Memory::Plain, CrossStream::Completed);
+    let small = pool.allocate(4096, S1).expect("allocates");
+    pool.free(&small).expect("frees");
+    // A snapshot drains the quick caches: stream 1's small segment is empty in its engine.
+    assert_eq!(pool.snapshot().segments.len(), 1);
+    let large = pool.allocate(3 * MIB / 2, S2).expect("allocates");
+    assert_eq!(pool.stats().num_segments_shared, 0, "a small segment never serves the large arena");
+    assert_eq!(reserved(&pool), 2 * MIB + 20 * MIB, "a large segment of its own");
+    pool.free(&large).expect("frees");
+}
+
+/// A reservation with exactly one free page gives it.
+#[test]
+fn a_single_free_page_of_another_stream_moves() {
+    let pool = pool(Memory::Virtual, CrossStream::Completed);
+    let one = pool.allocate(2 * MIB, S1).expect("allocates");
+    pool.free(&one).expect("frees");
+    let two = pool.allocate(2 * MIB, S2).expect("allocates");
+    assert_eq!(pool.stats().num_pages_shared, 1);
+    assert_eq!(reserved(&pool), 2 * MIB);
+    pool.free(&two).expect("frees");
+}
+
+/// A pool that serves one stream shares nothing: no mark, no page moved, even where that stream's arenas of
+/// both classes are reservations (a tagged pool's) and one of them holds free pages when the other misses.
+#[test]
+fn a_pool_of_one_stream_moves_nothing_between_its_arenas() {
+    let pool = pool_with(Memory::Virtual, config(Memory::Virtual, CrossStream::Completed).tagged("one"));
+    let small: Vec<_> = (0..8).map(|_| pool.allocate(256 << 10, S1).expect("allocates")).collect();
+    for block in &small {
+        pool.free(block).expect("frees");
+    }
+    // A snapshot drains the quick cache: the small arena's page is free in its engine.
+    pool.snapshot();
+    let big = pool.allocate(BIG, S1).expect("allocates");
+    assert_eq!(shared(&pool), 0, "nothing moved");
+    assert_eq!(log(&pool).marks_recorded, 0, "no mark");
+    assert_eq!(reserved(&pool), 2 * MIB + BIG);
+    pool.free(&big).expect("frees");
+}
+
+/// A miss drains the quick caches of its own class only: another stream's small blocks stay cached when a large
+/// request misses, so the segment under them stays too (the slack trim, which gives back empty segments before
+/// the pool grows, does not see it empty) and serves that stream's next small request without a device call.
+#[test]
+fn a_large_miss_leaves_other_streams_small_quick_blocks_cached() {
+    let pool = pool_with(
+        Memory::Plain,
+        PoolConfig { segment_slack: Some(0.1), ..config(Memory::Plain, CrossStream::Completed) },
+    );
+    let small = pool.allocate(4096, S1).expect("allocates");
+    pool.free(&small).expect("frees");
+    let large = pool.allocate(BIG, S2).expect("allocates");
+    assert_eq!(reserved(&pool), 2 * MIB + BIG, "stream 1's small segment stays");
+    let calls = pool.stats().num_device_calls;
+    let again = pool.allocate(4096, S1).expect("allocates");
+    assert_eq!(pool.stats().num_device_calls, calls, "served by stream 1's cached block");
+    for block in [large, again] {
+        pool.free(&block).expect("frees");
+    }
 }

@@ -348,6 +348,7 @@ impl<B: Backend> Drop for StreamPool<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::SleepAction;
     use crate::{PoolConfig, SimBackend};
 
     const MIB: u64 = 1 << 20;
@@ -411,5 +412,156 @@ mod tests {
         assert!(matches!(err, Error::UnknownBlock(_)), "{err}");
         let err = pool.device_address(&a).unwrap_err();
         assert!(matches!(err, Error::UnknownBlock(_)), "{err}");
+    }
+
+    /// A pending free whose streams passed serves the next allocation of its size on its stream, with no call to
+    /// `process_pending` between: the allocation returns it first.
+    #[test]
+    fn an_allocation_returns_the_pending_frees_whose_streams_passed() {
+        let pool = sim_pool();
+        let (s1, s2) = (StreamId(1), StreamId(2));
+        let a = pool.allocate(MIB, s1).unwrap();
+        let address = pool.device_address(&a).unwrap().unwrap();
+        pool.record_stream(&a, s2).unwrap();
+        pool.backend().hold_stream(s2);
+        pool.free(&a).unwrap();
+        pool.backend().finish_stream(s2);
+        let b = pool.allocate(MIB, s1).unwrap();
+        assert_eq!(pool.device_address(&b).unwrap().unwrap(), address, "the passed pending free served it");
+        assert_eq!(pool.pending_frees(), 0);
+        pool.free(&b).unwrap();
+    }
+
+    /// `synchronize_pending` waits for every pending free's streams on the host and returns them all.
+    #[test]
+    fn synchronize_pending_returns_every_pending_free_of_a_stream_pool() {
+        let pool = sim_pool();
+        let (s1, s2) = (StreamId(1), StreamId(2));
+        let blocks: Vec<_> = (0..2).map(|_| pool.allocate(MIB, s1).unwrap()).collect();
+        pool.backend().hold_stream(s2);
+        for block in &blocks {
+            pool.record_stream(block, s2).unwrap();
+            pool.free(block).unwrap();
+        }
+        assert_eq!(pool.pending_frees(), 2);
+        assert_eq!(pool.process_pending().unwrap(), 0, "s2 is held");
+        assert_eq!(pool.synchronize_pending().unwrap(), 2);
+        assert_eq!(pool.pending_frees(), 0);
+        assert!(pool.backend().stream_log().host_waits > 0, "the host waited for s2");
+        assert_eq!(pool.stats().allocated_bytes.current, 0);
+    }
+
+    /// During a capture pending frees are neither queried nor returned, even when their streams passed; they go
+    /// back once it ends.
+    #[test]
+    fn pending_frees_of_a_stream_pool_stay_during_a_capture() {
+        let pool = sim_pool();
+        let (s1, s2) = (StreamId(1), StreamId(2));
+        let a = pool.allocate(MIB, s1).unwrap();
+        pool.record_stream(&a, s2).unwrap();
+        pool.backend().hold_stream(s2);
+        pool.free(&a).unwrap();
+        pool.backend().finish_stream(s2);
+        pool.backend().begin_capture(s1);
+        pool.begin_capture();
+        assert_eq!(pool.process_pending().unwrap(), 0, "no mark is queried during a capture");
+        assert_eq!(pool.pending_frees(), 1);
+        pool.backend().end_capture(s1);
+        pool.end_capture().unwrap();
+        assert_eq!(pool.process_pending().unwrap(), 1);
+        assert_eq!(pool.backend().stream_log().capture_violations, 0);
+    }
+
+    /// Out of memory with recorded streams but no pending free fails once: nothing to wait for, no second try.
+    #[test]
+    fn out_of_memory_of_a_stream_pool_without_pending_frees_fails_once() {
+        let pool = StreamPool::new(Pool::new(SimBackend::plain("sim", 8 * MIB), PoolConfig::default()).unwrap());
+        let (s1, s2) = (StreamId(1), StreamId(2));
+        let a = pool.allocate(6 * MIB, s1).unwrap();
+        pool.record_stream(&a, s2).unwrap();
+        let err = pool.allocate(6 * MIB, s1).unwrap_err();
+        assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
+        let stats = pool.stats();
+        assert_eq!((stats.num_ooms, stats.num_alloc_retries), (1, 1), "one attempt and the pool's own retry");
+        pool.free(&a).unwrap();
+    }
+
+    /// What the wrapper passes through to its pool: addresses of blocks inside a segment, zeroed allocations,
+    /// statistics, the limit, trimming (after the pending frees whose streams passed go back) and sleep.
+    #[test]
+    fn a_stream_pool_passes_addresses_statistics_limits_trims_and_sleep_to_its_pool() {
+        let pool = sim_pool();
+        let (s1, s2) = (StreamId(1), StreamId(2));
+        let a = pool.allocate(4096, s1).unwrap();
+        let b = pool.allocate(4096, s1).unwrap();
+        assert_eq!(a.segment, b.segment, "two small blocks of one segment");
+        let (at_a, at_b) = (pool.device_address(&a).unwrap().unwrap(), pool.device_address(&b).unwrap().unwrap());
+        assert_eq!(i128::from(at_b) - i128::from(at_a), i128::from(b.offset) - i128::from(a.offset));
+        // The simulated device holds no bytes: zeroed blocks on host memory.
+        let host =
+            StreamPool::new(Pool::new(crate::HostBackend::new("host", 64 * MIB), PoolConfig::default()).unwrap());
+        let dirty = host.allocate(4096, s1).unwrap();
+        host.pool().fill(&dirty, 0, 4096, 0xAB).unwrap();
+        host.free(&dirty).unwrap();
+        let zeroed = host.allocate_zeroed(4096, s1).unwrap();
+        let mut bytes = [1u8; 4096];
+        host.pool().read(&zeroed, 0, &mut bytes).unwrap();
+        assert!(bytes.iter().all(|&b| b == 0), "zeroed");
+        host.free(&zeroed).unwrap();
+        let stats = pool.stats();
+        assert_eq!((stats.name.as_str(), stats.active_blocks.current), ("sim", 2));
+        pool.set_limit(Some(Limit::Bytes(16 * MIB))).unwrap();
+        assert_eq!(pool.stats().limit_bytes, Some(16 * MIB));
+        assert!(matches!(pool.allocate(32 * MIB, s1), Err(Error::OutOfMemory { .. })));
+        pool.set_limit(None).unwrap();
+        // A block used on s2, freed while s2 runs, then s2 passes: trimming returns it first, then releases.
+        let c = pool.allocate(8 * MIB, s1).unwrap();
+        pool.record_stream(&c, s2).unwrap();
+        pool.backend().hold_stream(s2);
+        pool.free(&c).unwrap();
+        pool.backend().finish_stream(s2);
+        let report = pool.cleanup(0);
+        assert_eq!(pool.pending_frees(), 0, "cleanup returned the pending free");
+        assert!(report.bytes_released >= 8 * MIB, "{report:?}");
+        let d = pool.allocate(8 * MIB, s1).unwrap();
+        pool.record_stream(&d, s2).unwrap();
+        pool.backend().hold_stream(s2);
+        pool.free(&d).unwrap();
+        pool.backend().finish_stream(s2);
+        let report = pool.release_cached();
+        assert_eq!(pool.pending_frees(), 0, "release_cached returned the pending free");
+        assert!(report.bytes_released >= 8 * MIB, "{report:?}");
+        for block in [a, b] {
+            pool.free(&block).unwrap();
+        }
+        // Sleep waits for a held stream's pending free, then sleeps (a pool of large blocks only: small ones lie
+        // in plain segments, which cannot sleep).
+        let pool = sim_pool();
+        let e = pool.allocate(8 * MIB, s1).unwrap();
+        pool.record_stream(&e, s2).unwrap();
+        pool.backend().hold_stream(s2);
+        pool.free(&e).unwrap();
+        pool.sleep(SleepAction::Discard).unwrap();
+        assert_eq!(pool.pending_frees(), 0, "sleep waited for s2");
+        assert_eq!(pool.pool().sleeping(), Some(SleepAction::Discard));
+        pool.pool().wake().unwrap();
+    }
+
+    /// Dropping a stream pool waits for its pending frees' streams and returns those blocks before the pool
+    /// goes: the pool then holds no live block, so it does not wait for the whole device.
+    #[test]
+    fn a_dropped_stream_pool_returns_its_pending_frees_first() {
+        use crate::testing::fault::{FaultKind, FaultyBackend};
+        let (backend, faults) = FaultyBackend::new(SimBackend::new("sim", 64 * MIB));
+        let pool = StreamPool::new(Pool::new(backend, PoolConfig::default()).unwrap());
+        let (s1, s2) = (StreamId(1), StreamId(2));
+        let a = pool.allocate(MIB, s1).unwrap();
+        pool.record_stream(&a, s2).unwrap();
+        pool.backend().inner().hold_stream(s2);
+        pool.free(&a).unwrap();
+        assert_eq!(pool.pending_frees(), 1);
+        drop(pool);
+        assert_eq!(faults.calls(FaultKind::Settle), 0, "no live block left for the pool's drop to wait for");
+        faults.check_released().unwrap();
     }
 }

@@ -63,4 +63,19 @@ mod tests {
         }
         assert_eq!(streams.get(StreamId(12345)), None);
     }
+
+    /// The first `LINEAR` streams go to the vector, searched first; only those after them go to the map.
+    #[test]
+    fn the_first_streams_sit_in_the_vector_the_rest_in_the_map() {
+        let mut streams = StreamArenas::default();
+        for s in 0..LINEAR as u64 {
+            streams.insert(StreamId(s), [s as u32; 2]);
+            assert_eq!((streams.first.len(), streams.rest.len()), (s as usize + 1, 0), "stream {s}");
+        }
+        for s in LINEAR as u64..3 * LINEAR as u64 {
+            streams.insert(StreamId(s), [s as u32; 2]);
+            assert_eq!((streams.first.len(), streams.rest.len()), (LINEAR, s as usize + 1 - LINEAR), "stream {s}");
+        }
+        assert_eq!(streams.len(), 3 * LINEAR);
+    }
 }
