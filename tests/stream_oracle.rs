@@ -10,45 +10,17 @@
 mod stream_model;
 
 use proptest::prelude::*;
-use proptest::strategy::ValueTree;
-use proptest::test_runner::TestRunner;
 use std::sync::{Arc, Mutex};
-use stream_model::oracle::Reach;
+use stream_model::setup::{reach_of, setup, Setup};
 use stream_model::workload::{op, run, Counters, Door, Op};
-use umm::backends::{CrossStream, Limit, MemoryPool, Pool, PoolConfig, SegmentMode, SimBackend, StreamId};
+use umm::backends::{MemoryPool, Pool, SimBackend, StreamId};
 use umm::{AllocOptions, DeviceSelector, Placement, UniversalBuffer, UniversalMemoryManager};
 
-const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-/// The pool settings drawn with each workload.
-#[derive(Debug, Clone)]
-struct Setup {
-    cross: CrossStream,
-    mode: SegmentMode,
-    caches: bool,
-    stitch: bool,
-    plans: bool,
-    limit: bool,
-}
-
-fn setup() -> impl Strategy<Value = Setup> {
-    (
-        prop_oneof![Just(CrossStream::Off), Just(CrossStream::Completed), Just(CrossStream::Wait)],
-        prop_oneof![Just(SegmentMode::Plain), Just(SegmentMode::Virtual), Just(SegmentMode::Auto)],
-        any::<bool>(),
-        any::<bool>(),
-        any::<bool>(),
-        proptest::bool::weighted(0.25),
-    )
-        .prop_map(|(cross, mode, caches, stitch, plans, limit)| Setup {
-            cross,
-            mode,
-            caches,
-            stitch,
-            plans,
-            limit,
-        })
+/// The backends' drawn settings but a tag: the manager's pools take their tags from its own tag scopes.
+fn untagged() -> impl Strategy<Value = Setup> {
+    setup().prop_map(|s| Setup { tagged: false, ..s })
 }
 
 /// A manager over host memory and one simulated device whose device-local pool has the setup's settings; the
@@ -64,18 +36,7 @@ struct ManagerDoor {
 type Buffer = Arc<Mutex<Option<UniversalBuffer<u8>>>>;
 
 fn manager(setup: &Setup) -> ManagerDoor {
-    let config = PoolConfig {
-        cross_stream: setup.cross,
-        segment_mode: setup.mode,
-        segment_slack: Some(0.1),
-        page_size: Some(2 * MIB),
-        thread_cache_bytes: if setup.caches { 32 * MIB } else { 0 },
-        thread_cache_large_bytes: if setup.caches { GIB } else { 0 },
-        stitch: setup.stitch,
-        plan_steps: setup.plans,
-        limit: setup.limit.then_some(Limit::Bytes(160 * MIB)),
-        ..PoolConfig::default()
-    };
+    let config = setup.config();
     let made: Arc<Mutex<Option<Arc<Pool<SimBackend>>>>> = Arc::default();
     let keep = Arc::clone(&made);
     let mm = UniversalMemoryManager::builder()
@@ -137,7 +98,7 @@ impl Door for ManagerDoor {
 }
 
 fn workload() -> impl Strategy<Value = (Setup, Vec<Op>)> {
-    (setup(), proptest::collection::vec(op(), 20..90))
+    (untagged(), proptest::collection::vec(op(), 20..90))
 }
 
 /// A quarter of `UMM_ORACLE_CASES` (256 by default): each case builds a manager.
@@ -161,15 +122,8 @@ proptest! {
 /// captures, moves between streams, planned allocations.
 #[test]
 fn the_manager_workloads_reach_what_they_are_for() {
-    let mut runner = TestRunner::deterministic();
-    let strategy = workload();
-    let mut reach = Reach::default();
     let runs = 16;
-    for _ in 0..runs {
-        let (setup, ops) = strategy.new_tree(&mut runner).expect("a workload").current();
-        let one = run(manager(&setup), &ops).unwrap_or_else(|e| panic!("{setup:?}: {e}"));
-        reach.add(&one);
-    }
+    let reach = reach_of(runs, workload(), manager);
     eprintln!("reach of {runs} workloads through the manager: {reach:?}");
     assert!(reach.cross_stream_reuses >= runs / 2, "{reach:?}");
     assert!(reach.reuses_after_held_work >= runs, "{reach:?}");

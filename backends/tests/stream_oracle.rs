@@ -7,68 +7,16 @@
 mod stream_model;
 
 use proptest::prelude::*;
-use proptest::strategy::ValueTree;
-use proptest::test_runner::TestRunner;
-use stream_model::oracle::Reach;
+use stream_model::setup::{reach_of, setup, Setup};
 use stream_model::workload::{op, run, Counters, Door, Op};
 use umm_backends::pool::StreamPool;
-use umm_backends::{BlockHandle, CrossStream, Limit, Pool, PoolConfig, SegmentMode, SimBackend, SleepAction, StreamId};
+use umm_backends::{BlockHandle, Pool, SimBackend, SleepAction, StreamId};
 
-const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-/// A pool's settings, drawn with each workload.
-#[derive(Debug, Clone)]
-struct Setup {
-    cross: CrossStream,
-    mode: SegmentMode,
-    /// Thread caches of small and large blocks on.
-    caches: bool,
-    stitch: bool,
-    plans: bool,
-    /// A limit low enough that workloads meet it (out of memory then waits for pending frees).
-    limit: bool,
-    /// A tagged pool: every block in reservations, so the pool can sleep.
-    tagged: bool,
-}
-
-fn setup() -> impl Strategy<Value = Setup> {
-    (
-        prop_oneof![Just(CrossStream::Off), Just(CrossStream::Completed), Just(CrossStream::Wait)],
-        prop_oneof![Just(SegmentMode::Plain), Just(SegmentMode::Virtual), Just(SegmentMode::Auto)],
-        any::<bool>(),
-        any::<bool>(),
-        any::<bool>(),
-        proptest::bool::weighted(0.25),
-        proptest::bool::weighted(0.2),
-    )
-        .prop_map(|(cross, mode, caches, stitch, plans, limit, tagged)| Setup {
-            cross,
-            mode,
-            caches,
-            stitch,
-            plans,
-            limit,
-            tagged,
-        })
-}
-
 fn stream_pool(setup: &Setup) -> StreamPool<SimBackend> {
-    let config = PoolConfig {
-        cross_stream: setup.cross,
-        segment_mode: setup.mode,
-        segment_slack: Some(0.1),
-        page_size: Some(2 * MIB),
-        thread_cache_bytes: if setup.caches { 32 * MIB } else { 0 },
-        thread_cache_large_bytes: if setup.caches { GIB } else { 0 },
-        stitch: setup.stitch,
-        plan_steps: setup.plans,
-        limit: setup.limit.then_some(Limit::Bytes(160 * MIB)),
-        ..PoolConfig::default()
-    };
-    let config = if setup.tagged { config.tagged("kv") } else { config };
     let device = SimBackend::new("sim", 8 * GIB).at_address(1 << 32);
-    StreamPool::new(Pool::new(device, config).expect("a valid pool"))
+    StreamPool::new(Pool::new(device, setup.config()).expect("a valid pool"))
 }
 
 /// The Rust pool alone: blocks are used on the stream they were allocated on only (it has no `record_stream`).
@@ -184,15 +132,8 @@ proptest! {
 /// rather than passing vacuously.
 #[test]
 fn the_workloads_reach_what_they_are_for() {
-    let mut runner = TestRunner::deterministic();
-    let strategy = workload();
-    let mut reach = Reach::default();
     let runs = 16;
-    for _ in 0..runs {
-        let (setup, ops) = strategy.new_tree(&mut runner).expect("a workload").current();
-        let one = run(StreamDoor(stream_pool(&setup)), &ops).unwrap_or_else(|e| panic!("{setup:?}: {e}"));
-        reach.add(&one);
-    }
+    let reach = reach_of(runs, workload(), |setup| StreamDoor(stream_pool(setup)));
     eprintln!("reach of {runs} workloads through StreamPool: {reach:?}");
     // Minimums about half of what these workloads reach (the runner is deterministic): a generator that lost one
     // of them fails here.
