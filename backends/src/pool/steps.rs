@@ -22,8 +22,8 @@
 //! reserve more. Blocks that outlive their step (weights, optimizer state) are allocated in the first
 //! steps among the step's own blocks, and the free ranges they leave in their segments are used by unplanned
 //! steps but not by planned ones, whose blocks go to the plan's segment; where those ranges outweigh what the
-//! plan saves, no plan is made, or the one made goes (ResNet-50 training through PyTorch on an H100: 1.035 of peak allocated with the
-//! plan, 1.020 without).
+//! plan saves, no plan is made, or the one made goes (ResNet-50 training through PyTorch on an H100: 1.035 of
+//! peak allocated with the plan, 1.020 without).
 //!
 //! A plan whose step deviates [`MISSES_TO_DROP`] times in a row is dropped (its segment goes once empty) and
 //! recording starts again, so a workload that changes its step gets a new plan two steps later, while a single

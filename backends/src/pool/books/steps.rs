@@ -327,12 +327,12 @@ pub(in crate::pool) fn make_plan(events: Vec<Event>) -> Option<Made> {
             size: allocs[o as usize].1,
         })
         .collect();
-    let unplanned_bytes = unplanned_peak(&events, &places_of(&planned, allocs.len()), &allocs);
     let solution = solve(&items);
     let mut places: Vec<Option<Place>> = vec![None; allocs.len()];
     for (&o, &offset) in planned.iter().zip(&solution.offsets) {
         places[o as usize] = Some(Place { offset, size: allocs[o as usize].1, after: None });
     }
+    let unplanned_bytes = unplanned_peak(&events, &places, &allocs);
     // Replays the step to find each planned block's neighbour below, checking that no two planned blocks live
     // at once overlap (the engine would refuse such a placement anyway).
     let mut live: BTreeMap<u64, (u32, u64)> = BTreeMap::new();
@@ -363,29 +363,22 @@ pub(in crate::pool) fn make_plan(events: Vec<Event>) -> Option<Made> {
     Some(Made { stream, events, places, bytes: solution.peak, unplanned_bytes })
 }
 
-/// By allocation number, whether the plan places it.
-fn places_of(planned: &[u32], allocs: usize) -> Vec<bool> {
-    let mut placed = vec![false; allocs];
-    for &o in planned {
-        placed[o as usize] = true;
-    }
-    placed
-}
-
 /// [`Made::unplanned_bytes`]: walks the step, adding the allocations the plan does not place, taking away their
 /// frees and those of blocks from before the step, and keeps the highest sum (0 at least).
-fn unplanned_peak(events: &[Event], placed: &[bool], allocs: &[(usize, u64, StreamId)]) -> u64 {
+fn unplanned_peak(events: &[Event], places: &[Option<Place>], allocs: &[(usize, u64, StreamId)]) -> u64 {
     let (mut held, mut peak, mut ordinal) = (0i128, 0i128, 0usize);
     for event in events {
         match *event {
             Event::Alloc { size, .. } => {
-                if !placed[ordinal] {
+                if places[ordinal].is_none() {
                     held += i128::from(size);
                     peak = peak.max(held);
                 }
                 ordinal += 1;
             }
-            Event::Free { ordinal: Some(o), .. } if !placed[o as usize] => held -= i128::from(allocs[o as usize].1),
+            Event::Free { ordinal: Some(o), .. } if places[o as usize].is_none() => {
+                held -= i128::from(allocs[o as usize].1)
+            }
             Event::Free { ordinal: Some(_), .. } => {}
             Event::Free { ordinal: None, size } => held -= i128::from(size),
         }
