@@ -72,6 +72,11 @@ pub struct PoolStats {
     pub num_segments_shared: u64,
     /// Pages unmapped in one stream's reservation so that another stream's could map their memory.
     pub num_pages_shared: u64,
+    /// Free blocks of one stream's reservations lent to another stream where they lie, with no page moved.
+    pub num_blocks_shared: u64,
+    /// Marks (CUDA events) the pool recorded on its streams so that memory one stream freed could serve another
+    /// (an event record each: not calls into the memory API, so not in `num_device_calls`).
+    pub num_stream_marks: u64,
     /// Stitched blocks made: free pages of a stream's reservations mapped side by side a second time, in an
     /// address range of their own, to serve a request no free range held (see [`crate::PoolConfig::stitch`]).
     pub num_stitches: u64,
@@ -152,6 +157,8 @@ impl PoolStats {
         self.num_device_calls += other.num_device_calls;
         self.num_segments_shared += other.num_segments_shared;
         self.num_pages_shared += other.num_pages_shared;
+        self.num_blocks_shared += other.num_blocks_shared;
+        self.num_stream_marks += other.num_stream_marks;
         self.num_stitches += other.num_stitches;
         self.num_stitched_allocs += other.num_stitched_allocs;
         self.stitched_ranges += other.stitched_ranges;

@@ -203,7 +203,7 @@ fn counters() -> Counters {
     let stats = stats(DEVICE);
     let count = |key: &str| stats[key].as_u64().unwrap_or(0);
     Counters {
-        moves: count("num_segments_shared") + count("num_pages_shared"),
+        moves: count("num_segments_shared") + count("num_pages_shared") + count("num_blocks_shared"),
         planned_allocs: count("num_planned_allocs"),
         stitched_allocs: count("num_stitched_allocs"),
         retries: count("num_alloc_retries") + count("num_ooms"),

@@ -172,12 +172,21 @@ pub struct ReplayReport {
     /// Calls into the device's memory API during the last warm pass alone: where a repeating workload has
     /// settled, this is 0. `None` without warm passes.
     pub warm_device_calls_last: Option<u64>,
+    /// Stream marks (CUDA events) recorded during warm passes, so that memory one stream freed could serve
+    /// another ([`umm_backends::PoolStats::num_stream_marks`]): an event record each, not in the device calls.
+    /// `None` without warm passes.
+    pub warm_stream_marks: Option<u64>,
+    /// Stream marks recorded during the last warm pass alone. `None` without warm passes.
+    pub warm_stream_marks_last: Option<u64>,
     /// Pages unmapped in one stream's reservation so that another stream's could map their memory, over all
     /// passes ([`umm_backends::PoolStats::num_pages_shared`]): each such move is two device calls.
     pub pages_shared: u64,
     /// Empty segments moved from one stream's arena to another's over all passes
     /// ([`umm_backends::PoolStats::num_segments_shared`]).
     pub segments_shared: u64,
+    /// Free blocks of one stream's reservations lent to another stream where they lie, over all passes
+    /// ([`umm_backends::PoolStats::num_blocks_shared`]): no device call but a stream mark at most.
+    pub blocks_shared: u64,
     /// Allocations of the cold pass that released cached memory and retried.
     pub oom_retries: u64,
     /// Allocations that failed with out of memory and were skipped (most in any pass).
@@ -366,10 +375,12 @@ pub fn replay<B: Backend>(
     let mut peak_warm = 0;
     let mut peak_last = stats.reserved_bytes.peak;
     let mut calls_before_last = stats.num_device_calls;
+    let mut marks_before_last = stats.num_stream_marks;
     for pass in 1..=opts.repeat as u64 {
         if pass == opts.repeat as u64 {
             let now = pool.stats();
             calls_before_last = now.num_device_calls;
+            marks_before_last = now.num_stream_marks;
             if pass > 1 {
                 peak_warm = now.reserved_bytes.peak;
                 pool.reset_peaks();
@@ -386,6 +397,8 @@ pub fn replay<B: Backend>(
     let warm_passes = opts.repeat > 0;
     let warm_device_calls = warm_passes.then(|| after.num_device_calls - stats.num_device_calls);
     let warm_device_calls_last = warm_passes.then(|| after.num_device_calls - calls_before_last);
+    let warm_stream_marks = warm_passes.then(|| after.num_stream_marks - stats.num_stream_marks);
+    let warm_stream_marks_last = warm_passes.then(|| after.num_stream_marks - marks_before_last);
     let peak_reserved_warm = warm_passes.then(|| after.reserved_bytes.peak.max(peak_warm));
     let per_op = |d: Duration| if ops == 0 { 0.0 } else { d.as_nanos() as f64 / ops as f64 };
     let ns_per_op_cold = per_op(cold.elapsed);
@@ -410,8 +423,11 @@ pub fn replay<B: Backend>(
         device_frees: stats.num_device_free,
         warm_device_calls,
         warm_device_calls_last,
+        warm_stream_marks,
+        warm_stream_marks_last,
         pages_shared: after.num_pages_shared,
         segments_shared: after.num_segments_shared,
+        blocks_shared: after.num_blocks_shared,
         oom_retries: stats.num_alloc_retries,
         ooms,
         limit_bytes: stats.limit_bytes,

@@ -130,6 +130,15 @@ impl Engine {
         self.stats
     }
 
+    /// Whether [`Engine::allocate`] of `size` bytes would find a free block, without taking it. O(1) as
+    /// `allocate`'s search.
+    pub fn can_allocate(&self, size: u64) -> bool {
+        match self.block_size(size) {
+            Some(size) if !self.whole => self.find_fit(size).is_some(),
+            Some(_) | None => false,
+        }
+    }
+
     /// Adds a free segment of `size` bytes (rounded up to the alignment). O(1) amortised.
     ///
     /// Returns `None` for a zero size or one that overflows when rounded.

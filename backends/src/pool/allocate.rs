@@ -296,6 +296,16 @@ impl<B: Backend> Pool<B> {
         if let Some(alloc) = self.reclaim_thread_caches(state, arena, size) {
             return Ok(self.hand_out(state, arena, &alloc, bytes, true));
         }
+        // Blocks other streams borrowed and freed come home first (this arena's among them), then another
+        // stream's free block serves where it lies before any page moves (see `borrow`).
+        if self.return_loans(state, true, false) {
+            if let Some(alloc) = state.take_cached(arena, size) {
+                return Ok(self.hand_out(state, arena, &alloc, bytes, true));
+            }
+        }
+        if let Some((giver, alloc)) = self.borrow_block(state, arena, size) {
+            return Ok(self.hand_out(state, giver, &alloc, bytes, true));
+        }
         if let Some((stitch_arena, alloc, made)) = self.stitched(state, arena, size) {
             return Ok(self.hand_out(state, stitch_arena, &alloc, bytes, !made));
         }

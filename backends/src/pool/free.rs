@@ -86,6 +86,11 @@ impl<B: Backend> Pool<B> {
         let unknown = || self.unknown_block(block);
         // Another pool's arena numbers wrap to far beyond this pool's arenas.
         let arena = block.arena.wrapping_sub(state.arena_base) as usize;
+        if !state.loans.blocks.is_empty() {
+            if let Some(result) = self.free_lent_across(state, arena, block) {
+                return result;
+            }
+        }
         let a = state.arenas.get_mut(arena).ok_or_else(unknown)?;
         // Only small blocks go through the quick cache: they churn most, and live in 2 MiB segments where an
         // uncoalesced block cannot push a large request into new memory.

@@ -34,6 +34,7 @@
 mod allocate;
 mod batch;
 mod books;
+mod borrow;
 mod capture;
 mod config;
 mod free;

@@ -56,6 +56,18 @@ impl<B: Backend> Pool<B> {
     /// no mark covers its latest free (one event record; a mark still pending is waited out first rather than
     /// piling up events). Under [`CrossStream::Wait`] the taker's stream is made to wait for the mark.
     pub(super) fn donor(&self, state: &mut State<B::Segment>, donor: usize, taker: usize) -> Donor {
+        self.donor_marking(state, donor, taker, true)
+    }
+
+    /// [`Pool::donor`] with `record` off: the mark there is decides, and none is recorded (no device call but
+    /// an event query).
+    pub(super) fn donor_marking(
+        &self,
+        state: &mut State<B::Segment>,
+        donor: usize,
+        taker: usize,
+        record: bool,
+    ) -> Donor {
         let policy = self.config.cross_stream;
         let taker_stream = state.arenas[taker].stream;
         let arena = &mut state.arenas[donor];
@@ -71,6 +83,9 @@ impl<B: Backend> Pool<B> {
                 (false, true, _) => {}
             }
         }
+        if !record {
+            return Donor::NotYet;
+        }
         if let Some(old) = arena.mark.take() {
             self.backend.release_mark(old.mark);
         }
@@ -80,7 +95,7 @@ impl<B: Backend> Pool<B> {
         match self.backend.mark_stream(arena.stream) {
             Ok(None) => Donor::Passed,
             Ok(Some(mark)) => {
-                state.stats.num_device_calls += 1;
+                state.stats.num_stream_marks += 1;
                 let passed = self.backend.mark_passed(&mark);
                 let donor = match (passed, policy) {
                     (true, _) => Donor::Passed,

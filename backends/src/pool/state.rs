@@ -149,6 +149,8 @@ pub(super) struct State<S> {
     pub(super) sleep: Option<super::books::sleep::Sleeping>,
     /// Host memory that held offloaded bytes, kept for the next sleep ([`crate::Pool::wake`]).
     pub(super) host_store: Option<crate::HostStore>,
+    /// Free blocks one stream's arena lent to another stream ([`super::borrow`]).
+    pub(super) loans: super::borrow::Loans,
 }
 
 /// What happened to a plain segment, as far as `empty_plain_bytes` cares.
@@ -182,6 +184,7 @@ impl<S> State<S> {
             stitch_evictions: 0,
             sleep: None,
             host_store: None,
+            loans: super::borrow::Loans::default(),
         }
     }
 
@@ -279,9 +282,14 @@ impl<S> State<S> {
     /// The entry of the segment holding `block`, if the block is live (for a block lent from a thread cache,
     /// which is parked in the engine, the caller has checked with the slot that it is lent).
     pub(super) fn live_entry(&self, block: &BlockHandle) -> Option<&SegmentEntry<S>> {
-        let arena = self.arenas.get(block.arena.wrapping_sub(self.arena_base) as usize)?;
+        let index = block.arena.wrapping_sub(self.arena_base) as usize;
+        let arena = self.arenas.get(index)?;
         if block.lent.is_none() {
             arena.engine.block(block.block)?;
+        }
+        // A block lent to another stream and freed there is held live in its engine until it goes home.
+        if !self.loans.blocks.is_empty() && self.loans.blocks.get(&(index, block.block)).is_some_and(|l| l.returning) {
+            return None;
         }
         arena.entry(block.segment)
     }

@@ -70,6 +70,9 @@ impl<B: Backend> Pool<B> {
         let start = Instant::now();
         let mut report = TrimReport::default();
         let round = state.cleanup_round;
+        // Blocks lent across streams and freed go home first, waiting for their streams: released memory must be
+        // free memory.
+        self.return_loans(state, true, true);
         // Thread caches first; a slot whose lock is taken (its thread waits for this one, say) keeps its blocks:
         // waiting for it here, under the pool's lock, would break the lock order.
         for slot in self.shared.slots.iter() {

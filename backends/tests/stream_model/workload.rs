@@ -121,7 +121,7 @@ pub struct Counters {
 impl From<PoolStats> for Counters {
     fn from(stats: PoolStats) -> Self {
         Self {
-            moves: stats.num_segments_shared + stats.num_pages_shared,
+            moves: stats.num_segments_shared + stats.num_pages_shared + stats.num_blocks_shared,
             planned_allocs: stats.num_planned_allocs,
             stitched_allocs: stats.num_stitched_allocs,
             retries: stats.num_alloc_retries + stats.num_ooms,

@@ -361,6 +361,8 @@ fn print_table(reports: &[(ReplayReport, Option<TorchInput>)], args: &ReplayArgs
         "warm device calls",
         "last pass calls",
         "page moves",
+        "blocks lent",
+        "last pass marks",
         "retries",
         "ooms",
     ];
@@ -388,6 +390,8 @@ fn print_table(reports: &[(ReplayReport, Option<TorchInput>)], args: &ReplayArgs
                 r.warm_device_calls.map_or_else(none, |calls| calls.to_string()),
                 r.warm_device_calls_last.map_or_else(none, |calls| calls.to_string()),
                 (r.pages_shared + r.segments_shared).to_string(),
+                r.blocks_shared.to_string(),
+                r.warm_stream_marks_last.map_or_else(none, |marks| marks.to_string()),
                 r.oom_retries.to_string(),
                 r.ooms.to_string(),
             ]
