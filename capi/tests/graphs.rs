@@ -197,7 +197,10 @@ fn private_pools_refuse_what_was_not_retained() {
     umm_delete(q);
     assert_eq!(stats(DEVICE)["live_pointers"], 0);
     umm_delete(q);
-    assert!(last_error().contains("was not allocated by umm"), "{}", last_error());
+    assert_eq!(
+        last_error(),
+        format!("umm_delete: {:#x} (device -1) was not allocated by umm or was already freed; nothing done", q as u64)
+    );
 }
 
 /// Every combination of the settings that change which paths a pool takes, each in a child process.
@@ -242,4 +245,91 @@ fn settings_child() {
     assert!(std::env::var_os(CHILD).is_some(), "run by captures_are_safe_under_every_setting");
     let _g = common::simulated();
     serve_a_captured_graph();
+}
+
+/// What the device's pools counted so far, by name.
+fn count(key: &str) -> u64 {
+    stats(DEVICE)[key].as_u64().expect(key)
+}
+
+fn reserved() -> u64 {
+    stats(DEVICE)["reserved_bytes"]["current"].as_u64().expect("reserved bytes")
+}
+
+/// A private pool maps pages of 2 MiB (a graph's memory is kept while it lives: small pages keep it small), and
+/// a request that no free range holds maps new pages rather than stitching free pages together.
+#[test]
+fn a_private_pool_maps_pages_of_2_mib_and_stitches_nothing() {
+    let _g = common::simulated();
+    let pool = PoolId { first: 21, second: 0 };
+    assert_eq!(umm_pool_retain(DEVICE, pool), 1);
+    let (start, stitched) = (reserved(), count("num_stitched_allocs"));
+    // Four blocks of two pages each, one after the other; the first and the third freed: four free pages in
+    // two ranges of two.
+    let blocks: Vec<_> = (0..4).map(|_| to_pool(4 * MIB, CAPTURE, pool)).collect();
+    assert_eq!(reserved(), start + (16 << 20), "4 blocks of 4 MiB map 16 MiB");
+    free(blocks[0], DEVICE, CAPTURE);
+    free(blocks[2], DEVICE, CAPTURE);
+    // 8 MiB: no free range of four pages; new pages are mapped.
+    let large = to_pool(8 * MIB, CAPTURE, pool);
+    assert_eq!(count("num_stitched_allocs"), stitched);
+    assert_eq!(reserved(), start + (24 << 20));
+    for p in [blocks[1], blocks[3], large] {
+        free(p, DEVICE, CAPTURE);
+    }
+    assert_eq!(umm_pool_release(DEVICE, pool), 0);
+    assert_eq!(reserved(), start, "the pool's pages went back with it");
+}
+
+/// A private pool serves one stream's request from its own memory only (captures order their streams, not the
+/// pool), and plans no steps: repeated steps allocate as the first did.
+#[test]
+fn a_private_pool_neither_moves_memory_between_streams_nor_plans_steps() {
+    let _g = common::simulated();
+    let pool = PoolId { first: 22, second: 0 };
+    assert_eq!(umm_pool_retain(DEVICE, pool), 1);
+    let start = reserved();
+    let moves = || count("num_segments_shared") + count("num_pages_shared");
+    let (moved, planned) = (moves(), count("num_planned_allocs"));
+    // 16 MiB cached on the capture stream; the same on another stream maps 16 MiB more.
+    let first = to_pool(16 * MIB, CAPTURE, pool);
+    free(first, DEVICE, CAPTURE);
+    let second = to_pool(16 * MIB, OTHER, pool);
+    assert_eq!(moves(), moved, "nothing moved from the capture stream");
+    assert_eq!(reserved(), start + (32 << 20));
+    free(second, DEVICE, OTHER);
+    // The same step four times.
+    for _ in 0..4 {
+        let a = to_pool(6 * MIB, CAPTURE, pool);
+        let b = to_pool(2 * MIB, CAPTURE, pool);
+        free(a, DEVICE, CAPTURE);
+        free(b, DEVICE, CAPTURE);
+        assert_eq!(umm_mark_step(DEVICE), 0);
+    }
+    assert_eq!(count("num_planned_allocs"), planned);
+    assert_eq!(umm_pool_release(DEVICE, pool), 0);
+}
+
+/// A private pool that cannot be made is refused with its name: a simulated device makes 256 tagged and private
+/// pools at most (each has addresses of its own). Device 1, which no other test of this file makes pools on.
+#[test]
+fn a_private_pool_that_cannot_be_made_is_refused_by_name() {
+    let _g = common::simulated();
+    for first in 1000..1300 {
+        let pool = PoolId { first, second: 0 };
+        if umm_pool_retain(1, pool) == 1 {
+            assert_eq!(umm_pool_release(1, pool), 0);
+            continue;
+        }
+        assert_eq!(
+            last_error(),
+            format!(
+                "umm_pool_retain: umm: cannot create private pool ({first}, 0) on simulated device 1: invalid \
+                 configuration: a simulated device has at most 256 tags"
+            )
+        );
+        assert_eq!(first, 1256, "the 257th pool of the device");
+        return;
+    }
+    panic!("300 private pools made on one simulated device");
 }

@@ -5,6 +5,7 @@
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
+use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 use umm_capi::*;
 
@@ -324,6 +325,65 @@ fn a_limit_below_the_cache_releases_it() {
     assert_eq!(stats(0)["limit_bytes"], Value::Null);
     assert_eq!(umm_set_limit(9, 1 << 20), -1);
     assert!(last_error().contains("device 9"), "{}", last_error());
+}
+
+/// A device that does not exist is refused with the devices there are, by number and name, not as if the
+/// machine had none.
+#[test]
+fn an_unknown_device_is_refused_with_the_devices_there_are() {
+    let _g = setup();
+    assert!(umm_stats_json(2).is_null());
+    assert_eq!(
+        last_error(),
+        "umm: no CUDA pool for device 2: devices are 0..2 (umm simulated device 0, umm simulated device 1)"
+    );
+    assert!(alloc(MIB, 7, 0).is_null());
+    assert_eq!(
+        last_error(),
+        "umm: no CUDA pool for device 7: devices are 0..2 (umm simulated device 0, umm simulated device 1)"
+    );
+}
+
+/// The variable that tells a child process of this binary to run [`huge_pool_child`].
+const HUGE_CHILD: &str = "UMM_SIM_TEST_HUGE_CHILD";
+
+/// With a huge pool (`UMM_HUGE_MIN`, in a process of its own: the library reads its settings once), a limit
+/// must leave the main pool something above what the huge blocks hold.
+#[test]
+fn a_limit_no_larger_than_the_huge_blocks_is_refused() {
+    if std::env::var_os(HUGE_CHILD).is_some() {
+        return; // a child runs only `huge_pool_child`
+    }
+    let exe = std::env::current_exe().expect("the test binary");
+    let out = Command::new(&exe)
+        .args(["--exact", "huge_pool_child", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(HUGE_CHILD, "1")
+        .env("UMM_HUGE_MIN", (64u64 << 20).to_string())
+        .output()
+        .expect("the test binary runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("1 passed"), "{text}");
+}
+
+#[test]
+#[ignore = "run by a_limit_no_larger_than_the_huge_blocks_is_refused in a process of its own"]
+fn huge_pool_child() {
+    assert!(std::env::var_os(HUGE_CHILD).is_some(), "run by a_limit_no_larger_than_the_huge_blocks_is_refused");
+    let _g = setup();
+    let huge = alloc(64 * MIB, 0, 0);
+    let s = stats(0);
+    assert_eq!(s["huge_pool_min_bytes"], 64u64 << 20);
+    let held = s["pools"]["huge"]["reserved_bytes"]["current"].as_u64().expect("the huge pool's figures");
+    assert_eq!(held, 64 << 20, "{s}");
+    assert_eq!(umm_set_limit(0, held), -1);
+    assert_eq!(
+        last_error(),
+        format!("umm_set_limit: {held} bytes is not above the {held} bytes live in huge blocks on device 0")
+    );
+    assert_eq!(umm_set_limit(0, held + (32 << 20)), 0, "{}", last_error());
+    assert_eq!(stats(0)["pools"]["main"]["limit_bytes"], 32u64 << 20, "the rest is the main pool's");
+    assert_eq!(umm_set_limit(0, 0), 0);
+    free(huge, 0, 0);
 }
 
 #[test]

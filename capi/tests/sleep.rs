@@ -183,3 +183,22 @@ fn a_sleep_or_wake_that_would_do_nothing_is_refused_and_changes_nothing() {
     wake("used").unwrap();
     free(p, 1, 0);
 }
+
+/// A tag's pool counts in its device's reserved bytes together with the main pool, so that the reported peak is
+/// the true peak of their sum: after a reset it is what all the device's pools reserve, the tag's pages with them.
+#[test]
+fn a_tags_pages_count_in_the_devices_reserved_peak() {
+    let _serial = setup();
+    let reserved = |s: &Value, key: &str| s["reserved_bytes"][key].as_u64().unwrap();
+    assert_eq!(umm_reset_peaks(1), 0);
+    let before = stats(1);
+    assert_eq!(reserved(&before, "peak"), reserved(&before, "current"));
+    set_tag(Some("counted")).unwrap();
+    let p = alloc(64 * MIB, 1, 0);
+    set_tag(None).unwrap();
+    assert!(!p.is_null(), "{}", last_error());
+    let after = stats(1);
+    assert_eq!(reserved(&after, "current"), reserved(&before, "current") + (64 << 20), "{after}");
+    assert_eq!(reserved(&after, "peak"), reserved(&after, "current"), "{after}");
+    free(p, 1, 0);
+}

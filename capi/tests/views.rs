@@ -74,6 +74,28 @@ fn the_structures_hold_what_the_json_says() {
     assert_eq!(umm_record_history(0), 0);
 }
 
+/// `umm_base_allocation`'s figures: a small block's plain segment of 2 MiB, from its first byte, whichever block
+/// of it is asked for; a block of a virtual reservation is its own base, with its own size, wherever it lies in
+/// the reservation. On a stream of its own, so that both segments are new.
+#[test]
+fn base_allocations_are_the_plain_segment_or_the_block_itself() {
+    let _g = common::simulated();
+    const ON: usize = 13;
+    let (first, second) = (alloc(MIB / 2, 0, ON), alloc(MIB / 2, 0, ON));
+    assert_eq!(second as u64, first as u64 + MIB as u64 / 2, "one after the other in one small segment");
+    let (large, after) = (alloc(40 * MIB, 0, ON), alloc(8 * MIB, 0, ON));
+    let mut size = 0usize;
+    // SAFETY: `size` is writable.
+    assert_eq!(unsafe { umm_base_allocation(second, &mut size) }, first);
+    assert_eq!(size, 2 << 20);
+    // SAFETY: as above.
+    assert_eq!(unsafe { umm_base_allocation(after, &mut size) }, after);
+    assert_eq!(size, 8 << 20);
+    for p in [first, second, large, after] {
+        free(p, 0, ON);
+    }
+}
+
 /// Sharing through the C ABI on simulated devices, whose memory no other process can reach: every call refuses
 /// with a message that says why, and a buffer too small is answered with the length needed, not an error.
 #[test]
