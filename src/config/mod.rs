@@ -442,6 +442,7 @@ const TEST_VARS: &[&str] = &[
     "UMM_ORACLE_CASES",
     "UMM_ORACLE_TEST_SETTINGS",
     "UMM_IPC_TEST_HANDLE",
+    "UMM_SIM_TEST_HUGE_CHILD",
 ];
 
 /// A variable named like umm's (`UMM_` in any case) that umm does not read, with the known name closest to it.
