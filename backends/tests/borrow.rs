@@ -159,3 +159,42 @@ fn without_sharing_nothing_is_borrowed() {
     assert_eq!((pool.stats().num_blocks_shared, pool.stats().num_stream_marks), (0, 0));
     pool.free(&block).expect("frees");
 }
+
+#[test]
+fn the_borrower_uses_its_freed_loan_again_without_a_mark() {
+    let pool = pool(CrossStream::Completed);
+    let at = setup(&pool);
+    let block = pool.allocate(BIG, S2).expect("allocates");
+    pool.backend().hold_stream(S2);
+    pool.free(&block).expect("frees");
+    let marks = pool.stats().num_stream_marks;
+    // Stream 2's own later work is ordered after its earlier work on the block.
+    let again = pool.allocate(BIG, S2).expect("allocates");
+    assert_eq!(address(&pool, &again), at, "its loan again");
+    assert_eq!(pool.stats().num_stream_marks, marks, "no mark on either stream");
+    assert_eq!(pool.stats().num_blocks_shared, 1, "the same loan");
+    pool.free(&again).expect("frees");
+    pool.backend().finish_stream(S2);
+}
+
+#[test]
+fn another_stream_never_takes_a_loan_freed_under_held_work() {
+    const S3: StreamId = StreamId(3);
+    let pool = pool(CrossStream::Completed);
+    // Stream 3 has used its arena too, before stream 1's block is free.
+    let one = pool.allocate(BIG, S1).expect("allocates");
+    let at = address(&pool, &one);
+    let small: Vec<_> = [S2, S3].iter().map(|&s| pool.allocate(2 * MIB, s).expect("allocates")).collect();
+    pool.free(&one).expect("frees");
+    for (block, _) in small.iter().zip([S2, S3]) {
+        pool.free(block).expect("frees");
+    }
+    let block = pool.allocate(BIG, S2).expect("allocates");
+    assert_eq!((address(&pool, &block), pool.stats().num_blocks_shared), (at, 1), "stream 1's block, lent");
+    pool.backend().hold_stream(S2);
+    pool.free(&block).expect("frees");
+    let three = pool.allocate(BIG, S3).expect("allocates");
+    assert_ne!(address(&pool, &three), at, "stream 2's work may still run on it");
+    pool.free(&three).expect("frees");
+    pool.backend().finish_stream(S2);
+}

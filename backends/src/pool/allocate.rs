@@ -298,6 +298,9 @@ impl<B: Backend> Pool<B> {
         }
         // Blocks other streams borrowed and freed come home first (this arena's among them), then another
         // stream's free block serves where it lies before any page moves (see `borrow`).
+        if let Some((giver, alloc)) = self.reuse_loan(state, arena, size) {
+            return Ok(self.hand_out(state, giver, &alloc, bytes, true));
+        }
         if self.return_loans(state, true, false) {
             if let Some(alloc) = state.take_cached(arena, size) {
                 return Ok(self.hand_out(state, arena, &alloc, bytes, true));

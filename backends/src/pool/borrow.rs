@@ -77,6 +77,37 @@ impl<B: Backend> Pool<B> {
         None
     }
 
+    /// A block this arena's stream borrowed, freed, and that has not gone home yet, of `size` bytes (rounded) up
+    /// to a quarter more: its stream may use it again at once (its own work on it is ordered before the new), so
+    /// a repeating request of a stream reuses its loan with no mark on either stream. Returns the giving arena
+    /// and the block. O(loans) when some are returning, one compare otherwise.
+    pub(super) fn reuse_loan(
+        &self,
+        state: &mut State<B::Segment>,
+        arena: usize,
+        size: u64,
+    ) -> Option<(usize, Allocation)> {
+        if state.loans.returning == 0 {
+            return None;
+        }
+        let most = size.saturating_add(size >> crate::engine::WHOLE_FIT_SLACK_SHIFT);
+        let (&(giver, block), _) = state
+            .loans
+            .blocks
+            .iter()
+            .filter(|(&(giver, block), loan)| {
+                loan.returning
+                    && loan.borrower == arena
+                    && state.arenas[giver].engine().block(block).is_some_and(|a| (size..=most).contains(&a.size))
+            })
+            .min_by_key(|(&(giver, block), _)| state.arenas[giver].engine().block(block).map(|a| a.size))?;
+        let loan = state.loans.blocks.get_mut(&(giver, block)).expect("found just now");
+        loan.returning = false;
+        state.loans.returning -= 1;
+        let alloc = state.arenas[giver].engine().block(block).expect("a loan is live in its arena");
+        Some((giver, alloc))
+    }
+
     /// Frees `block` of `arena` if another stream holds it on loan: it waits for the borrower's mark (see the
     /// module's doc). `None` when it is not on loan; an error for one already freed.
     pub(super) fn free_lent_across(
