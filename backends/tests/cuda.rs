@@ -552,7 +552,7 @@ fn trims_move_free_pages_to_new_blocks_and_leave_live_data_alone() {
         return skip_or_fail("cuda-vmm", "no virtual memory management on this device");
     }
     const MIB: u64 = 1 << 20;
-    // Without a limit and a page size, 32 MiB pages; under a limit, the device's own 2 MiB.
+    // Without a limit and a page size, 8 MiB pages; under a limit, the device's own 2 MiB.
     let page_of = |config: PoolConfig| {
         let pool = dev.pool(PoolKind::DeviceLocal, config).unwrap();
         pool.backend().virtual_memory().expect("virtual memory").page_size

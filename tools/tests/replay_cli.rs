@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const FIELDS: [&str; 29] = [
+const FIELDS: [&str; 32] = [
     "trace",
     "backend",
     "device",
@@ -18,6 +18,9 @@ const FIELDS: [&str; 29] = [
     "ns_per_op_warm",
     "device_allocs",
     "device_frees",
+    "warm_stream_marks",
+    "warm_stream_marks_last",
+    "blocks_shared",
     "warm_device_calls",
     "warm_device_calls_last",
     "pages_shared",

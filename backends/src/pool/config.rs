@@ -218,7 +218,7 @@ pub struct PoolConfig {
     pub stitch: bool,
     /// Page size of virtual reservations: each page is one physical allocation, mapped and unmapped whole.
     /// A power of two of at least the backend's own page (2 MiB on CUDA); `None` for
-    /// [`crate::pool::DEFAULT_PAGE_UNLIMITED`] (32 MiB) in a pool without a limit and the backend's own page in
+    /// [`crate::pool::DEFAULT_PAGE_UNLIMITED`] (8 MiB) in a pool without a limit and the backend's own page in
     /// one with a limit. Larger pages
     /// mean fewer driver calls per mapped byte (on an H100 an 8 MiB page costs about what a 2 MiB one does to
     /// create, map and unmap), but maps and trims move whole pages, so reserved memory sits further above the

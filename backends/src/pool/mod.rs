@@ -79,10 +79,14 @@ pub(crate) use thread_cache::Lent;
 
 /// The page size of virtual reservations in a pool without a limit, unless its configuration names one. Creating
 /// and mapping a physical allocation costs about the same whatever its size, so small pages make a cold pass many
-/// times slower, while larger pages leave more of the pages at the ends of live blocks unused (the figures:
-/// docs/PERFORMANCE.md, "Figures behind the code"). Under a limit the device's own page stays: there pages are given back to
-/// fit, and coarse pages would fail requests that fine ones serve.
-pub const DEFAULT_PAGE_UNLIMITED: u64 = 32 << 20;
+/// times slower, while larger pages leave more of the pages at the ends of live blocks unused. 8 MiB is the
+/// largest page at which every measured workload reserves no more than PyTorch's expandable segments (H200:
+/// replays of every shared trace, ViT training, GPT-2 generation and a 4-stream server through PyTorch), with a
+/// cold pass about as fast as theirs; 32 MiB was above them on ViT, generation and `bert_infer_varlen`, and 2 MiB
+/// made cold passes 4-6 times slower (the figures: docs/PERFORMANCE.md, "Figures behind the code"). Under a limit
+/// the device's own page stays: there pages are given back to fit, and coarse pages would fail requests that fine
+/// ones serve.
+pub const DEFAULT_PAGE_UNLIMITED: u64 = 8 << 20;
 
 /// Bit of [`Pool::detour`]: steps are marked.
 const STEPPING: u8 = 1;

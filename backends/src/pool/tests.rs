@@ -1179,7 +1179,7 @@ fn pages_are_coarse_without_a_limit_and_the_devices_own_under_one() {
     };
     assert_eq!(reserved_for_3_mib(None, None), crate::DEFAULT_PAGE_UNLIMITED);
     assert_eq!(reserved_for_3_mib(Some(Limit::Bytes(1 << 30)), None), 2 * SimBackend::PAGE);
-    assert_eq!(reserved_for_3_mib(None, Some(8 * MIB)), 8 * MIB);
+    assert_eq!(reserved_for_3_mib(None, Some(4 * MIB)), 4 * MIB);
     assert_eq!(reserved_for_3_mib(Some(Limit::Bytes(1 << 30)), Some(16 * MIB)), 16 * MIB);
 }
 
