@@ -3,7 +3,7 @@
 //! once a mark on the giving stream has passed; the block goes back to its arena only once a mark on the
 //! borrowing stream, recorded after its free, has passed (or, under `wait`, with the giver made to wait for it).
 
-use umm_backends::{BlockHandle, CrossStream, Pool, PoolConfig, SegmentMode, SimBackend, StreamId};
+use umm_backends::{BlockHandle, CrossStream, Pool, PoolConfig, SegmentMode, SimBackend, SimDeviceStreams, StreamId};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -197,4 +197,24 @@ fn another_stream_never_takes_a_loan_freed_under_held_work() {
     assert_ne!(address(&pool, &three), at, "stream 2's work may still run on it");
     pool.free(&three).expect("frees");
     pool.backend().finish_stream(S2);
+}
+
+#[test]
+fn dropping_the_pool_waits_for_the_borrower_of_a_returning_block() {
+    // The device's streams outlive the pool: a second backend over them reads their log after the drop.
+    let streams = SimDeviceStreams::default();
+    let config = PoolConfig { stitch: false, ..pool(CrossStream::Completed).config().clone() };
+    let pool = Pool::new(SimBackend::new("sim", 8 * GIB).with_streams(&streams), config).expect("valid pool");
+    setup(&pool);
+    let block = pool.allocate(BIG, S2).expect("allocates");
+    assert_eq!(pool.stats().num_blocks_shared, 1);
+    pool.backend().hold_stream(S2);
+    pool.free(&block).expect("frees");
+    drop(pool);
+    let log = SimBackend::new("probe", GIB).with_streams(&streams).stream_log();
+    // Unmapping stream 1's reservation waits for stream 1 only: the block went home first, after a mark on stream
+    // 2 recorded after its free (the second mark; the first was stream 1's, for the loan) and waited for.
+    assert_eq!(log.marks_recorded, 2, "{log:?}");
+    assert!(log.host_waits > 0, "{log:?}");
+    assert_eq!(log.unsafe_unmaps, 0, "{log:?}");
 }

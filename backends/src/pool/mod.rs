@@ -326,6 +326,9 @@ impl<B: Backend> Drop for Pool<B> {
         // go with their segments.
         let mut state = self.folded_state();
         let state = &mut *state;
+        // Blocks lent across streams and freed may still be used by their borrowers' work, which unmapping their
+        // arena's pages would not wait for: they go home first, after their borrowers' marks.
+        self.return_loans(state, true, true);
         let live = state.stats.active_blocks.current;
         if live > 0 {
             log::warn!(
