@@ -39,11 +39,18 @@ fn address(pool: &Pool<SimBackend>, block: &BlockHandle) -> u64 {
 /// Stream 1 leaves `BIG` free at the returned address; stream 2 has used its arena (a 2 MiB block, freed), so
 /// that its next miss is one of an arena it has.
 fn setup(pool: &Pool<SimBackend>) -> u64 {
+    setup_with(pool, &[S2])
+}
+
+/// [`setup`] with each of `others` having used its arena, before stream 1's block is free.
+fn setup_with(pool: &Pool<SimBackend>, others: &[StreamId]) -> u64 {
     let one = pool.allocate(BIG, S1).expect("allocates");
     let at = address(pool, &one);
-    let two = pool.allocate(2 * MIB, S2).expect("allocates");
+    let small: Vec<_> = others.iter().map(|&s| pool.allocate(2 * MIB, s).expect("allocates")).collect();
     pool.free(&one).expect("frees");
-    pool.free(&two).expect("frees");
+    for block in &small {
+        pool.free(block).expect("frees");
+    }
     at
 }
 
@@ -182,13 +189,7 @@ fn another_stream_never_takes_a_loan_freed_under_held_work() {
     const S3: StreamId = StreamId(3);
     let pool = pool(CrossStream::Completed);
     // Stream 3 has used its arena too, before stream 1's block is free.
-    let one = pool.allocate(BIG, S1).expect("allocates");
-    let at = address(&pool, &one);
-    let small: Vec<_> = [S2, S3].iter().map(|&s| pool.allocate(2 * MIB, s).expect("allocates")).collect();
-    pool.free(&one).expect("frees");
-    for (block, _) in small.iter().zip([S2, S3]) {
-        pool.free(block).expect("frees");
-    }
+    let at = setup_with(&pool, &[S2, S3]);
     let block = pool.allocate(BIG, S2).expect("allocates");
     assert_eq!((address(&pool, &block), pool.stats().num_blocks_shared), (at, 1), "stream 1's block, lent");
     pool.backend().hold_stream(S2);

@@ -91,20 +91,16 @@ impl<B: Backend> Pool<B> {
             return None;
         }
         let most = size.saturating_add(size >> crate::engine::WHOLE_FIT_SLACK_SHIFT);
-        let (&(giver, block), _) = state
+        let (giver, alloc) = state
             .loans
             .blocks
             .iter()
-            .filter(|(&(giver, block), loan)| {
-                loan.returning
-                    && loan.borrower == arena
-                    && state.arenas[giver].engine().block(block).is_some_and(|a| (size..=most).contains(&a.size))
-            })
-            .min_by_key(|(&(giver, block), _)| state.arenas[giver].engine().block(block).map(|a| a.size))?;
-        let loan = state.loans.blocks.get_mut(&(giver, block)).expect("found just now");
-        loan.returning = false;
+            .filter(|(_, loan)| loan.returning && loan.borrower == arena)
+            .filter_map(|(&(giver, block), _)| Some((giver, state.arenas[giver].engine().block(block)?)))
+            .filter(|(_, alloc)| (size..=most).contains(&alloc.size))
+            .min_by_key(|(_, alloc)| alloc.size)?;
+        state.loans.blocks.get_mut(&(giver, alloc.block)).expect("found just now").returning = false;
         state.loans.returning -= 1;
-        let alloc = state.arenas[giver].engine().block(block).expect("a loan is live in its arena");
         Some((giver, alloc))
     }
 
